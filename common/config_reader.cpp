@@ -1,0 +1,225 @@
+#include "common/config_reader.h"
+
+#include <filesystem>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include "common/size.h"
+
+namespace strata {
+
+ConfigNode::ConfigNode(std::unique_ptr<YAML::Node> node, std::string source_name,
+                       std::string key_path)
+    : node_(std::move(node)), source_name_(std::move(source_name)), key_path_(std::move(key_path)) {}
+
+ConfigNode::ConfigNode(const ConfigNode& other)
+    : node_(std::make_unique<YAML::Node>(*other.node_)),
+      source_name_(other.source_name_),
+      key_path_(other.key_path_),
+      known_keys_(other.known_keys_) {}
+
+ConfigNode& ConfigNode::operator=(const ConfigNode& other) {
+  if (this != &other) {
+    node_ = std::make_unique<YAML::Node>(*other.node_);
+    source_name_ = other.source_name_;
+    key_path_ = other.key_path_;
+    known_keys_ = other.known_keys_;
+  }
+  return *this;
+}
+
+ConfigNode::~ConfigNode() = default;
+
+static Result<ConfigNode> top_level(YAML::Node node, const std::string& source_name,
+                                    ConfigNode (*make)(std::unique_ptr<YAML::Node>, std::string)) {
+  if (node.IsNull()) node = YAML::Node(YAML::NodeType::Map);
+  if (!node.IsMap())
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: the top level must be a mapping of keys", source_name));
+  return make(std::make_unique<YAML::Node>(node), source_name);
+}
+
+Result<ConfigNode> ConfigNode::load_file(const std::string& path) {
+  try {
+    YAML::Node node = YAML::LoadFile(path);
+    return top_level(node, path, [](std::unique_ptr<YAML::Node> n, std::string name) {
+      return ConfigNode(std::move(n), std::move(name), "");
+    });
+  } catch (const YAML::BadFile&) {
+    return make_errno_error(ENOENT, "open config", path);
+  } catch (const YAML::Exception& e) {
+    return make_error(ErrorKind::invalid_argument, fmt::format("{}: not valid YAML: {}", path, e.what()));
+  }
+}
+
+Result<ConfigNode> ConfigNode::load_string(const std::string& text, const std::string& source_name) {
+  try {
+    YAML::Node node = YAML::Load(text);
+    return top_level(node, source_name, [](std::unique_ptr<YAML::Node> n, std::string name) {
+      return ConfigNode(std::move(n), std::move(name), "");
+    });
+  } catch (const YAML::Exception& e) {
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: not valid YAML: {}", source_name, e.what()));
+  }
+}
+
+std::string ConfigNode::full_key(std::string_view key) const {
+  return key_path_.empty() ? std::string(key) : key_path_ + "." + std::string(key);
+}
+
+Error ConfigNode::error_at(std::string_view key, const std::string& what) const {
+  return make_error(ErrorKind::invalid_argument,
+                    fmt::format("{}: key '{}': {}", source_name_, full_key(key), what));
+}
+
+bool ConfigNode::has(std::string_view key) const {
+  return static_cast<bool>((*node_)[std::string(key)]);
+}
+
+std::string ConfigNode::resolve_path(const std::string& path) const {
+  std::filesystem::path p(path);
+  if (p.is_absolute() || source_name_.empty()) return path;
+  std::filesystem::path base = std::filesystem::path(source_name_).parent_path();
+  return (base / p).lexically_normal().string();
+}
+
+std::unique_ptr<YAML::Node> ConfigNode::lookup(std::string_view key) {
+  known_keys_.emplace(key);
+  YAML::Node value = (*node_)[std::string(key)];
+  if (!value || value.IsNull()) return nullptr;
+  return std::make_unique<YAML::Node>(value);
+}
+
+template <typename T>
+static Result<T> missing_or_default(const ConfigNode& node, std::string_view key,
+                                    const std::optional<T>& fallback, const std::string& what) {
+  if (fallback) return *fallback;
+  return node.error_at(key, "is required; expected " + what);
+}
+
+Result<uint64_t> ConfigNode::size(std::string_view key, std::optional<uint64_t> fallback,
+                                  uint64_t min_bytes, uint64_t max_bytes) {
+  std::string accepted = max_bytes == UINT64_MAX
+                             ? fmt::format("a size of at least {}", format_size(min_bytes))
+                             : fmt::format("a size from {} to {}", format_size(min_bytes),
+                                           format_size(max_bytes));
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, accepted + " (" + kSizeFormsHelp + ")");
+  if (!value->IsScalar()) return error_at(key, "expected " + accepted);
+  Result<uint64_t> parsed = parse_size(value->Scalar());
+  if (!parsed.ok()) return error_at(key, parsed.error().message);
+  if (*parsed < min_bytes || *parsed > max_bytes)
+    return error_at(key, fmt::format("{} is out of range; expected {}", value->Scalar(), accepted));
+  return parsed;
+}
+
+Result<int64_t> ConfigNode::integer(std::string_view key, std::optional<int64_t> fallback,
+                                    int64_t min_value, int64_t max_value) {
+  std::string accepted = fmt::format("an integer from {} to {}", min_value, max_value);
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, accepted);
+  int64_t parsed = 0;
+  if (!value->IsScalar() || !YAML::convert<int64_t>::decode(*value, parsed))
+    return error_at(key, fmt::format("'{}' is not {}", YAML::Dump(*value), accepted));
+  if (parsed < min_value || parsed > max_value)
+    return error_at(key, fmt::format("{} is out of range; expected {}", parsed, accepted));
+  return parsed;
+}
+
+Result<double> ConfigNode::number(std::string_view key, std::optional<double> fallback,
+                                  double min_value, double max_value) {
+  std::string accepted = fmt::format("a number from {} to {}", min_value, max_value);
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, accepted);
+  double parsed = 0;
+  if (!value->IsScalar() || !YAML::convert<double>::decode(*value, parsed))
+    return error_at(key, fmt::format("'{}' is not {}", YAML::Dump(*value), accepted));
+  if (!(parsed >= min_value && parsed <= max_value))
+    return error_at(key, fmt::format("{} is out of range; expected {}", parsed, accepted));
+  return parsed;
+}
+
+Result<bool> ConfigNode::boolean(std::string_view key, std::optional<bool> fallback) {
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, std::string("true or false"));
+  bool parsed = false;
+  if (!value->IsScalar() || !YAML::convert<bool>::decode(*value, parsed))
+    return error_at(key, fmt::format("'{}' is not true or false", YAML::Dump(*value)));
+  return parsed;
+}
+
+Result<std::string> ConfigNode::string(std::string_view key, std::optional<std::string> fallback) {
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, std::string("a string"));
+  if (!value->IsScalar()) return error_at(key, "expected a string");
+  return value->Scalar();
+}
+
+Result<std::string> ConfigNode::choice(std::string_view key, const std::vector<std::string>& accepted,
+                                       std::optional<std::string> fallback) {
+  std::string accepted_text = fmt::format("one of {}", fmt::join(accepted, ", "));
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, accepted_text);
+  if (!value->IsScalar()) return error_at(key, "expected " + accepted_text);
+  for (const std::string& option : accepted)
+    if (value->Scalar() == option) return option;
+  return error_at(key, fmt::format("'{}' is not accepted; use {}", value->Scalar(), accepted_text));
+}
+
+Result<std::vector<std::string>> ConfigNode::string_list(
+    std::string_view key, std::optional<std::vector<std::string>> fallback) {
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, std::string("a list of strings"));
+  std::vector<std::string> items;
+  if (value->IsScalar()) return std::vector<std::string>{value->Scalar()};
+  if (!value->IsSequence()) return error_at(key, "expected a list of strings");
+  for (const YAML::Node& item : *value) {
+    if (!item.IsScalar()) return error_at(key, "expected a list of strings");
+    items.push_back(item.Scalar());
+  }
+  return items;
+}
+
+Result<std::vector<double>> ConfigNode::number_list(std::string_view key, size_t count,
+                                                    std::optional<std::vector<double>> fallback,
+                                                    double min_value, double max_value) {
+  std::string accepted = fmt::format("a list of {} numbers from {} to {}", count, min_value, max_value);
+  auto value = lookup(key);
+  if (!value) return missing_or_default(*this, key, fallback, accepted);
+  if (!value->IsSequence() || value->size() != count) return error_at(key, "expected " + accepted);
+  std::vector<double> items;
+  for (const YAML::Node& item : *value) {
+    double parsed = 0;
+    if (!item.IsScalar() || !YAML::convert<double>::decode(item, parsed) ||
+        !(parsed >= min_value && parsed <= max_value))
+      return error_at(key, "expected " + accepted);
+    items.push_back(parsed);
+  }
+  return items;
+}
+
+Result<ConfigNode> ConfigNode::child(std::string_view key, bool required) {
+  auto value = lookup(key);
+  if (!value) {
+    if (required) return error_at(key, "is required; expected a mapping of keys");
+    return ConfigNode(std::make_unique<YAML::Node>(YAML::NodeType::Map), source_name_, full_key(key));
+  }
+  if (!value->IsMap()) return error_at(key, "expected a mapping of keys");
+  return ConfigNode(std::move(value), source_name_, full_key(key));
+}
+
+Status ConfigNode::finish() const {
+  for (const auto& entry : *node_) {
+    std::string key = entry.first.Scalar();
+    if (!known_keys_.contains(key)) {
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: unknown key '{}'; accepted here: {}", source_name_,
+                                    full_key(key), fmt::join(known_keys_, ", ")));
+    }
+  }
+  return Status();
+}
+
+}  // namespace strata

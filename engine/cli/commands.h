@@ -1,0 +1,25 @@
+// strata/engine/cli/commands.h — the `strata` subcommands.
+//
+// Each command lives in its own file and registers itself on the root CLI11 app. Its
+// callback runs after parsing, on the main thread, and stores the process exit code in
+// `CliState` (0 success, 1 operating error, 2 bad usage or configuration). Commands print
+// results on stdout (exactly one JSON object with --json) and everything else through
+// spdlog on stderr.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+
+namespace strata::cli {
+
+struct CliState {
+  int exit_code = 0;
+};
+
+// Reports an error as one line on stderr and returns the exit code it maps to.
+int report_error(const Error& error);
+
+void add_io_bench_command(CLI::App& app, CliState& state);   // io/
+void add_tune_command(CLI::App& app, CliState& state);       // io/
+}  // namespace strata::cli

@@ -1,0 +1,39 @@
+// strata — the command-line entry point: parses the subcommand, sets up logging, runs it.
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "common/log.h"
+#include "engine/cli/commands.h"
+#include "strata_build_config.h"
+
+namespace strata::cli {
+
+int report_error(const Error& error) {
+  spdlog::error("{}", error.to_string());
+  return error.kind == ErrorKind::invalid_argument ? 2 : 1;
+}
+
+}  // namespace strata::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "strata — keeps a model's training state across VRAM, pinned host RAM and NVMe, and\n"
+      "streams each shard to where it is needed just before it is needed."};
+  app.set_version_flag("--version", STRATA_VERSION);
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, std::string("log verbosity: ") + strata::kLogLevels)
+      ->capture_default_str();
+
+  strata::cli::CliState state;
+  app.parse_complete_callback([&] {
+    strata::Status status = strata::set_log_level(log_level);
+    if (!status.ok()) throw CLI::ValidationError("--log-level", status.error().message);
+  });
+
+
+
+  CLI11_PARSE(app, argc, argv);
+  return state.exit_code;
+}

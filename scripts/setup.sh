@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every build, test and benchmark dependency of strata from Debian's packages.
+# Idempotent: when everything is already installed it prints one line and changes nothing.
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config meson ninja-build
+  liburing-dev libaio-dev libtbb-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libyaml-cpp-dev libcli11-dev libxxhash-dev
+  nlohmann-json3-dev libopenblas-dev
+  fio python3 python3-torch python3-numpy
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$package")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} dependencies present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
