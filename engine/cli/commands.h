@@ -20,6 +20,10 @@ struct CliState {
 // Reports an error as one line on stderr and returns the exit code it maps to.
 int report_error(const Error& error);
 
-void add_io_bench_command(CLI::App& app, CliState& state);   // io/
-void add_tune_command(CLI::App& app, CliState& state);       // io/
+// One per command file in engine/cli/; main.cpp calls each.
+void add_io_bench_command(CLI::App& app, CliState& state);     // cli/io_bench.cpp
+void add_tune_command(CLI::App& app, CliState& state);         // cli/tune.cpp
+void add_store_command(CLI::App& app, CliState& state);        // cli/store.cpp
+void add_bench_command(CLI::App& app, CliState& state);        // cli/bench.cpp: `strata bench <name>`
+void add_train_command(CLI::App& app, CliState& state);        // cli/train.cpp
 }  // namespace strata::cli

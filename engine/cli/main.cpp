@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
 
 
 
+  // commands (one line each, in the order `strata --help` lists them)
+
   CLI11_PARSE(app, argc, argv);
   return state.exit_code;
 }
