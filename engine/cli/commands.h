@@ -24,6 +24,8 @@ int report_error(const Error& error);
 void add_io_bench_command(CLI::App& app, CliState& state);     // cli/io_bench.cpp
 void add_tune_command(CLI::App& app, CliState& state);         // cli/tune.cpp
 void add_store_command(CLI::App& app, CliState& state);        // cli/store.cpp
-void add_bench_command(CLI::App& app, CliState& state);        // cli/bench.cpp: `strata bench <name>`
+// `strata bench <name>`: registered on the `bench` subcommand main.cpp creates.
+void add_bench_adam_command(CLI::App& bench, CliState& state);     // cli/bench_adam.cpp
+void add_bench_overlap_command(CLI::App& bench, CliState& state);  // cli/bench_overlap.cpp
 void add_train_command(CLI::App& app, CliState& state);        // cli/train.cpp
 }  // namespace strata::cli

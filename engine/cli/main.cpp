@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
 
 
 
+  CLI::App* bench = app.add_subcommand(
+      "bench", "synthetic benchmarks of strata's parts (each compares against a reference in the same run)");
+  bench->require_subcommand(1);
   // commands (one line each, in the order `strata --help` lists them)
 
   CLI11_PARSE(app, argc, argv);
