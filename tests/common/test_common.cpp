@@ -1,0 +1,117 @@
+// Proves the foundation's input handling: sizes parse in every documented form and reject
+// everything else, and the strict config reader names the key, the file and what is
+// accepted for unknown keys, wrong types and out-of-range values.
+#include <gtest/gtest.h>
+
+#include "common/config_reader.h"
+#include "common/size.h"
+
+namespace strata {
+namespace {
+
+TEST(ParseSize, AcceptsPlainBytesAndBinaryUnits) {
+  EXPECT_EQ(parse_size("4096").value(), 4096u);
+  EXPECT_EQ(parse_size("512KiB").value(), 512u * 1024);
+  EXPECT_EQ(parse_size("1MiB").value(), 1u << 20);
+  EXPECT_EQ(parse_size("4GiB").value(), 4ull << 30);
+  EXPECT_EQ(parse_size("1.5GiB").value(), 3ull << 29);
+  EXPECT_EQ(parse_size(" 64 MiB ").value(), 64u << 20);
+  EXPECT_EQ(parse_size("1m").value(), 1u << 20);
+  EXPECT_EQ(parse_size("0").value(), 0u);
+}
+
+TEST(ParseSize, RejectsGarbageWithTheAcceptedForms) {
+  for (const char* bad : {"", "MiB", "12XB", "-1", "1.5", "1 2", "0.3B", "99999999999999999999"}) {
+    Result<uint64_t> parsed = parse_size(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.error().kind, ErrorKind::invalid_argument);
+    EXPECT_NE(parsed.error().message.find("GiB"), std::string::npos) << parsed.error().message;
+  }
+}
+
+TEST(FormatSize, PicksTheLargestWholeUnit) {
+  EXPECT_EQ(format_size(64u << 20), "64 MiB");
+  EXPECT_EQ(format_size(3ull << 29), "1.50 GiB");
+  EXPECT_EQ(format_size(100), "100 B");
+}
+
+TEST(ConfigReader, ReadsTypedValuesAndDefaults) {
+  auto root = ConfigNode::load_string(
+      "device: {kind: cpu, memory: 256MiB}\nsteps: 20\nbetas: [0.9, 0.95]\nname: demo\n",
+      "demo.yaml");
+  ASSERT_TRUE(root.ok()) << root.error().to_string();
+  auto device = root->child("device", true);
+  ASSERT_TRUE(device.ok());
+  EXPECT_EQ(device->choice("kind", {"cpu", "cuda"}, std::nullopt).value(), "cpu");
+  EXPECT_EQ(device->size("memory", std::nullopt).value(), 256u << 20);
+  EXPECT_TRUE(device->finish().ok());
+  EXPECT_EQ(root->integer("steps", 1, 1, 1000).value(), 20);
+  EXPECT_EQ(root->integer("batch_size", 8, 1, 1000).value(), 8);  // default
+  auto betas = root->number_list("betas", 2, std::nullopt, 0.0, 1.0);
+  ASSERT_TRUE(betas.ok());
+  EXPECT_DOUBLE_EQ((*betas)[1], 0.95);
+  EXPECT_EQ(root->string("name", std::nullopt).value(), "demo");
+  EXPECT_TRUE(root->finish().ok());
+}
+
+TEST(ConfigReader, UnknownKeyNamesKeyFileAndAcceptedKeys) {
+  auto root = ConfigNode::load_string("device: {kind: cpu, memroy: 1GiB}\n", "train.yaml");
+  ASSERT_TRUE(root.ok());
+  auto device = root->child("device");
+  ASSERT_TRUE(device.ok());
+  ASSERT_TRUE(device->choice("kind", {"cpu", "cuda"}, "cpu").ok());
+  ASSERT_TRUE(device->size("memory", 1u << 30).ok());
+  Status status = device->finish();
+  ASSERT_FALSE(status.ok());
+  const std::string& message = status.error().message;
+  EXPECT_NE(message.find("train.yaml"), std::string::npos) << message;
+  EXPECT_NE(message.find("device.memroy"), std::string::npos) << message;
+  EXPECT_NE(message.find("memory"), std::string::npos) << message;
+}
+
+TEST(ConfigReader, WrongTypeAndOutOfRangeNameTheKeyAndTheRange) {
+  auto root = ConfigNode::load_string("steps: many\nbatch_size: 0\nkind: gpu\nmemory: lots\n", "x.yaml");
+  ASSERT_TRUE(root.ok());
+  auto steps = root->integer("steps", 1, 1, 1000);
+  ASSERT_FALSE(steps.ok());
+  EXPECT_NE(steps.error().message.find("'steps'"), std::string::npos);
+  EXPECT_NE(steps.error().message.find("an integer from 1 to 1000"), std::string::npos);
+  auto batch = root->integer("batch_size", 1, 1, 64);
+  ASSERT_FALSE(batch.ok());
+  EXPECT_NE(batch.error().message.find("out of range"), std::string::npos);
+  auto kind = root->choice("kind", {"cpu", "cuda"}, "cpu");
+  ASSERT_FALSE(kind.ok());
+  EXPECT_NE(kind.error().message.find("cpu, cuda"), std::string::npos);
+  auto memory = root->size("memory", 0);
+  ASSERT_FALSE(memory.ok());
+  EXPECT_NE(memory.error().message.find("x.yaml: key 'memory'"), std::string::npos)
+      << memory.error().message;
+}
+
+TEST(ConfigReader, MissingRequiredKeyAndBadYamlAreErrors) {
+  auto root = ConfigNode::load_string("a: 1\n", "r.yaml");
+  ASSERT_TRUE(root.ok());
+  auto missing = root->size("memory", std::nullopt);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("is required"), std::string::npos);
+  EXPECT_FALSE(ConfigNode::load_string("a: [1, 2\n", "bad.yaml").ok());
+  EXPECT_FALSE(ConfigNode::load_string("- 1\n- 2\n", "list.yaml").ok());
+  auto no_file = ConfigNode::load_file("/nonexistent/strata.yaml");
+  ASSERT_FALSE(no_file.ok());
+  EXPECT_EQ(no_file.error().kind, ErrorKind::not_found);
+}
+
+TEST(ErrorText, NamesOpPathOffsetLengthAndTensor) {
+  Error error = make_errno_error(EIO, "read", "/nvme/a.strata", 4096, 1 << 20);
+  error.tensor = "h.3.attn.c_attn.weight";
+  std::string line = error.to_string();
+  EXPECT_NE(line.find("read of 1048576 bytes at offset 4096 in /nvme/a.strata"), std::string::npos) << line;
+  EXPECT_NE(line.find("h.3.attn.c_attn.weight"), std::string::npos) << line;
+  EXPECT_NE(line.find("Input/output error"), std::string::npos) << line;
+  EXPECT_EQ(error.kind, ErrorKind::io);
+  EXPECT_EQ(error_kind_from_errno(ENOSPC), ErrorKind::no_space);
+  EXPECT_EQ(error_kind_from_errno(EINTR), ErrorKind::retryable);
+}
+
+}  // namespace
+}  // namespace strata
