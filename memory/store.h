@@ -1,0 +1,196 @@
+// strata/memory/store.h — the NVMe store: crash-safe, checksummed tensors in preallocated files.
+//
+// What it owns: a store directory holding `manifest.json` (the committed version) and the
+// data files — one preallocated file per configured path (fallocate; several paths are
+// striped by io::Volume), never a file per tensor. Files are created with mode 0600. The
+// store also owns the io::Engine all of its I/O goes through (built from the options, or by
+// an injected factory — tests use a fault-injecting engine).
+//
+// Layout: the data files form one logical byte space of `capacity_bytes`. A tensor is one
+// or more extents in it (at most `max_extent_bytes` each), every extent starting on the
+// volume's direct-I/O alignment; free space is kept by a coalescing best-fit RangeAllocator
+// (memory/allocator.h). Each extent carries the XXH3-64 of its bytes, computed when it is
+// written and verified when it is read; a mismatch is a `corrupt` error naming the tensor,
+// the file and the file offset.
+//
+// Versions and crash safety: writing a tensor always goes to FRESH extents; the committed
+// extents of that tensor are untouched until the next commit has made the new ones durable.
+// `commit(step, metadata)` = wait for outstanding writes → fdatasync the data files → write
+// the new manifest to `manifest.json.tmp`, fsync it → rename it over `manifest.json` → fsync
+// the directory → only then free the replaced extents. A crash at any instant therefore
+// leaves the last committed manifest and every extent it names intact; on open, all space
+// the manifest does not name is free again (writes of an uncommitted version are forgotten).
+// The manifest is JSON: format name and version, generation, step, geometry, the files, a
+// small string→string metadata map (step counter, data position, rng state...) and every
+// tensor's dtype, shape, size and extents (logical offset, length, xxh3).
+//
+// Refusal: `open` refuses — with a clear message and without writing anything — a
+// directory whose manifest does not parse, has another format version, or whose data files
+// are missing or shorter than the manifest says. `create` refuses a directory or data path
+// that already holds a store (nothing is overwritten).
+//
+// Async I/O and buffer lifetimes: `write_tensor_async` / `read_tensor_async` submit every
+// extent to the engine and return a ticket at once; the caller's buffer must stay valid (and,
+// for writes, unchanged) until `wait(ticket)` has returned. A read's checksums are verified
+// inside `wait`, extent by extent while later extents are still in flight. Buffers should
+// come from the pinned host arena (aligned and registered with `engine()`); other buffers
+// work, with the engine bouncing any unaligned head and tail. Reads see the newest version
+// of a tensor whose write has completed, committed or not.
+//
+// Threads: a Store belongs to one thread at a time (its engine does): every method, stats
+// and list included, must be called from that thread or under the caller's lock.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "io/io.h"
+
+namespace strata::memory {
+
+inline constexpr int kStoreFormatVersion = 1;
+inline constexpr const char* kStoreManifestName = "manifest.json";
+
+using EngineFactory = std::function<Result<std::unique_ptr<io::Engine>>(const io::EngineConfig&)>;
+
+struct StoreOptions {
+  io::EngineConfig engine;                 // the store's own engine
+  EngineFactory engine_factory;            // empty: io::make_engine
+  uint64_t stripe_bytes = 1 << 20;         // striping unit over several paths (create only)
+  uint64_t max_extent_bytes = 16 << 20;    // tensors are cut into extents of at most this
+  bool allow_buffered_fallback = true;     // filesystems without O_DIRECT, with a warning
+  bool read_only = false;                  // open only: inspect / verify; writes assert
+};
+
+struct Extent {
+  uint64_t offset_bytes = 0;  // logical offset in the volume, aligned
+  uint64_t length_bytes = 0;  // bytes of tensor data (the reservation is rounded up)
+  uint64_t xxh3 = 0;          // XXH3_64bits of those bytes
+};
+
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  uint64_t size_bytes = 0;
+  std::vector<Extent> extents;  // in tensor order
+  bool committed = false;       // false: written since the last commit
+};
+
+// A pending read or write. Waited for exactly once.
+struct StoreTicket {
+  uint64_t value = 0;
+};
+
+struct StoreFileInfo {
+  std::string path;
+  uint64_t size_bytes = 0;
+};
+
+struct StoreStats {
+  std::string dir;
+  std::vector<StoreFileInfo> files;
+  uint64_t stripe_bytes = 0;
+  uint32_t alignment_bytes = 0;
+  bool direct_io = false;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;            // committed and staged extents, rounded to the alignment
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_bytes = 0;
+  double fragmentation = 0.0;         // 1 − largest_free / free
+  uint64_t committed_step = 0;
+  uint64_t generation = 0;            // commits since the store was created
+  uint64_t tensor_count = 0;          // visible tensors (committed or staged)
+  uint64_t staged_tensor_count = 0;   // written or removed since the last commit
+  uint64_t bytes_written = 0;         // tensor bytes since open
+  uint64_t bytes_read = 0;
+  uint64_t checksum_ns = 0;           // time spent hashing since open
+};
+
+struct StoreDamage {
+  std::string tensor;
+  std::string path;               // file holding the extent's first byte
+  uint64_t file_offset_bytes = 0;
+  uint64_t logical_offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  std::string what;               // "checksum mismatch: ..." or the I/O error
+};
+
+struct VerifyReport {
+  uint64_t tensor_count = 0;
+  uint64_t extent_count = 0;
+  uint64_t bytes_checked = 0;
+  std::vector<StoreDamage> damages;
+  bool ok() const { return damages.empty(); }
+};
+
+class Store {
+ public:
+  // Creates `dir` (if needed) and its data files, preallocated to hold `capacity_bytes`;
+  // `data_paths` empty means one file `dir/data.strata`. Writes the empty generation-0
+  // manifest (step 0) before returning.
+  [[nodiscard]] static Result<Store> create(const std::string& dir,
+                                            const std::vector<std::string>& data_paths,
+                                            uint64_t capacity_bytes, StoreOptions options);
+  // Opens an existing store at its last committed version.
+  [[nodiscard]] static Result<Store> open(const std::string& dir, StoreOptions options);
+
+  Store(Store&&) noexcept;
+  Store& operator=(Store&&) noexcept;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+  ~Store();  // waits for anything still in flight; does not commit
+
+  // Stages a new version of `name`: allocates fresh extents and submits their writes.
+  // `size_bytes` must equal the product of `shape` times the dtype size. `no_space` when the
+  // store is full (nothing staged then). A tensor written twice before a commit keeps only
+  // the newer staged version.
+  [[nodiscard]] Result<StoreTicket> write_tensor_async(std::string_view name, DType dtype,
+                                                       std::span<const int64_t> shape,
+                                                       const void* data, uint64_t size_bytes);
+  // Submits the reads of every extent of `name` into `data` (`capacity_bytes` ≥ its size).
+  [[nodiscard]] Result<StoreTicket> read_tensor_async(std::string_view name, void* data,
+                                                      uint64_t capacity_bytes);
+  // Completes a ticket: for a read, verifies every extent's checksum. A failed write
+  // un-stages its tensor (the committed version stays visible).
+  [[nodiscard]] Status wait(StoreTicket ticket);
+  bool is_done(StoreTicket ticket);
+
+  // Stages the removal of `name`; its extents are freed after the next commit.
+  [[nodiscard]] Status remove_tensor(std::string_view name);
+  // Makes every staged write and removal durable as one new version (see the contract).
+  // On error nothing new is committed and the previous version stays the one on disk.
+  [[nodiscard]] Status commit(uint64_t step, const std::map<std::string, std::string>& metadata);
+
+  // Reads every committed extent and checks its checksum (uses its own aligned buffer).
+  [[nodiscard]] Result<VerifyReport> verify();
+
+  std::optional<TensorRecord> find(std::string_view name) const;  // newest visible version
+  std::vector<TensorRecord> list() const;                         // visible tensors, by name
+  uint64_t committed_step() const;
+  const std::map<std::string, std::string>& committed_metadata() const;
+  StoreStats stats() const;
+  uint32_t alignment_bytes() const;
+  // The store's engine: register the host arena with it (HostArena::register_with).
+  io::Engine& engine();
+  const std::string& dir() const;
+
+ private:
+  struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads just the manifest of `dir` (no data files opened): for tools.
+[[nodiscard]] Result<std::string> read_manifest_text(const std::string& dir);
+
+}  // namespace strata::memory
