@@ -1,0 +1,191 @@
+// strata/memory/device/device.h — the compute device as a memory tier with a copy engine.
+//
+// What it owns: a `Device` owns one memory region of exactly `budget_bytes` (one cudaMalloc on
+// CUDA, one page-aligned host mapping on the CPU device) and hands out pieces of it as
+// `DeviceBuffer`s through a range allocator: the device can never hold more than its budget,
+// because there is nothing beyond the region to allocate from. `Stream`, `Event` and
+// `DeviceBuffer` are move-only owners; destroying one releases what it holds. They must be
+// destroyed before the `Device` that made them.
+//
+// Streams: work enqueued on one stream runs in order; work on different streams may run at
+// the same time. On the CPU device each stream is one worker thread with a bounded queue of
+// tasks (enqueueing blocks while the queue is full), so copies on a copy stream really run
+// beside compute on a compute stream — overlap, stalls and budgets behave as on a GPU and are
+// tested on machines without one. On CUDA a stream is a cudaStream_t (`native_handle()`), on
+// which kernels/ launches its kernels directly.
+//
+// Events: `record(event, stream)` marks the point reached by the work enqueued so far; `wait`
+// blocks the host until that point has run, `stream_wait` makes another stream wait for it
+// without blocking the host, `query` asks without blocking. An event never recorded counts as
+// complete (as cudaEventSynchronize does).
+//
+// Copies: `copy_to_device` / `copy_to_host` are asynchronous on the given stream; the host
+// buffer and the device buffer must stay valid and untouched until an event recorded after
+// the copy has completed. On CUDA the host side should be pinned (`register_host_memory`, or
+// the pinned host arena), otherwise the copy is staged by the driver and does not overlap.
+//
+// Errors: enqueueing never fails on the CPU device; CUDA errors are reported by the call that
+// sees them (asynchronous failures surface at `wait` / `synchronize`). Allocation that does not
+// fit right now is a `no_space` error — the caller (the scheduler) evicts and retries; it is
+// never an over-allocation.
+//
+// Threads: a Device and its objects may be used from several threads at once (streams,
+// events and the allocator lock internally). Work enqueued on one stream from several threads
+// runs in the order the enqueue calls returned.
+//
+// Alignment: every DeviceBuffer starts at a multiple of `kDeviceAlignmentBytes` (4 KiB) from
+// the region base, so it suits O_DIRECT staging and vector loads alike.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace strata::device {
+
+inline constexpr uint64_t kDeviceAlignmentBytes = 4096;
+
+enum class Kind : uint8_t { cpu, cuda };
+const char* kind_name(Kind kind);
+[[nodiscard]] Result<Kind> parse_kind(std::string_view name);
+
+class Device;
+class StreamBackend;  // memory/device/backend.h
+class EventBackend;
+
+class Stream {
+ public:
+  Stream() = default;
+  explicit Stream(std::unique_ptr<StreamBackend> backend);
+  Stream(Stream&&) noexcept;
+  Stream& operator=(Stream&&) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream();  // waits for the work already enqueued, then releases the stream
+
+  bool valid() const { return backend_ != nullptr; }
+  const std::string& name() const;
+  // cudaStream_t on CUDA (cast it back), nullptr on the CPU device.
+  void* native_handle() const;
+  StreamBackend& backend() const { return *backend_; }
+
+ private:
+  std::unique_ptr<StreamBackend> backend_;
+};
+
+class Event {
+ public:
+  Event() = default;
+  explicit Event(std::unique_ptr<EventBackend> backend);
+  Event(Event&&) noexcept;
+  Event& operator=(Event&&) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+
+  bool valid() const { return backend_ != nullptr; }
+  EventBackend& backend() const { return *backend_; }
+
+ private:
+  std::unique_ptr<EventBackend> backend_;
+};
+
+// A piece of the device region. `data()` is a device address: dereference it on the host only
+// on the CPU device.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device* device, void* data, uint64_t offset_bytes, uint64_t size_bytes);
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();  // returns the range to the arena; no work may still use it
+
+  bool valid() const { return device_ != nullptr; }
+  void* data() const { return data_; }
+  uint64_t offset_bytes() const { return offset_bytes_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+  void reset();
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  uint64_t offset_bytes_ = 0;
+  uint64_t size_bytes_ = 0;
+};
+
+struct DeviceMemoryStats {
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;        // allocated now (rounded to the alignment)
+  uint64_t high_water_bytes = 0;  // the most ever allocated at once
+  uint64_t live_buffers = 0;
+  uint64_t failed_allocations = 0;  // no_space answers (the caller then evicts or waits)
+};
+
+class Device {
+ public:
+  virtual ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual Kind kind() const = 0;
+  virtual std::string describe() const = 0;
+
+  // --- streams and events ---
+  [[nodiscard]] virtual Result<Stream> create_stream(std::string name) = 0;
+  [[nodiscard]] virtual Result<Event> create_event() = 0;
+  [[nodiscard]] virtual Status record(Event& event, Stream& stream) = 0;
+  [[nodiscard]] virtual Status wait(Event& event) = 0;        // the host waits
+  [[nodiscard]] virtual Result<bool> query(Event& event) = 0;  // true: complete
+  [[nodiscard]] virtual Status stream_wait(Stream& stream, Event& event) = 0;
+  [[nodiscard]] virtual Status synchronize(Stream& stream) = 0;
+
+  // --- work ---
+  // Copies `size_bytes` host → device / device → host, ordered on `stream`.
+  [[nodiscard]] virtual Status copy_to_device(Stream& stream, void* device_dst, const void* host_src,
+                                              uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual Status copy_to_host(Stream& stream, void* host_dst, const void* device_src,
+                                            uint64_t size_bytes) = 0;
+  // Runs `fn` on the host in stream order: on the CPU device this is how compute runs; on
+  // CUDA it is a host callback (cudaLaunchHostFunc) that must not call CUDA itself.
+  [[nodiscard]] virtual Status launch(Stream& stream, std::function<void()> fn) = 0;
+  // Pins a host range for fast asynchronous copies (no-op on the CPU device).
+  [[nodiscard]] virtual Status register_host_memory(void* base, uint64_t size_bytes) = 0;
+  virtual void unregister_host_memory(void* base) = 0;
+
+  // --- memory: a hard budget, one region ---
+  // A buffer of at least `size_bytes` (rounded up to kDeviceAlignmentBytes) or `no_space`.
+  [[nodiscard]] Result<DeviceBuffer> allocate(uint64_t size_bytes);
+  uint64_t budget_bytes() const { return budget_bytes_; }
+  DeviceMemoryStats memory_stats() const;
+  // Called after every successful allocation with the bytes in use and the budget, on the
+  // allocating thread: tests use it to assert the budget at every allocation.
+  using AllocationHook = std::function<void(uint64_t used_bytes, uint64_t budget_bytes)>;
+  void set_allocation_hook(AllocationHook hook);
+
+ protected:
+  Device(uint64_t budget_bytes, void* region_base);
+
+ private:
+  friend class DeviceBuffer;
+  void free_range(uint64_t offset_bytes, uint64_t size_bytes);
+
+  struct Arena;
+  uint64_t budget_bytes_;
+  char* region_base_;
+  std::unique_ptr<Arena> arena_;
+};
+
+// A device of `kind` with a region of exactly `budget_bytes` (rounded down to the alignment).
+// `cuda` in a build without CUDA, or on a machine without a GPU, is an `unsupported` error.
+[[nodiscard]] Result<std::unique_ptr<Device>> make_device(Kind kind, uint64_t budget_bytes,
+                                                          int cuda_ordinal = 0);
+// How many CUDA devices this process can see (0 in a build without CUDA).
+int cuda_device_count();
+
+}  // namespace strata::device

@@ -1,0 +1,154 @@
+// Proves the CPU device behaves like a GPU where the scheduler relies on it: a stream runs its
+// work in order, two streams really run at the same time (each waits for the other to have
+// started, which only finishes if they overlap), events complete when — and only when — the
+// work before them has run, a stream can wait on another's event, copies are byte-exact, and
+// the arena never hands out more than its budget.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "memory/device/device.h"
+
+namespace strata::device {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<Device> cpu(uint64_t budget_bytes = 1 << 20) {
+  Result<std::unique_ptr<Device>> device = make_device(Kind::cpu, budget_bytes);
+  EXPECT_TRUE(device.ok()) << device.status().to_string();
+  return std::move(device).value();
+}
+
+// Spins until `flag` is set or two seconds pass; returns whether it was set.
+bool wait_flag(const std::atomic<bool>& flag) {
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (!flag.load()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+TEST(CpuDevice, StreamRunsTasksInOrder) {
+  auto device = cpu();
+  Stream stream = device->create_stream("s").value();
+  std::vector<int> order;
+  for (int i = 0; i < 500; ++i)
+    ASSERT_TRUE(device->launch(stream, [&order, i] {
+      if (i % 97 == 0) std::this_thread::sleep_for(1ms);  // jitter must not reorder
+      order.push_back(i);
+    }).ok());
+  ASSERT_TRUE(device->synchronize(stream).ok());
+  ASSERT_EQ(order.size(), 500u);
+  for (int i = 0; i < 500; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(CpuDevice, TwoStreamsRunConcurrently) {
+  auto device = cpu();
+  Stream a = device->create_stream("a").value();
+  Stream b = device->create_stream("b").value();
+  std::atomic<bool> a_started{false}, b_started{false};
+  std::atomic<bool> a_saw_b{false}, b_saw_a{false};
+  // Each task announces itself then waits for the other: both can finish only if they run at
+  // the same time. On a single ordered thread one would time out.
+  ASSERT_TRUE(device->launch(a, [&] { a_started = true; a_saw_b = wait_flag(b_started); }).ok());
+  ASSERT_TRUE(device->launch(b, [&] { b_started = true; b_saw_a = wait_flag(a_started); }).ok());
+  ASSERT_TRUE(device->synchronize(a).ok());
+  ASSERT_TRUE(device->synchronize(b).ok());
+  EXPECT_TRUE(a_saw_b);
+  EXPECT_TRUE(b_saw_a);
+}
+
+TEST(CpuDevice, EventCompletesOnlyAfterPriorWork) {
+  auto device = cpu();
+  Stream stream = device->create_stream("s").value();
+  Event event = device->create_event().value();
+  EXPECT_TRUE(device->query(event).value()) << "a never-recorded event counts as complete";
+  std::atomic<bool> release{false}, ran{false};
+  ASSERT_TRUE(device->launch(stream, [&] { wait_flag(release); ran = true; }).ok());
+  ASSERT_TRUE(device->record(event, stream).ok());
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(device->query(event).value()) << "the work before the event has not run";
+  release = true;
+  ASSERT_TRUE(device->wait(event).ok());
+  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(device->query(event).value());
+}
+
+TEST(CpuDevice, StreamWaitsOnAnotherStreamsEvent) {
+  auto device = cpu();
+  Stream producer = device->create_stream("producer").value();
+  Stream consumer = device->create_stream("consumer").value();
+  Event produced = device->create_event().value();
+  std::atomic<bool> release{false};
+  std::atomic<int> value{0};
+  int seen = -1;
+  ASSERT_TRUE(device->launch(producer, [&] { wait_flag(release); value = 42; }).ok());
+  ASSERT_TRUE(device->record(produced, producer).ok());
+  ASSERT_TRUE(device->stream_wait(consumer, produced).ok());
+  ASSERT_TRUE(device->launch(consumer, [&] { seen = value.load(); }).ok());
+  std::this_thread::sleep_for(20ms);
+  release = true;
+  ASSERT_TRUE(device->synchronize(consumer).ok());
+  EXPECT_EQ(seen, 42) << "the consumer ran before the producer's event";
+}
+
+TEST(CpuDevice, CopiesRoundTripBitExact) {
+  auto device = cpu();
+  Stream h2d = device->create_stream("h2d").value();
+  Stream d2h = device->create_stream("d2h").value();
+  Event copied = device->create_event().value();
+  const uint64_t size_bytes = 300000;  // not a multiple of the alignment
+  std::vector<uint32_t> source(size_bytes / 4), back(size_bytes / 4, 0);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint32_t>(i * 2654435761u);
+  DeviceBuffer buffer = device->allocate(size_bytes).value();
+  ASSERT_TRUE(device->copy_to_device(h2d, buffer.data(), source.data(), size_bytes).ok());
+  ASSERT_TRUE(device->record(copied, h2d).ok());
+  ASSERT_TRUE(device->stream_wait(d2h, copied).ok());
+  ASSERT_TRUE(device->copy_to_host(d2h, back.data(), buffer.data(), size_bytes).ok());
+  ASSERT_TRUE(device->synchronize(d2h).ok());
+  EXPECT_EQ(std::memcmp(source.data(), back.data(), size_bytes), 0);
+}
+
+TEST(CpuDevice, ArenaHoldsItsBudget) {
+  const uint64_t budget_bytes = 64 * kDeviceAlignmentBytes;
+  auto device = cpu(budget_bytes);
+  uint64_t worst_used_bytes = 0;
+  device->set_allocation_hook([&](uint64_t used_bytes, uint64_t budget) {
+    EXPECT_LE(used_bytes, budget);
+    worst_used_bytes = std::max(worst_used_bytes, used_bytes);
+  });
+  std::vector<DeviceBuffer> held;
+  for (;;) {
+    Result<DeviceBuffer> buffer = device->allocate(3 * kDeviceAlignmentBytes + 1);
+    if (!buffer.ok()) {
+      EXPECT_EQ(buffer.error().kind, ErrorKind::no_space) << buffer.error().to_string();
+      break;
+    }
+    EXPECT_EQ(buffer->offset_bytes() % kDeviceAlignmentBytes, 0u);
+    held.push_back(std::move(buffer).value());
+  }
+  EXPECT_EQ(held.size(), 16u);  // 4 pages each after rounding
+  EXPECT_EQ(worst_used_bytes, budget_bytes);
+  EXPECT_EQ(device->memory_stats().used_bytes, budget_bytes);
+  held.pop_back();  // RAII returns the range
+  EXPECT_EQ(device->memory_stats().used_bytes, budget_bytes - 4 * kDeviceAlignmentBytes);
+  EXPECT_TRUE(device->allocate(4 * kDeviceAlignmentBytes).ok());
+}
+
+TEST(CpuDevice, FactoryRejectsUnknownAndMissing) {
+  EXPECT_FALSE(parse_kind("tpu").ok());
+  EXPECT_EQ(parse_kind("cuda").value(), Kind::cuda);
+  EXPECT_FALSE(make_device(Kind::cpu, 100).ok()) << "a budget below one page is refused";
+  if (cuda_device_count() == 0) {
+    EXPECT_FALSE(make_device(Kind::cuda, 1 << 20).ok());
+  }
+}
+
+}  // namespace
+}  // namespace strata::device
