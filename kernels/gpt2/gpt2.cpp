@@ -1,0 +1,664 @@
+// kernels/gpt2/gpt2.cpp — the CPU GPT-2: cblas_sgemm for the products, TBB for the rest.
+// Every parallel loop writes disjoint outputs and every reduction runs sequentially inside one
+// task, which is what makes the results independent of how TBB schedules the tasks.
+#include "kernels/gpt2/gpt2.h"
+
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
+#include <cblas.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include "kernels/gpt2/gpt2_math.h"
+
+namespace strata::kernels::gpt2 {
+
+// ---------------------------------------------------------------------------------------------
+// Parameter layout
+// ---------------------------------------------------------------------------------------------
+
+std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config) {
+  const int64_t c = config.n_embd;
+  return {{
+      {"ln_1.weight", {c, 0}, 1, false},
+      {"ln_1.bias", {c, 0}, 1, false},
+      {"attn.c_attn.weight", {c, 3 * c}, 2, true},
+      {"attn.c_attn.bias", {3 * c, 0}, 1, false},
+      {"attn.c_proj.weight", {c, c}, 2, true},
+      {"attn.c_proj.bias", {c, 0}, 1, false},
+      {"ln_2.weight", {c, 0}, 1, false},
+      {"ln_2.bias", {c, 0}, 1, false},
+      {"mlp.c_fc.weight", {c, 4 * c}, 2, true},
+      {"mlp.c_fc.bias", {4 * c, 0}, 1, false},
+      {"mlp.c_proj.weight", {4 * c, c}, 2, true},
+      {"mlp.c_proj.bias", {c, 0}, 1, false},
+  }};
+}
+
+std::array<ParamSpec, kOuterParamCount> outer_param_specs(const Config& config) {
+  const int64_t c = config.n_embd;
+  return {{
+      {"wte.weight", {config.vocab_size, c}, 2, true},
+      {"wpe.weight", {config.n_ctx, c}, 2, true},
+      {"ln_f.weight", {c, 0}, 1, false},
+      {"ln_f.bias", {c, 0}, 1, false},
+  }};
+}
+
+std::string block_param_name(int64_t layer, std::string_view name_suffix) {
+  std::string name = "h." + std::to_string(layer) + ".";
+  name.append(name_suffix);
+  return name;
+}
+
+int64_t block_param_count(const Config& config) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : block_param_specs(config)) total += spec.numel();
+  return total;
+}
+
+int64_t model_param_count(const Config& config) {
+  int64_t total = config.n_layer * block_param_count(config);
+  for (const ParamSpec& spec : outer_param_specs(config)) total += spec.numel();
+  return total;
+}
+
+template <typename T>
+T*& BlockTensors<T>::at(int index) {
+  switch (index) {
+    case 0: return ln_1_weight;
+    case 1: return ln_1_bias;
+    case 2: return attn_c_attn_weight;
+    case 3: return attn_c_attn_bias;
+    case 4: return attn_c_proj_weight;
+    case 5: return attn_c_proj_bias;
+    case 6: return ln_2_weight;
+    case 7: return ln_2_bias;
+    case 8: return mlp_c_fc_weight;
+    case 9: return mlp_c_fc_bias;
+    case 10: return mlp_c_proj_weight;
+    default: assert(index == 11); return mlp_c_proj_bias;
+  }
+}
+
+template <typename T>
+BlockTensors<T> bind_block(const Config& config, T* base) {
+  BlockTensors<T> tensors;
+  const auto specs = block_param_specs(config);
+  for (int i = 0; i < kBlockParamCount; ++i) {
+    tensors.at(i) = base;
+    base += specs[i].numel();
+  }
+  return tensors;
+}
+
+template struct BlockTensors<const float>;
+template struct BlockTensors<float>;
+template BlockTensors<const float> bind_block(const Config&, const float*);
+template BlockTensors<float> bind_block(const Config&, float*);
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Workspace layout: one description shared by the sizing functions and the entry points, so
+// the two can never disagree.
+// ---------------------------------------------------------------------------------------------
+
+// Hands out 64-byte aligned slices of a float buffer (offsets only when base is null).
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(int64_t count_floats) {
+    float* slice = base_ == nullptr ? nullptr : base_ + used_floats_;
+    used_floats_ += (count_floats + 15) / 16 * 16;
+    return slice;
+  }
+  size_t used_bytes() const { return static_cast<size_t>(used_floats_) * sizeof(float); }
+
+ private:
+  float* base_;
+  int64_t used_floats_ = 0;
+};
+
+// What block_forward leaves behind and block_backward reads; the backward's temporaries reuse
+// slices whose contents are dead by then (noted at each use).
+struct BlockLayout {
+  float* ln1_out;    // [N, C]
+  float* ln1_mean;   // [N]
+  float* ln1_rstd;   // [N]
+  float* qkv;        // [N, 3C]
+  float* att;        // [N, C]   attention output before c_proj
+  float* x1;         // [N, C]   residual stream after attention
+  float* ln2_out;    // [N, C]
+  float* ln2_mean;   // [N]
+  float* ln2_rstd;   // [N]
+  float* fc_pre;     // [N, 4C]  c_fc output before GELU
+  float* fc_act;     // [N, 4C]  after GELU
+  float* key_t;      // [B, H, head_dim, T]  per-head transposed keys
+  float* value_t;    // [B, H, head_dim, T]  per-head transposed values
+  float* rows;       // [B, H, 2, T]  one score row and one probability-gradient row per head
+  size_t size_bytes;
+};
+
+BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  Carver carve(base);
+  BlockLayout layout{};
+  layout.ln1_out = carve.take(n * c);
+  layout.ln1_mean = carve.take(n);
+  layout.ln1_rstd = carve.take(n);
+  layout.qkv = carve.take(n * 3 * c);
+  layout.att = carve.take(n * c);
+  layout.x1 = carve.take(n * c);
+  layout.ln2_out = carve.take(n * c);
+  layout.ln2_mean = carve.take(n);
+  layout.ln2_rstd = carve.take(n);
+  layout.fc_pre = carve.take(n * 4 * c);
+  layout.fc_act = carve.take(n * 4 * c);
+  layout.key_t = carve.take(n * c);
+  layout.value_t = carve.take(n * c);
+  layout.rows = carve.take(shape.batch * config.n_head * 2 * shape.seq_len);
+  layout.size_bytes = carve.used_bytes();
+  return layout;
+}
+
+struct HeadLayout {
+  float* ln_out;     // [R, C]
+  float* mean;       // [R]
+  float* rstd;       // [R]
+  float* logits;     // [R, vocab]; becomes dLoss/dlogits in place
+  float* d_ln_out;   // [R, C]
+  float* row_loss;   // [R]
+  size_t size_bytes;
+};
+
+HeadLayout head_layout(const Config& config, float* base) {
+  const int64_t r = kHeadChunkRows;
+  Carver carve(base);
+  HeadLayout layout{};
+  layout.ln_out = carve.take(r * config.n_embd);
+  layout.mean = carve.take(r);
+  layout.rstd = carve.take(r);
+  layout.logits = carve.take(r * config.vocab_size);
+  layout.d_ln_out = carve.take(r * config.n_embd);
+  layout.row_loss = carve.take(r);
+  layout.size_bytes = carve.used_bytes();
+  return layout;
+}
+
+void check_shape(const Config& config, const BatchShape& shape) {
+  assert(config.n_head > 0 && config.n_embd % config.n_head == 0);
+  assert(shape.batch > 0 && shape.seq_len > 0 && shape.seq_len <= config.n_ctx);
+  (void)config;
+  (void)shape;
+}
+
+void check_workspace(const Workspace& workspace, size_t needed_bytes) {
+  assert(workspace.data != nullptr && workspace.size_bytes >= needed_bytes);
+  assert(reinterpret_cast<uintptr_t>(workspace.data) % 64 == 0);
+  (void)workspace;
+  (void)needed_bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building blocks
+// ---------------------------------------------------------------------------------------------
+
+// Rows per TBB task for row-wise work; big enough to amortize scheduling, small enough to
+// balance two cores on short batches.
+constexpr int64_t kRowGrain = 8;
+// Columns per task for column sums: 16 floats = one cache line, so tasks never share a line.
+constexpr int64_t kColumnBlock = 16;
+
+template <typename Body>
+void for_rows(int64_t count, int64_t grain, const Body& body) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain),
+                    [&](const tbb::blocked_range<int64_t>& range) {
+                      for (int64_t i = range.begin(); i != range.end(); ++i) body(i);
+                    });
+}
+
+// C[M,N] = alpha·op(A)·op(B) + beta·C, all row-major.
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+// out[j] += Σ_r in[r, j] over all rows in row order; tasks own disjoint column blocks, so the
+// sum for a column is always formed the same way. Double accumulators: B·T can be thousands.
+void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* out) {
+  const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+  for_rows(blocks, 1, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock;
+    const int64_t width = std::min(kColumnBlock, cols - c0);
+    double acc[kColumnBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = in + r * cols + c0;
+      for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
+    }
+    for (int64_t j = 0; j < width; ++j) out[c0 + j] += static_cast<float>(acc[j]);
+  });
+}
+
+// y = x @ W + b (+ residual when given): rows start as b (+ residual), then sgemm adds x @ W.
+void linear_forward(const float* x, const float* weight, const float* bias, const float* residual,
+                    int64_t rows, int64_t in, int64_t out, float* y) {
+  for_rows(rows, kRowGrain * 4, [&](int64_t r) {
+    float* y_row = y + r * out;
+    if (residual == nullptr) {
+      std::memcpy(y_row, bias, static_cast<size_t>(out) * sizeof(float));
+    } else {
+      const float* res_row = residual + r * out;
+      for (int64_t j = 0; j < out; ++j) y_row[j] = res_row[j] + bias[j];
+    }
+  });
+  sgemm(false, false, rows, out, in, x, in, weight, out, 1.0f, y, out);
+}
+
+// dW += xᵀ·dy, db += Σ_rows dy, and (when dx is given) dx = dy·Wᵀ.
+void linear_backward(const float* x, const float* weight, const float* dy, int64_t rows,
+                     int64_t in, int64_t out, float* dx, float* d_weight, float* d_bias) {
+  sgemm(true, false, in, out, rows, x, in, dy, out, 1.0f, d_weight, out);
+  column_sums_accumulate(dy, rows, out, d_bias);
+  if (dx != nullptr) sgemm(false, true, rows, in, out, dy, out, weight, out, 0.0f, dx, in);
+}
+
+// y = (x - mean)·rstd·w + b per row; statistics in double, biased variance, eps 1e-5.
+// x rows are x_stride floats apart (so the head can pick the last position of each sequence).
+void layernorm_forward(const float* x, int64_t x_stride, const float* weight, const float* bias,
+                       int64_t rows, int64_t c, float* y, float* mean, float* rstd) {
+  for_rows(rows, kRowGrain, [&](int64_t r) {
+    const float* x_row = x + r * x_stride;
+    const LayerNormStats stats = layernorm_stats(x_row, c);
+    float* y_row = y + r * c;
+    for (int64_t j = 0; j < c; ++j) {
+      y_row[j] = (x_row[j] - stats.mean) * stats.rstd * weight[j] + bias[j];
+    }
+    mean[r] = stats.mean;
+    rstd[r] = stats.rstd;
+  });
+}
+
+// dx (+)= rstd·(dŷ − mean(dŷ) − x̂·mean(dŷ·x̂)) with dŷ = dy·w; dw += Σ dy·x̂; db += Σ dy.
+// x̂ is recomputed from x and the saved statistics rather than stored.
+void layernorm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
+                        const float* weight, int64_t rows, int64_t c, float* dx, bool accumulate,
+                        float* d_weight, float* d_bias) {
+  for_rows(rows, kRowGrain, [&](int64_t r) {
+    const float* dy_row = dy + r * c;
+    const float* x_row = x + r * c;
+    const float mu = mean[r];
+    const float rs = rstd[r];
+    double sum_dxhat = 0.0;
+    double sum_dxhat_xhat = 0.0;
+    for (int64_t j = 0; j < c; ++j) {
+      const float dxhat = dy_row[j] * weight[j];
+      const float xhat = (x_row[j] - mu) * rs;
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+    }
+    const float mean_dxhat = static_cast<float>(sum_dxhat / static_cast<double>(c));
+    const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / static_cast<double>(c));
+    float* dx_row = dx + r * c;
+    for (int64_t j = 0; j < c; ++j) {
+      const float xhat = (x_row[j] - mu) * rs;
+      const float g = rs * (dy_row[j] * weight[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      dx_row[j] = accumulate ? dx_row[j] + g : g;
+    }
+  });
+  const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
+  for_rows(blocks, 1, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock;
+    const int64_t width = std::min(kColumnBlock, c - c0);
+    double acc_w[kColumnBlock] = {};
+    double acc_b[kColumnBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dy_row = dy + r * c + c0;
+      const float* x_row = x + r * c + c0;
+      for (int64_t j = 0; j < width; ++j) {
+        acc_w[j] += static_cast<double>(dy_row[j]) * ((x_row[j] - mean[r]) * rstd[r]);
+        acc_b[j] += dy_row[j];
+      }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+      d_weight[c0 + j] += static_cast<float>(acc_w[j]);
+      d_bias[c0 + j] += static_cast<float>(acc_b[j]);
+    }
+  });
+}
+
+// Views of one (batch, head) inside the fused qkv rows.
+struct HeadSlice {
+  int64_t t_len, head_dim, row_stride;  // row_stride = 3C
+  const float* q;  // q of row i at q + i·row_stride
+  const float* k;
+  const float* v;
+};
+
+HeadSlice head_slice(const Config& config, const BatchShape& shape, const float* qkv,
+                     int64_t b, int64_t h) {
+  const int64_t c = config.n_embd;
+  const int64_t hd = config.head_dim();
+  const float* base = qkv + b * shape.seq_len * 3 * c + h * hd;
+  return {shape.seq_len, hd, 3 * c, base, base + c, base + 2 * c};
+}
+
+// key_t[d, j] = k_j[d]: lets the score row be built by axpy over j (vectorizes without
+// reassociating any sum).
+void transpose_head(const float* src, int64_t row_stride, int64_t t_len, int64_t head_dim,
+                    float* dst) {
+  for (int64_t j = 0; j < t_len; ++j) {
+    for (int64_t d = 0; d < head_dim; ++d) dst[d * t_len + j] = src[j * row_stride + d];
+  }
+}
+
+// p[0..i] = softmax over j ≤ i of scale·(q_i · k_j); returns nothing, p holds probabilities.
+void causal_probabilities(const HeadSlice& s, const float* key_t, int64_t i, float scale,
+                          float* p) {
+  const int64_t count = i + 1;
+  std::fill(p, p + count, 0.0f);
+  const float* q_row = s.q + i * s.row_stride;
+  for (int64_t d = 0; d < s.head_dim; ++d) axpy(q_row[d], key_t + d * s.t_len, p, count);
+  softmax_scaled_inplace(p, count, scale);
+}
+
+// att rows of (b, h): att_i = Σ_{j≤i} p_ij v_j.
+void attention_forward_head(const Config& config, const BatchShape& shape, const float* qkv,
+                            int64_t b, int64_t h, float* key_t, float* p, float* att) {
+  const HeadSlice s = head_slice(config, shape, qkv, b, h);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  transpose_head(s.k, s.row_stride, s.t_len, s.head_dim, key_t);
+  const int64_t c = config.n_embd;
+  for (int64_t i = 0; i < s.t_len; ++i) {
+    causal_probabilities(s, key_t, i, scale, p);
+    float* out = att + (b * s.t_len + i) * c + h * s.head_dim;
+    std::fill(out, out + s.head_dim, 0.0f);
+    for (int64_t j = 0; j <= i; ++j) axpy(p[j], s.v + j * s.row_stride, out, s.head_dim);
+  }
+}
+
+// Gradients of (b, h)'s q, k, v slices of d_qkv from d_att. Recomputes each probability row
+// from q and k (no [T, T] matrix is stored), then:
+//   dp_j = d_att_i · v_j;  ds_j = p_j (dp_j − Σ_j p_j dp_j)·scale
+//   dq_i = Σ_j ds_j k_j;   dk_j += ds_j q_i;   dv_j += p_j d_att_i
+// All of (b, h)'s outputs belong to this task, and i runs in order, so the sums are fixed.
+void attention_backward_head(const Config& config, const BatchShape& shape, const float* qkv,
+                             const float* d_att, int64_t b, int64_t h, float* key_t,
+                             float* value_t, float* p, float* dp, float* d_qkv) {
+  const HeadSlice s = head_slice(config, shape, qkv, b, h);
+  const HeadSlice ds = head_slice(config, shape, d_qkv, b, h);
+  float* dq = const_cast<float*>(ds.q);
+  float* dk = const_cast<float*>(ds.k);
+  float* dv = const_cast<float*>(ds.v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const int64_t c = config.n_embd;
+  transpose_head(s.k, s.row_stride, s.t_len, s.head_dim, key_t);
+  transpose_head(s.v, s.row_stride, s.t_len, s.head_dim, value_t);
+  for (int64_t j = 0; j < s.t_len; ++j) {
+    std::fill(dk + j * s.row_stride, dk + j * s.row_stride + s.head_dim, 0.0f);
+    std::fill(dv + j * s.row_stride, dv + j * s.row_stride + s.head_dim, 0.0f);
+  }
+  for (int64_t i = 0; i < s.t_len; ++i) {
+    const int64_t count = i + 1;
+    causal_probabilities(s, key_t, i, scale, p);
+    const float* d_out = d_att + (b * s.t_len + i) * c + h * s.head_dim;
+    std::fill(dp, dp + count, 0.0f);
+    for (int64_t d = 0; d < s.head_dim; ++d) axpy(d_out[d], value_t + d * s.t_len, dp, count);
+    double p_dot_dp = 0.0;
+    for (int64_t j = 0; j < count; ++j) p_dot_dp += static_cast<double>(p[j]) * dp[j];
+    const float mean_dp = static_cast<float>(p_dot_dp);
+    float* dq_row = dq + i * s.row_stride;
+    std::fill(dq_row, dq_row + s.head_dim, 0.0f);
+    const float* q_row = s.q + i * s.row_stride;
+    for (int64_t j = 0; j < count; ++j) {
+      const float dscore = p[j] * (dp[j] - mean_dp) * scale;
+      axpy(dscore, s.k + j * s.row_stride, dq_row, s.head_dim);
+      axpy(dscore, q_row, dk + j * s.row_stride, s.head_dim);
+      axpy(p[j], d_out, dv + j * s.row_stride, s.head_dim);
+    }
+  }
+}
+
+void attention_forward(const Config& config, const BatchShape& shape, const BlockLayout& ws) {
+  const int64_t heads = config.n_head;
+  const int64_t t = shape.seq_len;
+  const int64_t hd = config.head_dim();
+  for_rows(shape.batch * heads, 1, [&](int64_t bh) {
+    const int64_t b = bh / heads;
+    const int64_t h = bh % heads;
+    attention_forward_head(config, shape, ws.qkv, b, h, ws.key_t + bh * hd * t,
+                           ws.rows + bh * 2 * t, ws.att);
+  });
+}
+
+void attention_backward(const Config& config, const BatchShape& shape, const BlockLayout& ws,
+                        const float* d_att, float* d_qkv) {
+  const int64_t heads = config.n_head;
+  const int64_t t = shape.seq_len;
+  const int64_t hd = config.head_dim();
+  for_rows(shape.batch * heads, 1, [&](int64_t bh) {
+    const int64_t b = bh / heads;
+    const int64_t h = bh % heads;
+    float* rows = ws.rows + bh * 2 * t;
+    attention_backward_head(config, shape, ws.qkv, d_att, b, h, ws.key_t + bh * hd * t,
+                            ws.value_t + bh * hd * t, rows, rows + t, d_qkv);
+  });
+}
+
+// The forward of one block into the workspace; x_out skipped when null (recompute only needs
+// the activations, not the block's output).
+void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w,
+                        const float* x_in, float* x_out, const BlockLayout& ws) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  layernorm_forward(x_in, c, w.ln_1_weight, w.ln_1_bias, n, c, ws.ln1_out, ws.ln1_mean,
+                    ws.ln1_rstd);
+  linear_forward(ws.ln1_out, w.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, n, c, 3 * c,
+                 ws.qkv);
+  attention_forward(config, shape, ws);
+  linear_forward(ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, n, c, c, ws.x1);
+  layernorm_forward(ws.x1, c, w.ln_2_weight, w.ln_2_bias, n, c, ws.ln2_out, ws.ln2_mean,
+                    ws.ln2_rstd);
+  linear_forward(ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, n, c, 4 * c,
+                 ws.fc_pre);
+  const int64_t hidden = n * 4 * c;
+  for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
+    const int64_t begin = chunk * 1024;
+    const int64_t end = std::min(hidden, begin + 1024);
+    for (int64_t i = begin; i < end; ++i) ws.fc_act[i] = gelu_tanh(ws.fc_pre[i]);
+  });
+  if (x_out != nullptr) {
+    linear_forward(ws.fc_act, w.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, n, 4 * c, c,
+                   x_out);
+  }
+}
+
+}  // namespace
+
+size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return block_layout(config, max_shape, nullptr).size_bytes;
+}
+
+size_t head_workspace_size_bytes(const Config& config, const BatchShape& /*max_shape*/) {
+  return head_layout(config, nullptr).size_bytes;
+}
+
+size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return std::max(block_workspace_size_bytes(config, max_shape),
+                  head_workspace_size_bytes(config, max_shape));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------------
+
+void embedding_forward(const Config& config, const BatchShape& shape, const int32_t* tokens,
+                       const float* wte, const float* wpe, float* x0) {
+  check_shape(config, shape);
+  const int64_t c = config.n_embd;
+  for_rows(shape.rows(), kRowGrain, [&](int64_t r) {
+    const int32_t token = tokens[r];
+    assert(token >= 0 && token < config.vocab_size);
+    const float* tok_row = wte + static_cast<int64_t>(token) * c;
+    const float* pos_row = wpe + (r % shape.seq_len) * c;
+    float* out = x0 + r * c;
+    for (int64_t j = 0; j < c; ++j) out[j] = tok_row[j] + pos_row[j];
+  });
+}
+
+void embedding_backward(const Config& config, const BatchShape& shape, const int32_t* tokens,
+                        const float* d_x0, float* d_wte, float* d_wpe) {
+  check_shape(config, shape);
+  const int64_t c = config.n_embd;
+  const int64_t rows = shape.rows();
+  // Tasks own column blocks of every row of d_wte and d_wpe and walk the B·T rows in order,
+  // so repeated tokens (and the batch sum for positions) add up in one fixed order.
+  const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
+  for_rows(blocks, 1, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock;
+    const int64_t width = std::min(kColumnBlock, c - c0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t token = tokens[r];
+      assert(token >= 0 && token < config.vocab_size);
+      const float* g = d_x0 + r * c + c0;
+      float* tok_row = d_wte + static_cast<int64_t>(token) * c + c0;
+      float* pos_row = d_wpe + (r % shape.seq_len) * c + c0;
+      for (int64_t j = 0; j < width; ++j) {
+        tok_row[j] += g[j];
+        pos_row[j] += g[j];
+      }
+    }
+  });
+}
+
+void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
+                   const float* x_in, float* x_out, const Workspace& workspace) {
+  check_shape(config, shape);
+  assert(x_out != nullptr && x_out != x_in);
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  block_forward_into(config, shape, weights, x_in, x_out, ws);
+}
+
+void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w,
+                    const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
+                    const Workspace& workspace, bool recompute) {
+  check_shape(config, shape);
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws);
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+
+  // MLP: x_out = x1 + fc_act·W2 + b2. d_fc_act overwrites fc_act once dW2 has read it.
+  float* d_fc = ws.fc_act;
+  sgemm(true, false, 4 * c, c, n, ws.fc_act, 4 * c, d_out, c, 1.0f, g.mlp_c_proj_weight, c);
+  column_sums_accumulate(d_out, n, c, g.mlp_c_proj_bias);
+  sgemm(false, true, n, 4 * c, c, d_out, c, w.mlp_c_proj_weight, c, 0.0f, d_fc, 4 * c);
+  const int64_t hidden = n * 4 * c;
+  for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
+    const int64_t begin = chunk * 1024;
+    const int64_t end = std::min(hidden, begin + 1024);
+    for (int64_t i = begin; i < end; ++i) d_fc[i] *= gelu_tanh_derivative(ws.fc_pre[i]);
+  });
+  // d_ln2_out overwrites ln2_out once dW_fc has read it (LayerNorm backward recomputes x̂).
+  float* d_ln2 = ws.ln2_out;
+  sgemm(true, false, c, 4 * c, n, ws.ln2_out, c, d_fc, 4 * c, 1.0f, g.mlp_c_fc_weight, 4 * c);
+  column_sums_accumulate(d_fc, n, 4 * c, g.mlp_c_fc_bias);
+  sgemm(false, true, n, c, 4 * c, d_fc, 4 * c, w.mlp_c_fc_weight, 4 * c, 0.0f, d_ln2, c);
+  // d_x1 = d_out (residual) + LayerNorm-2 backward; built in d_in (d_out is not read again).
+  if (d_in != d_out) std::memcpy(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float));
+  layernorm_backward(d_ln2, ws.x1, ws.ln2_mean, ws.ln2_rstd, w.ln_2_weight, n, c, d_in, true,
+                     g.ln_2_weight, g.ln_2_bias);
+
+  // Attention: x1 = x_in + att·Wp + bp. d_att overwrites att once dWp has read it.
+  float* d_att = ws.att;
+  linear_backward(ws.att, w.attn_c_proj_weight, d_in, n, c, c, nullptr, g.attn_c_proj_weight,
+                  g.attn_c_proj_bias);
+  sgemm(false, true, n, c, c, d_in, c, w.attn_c_proj_weight, c, 0.0f, d_att, c);
+  float* d_qkv = ws.fc_pre;  // free since the GELU backward
+  attention_backward(config, shape, ws, d_att, d_qkv);
+  float* d_ln1 = ws.ln1_out;  // overwritten once dW_qkv has read ln1_out
+  sgemm(true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f, g.attn_c_attn_weight,
+        3 * c);
+  column_sums_accumulate(d_qkv, n, 3 * c, g.attn_c_attn_bias);
+  sgemm(false, true, n, c, 3 * c, d_qkv, 3 * c, w.attn_c_attn_weight, 3 * c, 0.0f, d_ln1, c);
+  layernorm_backward(d_ln1, x_in, ws.ln1_mean, ws.ln1_rstd, w.ln_1_weight, n, c, d_in, true,
+                     g.ln_1_weight, g.ln_1_bias);
+}
+
+namespace {
+
+// Loss (and, when grads is non-null, every gradient) of the head, kHeadChunkRows rows at a time.
+float head_run(const Config& config, const BatchShape& shape, const HeadWeights& w,
+               const float* x_final, const int32_t* targets, float* d_x_final,
+               const HeadGrads* grads, const Workspace& workspace) {
+  check_shape(config, shape);
+  const HeadLayout ws = head_layout(config, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t vocab = config.vocab_size;
+  const float inv_rows = 1.0f / static_cast<float>(n);
+  double loss_sum = 0.0;
+  for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, n - r0);
+    const float* x = x_final + r0 * c;
+    layernorm_forward(x, c, w.ln_f_weight, w.ln_f_bias, rows, c, ws.ln_out, ws.mean, ws.rstd);
+    sgemm(false, true, rows, vocab, c, ws.ln_out, c, w.wte, c, 0.0f, ws.logits, vocab);
+    for_rows(rows, 1, [&](int64_t r) {
+      float* logits = ws.logits + r * vocab;
+      const int32_t target = targets[r0 + r];
+      assert(target >= 0 && target < vocab);
+      ws.row_loss[r] = cross_entropy_row(logits, vocab, target, grads != nullptr, inv_rows);
+    });
+    for (int64_t r = 0; r < rows; ++r) loss_sum += ws.row_loss[r];
+    if (grads == nullptr) continue;
+    // ws.logits now holds dLoss/dlogits.
+    sgemm(false, false, rows, c, vocab, ws.logits, vocab, w.wte, c, 0.0f, ws.d_ln_out, c);
+    sgemm(true, false, vocab, c, rows, ws.logits, vocab, ws.ln_out, c, 1.0f, grads->d_wte, c);
+    layernorm_backward(ws.d_ln_out, x, ws.mean, ws.rstd, w.ln_f_weight, rows, c,
+                       d_x_final + r0 * c, false, grads->d_ln_f_weight, grads->d_ln_f_bias);
+  }
+  return static_cast<float>(loss_sum / static_cast<double>(n));
+}
+
+}  // namespace
+
+float head_forward_backward(const Config& config, const BatchShape& shape,
+                            const HeadWeights& weights, const float* x_final,
+                            const int32_t* targets, float* d_x_final, const HeadGrads& grads,
+                            const Workspace& workspace) {
+  assert(d_x_final != nullptr && grads.d_wte != nullptr);
+  return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace);
+}
+
+float head_loss(const Config& config, const BatchShape& shape, const HeadWeights& weights,
+                const float* x_final, const int32_t* targets, const Workspace& workspace) {
+  return head_run(config, shape, weights, x_final, targets, nullptr, nullptr, workspace);
+}
+
+void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& w,
+                  const float* x_final, float* logits, const Workspace& workspace) {
+  check_shape(config, shape);
+  const HeadLayout ws = head_layout(config, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const int64_t c = config.n_embd;
+  const int64_t stride = shape.seq_len * c;  // one row per sequence: its last position
+  for (int64_t b0 = 0; b0 < shape.batch; b0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, shape.batch - b0);
+    layernorm_forward(x_final + b0 * stride + (shape.seq_len - 1) * c, stride, w.ln_f_weight,
+                      w.ln_f_bias, rows, c, ws.ln_out, ws.mean, ws.rstd);
+    sgemm(false, true, rows, config.vocab_size, c, ws.ln_out, c, w.wte, c, 0.0f,
+          logits + b0 * config.vocab_size, config.vocab_size);
+  }
+}
+
+}  // namespace strata::kernels::gpt2

@@ -1,0 +1,186 @@
+// strata/kernels/gpt2/gpt2.h — GPT-2 forward and backward on the CPU, one block at a time.
+//
+// Contract
+// - Math: exactly Hugging Face's GPT2LMHeadModel with dropout off. x0 = wte[token] + wpe[pos];
+//   each block is pre-LayerNorm: x1 = x + c_proj(causal_attention(c_attn(ln_1(x)))),
+//   x_out = x1 + mlp.c_proj(gelu_tanh(mlp.c_fc(ln_2(x1)))); then ln_f; logits = ln_f(x) @ wteᵀ
+//   (the head is tied to the token embedding); loss = mean cross-entropy over all B·T
+//   positions. LayerNorm eps 1e-5 (biased variance); attention scores scaled by
+//   1/sqrt(head_dim); GELU is HF's "gelu_new" (tanh approximation).
+// - Layout: every tensor fp32, row-major, exactly as in GPT-2's safetensors files. Conv1D
+//   weights are stored [in, out] (y = x @ W + b). Names are HF's without the `transformer.`
+//   prefix: `wte.weight` [vocab, C], `wpe.weight` [n_ctx, C], `h.{i}.<suffix>` for block
+//   tensors (block_param_specs lists the suffixes in their canonical order), `ln_f.weight`,
+//   `ln_f.bias`. Activations are [B, T, C] row-major; tokens and targets are int32 [B, T].
+// - Ownership: the caller owns every buffer — weights, activations, gradients and the
+//   workspace. No entry point allocates; each takes a Workspace the caller allocates once
+//   (workspace_size_bytes says how big for the largest batch shape it will use; 64-byte
+//   alignment). Nothing is retained between calls except what a doc comment names
+//   (block_forward leaves the block's activations in the workspace, see block_backward).
+// - Gradients are ACCUMULATED (+=) into the caller's gradient tensors (d_wte, d_wpe, the
+//   block grads, d_ln_f) so micro-batches add up; the caller zeroes them at the start of a
+//   step. Activation gradients (d_in, d_x_final) are OVERWRITTEN.
+// - Threads: every entry point runs on the calling thread and fans out internally to TBB (the
+//   element-wise work, LayerNorm rows, attention per (batch, head)) and OpenBLAS (cblas_sgemm).
+//   Calls on disjoint buffers and workspaces may run concurrently, but two calls sharing a
+//   workspace must not.
+// - Determinism: the same inputs give bit-identical outputs run after run, whatever the TBB
+//   thread count: no float atomics; every reduction (LayerNorm statistics, softmax sums,
+//   column sums for bias / LayerNorm / embedding gradients) runs in a fixed order inside one
+//   task, and tasks never share an output element. Matrix products are cblas_sgemm, whose
+//   OpenBLAS threading splits only the output (M, N), never the K sum, so its results do not
+//   depend on openblas_set_num_threads either (tests/gpt2 checks 1 vs 2 threads of each).
+//   Bit-identity across CPUs with different OpenBLAS kernels (AVX2 vs AVX-512) is not promised.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace strata::kernels::gpt2 {
+
+// Model dimensions (the shape of the weights).
+struct Config {
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_embd = 0;      // C; must be a multiple of n_head
+  int64_t vocab_size = 0;
+  int64_t n_ctx = 0;       // number of learned positions (rows of wpe)
+  int64_t head_dim() const { return n_embd / n_head; }
+};
+
+// Activation shape of one call: batch rows of seq_len tokens each (seq_len <= n_ctx).
+struct BatchShape {
+  int64_t batch = 0;
+  int64_t seq_len = 0;
+  int64_t rows() const { return batch * seq_len; }
+};
+
+// One parameter tensor as the store and trainer lay it out.
+struct ParamSpec {
+  std::string_view name_suffix;     // e.g. "attn.c_attn.weight" (block) or "wte.weight"
+  std::array<int64_t, 2> shape;     // shape[1] == 0 for 1-D tensors
+  int rank;                         // 1 or 2
+  bool weight_decay;                // AdamW decay: 2-D tensors yes, biases and LayerNorm no
+  int64_t numel() const { return rank == 1 ? shape[0] : shape[0] * shape[1]; }
+};
+
+inline constexpr int kBlockParamCount = 12;
+// A block's tensors in canonical order (the order of BlockTensors' members):
+// ln_1.weight, ln_1.bias, attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight,
+// attn.c_proj.bias, ln_2.weight, ln_2.bias, mlp.c_fc.weight, mlp.c_fc.bias,
+// mlp.c_proj.weight, mlp.c_proj.bias.
+std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config);
+// "h.{layer}.{suffix}".
+std::string block_param_name(int64_t layer, std::string_view name_suffix);
+// The non-block tensors: wte.weight, wpe.weight, ln_f.weight, ln_f.bias.
+inline constexpr int kOuterParamCount = 4;
+std::array<ParamSpec, kOuterParamCount> outer_param_specs(const Config& config);
+// Elements of one block's tensors together / of the whole model.
+int64_t block_param_count(const Config& config);
+int64_t model_param_count(const Config& config);
+
+// Pointers to one block's tensors (weights: const float; gradients: float). Host pointers
+// here; the CUDA twin (gpt2_cuda.h) uses the same struct with device pointers.
+template <typename T>
+struct BlockTensors {
+  T* ln_1_weight = nullptr;         // [C]
+  T* ln_1_bias = nullptr;           // [C]
+  T* attn_c_attn_weight = nullptr;  // [C, 3C]
+  T* attn_c_attn_bias = nullptr;    // [3C]
+  T* attn_c_proj_weight = nullptr;  // [C, C]
+  T* attn_c_proj_bias = nullptr;    // [C]
+  T* ln_2_weight = nullptr;         // [C]
+  T* ln_2_bias = nullptr;           // [C]
+  T* mlp_c_fc_weight = nullptr;     // [C, 4C]
+  T* mlp_c_fc_bias = nullptr;       // [4C]
+  T* mlp_c_proj_weight = nullptr;   // [4C, C]
+  T* mlp_c_proj_bias = nullptr;     // [C]
+
+  // Member i in canonical order (block_param_specs()[i]).
+  T*& at(int index);
+  T* at(int index) const { return const_cast<BlockTensors*>(this)->at(index); }
+};
+using BlockWeights = BlockTensors<const float>;
+using BlockGrads = BlockTensors<float>;
+
+// Binds a block's tensors packed back to back in canonical order starting at `base`
+// (block_param_count floats). Works for weights, gradients, or any per-parameter state.
+template <typename T>
+BlockTensors<T> bind_block(const Config& config, T* base);
+
+// ln_f and the tied embedding: what the head reads.
+struct HeadWeights {
+  const float* ln_f_weight = nullptr;  // [C]
+  const float* ln_f_bias = nullptr;    // [C]
+  const float* wte = nullptr;          // [vocab, C]
+};
+struct HeadGrads {
+  float* d_ln_f_weight = nullptr;  // [C], accumulated
+  float* d_ln_f_bias = nullptr;    // [C], accumulated
+  float* d_wte = nullptr;          // [vocab, C], accumulated
+};
+
+// Caller-allocated scratch (64-byte aligned, at least the size the sizing function asked for).
+struct Workspace {
+  float* data = nullptr;
+  size_t size_bytes = 0;
+};
+
+// Rows of [rows, vocab] logits the head materializes at once. The head works through the
+// B·T rows in chunks of this many, so its logits scratch is head_chunk_rows × vocab floats
+// whatever B·T is. Fixed (not derived from the thread count) so the order in which the
+// chunks add into d_wte — and so the result — never changes.
+inline constexpr int64_t kHeadChunkRows = 256;
+
+// Bytes each entry point needs for activation shapes up to `max_shape`.
+size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
+size_t head_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
+// The largest of the above: one workspace that serves every entry point.
+size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
+
+// x0[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]. Tokens must lie in [0, vocab) (asserted).
+void embedding_forward(const Config& config, const BatchShape& shape, const int32_t* tokens,
+                       const float* wte, const float* wpe, float* x0);
+// d_wte[tokens[b,t], :] += d_x0[b,t,:]; d_wpe[t, :] += Σ_b d_x0[b,t,:] (accumulated; rows
+// with repeated tokens are summed in (b,t) order).
+void embedding_backward(const Config& config, const BatchShape& shape, const int32_t* tokens,
+                        const float* d_x0, float* d_wte, float* d_wpe);
+
+// One transformer block: x_out = block(x_in). x_out must not alias x_in. Leaves the block's
+// activations (LayerNorm statistics and outputs, qkv, attention output, MLP pre-activation
+// and activation) in `workspace`, where block_backward(recompute = false) can use them.
+void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
+                   const float* x_in, float* x_out, const Workspace& workspace);
+
+// Back-propagates d_out through the block whose input was x_in: d_in (overwritten) gets
+// dLoss/dx_in and `grads` accumulate dLoss/dweights. With recompute = true (the streaming
+// trainer's path: only block inputs are kept) it first re-runs the block's forward from x_in
+// into `workspace`; with recompute = false the workspace must still hold the activations a
+// block_forward call with the same weights, x_in and shape left there. d_in may alias d_out.
+// The workspace's contents are clobbered.
+void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
+                    const float* x_in, const float* d_out, float* d_in, const BlockGrads& grads,
+                    const Workspace& workspace, bool recompute = true);
+
+// The tied LM head and loss: logits = ln_f(x_final) @ wteᵀ, loss = mean over the B·T rows of
+// cross-entropy against `targets` (each in [0, vocab), asserted). Writes d_x_final
+// (overwritten) and accumulates d_ln_f_* and d_wte. Logits exist only kHeadChunkRows rows at a
+// time. Returns the mean loss (summed in double, in row order).
+float head_forward_backward(const Config& config, const BatchShape& shape,
+                            const HeadWeights& weights, const float* x_final,
+                            const int32_t* targets, float* d_x_final, const HeadGrads& grads,
+                            const Workspace& workspace);
+
+// Same loss as head_forward_backward with no gradients (evaluation).
+float head_loss(const Config& config, const BatchShape& shape, const HeadWeights& weights,
+                const float* x_final, const int32_t* targets, const Workspace& workspace);
+
+// For sampling: logits [batch, vocab] of the LAST position of each sequence of x_final
+// ([batch, seq_len, C]).
+void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
+                  const float* x_final, float* logits, const Workspace& workspace);
+
+}  // namespace strata::kernels::gpt2

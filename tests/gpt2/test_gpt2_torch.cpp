@@ -1,0 +1,146 @@
+// tests/gpt2/test_gpt2_torch.cpp — proves the CPU GPT-2 kernels compute Hugging Face GPT-2's
+// loss and every gradient: a small model with random weights and tokens is run through the
+// per-block API (streaming: block_backward recomputes each block), and the loss, all 4 + 12·L
+// gradients and the last-position logits are compared with a float64 PyTorch reference
+// (gpt2_reference.py, run by Debian's /usr/bin/python3). Error metric, per tensor:
+// max|a − b| / max|b| with a = ours (fp32), b = reference; it must be ≤ 1e-5.
+// Exits 77 (skip) with a message when /usr/bin/python3 cannot import torch.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/gpt2/gpt2_test_model.h"
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+using strata::testing::BackwardMode;
+using strata::testing::TempDir;
+using strata::testing::TinyGpt2;
+namespace g2 = strata::kernels::gpt2;
+
+constexpr double kMaxRelativeError = 1e-5;
+
+template <typename T>
+void write_raw(const std::string& path, const T* data, size_t count) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(count * sizeof(T)));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::vector<double> read_f64(const std::string& path, size_t count) {
+  std::vector<double> values(count);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * 8));
+  EXPECT_TRUE(in.good() && in.gcount() == static_cast<std::streamsize>(count * 8)) << path;
+  return values;
+}
+
+// max|a − b| / max|b|; a tensor whose reference is all zero must match exactly.
+double relative_error(const float* ours, const std::vector<double>& reference) {
+  double max_diff = 0.0;
+  double max_ref = 0.0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - reference[i]));
+    max_ref = std::max(max_ref, std::abs(reference[i]));
+  }
+  return max_ref == 0.0 ? max_diff : max_diff / max_ref;
+}
+
+// Writes the model, runs the reference, returns the folder holding its out/ files.
+void run_reference(const TinyGpt2& model, const TempDir& dir) {
+  const g2::Config& cfg = model.config();
+  {
+    std::ofstream config(dir.file("config.txt"));
+    config << cfg.n_layer << ' ' << cfg.n_head << ' ' << cfg.n_embd << ' ' << cfg.vocab_size
+           << ' ' << cfg.n_ctx << ' ' << model.shape().batch << ' ' << model.shape().seq_len
+           << '\n';
+    std::ofstream list(dir.file("tensors.txt"));
+    for (const auto& t : model.tensors()) {
+      list << t.name << ' ' << t.rows << ' ' << t.cols << '\n';
+      write_raw(dir.file(t.name + ".f32"), model.params().data() + t.offset,
+                static_cast<size_t>(t.numel()));
+    }
+  }
+  write_raw(dir.file("tokens.i32"), model.tokens().data(), model.tokens().size());
+  write_raw(dir.file("targets.i32"), model.targets().data(), model.targets().size());
+  const std::string command = std::string(STRATA_PYTHON3) + " " + STRATA_GPT2_REFERENCE + " " +
+                              dir.path().string();
+  const int rc = std::system(command.c_str());
+  ASSERT_EQ(rc, 0) << "reference failed: " << command;
+}
+
+struct Case {
+  const char* name;
+  g2::Config config;
+  g2::BatchShape shape;
+};
+
+class Gpt2MatchesTorch : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Gpt2MatchesTorch, LossGradientsAndLogits) {
+  const Case& c = GetParam();
+  const TinyGpt2 model(c.config, c.shape, 1234);
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(run_reference(model, dir));
+  const std::string out = dir.file("out");
+
+  std::vector<float> grads;
+  const float loss = model.loss_and_grads(BackwardMode::recompute_streaming, grads);
+  const double ref_loss = read_f64(out + "/loss.f64", 1)[0];
+  const double loss_error = std::abs(loss - ref_loss) / std::abs(ref_loss);
+  std::printf("loss ours %.8f reference %.8f relative error %.2e\n", loss, ref_loss, loss_error);
+  EXPECT_LE(loss_error, kMaxRelativeError);
+
+  double worst = 0.0;
+  std::string worst_name;
+  for (const auto& t : model.tensors()) {
+    const std::vector<double> ref =
+        read_f64(out + "/" + t.name + ".grad.f64", static_cast<size_t>(t.numel()));
+    const double error = relative_error(grads.data() + t.offset, ref);
+    EXPECT_LE(error, kMaxRelativeError) << "gradient of " << t.name;
+    if (error >= worst) {
+      worst = error;
+      worst_name = t.name;
+    }
+  }
+  std::printf("%zu gradients checked, worst relative error %.2e (%s)\n", model.tensors().size(),
+              worst, worst_name.c_str());
+
+  const std::vector<float> logits = model.last_logits();
+  const double logits_error = relative_error(
+      logits.data(), read_f64(out + "/logits_last.f64", logits.size()));
+  std::printf("last-position logits relative error %.2e\n", logits_error);
+  EXPECT_LE(logits_error, kMaxRelativeError);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Gpt2MatchesTorch,
+    ::testing::Values(
+        // The acceptance model: 2 layers, 4 heads, 64 wide, vocab 97, seq 16, batch 3.
+        Case{"acceptance", {2, 4, 64, 97, 16}, {3, 16}},
+        // Ragged sizes: head_dim 12 and T 13 (vector tails), seq_len < n_ctx, 3 layers.
+        Case{"ragged", {3, 4, 48, 61, 20}, {2, 13}},
+        // 320 rows > kHeadChunkRows: the head works in two chunks.
+        Case{"head_chunks", {1, 2, 32, 50, 16}, {20, 16}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Skip the whole binary (exit 77) when the reference cannot run, saying why.
+  const std::string probe = std::string(STRATA_PYTHON3) + " -c 'import torch' >/dev/null 2>&1";
+  if (std::system(probe.c_str()) != 0) {
+    std::fprintf(stderr,
+                 "SKIP: %s cannot import torch; install Debian's python3-torch to run the "
+                 "GPT-2 reference checks\n",
+                 STRATA_PYTHON3);
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
