@@ -1,0 +1,43 @@
+// strata/kernels/optim/cpu_kernels.h — internal: the single-thread loops behind cast.h and
+// adamw.h, one set per ISA. The public functions split the work into tiles across TBB and call
+// one of these per tile; nothing outside kernels/optim includes this file.
+//
+// Every avx2 function must return exactly the bits of its scalar twin for every input (tests
+// compare them); the avx2 ones may only be called where detect_cpu_isa() says avx2.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "kernels/optim/elementwise.h"
+
+namespace strata::kernels::detail {
+
+// Sum of squares keeps 8 double lanes: element i of a block goes to lane i % 8, and the lanes
+// are combined as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)). Both ISAs follow this exact shape.
+inline constexpr size_t kSumSquaresLanes = 8;
+inline double combine_sum_squares_lanes(const double* lanes) {
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+#define STRATA_OPTIM_DECLARE_KERNELS(suffix)                                                      \
+  void cast_fp32_to_bf16_##suffix(const float* src, uint16_t* dst, size_t count);                 \
+  void cast_bf16_to_fp32_##suffix(const uint16_t* src, float* dst, size_t count);                 \
+  void cast_fp32_to_fp16_##suffix(const float* src, uint16_t* dst, size_t count);                 \
+  void cast_fp16_to_fp32_##suffix(const uint16_t* src, float* dst, size_t count);                 \
+  void adamw_fp32_grads_##suffix(const AdamWStepScalars& s, float* params, const float* grads,    \
+                                 float* exp_avg, float* exp_avg_sq, DType copy_dtype,             \
+                                 uint16_t* copy, size_t count);                                   \
+  void adamw_bf16_grads_##suffix(const AdamWStepScalars& s, float* params,                        \
+                                 const uint16_t* grads, float* exp_avg, float* exp_avg_sq,        \
+                                 DType copy_dtype, uint16_t* copy, size_t count);                 \
+  double sum_squares_fp32_##suffix(const float* values, size_t count);                            \
+  double sum_squares_bf16_##suffix(const uint16_t* values, size_t count);
+
+STRATA_OPTIM_DECLARE_KERNELS(scalar)
+STRATA_OPTIM_DECLARE_KERNELS(avx2)
+#undef STRATA_OPTIM_DECLARE_KERNELS
+
+}  // namespace strata::kernels::detail

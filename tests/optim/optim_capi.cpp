@@ -1,0 +1,62 @@
+// A tiny C ABI over kernels/optim for the PyTorch reference script (torch_reference.py), which
+// loads it with ctypes and compares against torch in-process, chunk by chunk, with no files in
+// between. Test-only: the `isa` ints are 0 best, 1 scalar, 2 avx2; copy dtype 0 none, 1 bf16,
+// 2 fp16.
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/optim/adamw.h"
+#include "kernels/optim/cast.h"
+
+namespace {
+using strata::kernels::CpuIsa;
+CpuIsa to_isa(int isa) { return static_cast<CpuIsa>(isa); }
+strata::DType to_copy_dtype(int copy) {
+  return copy == 1 ? strata::DType::bf16 : copy == 2 ? strata::DType::f16 : strata::DType::f32;
+}
+}  // namespace
+
+extern "C" {
+
+int strata_optim_detected_isa() { return static_cast<int>(strata::kernels::detect_cpu_isa()); }
+
+void strata_cast_fp32_to_bf16(const float* src, uint16_t* dst, size_t count, int isa) {
+  strata::kernels::cast_fp32_to_bf16({src, count}, {dst, count}, to_isa(isa));
+}
+void strata_cast_bf16_to_fp32(const uint16_t* src, float* dst, size_t count, int isa) {
+  strata::kernels::cast_bf16_to_fp32({src, count}, {dst, count}, to_isa(isa));
+}
+void strata_cast_fp32_to_fp16(const float* src, uint16_t* dst, size_t count, int isa) {
+  strata::kernels::cast_fp32_to_fp16({src, count}, {dst, count}, to_isa(isa));
+}
+void strata_cast_fp16_to_fp32(const uint16_t* src, float* dst, size_t count, int isa) {
+  strata::kernels::cast_fp16_to_fp32({src, count}, {dst, count}, to_isa(isa));
+}
+
+// grads_dtype: 0 fp32 (`grads` points at floats), 1 bf16 (at uint16_t patterns).
+void strata_adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
+                       int64_t step, float grad_scale, float* params, const void* grads,
+                       int grads_dtype, float* exp_avg, float* exp_avg_sq, int copy_dtype,
+                       uint16_t* copy, size_t count, int isa) {
+  const strata::kernels::AdamWConfig config{lr, beta1, beta2, eps, weight_decay};
+  const auto scalars = strata::kernels::adamw_step_scalars(config, step, grad_scale);
+  strata::kernels::ComputeCopy out{to_copy_dtype(copy_dtype), {copy, copy == nullptr ? 0 : count}};
+  if (grads_dtype == 1) {
+    strata::kernels::adamw_step_bf16_grads(scalars, {params, count},
+                                           {static_cast<const uint16_t*>(grads), count},
+                                           {exp_avg, count}, {exp_avg_sq, count}, out, to_isa(isa));
+  } else {
+    strata::kernels::adamw_step(scalars, {params, count}, {static_cast<const float*>(grads), count},
+                                {exp_avg, count}, {exp_avg_sq, count}, out, to_isa(isa));
+  }
+}
+
+double strata_sum_squares(const float* values, size_t count, int isa) {
+  return strata::kernels::sum_squares(std::span<const float>(values, count), to_isa(isa));
+}
+
+float strata_clip_coefficient(double total_norm, double max_norm) {
+  return strata::kernels::clip_coefficient(total_norm, max_norm);
+}
+
+}  // extern "C"
