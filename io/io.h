@@ -18,6 +18,17 @@
 //
 // Threads: an `Engine` belongs to the one thread that submits to it (each submitting
 // thread owns its ring); a `Volume` may be shared by several engines on several threads.
+// Concurrent requests must not write the same alignment block unless they are aligned:
+// an unaligned write head/tail is a read-modify-write of its block.
+//
+// Sizes: a direct file grows in whole alignment blocks — an unaligned write that ends past
+// end of file writes (zero-padded) up to the next block boundary. Callers that care about
+// the exact size call `truncate` after writing.
+//
+// Progress: `submit` starts the I/O (one submit syscall) and returns at once; completions
+// are reaped whenever the caller calls `submit`, `is_done`, `wait` or `wait_all`. Backend
+// authors: see io/backend.h. Fault injection for tests: io/fault_engine.h. The `io:`
+// configuration section: io/io_config.h.
 //
 // Errors: every completion is checked. Short reads and writes are resubmitted for the
 // remainder; EINTR/EAGAIN are retried. Anything else comes back from `wait` as an `Error`
@@ -48,6 +59,9 @@ struct OpenOptions {
   bool create = false;      // create (mode 0600) when missing
   bool read_only = false;
   bool allow_buffered_fallback = true;  // O_DIRECT refused → buffered, with a warning
+  // Tests only: act as if open(O_DIRECT) failed with EINVAL, for kernels where no mounted
+  // filesystem refuses O_DIRECT any more (tmpfs accepts it since Linux 6.6).
+  bool simulate_direct_refusal = false;
 };
 
 class DirectFile {
@@ -62,8 +76,12 @@ class DirectFile {
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
   bool is_direct() const { return direct_; }
-  // Required alignment of buffer addresses, offsets and lengths for direct I/O (1 when buffered).
+  // Required alignment of buffer addresses, offsets and lengths for direct I/O (1 when
+  // buffered): the larger of the device's memory and offset alignment, a power of two.
   uint32_t alignment_bytes() const { return alignment_bytes_; }
+  // Unique per open in this process (never reused, kept across moves): engines key their
+  // registered-file tables by it, so a reused fd number cannot alias an old file.
+  uint64_t id() const { return id_; }
 
   [[nodiscard]] Result<uint64_t> size_bytes() const;
   // Reserves blocks with fallocate so later writes cannot hit ENOSPC; a full drive is a
@@ -75,6 +93,7 @@ class DirectFile {
  private:
   DirectFile(int fd, std::string path, bool direct, uint32_t alignment_bytes);
   int fd_ = -1;
+  uint64_t id_ = 0;
   std::string path_;
   bool direct_ = false;
   uint32_t alignment_bytes_ = 1;
@@ -113,6 +132,8 @@ class Volume {
   };
   // Splits [offset, offset+length) at stripe boundaries, in logical order.
   void split(uint64_t offset_bytes, uint64_t length_bytes, std::vector<Piece>& out) const;
+  // The first piece of that split, without allocating (the engine's per-piece path).
+  Piece piece_at(uint64_t offset_bytes, uint64_t length_bytes) const;
 
  private:
   Volume(std::vector<DirectFile> files, uint64_t stripe_bytes);
@@ -122,9 +143,12 @@ class Volume {
 
 struct EngineConfig {
   Backend backend = Backend::uring;
-  uint32_t queue_depth = 32;          // requests in flight in the kernel at most
-  uint32_t threads = 1;               // psync: pool size; others: ignored by one engine
+  uint32_t queue_depth = 32;          // pieces in flight in the kernel at most (1..1024;
+                                      // psync: 1..256, one pool thread per slot)
+  uint32_t threads = 1;               // how many engines a tool runs side by side (io-bench,
+                                      // tune, the io: section); one engine ignores it
   uint64_t block_size_bytes = 1 << 20;  // large requests are split into pieces of this size
+  uint32_t max_requests = 256;        // request slots: submitted and not yet waited for
   bool sqpoll = false;                // uring: kernel submission thread, when permitted
   bool iopoll = false;                // uring: polled completions, when the device supports it
 };
@@ -140,6 +164,8 @@ struct EngineStats {
   uint64_t retries = 0;
   uint64_t bounce_bytes = 0;        // bytes that went through the head/tail bounce path
   uint64_t submit_calls = 0;        // syscalls (io_uring_enter / io_submit) made to submit
+  uint64_t fixed_buffer_ops = 0;    // uring: pieces that went as READ_FIXED / WRITE_FIXED
+  uint64_t pieces_submitted = 0;    // backend operations (after splitting and resubmits)
 };
 
 class Engine {
@@ -165,6 +191,9 @@ class Engine {
   // Waits for every outstanding request; returns the first error.
   [[nodiscard]] virtual Status wait_all() = 0;
   virtual EngineStats stats() const = 0;
+  // One line for logs and tool output: backend, queue depth, what the kernel granted
+  // (SQPOLL, IOPOLL, fixed files), registered buffer regions.
+  virtual std::string describe() const = 0;
 };
 
 [[nodiscard]] Result<std::unique_ptr<Engine>> make_engine(const EngineConfig& config);

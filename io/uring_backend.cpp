@@ -1,0 +1,250 @@
+// strata/io/uring_backend.cpp — the io_uring backend (liburing): one ring per engine,
+// registered (fixed) files and buffers, one io_uring_enter per tick that both submits and
+// waits, completions reaped in batches. SQPOLL and IOPOLL on request, where the kernel
+// grants them.
+#include "io/backend.h"
+#include "strata_build_config.h"
+
+#if STRATA_HAVE_URING
+#include <liburing.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#endif
+
+namespace strata::io {
+
+#if STRATA_HAVE_URING
+namespace {
+
+// Registered-file slots per ring. Volumes have a handful of files; a table this size lets an
+// engine serve several volumes without re-registering on every request.
+constexpr uint32_t kFileSlots = 64;
+// Registered buffer regions per ring (the pinned arena is one or a few regions).
+constexpr uint32_t kBufferRegions = 16;
+
+uint32_t next_power_of_two(uint32_t value) {
+  uint32_t out = 1;
+  while (out < value) out <<= 1;
+  return out;
+}
+
+class UringBackend final : public BackendQueue {
+ public:
+  static Result<std::unique_ptr<BackendQueue>> create(const EngineConfig& config) {
+    std::unique_ptr<UringBackend> backend(new UringBackend(config.queue_depth));
+    STRATA_RETURN_IF_ERROR(backend->init(config));
+    return std::unique_ptr<BackendQueue>(std::move(backend));
+  }
+
+  ~UringBackend() override {
+    if (ring_ready_) io_uring_queue_exit(&ring_);
+  }
+
+  Backend kind() const override { return Backend::uring; }
+  uint32_t capacity() const override { return capacity_; }
+
+  Status register_buffer(void* base, uint64_t length_bytes) override {
+    if (region_count_ == kBufferRegions)
+      return make_error(ErrorKind::unsupported,
+                        fmt::format("io_uring: at most {} registered buffer regions", kBufferRegions));
+    if (region_count_ > 0) io_uring_unregister_buffers(&ring_);
+    regions_[region_count_] = iovec{base, static_cast<size_t>(length_bytes)};
+    int rc = io_uring_register_buffers(&ring_, regions_.data(), region_count_ + 1);
+    if (rc < 0) {
+      // Put the earlier regions back; the new one simply stays unregistered.
+      if (region_count_ > 0) (void)io_uring_register_buffers(&ring_, regions_.data(), region_count_);
+      Error error = make_errno_error(-rc, "register buffer", "", 0, length_bytes);
+      error.kind = ErrorKind::unsupported;
+      error.message = "io_uring refused to register the buffer (memlock limit?); I/O into it "
+                      "still works, without fixed buffers";
+      return error;
+    }
+    ++region_count_;
+    return Status();
+  }
+
+  Status prepare(const BackendPiece& piece) override {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    while (sqe == nullptr) {
+      // The SQ is full (resubmits on top of a full batch): submit to make room, never fail.
+      int rc = io_uring_submit(&ring_);
+      ++submit_calls_;
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+        return make_errno_error(-rc, "io_uring submit", piece.file->path());
+      sqe = io_uring_get_sqe(&ring_);
+    }
+    int fd = piece.file->fd();
+    const int file_slot = fixed_file_slot(*piece.file);
+    if (file_slot >= 0) fd = file_slot;
+    const int buffer_index = fixed_buffer_index(piece.buffer, piece.length_bytes);
+    if (piece.op == Op::read) {
+      if (buffer_index >= 0) {
+        io_uring_prep_read_fixed(sqe, fd, piece.buffer, piece.length_bytes,
+                                 piece.file_offset_bytes, buffer_index);
+      } else {
+        io_uring_prep_read(sqe, fd, piece.buffer, piece.length_bytes, piece.file_offset_bytes);
+      }
+    } else {
+      if (buffer_index >= 0) {
+        io_uring_prep_write_fixed(sqe, fd, piece.buffer, piece.length_bytes,
+                                  piece.file_offset_bytes, buffer_index);
+      } else {
+        io_uring_prep_write(sqe, fd, piece.buffer, piece.length_bytes, piece.file_offset_bytes);
+      }
+    }
+    if (buffer_index >= 0) ++fixed_buffer_ops_;
+    if (file_slot >= 0) sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data64(sqe, piece.tag);
+    return Status();
+  }
+
+  Result<uint32_t> submit_and_reap(BackendCompletion* completions, uint32_t max_completions,
+                                   uint32_t min_completions) override {
+    while (true) {
+      const bool have_sqes = io_uring_sq_ready(&ring_) > 0;
+      const bool must_wait = io_uring_cq_ready(&ring_) < min_completions;
+      int rc = 0;
+      if (have_sqes) {
+        // One io_uring_enter submits the batch and, when needed, waits in the same call.
+        rc = must_wait ? io_uring_submit_and_wait(&ring_, min_completions) : io_uring_submit(&ring_);
+        ++submit_calls_;
+      } else if (must_wait) {
+        io_uring_cqe* cqe = nullptr;
+        rc = io_uring_wait_cqe_nr(&ring_, &cqe, min_completions);
+      }
+      if (rc >= 0 || rc == -ETIME) break;
+      if (rc == -EINTR) continue;
+      if (rc == -EAGAIN || rc == -EBUSY) {
+        // The kernel wants completions reaped first; give back what is there, if anything.
+        if (io_uring_cq_ready(&ring_) > 0 || max_completions == 0) break;
+        continue;
+      }
+      return make_errno_error(-rc, "io_uring_enter", "");
+    }
+    uint32_t count = 0;
+    while (count < max_completions) {
+      std::array<io_uring_cqe*, 64> batch;
+      const unsigned want = std::min<unsigned>(batch.size(), max_completions - count);
+      const unsigned got = io_uring_peek_batch_cqe(&ring_, batch.data(), want);
+      if (got == 0) break;
+      for (unsigned i = 0; i < got; ++i)
+        completions[count++] = BackendCompletion{io_uring_cqe_get_data64(batch[i]), batch[i]->res};
+      io_uring_cq_advance(&ring_, got);
+    }
+    return count;
+  }
+
+  uint64_t submit_calls() const override { return submit_calls_; }
+  uint64_t fixed_buffer_ops() const override { return fixed_buffer_ops_; }
+  std::string describe() const override {
+    return fmt::format("io_uring {} SQ entries{}{}{}, {} registered buffer region(s)",
+                       ring_entries_, sqpoll_ ? ", SQPOLL" : "", iopoll_ ? ", IOPOLL" : "",
+                       fixed_files_ ? ", fixed files" : "", region_count_);
+  }
+
+ private:
+  explicit UringBackend(uint32_t queue_depth) : capacity_(queue_depth) {}
+
+  Status init(const EngineConfig& config) {
+    ring_entries_ = next_power_of_two(std::max<uint32_t>(config.queue_depth, 2));
+    bool sqpoll = config.sqpoll;
+    bool iopoll = config.iopoll;
+    while (true) {
+      io_uring_params params{};
+      // The CQ holds every outstanding piece even when all of them complete at once.
+      params.flags = IORING_SETUP_CQSIZE;
+      params.cq_entries = ring_entries_ * 2;
+      if (sqpoll) {
+        params.flags |= IORING_SETUP_SQPOLL;
+        params.sq_thread_idle = 100;  // ms before the kernel thread sleeps
+      }
+      if (iopoll) params.flags |= IORING_SETUP_IOPOLL;
+      int rc = io_uring_queue_init_params(ring_entries_, &ring_, &params);
+      if (rc == 0) break;
+      if (sqpoll) {
+        spdlog::warn("io_uring: the kernel refused SQPOLL ({}); submitting with io_uring_enter",
+                     std::strerror(-rc));
+        sqpoll = false;
+        continue;
+      }
+      if (iopoll) {
+        spdlog::warn("io_uring: the kernel refused IOPOLL ({}); using interrupt completions",
+                     std::strerror(-rc));
+        iopoll = false;
+        continue;
+      }
+      Error error = make_errno_error(-rc, "io_uring_queue_init", "");
+      error.kind = ErrorKind::unsupported;
+      return error;
+    }
+    ring_ready_ = true;
+    sqpoll_ = sqpoll;
+    iopoll_ = iopoll;
+    // Fixed files save an fget/fput per I/O; a sparse table is filled as files show up.
+    fixed_files_ = io_uring_register_files_sparse(&ring_, kFileSlots) == 0;
+    if (!fixed_files_) spdlog::debug("io_uring: no sparse file table; using plain fds");
+    return Status();
+  }
+
+  int fixed_file_slot(const DirectFile& file) {
+    if (!fixed_files_) return -1;
+    for (uint32_t i = 0; i < kFileSlots; ++i)
+      if (file_ids_[i] == file.id()) return static_cast<int>(i);
+    // A new file: take an empty slot, else the next one round-robin. The kernel keeps the
+    // old file alive for pieces still in flight on the replaced slot.
+    uint32_t slot = kFileSlots;
+    for (uint32_t i = 0; i < kFileSlots && slot == kFileSlots; ++i)
+      if (file_ids_[i] == 0) slot = i;
+    if (slot == kFileSlots) slot = next_replace_++ % kFileSlots;
+    int fd = file.fd();
+    if (io_uring_register_files_update(&ring_, slot, &fd, 1) != 1) return -1;
+    file_ids_[slot] = file.id();
+    return static_cast<int>(slot);
+  }
+
+  int fixed_buffer_index(const void* buffer, uint32_t length_bytes) const {
+    const auto* begin = static_cast<const char*>(buffer);
+    for (uint32_t i = 0; i < region_count_; ++i) {
+      const auto* base = static_cast<const char*>(regions_[i].iov_base);
+      if (begin >= base && begin + length_bytes <= base + regions_[i].iov_len)
+        return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  const uint32_t capacity_;
+  uint32_t ring_entries_ = 0;
+  io_uring ring_{};
+  bool ring_ready_ = false;
+  bool sqpoll_ = false;
+  bool iopoll_ = false;
+  bool fixed_files_ = false;
+  std::array<uint64_t, kFileSlots> file_ids_{};  // 0: empty
+  uint32_t next_replace_ = 0;
+  std::array<iovec, kBufferRegions> regions_{};
+  uint32_t region_count_ = 0;
+  uint64_t submit_calls_ = 0;
+  uint64_t fixed_buffer_ops_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BackendQueue>> make_uring_backend(const EngineConfig& config) {
+  return UringBackend::create(config);
+}
+
+#else
+
+Result<std::unique_ptr<BackendQueue>> make_uring_backend(const EngineConfig&) {
+  return make_error(ErrorKind::unsupported, "this build has no io_uring (liburing-dev was not found)");
+}
+
+#endif
+
+}  // namespace strata::io
