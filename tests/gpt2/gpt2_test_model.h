@@ -111,13 +111,15 @@ class TinyGpt2 {
     grads.assign(params_.size(), 0.0f);
     const size_t ws_bytes = g2::workspace_size_bytes(config_, shape_);
     const int64_t blocks = config_.n_layer;
+    // Streaming: one workspace for everything. Saved: one per block that keeps its
+    // activations until its backward, and one more for the head.
     std::vector<AlignedFloats> workspaces;
-    const int64_t ws_count = mode == BackwardMode::saved_per_block ? blocks : 1;
-    for (int64_t i = 0; i < std::max<int64_t>(ws_count, 1); ++i) {
+    const bool saved = mode == BackwardMode::saved_per_block;
+    for (int64_t i = 0; i < (saved ? blocks + 1 : 1); ++i) {
       workspaces.emplace_back(ws_bytes / sizeof(float));
     }
-    auto ws_of = [&](int64_t layer) {
-      const AlignedFloats& buffer = workspaces[mode == BackwardMode::saved_per_block ? layer : 0];
+    auto ws_of = [&](int64_t layer) {  // layer == n_layer: the head
+      const AlignedFloats& buffer = workspaces[saved ? static_cast<size_t>(layer) : 0];
       return g2::Workspace{buffer.data(), ws_bytes};
     };
     // Activations kept only at block inputs (x[0] .. x[n_layer], the last is the head's input).
@@ -131,13 +133,14 @@ class TinyGpt2 {
     std::vector<float> d_x(act);
     const float loss = g2::head_forward_backward(
         config_, shape_, head_weights(), x[blocks].data(), targets_.data(), d_x.data(),
-        head_grads(grads), ws_of(0));
+        head_grads(grads), ws_of(blocks));
     for (int64_t layer = blocks - 1; layer >= 0; --layer) {
       g2::block_backward(config_, shape_, block_weights(layer), x[layer].data(), d_x.data(),
                          d_x.data(), block_grads(grads, layer), ws_of(layer),
                          mode == BackwardMode::recompute_streaming);
     }
-    g2::embedding_backward(config_, shape_, tokens_.data(), d_x.data(), grads.data() + offset_of("wte.weight"),
+    g2::embedding_backward(config_, shape_, tokens_.data(), d_x.data(),
+                           grads.data() + offset_of("wte.weight"),
                            grads.data() + offset_of("wpe.weight"));
     return loss;
   }

@@ -126,7 +126,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Ragged sizes: head_dim 12 and T 13 (vector tails), seq_len < n_ctx, 3 layers.
         Case{"ragged", {3, 4, 48, 61, 20}, {2, 13}},
         // 320 rows > kHeadChunkRows: the head works in two chunks.
-        Case{"head_chunks", {1, 2, 32, 50, 16}, {20, 16}}),
+        Case{"head_chunks", {1, 2, 32, 50, 16}, {20, 16}},
+        // Products bigger than one 256×512 GEMM tile in both M and N (288 rows; 4C = 640,
+        // vocab 600), so every tile offset, transposed or not, is exercised.
+        Case{"gemm_tiles", {1, 4, 160, 600, 96}, {3, 96}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

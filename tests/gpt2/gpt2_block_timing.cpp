@@ -1,0 +1,81 @@
+// tests/gpt2/gpt2_block_timing.cpp — rough timing of one GPT-2-small-shaped block (C 768,
+// 12 heads) on the CPU kernels: block_forward and block_backward (which recomputes the
+// forward, as the streaming trainer calls it). Not a test and not a benchmark against a
+// reference: a figure to size the trainer's compute by. Prints the median of several
+// repetitions and the GEMM throughput that median implies.
+//
+// Usage: gpt2_block_timing [BATCH [SEQ_LEN [REPETITIONS]]]   (default 8 128 5)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "kernels/gpt2/gpt2.h"
+#include "tests/gpt2/gpt2_test_model.h"
+
+namespace g2 = strata::kernels::gpt2;
+using strata::testing::AlignedFloats;
+
+namespace {
+
+double median_ms(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t batch = argc > 1 ? std::atoll(argv[1]) : 8;
+  const int64_t seq_len = argc > 2 ? std::atoll(argv[2]) : 128;
+  const int repetitions = argc > 3 ? std::atoi(argv[3]) : 5;
+  const g2::Config config{1, 12, 768, 50257, 1024};
+  const g2::BatchShape shape{batch, seq_len};
+  const int64_t c = config.n_embd;
+  const int64_t act = shape.rows() * c;
+
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> weights(static_cast<size_t>(g2::block_param_count(config)));
+  for (float& w : weights) w = normal(rng);
+  std::vector<float> grads(weights.size(), 0.0f);
+  std::vector<float> x(static_cast<size_t>(act));
+  std::vector<float> y(static_cast<size_t>(act));
+  std::vector<float> d_in(static_cast<size_t>(act));
+  for (float& v : x) v = 50.0f * normal(rng);
+  const g2::BlockWeights w = g2::bind_block(config, static_cast<const float*>(weights.data()));
+  const g2::BlockGrads g = g2::bind_block(config, grads.data());
+  const size_t ws_bytes = g2::workspace_size_bytes(config, shape);
+  AlignedFloats ws(ws_bytes / sizeof(float));
+  const g2::Workspace workspace{ws.data(), ws_bytes};
+
+  using clock = std::chrono::steady_clock;
+  std::vector<double> forward_ms;
+  std::vector<double> backward_ms;
+  for (int rep = 0; rep <= repetitions; ++rep) {  // rep 0 warms caches and thread pools
+    const auto t0 = clock::now();
+    g2::block_forward(config, shape, w, x.data(), y.data(), workspace);
+    const auto t1 = clock::now();
+    g2::block_backward(config, shape, w, x.data(), y.data(), d_in.data(), g, workspace);
+    const auto t2 = clock::now();
+    if (rep == 0) continue;
+    forward_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    backward_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  // GEMM work only: 24·N·C² forward; backward = recompute + 2× the forward's products.
+  const double gemm_forward_gflop = 24.0 * static_cast<double>(shape.rows()) * c * c / 1e9;
+  const double f_ms = median_ms(forward_ms);
+  const double b_ms = median_ms(backward_ms);
+  std::printf("GPT-2-small block (C=%lld, %lld heads), B=%lld T=%lld, workspace %.1f MiB, "
+              "median of %d\n",
+              static_cast<long long>(c), static_cast<long long>(config.n_head),
+              static_cast<long long>(batch), static_cast<long long>(seq_len),
+              static_cast<double>(ws_bytes) / (1 << 20), repetitions);
+  std::printf("block_forward            %8.1f ms  (%.1f GFLOP/s of GEMM work)\n", f_ms,
+              gemm_forward_gflop / (f_ms / 1e3));
+  std::printf("block_backward+recompute %8.1f ms  (%.1f GFLOP/s of GEMM work)\n", b_ms,
+              3.0 * gemm_forward_gflop / (b_ms / 1e3));
+  return 0;
+}
