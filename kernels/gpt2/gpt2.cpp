@@ -106,21 +106,7 @@ namespace {
 // the two can never disagree.
 // ---------------------------------------------------------------------------------------------
 
-// Hands out 64-byte aligned slices of a float buffer (offsets only when base is null).
-class Carver {
- public:
-  explicit Carver(float* base) : base_(base) {}
-  float* take(int64_t count_floats) {
-    float* slice = base_ == nullptr ? nullptr : base_ + used_floats_;
-    used_floats_ += (count_floats + 15) / 16 * 16;
-    return slice;
-  }
-  size_t used_bytes() const { return static_cast<size_t>(used_floats_) * sizeof(float); }
-
- private:
-  float* base_;
-  int64_t used_floats_ = 0;
-};
+using Carver = WorkspaceCarver;
 
 // What block_forward leaves behind and block_backward reads; the backward's temporaries reuse
 // slices whose contents are dead by then (noted at each use).

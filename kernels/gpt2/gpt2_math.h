@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -32,6 +33,23 @@ STRATA_HOST_DEVICE inline float gelu_tanh_derivative(float x) {
   const float d_inner = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * d_inner;
 }
+
+// Hands out 64-byte aligned slices of a workspace (only offsets when base is null), so a
+// sizing function and the entry point that carves the workspace share one layout description.
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(float* base) : base_(base) {}
+  float* take(int64_t count_floats) {
+    float* slice = base_ == nullptr ? nullptr : base_ + used_floats_;
+    used_floats_ += (count_floats + 15) / 16 * 16;
+    return slice;
+  }
+  size_t used_bytes() const { return static_cast<size_t>(used_floats_) * sizeof(float); }
+
+ private:
+  float* base_;
+  int64_t used_floats_ = 0;
+};
 
 #ifndef __CUDACC__
 

@@ -1,0 +1,710 @@
+// kernels/gpt2/gpt2_cuda.cu — the CUDA GPT-2: cuBLAS for the products, small kernels for
+// the rest. Mirrors gpt2.cpp step for step; reductions are fixed-order (see gpt2_cuda.h).
+#include "kernels/gpt2/gpt2_cuda.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "kernels/gpt2/gpt2_math.h"
+
+namespace strata::kernels::gpt2::cuda {
+
+namespace {
+
+Error cuda_error(const char* what, cudaError_t code) {
+  return make_error(ErrorKind::internal,
+                    std::string("CUDA ") + what + " failed: " + cudaGetErrorString(code));
+}
+
+Error cublas_error(const char* what, cublasStatus_t code) {
+  return make_error(ErrorKind::internal, std::string("cuBLAS ") + what + " failed: status " +
+                                             std::to_string(static_cast<int>(code)));
+}
+
+// After each launch: a bad configuration or a dead device surfaces here.
+Status check_launch(const char* kernel) {
+  const cudaError_t code = cudaGetLastError();
+  if (code != cudaSuccess) return cuda_error(kernel, code);
+  return Status();
+}
+
+#define STRATA_CUDA_LAUNCH(name, grid, block, stream, ...)               \
+  do {                                                                   \
+    name<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);                 \
+    STRATA_RETURN_IF_ERROR(check_launch(#name));                         \
+  } while (0)
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+unsigned blocks_for(int64_t count, int64_t per_block = kThreads) {
+  return static_cast<unsigned>((count + per_block - 1) / per_block);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------------
+
+// Fixed butterfly: every lane ends with the same, run-to-run identical sum.
+__device__ double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Block-wide reductions through shared memory in a fixed tree (blockDim.x == kThreads).
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();
+  return total;
+}
+__device__ float block_max(float v, float* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  const float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+// y[r, j] = bias[j] (+ residual[r, j]).
+__global__ void fill_rows_kernel(float* y, const float* bias, const float* residual, int64_t rows,
+                                 int64_t cols) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const float b = bias[i % cols];
+  y[i] = residual == nullptr ? b : residual[i] + b;
+}
+
+// One warp per row; statistics in double as on the CPU.
+__global__ void layernorm_forward_kernel(const float* x, int64_t x_stride, const float* w,
+                                         const float* b, int64_t rows, int64_t c, float* y,
+                                         float* mean, float* rstd) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* x_row = x + row * x_stride;
+  double sum = 0.0;
+  for (int64_t j = lane; j < c; j += 32) sum += x_row[j];
+  const double mu = warp_sum(sum) / static_cast<double>(c);
+  double sq = 0.0;
+  for (int64_t j = lane; j < c; j += 32) {
+    const double d = x_row[j] - mu;
+    sq += d * d;
+  }
+  const double var = warp_sum(sq) / static_cast<double>(c);
+  const float m = static_cast<float>(mu);
+  const float rs = static_cast<float>(1.0 / sqrt(var + kLayerNormEps));
+  float* y_row = y + row * c;
+  for (int64_t j = lane; j < c; j += 32) y_row[j] = (x_row[j] - m) * rs * w[j] + b[j];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// dx (+)= rstd·(dy·w − mean(dy·w) − x̂·mean(dy·w·x̂)); one warp per row.
+__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const float* mean,
+                                             const float* rstd, const float* w, int64_t rows,
+                                             int64_t c, float* dx, bool accumulate) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* dy_row = dy + row * c;
+  const float* x_row = x + row * c;
+  const float mu = mean[row];
+  const float rs = rstd[row];
+  double s1 = 0.0;
+  double s2 = 0.0;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float dxhat = dy_row[j] * w[j];
+    const float xhat = (x_row[j] - mu) * rs;
+    s1 += dxhat;
+    s2 += static_cast<double>(dxhat) * xhat;
+  }
+  const float m1 = static_cast<float>(warp_sum(s1) / static_cast<double>(c));
+  const float m2 = static_cast<float>(warp_sum(s2) / static_cast<double>(c));
+  float* dx_row = dx + row * c;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float xhat = (x_row[j] - mu) * rs;
+    const float g = rs * (dy_row[j] * w[j] - m1 - xhat * m2);
+    dx_row[j] = accumulate ? dx_row[j] + g : g;
+  }
+}
+
+// dw[j] += Σ_r dy·x̂, db[j] += Σ_r dy; one thread per column walking the rows in order.
+__global__ void layernorm_backward_params_kernel(const float* dy, const float* x,
+                                                 const float* mean, const float* rstd,
+                                                 int64_t rows, int64_t c, float* dw, float* db) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  double acc_w = 0.0;
+  double acc_b = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float g = dy[r * c + j];
+    acc_w += static_cast<double>(g) * ((x[r * c + j] - mean[r]) * rstd[r]);
+    acc_b += g;
+  }
+  dw[j] += static_cast<float>(acc_w);
+  db[j] += static_cast<float>(acc_b);
+}
+
+__global__ void column_sums_kernel(const float* in, int64_t rows, int64_t cols, float* out) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  double acc = 0.0;
+  for (int64_t r = 0; r < rows; ++r) acc += in[r * cols + j];
+  out[j] += static_cast<float>(acc);
+}
+
+__global__ void gelu_forward_kernel(const float* in, float* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = gelu_tanh(in[i]);
+}
+
+__global__ void gelu_backward_kernel(float* d, const float* pre, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) d[i] *= gelu_tanh_derivative(pre[i]);
+}
+
+// Row r of [B·H·T, T] scores → causal softmax of scale·scores; entries above the diagonal 0.
+__global__ void causal_softmax_kernel(float* scores, int64_t t_len, int64_t total_rows,
+                                      float scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= total_rows) return;
+  const int64_t i = row % t_len;
+  float* p = scores + row * t_len;
+  float max_value = -INFINITY;
+  for (int64_t j = lane; j <= i; j += 32) max_value = fmaxf(max_value, p[j] * scale);
+  max_value = warp_max(max_value);
+  double sum = 0.0;
+  for (int64_t j = lane; j <= i; j += 32) {
+    const float e = expf(p[j] * scale - max_value);
+    p[j] = e;
+    sum += e;
+  }
+  const float inv_sum = static_cast<float>(1.0 / warp_sum(sum));
+  for (int64_t j = lane; j < t_len; j += 32) p[j] = j <= i ? p[j] * inv_sum : 0.0f;
+}
+
+// dP → dS in place: dS_j = P_j·(dP_j − Σ_k P_k dP_k)·scale.
+__global__ void softmax_backward_kernel(const float* probs, float* d, int64_t t_len,
+                                        int64_t total_rows, float scale) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= total_rows) return;
+  const int64_t i = row % t_len;
+  const float* p = probs + row * t_len;
+  float* dp = d + row * t_len;
+  double dot = 0.0;
+  for (int64_t j = lane; j <= i; j += 32) dot += static_cast<double>(p[j]) * dp[j];
+  const float mean_dp = static_cast<float>(warp_sum(dot));
+  for (int64_t j = lane; j < t_len; j += 32) {
+    dp[j] = j <= i ? p[j] * (dp[j] - mean_dp) * scale : 0.0f;
+  }
+}
+
+// One block per row: loss = logsumexp − logit[target]; with write_grad the row becomes
+// grad_scale·(softmax − onehot). All reads finish (block reductions sync) before any write.
+__global__ void cross_entropy_kernel(float* logits, int64_t vocab, const int32_t* targets,
+                                     bool write_grad, float grad_scale, float* row_loss) {
+  __shared__ double shared_sum[kThreads];
+  __shared__ float shared_max[kThreads];
+  const int64_t row = blockIdx.x;
+  float* l = logits + row * vocab;
+  const int32_t target = targets[row];
+  const float target_logit = l[target];
+  float max_value = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) max_value = fmaxf(max_value, l[j]);
+  max_value = block_max(max_value, shared_max);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) sum += expf(l[j] - max_value);
+  sum = block_sum(sum, shared_sum);
+  if (threadIdx.x == 0) {
+    row_loss[row] = static_cast<float>(static_cast<double>(max_value) + log(sum) - target_logit);
+  }
+  if (!write_grad) return;
+  const float scale = static_cast<float>(grad_scale / sum);
+  for (int64_t j = threadIdx.x; j < vocab; j += kThreads) {
+    const float g = expf(l[j] - max_value) * scale;
+    l[j] = j == target ? g - grad_scale : g;
+  }
+}
+
+// *loss = mean of row_loss[0..n), fixed-order (one block).
+__global__ void mean_kernel(const float* row_loss, int64_t n, float* loss) {
+  __shared__ double shared[kThreads];
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += row_loss[i];
+  const double total = block_sum(acc, shared);
+  if (threadIdx.x == 0) *loss = static_cast<float>(total / static_cast<double>(n));
+}
+
+__global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe,
+                                         int64_t rows, int64_t t_len, int64_t c, float* x0) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * c) return;
+  const int64_t r = i / c;
+  const int64_t j = i % c;
+  x0[i] = wte[static_cast<int64_t>(tokens[r]) * c + j] + wpe[(r % t_len) * c + j];
+}
+
+// d_wte: one thread per column walks the rows in order (repeated tokens add in (b,t) order).
+__global__ void embedding_backward_wte_kernel(const int32_t* tokens, const float* d_x0,
+                                              int64_t rows, int64_t c, float* d_wte) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  for (int64_t r = 0; r < rows; ++r) d_wte[static_cast<int64_t>(tokens[r]) * c + j] += d_x0[r * c + j];
+}
+
+// d_wpe[t, j] += Σ_b d_x0[b, t, j] in b order.
+__global__ void embedding_backward_wpe_kernel(const float* d_x0, int64_t batch, int64_t t_len,
+                                              int64_t c, float* d_wpe) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= t_len * c) return;
+  float acc = d_wpe[i];
+  for (int64_t b = 0; b < batch; ++b) acc += d_x0[b * t_len * c + i];
+  d_wpe[i] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-side helpers
+// ---------------------------------------------------------------------------------------------
+
+// Row-major C[M,N] = op(A)·op(B) + beta·C through column-major cuBLAS: Cᵀ = op(B)ᵀ·op(A)ᵀ.
+Status gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) {
+  const float one = 1.0f;
+  const cublasStatus_t code = cublasSgemm(
+      ctx.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
+      static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc));
+  if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("sgemm", code);
+  return Status();
+}
+
+// The same over `count` matrices spaced stride_* floats apart.
+Status gemm_batched(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                    int64_t k, const float* a, int64_t lda, int64_t stride_a, const float* b,
+                    int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                    int64_t stride_c, int64_t count) {
+  const float one = 1.0f;
+  const cublasStatus_t code = cublasSgemmStridedBatched(
+      ctx.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
+      static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,
+      static_cast<int>(ldc), stride_c, static_cast<int>(count));
+  if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("sgemm strided batched", code);
+  return Status();
+}
+
+Status column_sums(const Context& ctx, const float* in, int64_t rows, int64_t cols, float* out) {
+  STRATA_CUDA_LAUNCH(column_sums_kernel, blocks_for(cols), kThreads, ctx.stream(), in, rows, cols,
+                     out);
+  return Status();
+}
+
+Status linear_forward(const Context& ctx, const float* x, const float* w, const float* bias,
+                      const float* residual, int64_t rows, int64_t in, int64_t out, float* y) {
+  STRATA_CUDA_LAUNCH(fill_rows_kernel, blocks_for(rows * out), kThreads, ctx.stream(), y, bias,
+                     residual, rows, out);
+  return gemm(ctx, false, false, rows, out, in, x, in, w, out, 1.0f, y, out);
+}
+
+Status layernorm_forward(const Context& ctx, const float* x, int64_t x_stride, const float* w,
+                         const float* b, int64_t rows, int64_t c, float* y, float* mean,
+                         float* rstd) {
+  STRATA_CUDA_LAUNCH(layernorm_forward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
+                     ctx.stream(), x, x_stride, w, b, rows, c, y, mean, rstd);
+  return Status();
+}
+
+Status layernorm_backward(const Context& ctx, const float* dy, const float* x, const float* mean,
+                          const float* rstd, const float* w, int64_t rows, int64_t c, float* dx,
+                          bool accumulate, float* dw, float* db) {
+  STRATA_CUDA_LAUNCH(layernorm_backward_dx_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
+                     ctx.stream(), dy, x, mean, rstd, w, rows, c, dx, accumulate);
+  STRATA_CUDA_LAUNCH(layernorm_backward_params_kernel, blocks_for(c), kThreads, ctx.stream(), dy,
+                     x, mean, rstd, rows, c, dw, db);
+  return Status();
+}
+
+struct BlockLayout {
+  float* ln1_out;
+  float* ln1_mean;
+  float* ln1_rstd;
+  float* qkv;
+  float* att;
+  float* x1;
+  float* ln2_out;
+  float* ln2_mean;
+  float* ln2_rstd;
+  float* fc_pre;
+  float* fc_act;
+  float* probs;    // [B, H, T, T]
+  float* d_probs;  // [B, H, T, T]
+  size_t size_bytes;
+};
+
+BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t att_rows = shape.batch * config.n_head * shape.seq_len * shape.seq_len;
+  WorkspaceCarver carve(base);
+  BlockLayout l{};
+  l.ln1_out = carve.take(n * c);
+  l.ln1_mean = carve.take(n);
+  l.ln1_rstd = carve.take(n);
+  l.qkv = carve.take(n * 3 * c);
+  l.att = carve.take(n * c);
+  l.x1 = carve.take(n * c);
+  l.ln2_out = carve.take(n * c);
+  l.ln2_mean = carve.take(n);
+  l.ln2_rstd = carve.take(n);
+  l.fc_pre = carve.take(n * 4 * c);
+  l.fc_act = carve.take(n * 4 * c);
+  l.probs = carve.take(att_rows);
+  l.d_probs = carve.take(att_rows);
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+struct HeadLayout {
+  float* ln_out;
+  float* mean;
+  float* rstd;
+  float* logits;
+  float* d_ln_out;
+  float* row_loss;  // [B·T]
+  size_t size_bytes;
+};
+
+HeadLayout head_layout(const Config& config, const BatchShape& shape, float* base) {
+  const int64_t r = kHeadChunkRows;
+  WorkspaceCarver carve(base);
+  HeadLayout l{};
+  l.ln_out = carve.take(r * config.n_embd);
+  l.mean = carve.take(r);
+  l.rstd = carve.take(r);
+  l.logits = carve.take(r * config.vocab_size);
+  l.d_ln_out = carve.take(r * config.n_embd);
+  l.row_loss = carve.take(shape.rows());
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+void check_call(const Config& config, const BatchShape& shape, const Workspace* workspace,
+                size_t needed_bytes) {
+  assert(config.n_head > 0 && config.n_embd % config.n_head == 0);
+  assert(shape.batch > 0 && shape.seq_len > 0 && shape.seq_len <= config.n_ctx);
+  assert(workspace == nullptr ||
+         (workspace->data != nullptr && workspace->size_bytes >= needed_bytes &&
+          reinterpret_cast<uintptr_t>(workspace->data) % 256 == 0));
+  (void)config;
+  (void)shape;
+  (void)workspace;
+  (void)needed_bytes;
+}
+
+// Causal attention over the fused qkv: per batch row, one strided-batched product over heads.
+Status attention_forward(const Context& ctx, const Config& config, const BatchShape& shape,
+                         const BlockLayout& ws) {
+  const int64_t t = shape.seq_len;
+  const int64_t c = config.n_embd;
+  const int64_t hd = config.head_dim();
+  const int64_t heads = config.n_head;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    const float* q = ws.qkv + b * t * 3 * c;
+    float* probs = ws.probs + b * heads * t * t;
+    // S = Q·Kᵀ
+    STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, true, t, t, hd, q, 3 * c, hd, q + c, 3 * c,
+                                        hd, 0.0f, probs, t, t * t, heads));
+  }
+  const int64_t rows = shape.batch * heads * t;
+  STRATA_CUDA_LAUNCH(causal_softmax_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
+                     ctx.stream(), ws.probs, t, rows,
+                     1.0f / std::sqrt(static_cast<float>(hd)));
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    const float* v = ws.qkv + b * t * 3 * c + 2 * c;
+    // att = P·V, written head by head into the merged [T, C] rows.
+    STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, false, t, hd, t, ws.probs + b * heads * t * t,
+                                        t, t * t, v, 3 * c, hd, 0.0f, ws.att + b * t * c, c, hd,
+                                        heads));
+  }
+  return Status();
+}
+
+Status attention_backward(const Context& ctx, const Config& config, const BatchShape& shape,
+                          const BlockLayout& ws, const float* d_att, float* d_qkv) {
+  const int64_t t = shape.seq_len;
+  const int64_t c = config.n_embd;
+  const int64_t hd = config.head_dim();
+  const int64_t heads = config.n_head;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    // dP = dAtt·Vᵀ
+    STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, true, t, t, hd, d_att + b * t * c, c, hd,
+                                        ws.qkv + b * t * 3 * c + 2 * c, 3 * c, hd, 0.0f,
+                                        ws.d_probs + b * heads * t * t, t, t * t, heads));
+  }
+  const int64_t rows = shape.batch * heads * t;
+  STRATA_CUDA_LAUNCH(softmax_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
+                     ctx.stream(), ws.probs, ws.d_probs, t, rows,
+                     1.0f / std::sqrt(static_cast<float>(hd)));
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    const float* q = ws.qkv + b * t * 3 * c;
+    const float* ds = ws.d_probs + b * heads * t * t;
+    const float* p = ws.probs + b * heads * t * t;
+    float* dq = d_qkv + b * t * 3 * c;
+    // dQ = dS·K, dK = dSᵀ·Q, dV = Pᵀ·dAtt
+    STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, false, t, hd, t, ds, t, t * t, q + c, 3 * c,
+                                        hd, 0.0f, dq, 3 * c, hd, heads));
+    STRATA_RETURN_IF_ERROR(gemm_batched(ctx, true, false, t, hd, t, ds, t, t * t, q, 3 * c, hd,
+                                        0.0f, dq + c, 3 * c, hd, heads));
+    STRATA_RETURN_IF_ERROR(gemm_batched(ctx, true, false, t, hd, t, p, t, t * t,
+                                        d_att + b * t * c, c, hd, 0.0f, dq + 2 * c, 3 * c, hd,
+                                        heads));
+  }
+  return Status();
+}
+
+Status block_forward_into(const Context& ctx, const Config& config, const BatchShape& shape,
+                          const BlockWeights& w, const float* x_in, float* x_out,
+                          const BlockLayout& ws) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, x_in, c, w.ln_1_weight, w.ln_1_bias, n, c,
+                                           ws.ln1_out, ws.ln1_mean, ws.ln1_rstd));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.ln1_out, w.attn_c_attn_weight,
+                                        w.attn_c_attn_bias, nullptr, n, c, 3 * c, ws.qkv));
+  STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias,
+                                        x_in, n, c, c, ws.x1));
+  STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, ws.x1, c, w.ln_2_weight, w.ln_2_bias, n, c,
+                                           ws.ln2_out, ws.ln2_mean, ws.ln2_rstd));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias,
+                                        nullptr, n, c, 4 * c, ws.fc_pre));
+  STRATA_CUDA_LAUNCH(gelu_forward_kernel, blocks_for(n * 4 * c), kThreads, ctx.stream(),
+                     ws.fc_pre, ws.fc_act, n * 4 * c);
+  if (x_out != nullptr) {
+    STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.fc_act, w.mlp_c_proj_weight,
+                                          w.mlp_c_proj_bias, ws.x1, n, 4 * c, c, x_out));
+  }
+  return Status();
+}
+
+Status head_run(const Context& ctx, const Config& config, const BatchShape& shape,
+                const HeadWeights& w, const float* x_final, const int32_t* targets,
+                float* d_x_final, const HeadGrads* grads, float* loss,
+                const Workspace& workspace) {
+  const HeadLayout ws = head_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t vocab = config.vocab_size;
+  for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, n - r0);
+    const float* x = x_final + r0 * c;
+    STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, x, c, w.ln_f_weight, w.ln_f_bias, rows, c,
+                                             ws.ln_out, ws.mean, ws.rstd));
+    STRATA_RETURN_IF_ERROR(
+        gemm(ctx, false, true, rows, vocab, c, ws.ln_out, c, w.wte, c, 0.0f, ws.logits, vocab));
+    STRATA_CUDA_LAUNCH(cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, ctx.stream(),
+                       ws.logits, vocab, targets + r0, grads != nullptr,
+                       1.0f / static_cast<float>(n), ws.row_loss + r0);
+    if (grads == nullptr) continue;
+    STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.wte, c,
+                                0.0f, ws.d_ln_out, c));
+    STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.ln_out, c,
+                                1.0f, grads->d_wte, c));
+    STRATA_RETURN_IF_ERROR(layernorm_backward(ctx, ws.d_ln_out, x, ws.mean, ws.rstd,
+                                              w.ln_f_weight, rows, c, d_x_final + r0 * c, false,
+                                              grads->d_ln_f_weight, grads->d_ln_f_bias));
+  }
+  STRATA_CUDA_LAUNCH(mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss);
+  return Status();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Context
+// ---------------------------------------------------------------------------------------------
+
+Result<Context> Context::create(cudaStream_t stream) {
+  cublasHandle_t handle = nullptr;
+  cublasStatus_t code = cublasCreate(&handle);
+  if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("create", code);
+  Context ctx(stream, handle);  // owns the handle from here on
+  code = cublasSetStream(handle, stream);
+  if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("set stream", code);
+  // Pedantic: plain fp32 products, never TF32, so the CUDA results match the CPU's rounding.
+  code = cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH);
+  if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("set math mode", code);
+  return Result<Context>(std::move(ctx));
+}
+
+Context::Context(Context&& other) noexcept
+    : stream_(other.stream_), cublas_(std::exchange(other.cublas_, nullptr)) {}
+
+Context& Context::operator=(Context&& other) noexcept {
+  std::swap(stream_, other.stream_);
+  std::swap(cublas_, other.cublas_);
+  return *this;
+}
+
+Context::~Context() {
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------------
+
+size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return block_layout(config, max_shape, nullptr).size_bytes;
+}
+
+size_t head_workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return head_layout(config, max_shape, nullptr).size_bytes;
+}
+
+size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  // Qualified: argument-dependent lookup would also find the CPU sizing functions.
+  return std::max(cuda::block_workspace_size_bytes(config, max_shape),
+                  cuda::head_workspace_size_bytes(config, max_shape));
+}
+
+Status embedding_forward(const Context& ctx, const Config& config, const BatchShape& shape,
+                         const int32_t* tokens, const float* wte, const float* wpe, float* x0) {
+  check_call(config, shape, nullptr, 0);
+  const int64_t c = config.n_embd;
+  STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(shape.rows() * c), kThreads,
+                     ctx.stream(), tokens, wte, wpe, shape.rows(), shape.seq_len, c, x0);
+  return Status();
+}
+
+Status embedding_backward(const Context& ctx, const Config& config, const BatchShape& shape,
+                          const int32_t* tokens, const float* d_x0, float* d_wte, float* d_wpe) {
+  check_call(config, shape, nullptr, 0);
+  const int64_t c = config.n_embd;
+  STRATA_CUDA_LAUNCH(embedding_backward_wte_kernel, blocks_for(c), kThreads, ctx.stream(),
+                     tokens, d_x0, shape.rows(), c, d_wte);
+  STRATA_CUDA_LAUNCH(embedding_backward_wpe_kernel, blocks_for(shape.seq_len * c), kThreads,
+                     ctx.stream(), d_x0, shape.batch, shape.seq_len, c, d_wpe);
+  return Status();
+}
+
+Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape,
+                     const BlockWeights& weights, const float* x_in, float* x_out,
+                     const Workspace& workspace) {
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  assert(x_out != nullptr && x_out != x_in);
+  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws);
+}
+
+Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape,
+                      const BlockWeights& w, const float* x_in, const float* d_out, float* d_in,
+                      const BlockGrads& g, const Workspace& workspace, bool recompute) {
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  if (recompute) {
+    STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws));
+  }
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  // The same order and buffer reuse as the CPU block_backward (see gpt2.cpp).
+  float* d_fc = ws.fc_act;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, 4 * c, c, n, ws.fc_act, 4 * c, d_out, c, 1.0f,
+                              g.mlp_c_proj_weight, c));
+  STRATA_RETURN_IF_ERROR(column_sums(ctx, d_out, n, c, g.mlp_c_proj_bias));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, 4 * c, c, d_out, c, w.mlp_c_proj_weight, c,
+                              0.0f, d_fc, 4 * c));
+  STRATA_CUDA_LAUNCH(gelu_backward_kernel, blocks_for(n * 4 * c), kThreads, ctx.stream(), d_fc,
+                     ws.fc_pre, n * 4 * c);
+  float* d_ln2 = ws.ln2_out;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 4 * c, n, ws.ln2_out, c, d_fc, 4 * c, 1.0f,
+                              g.mlp_c_fc_weight, 4 * c));
+  STRATA_RETURN_IF_ERROR(column_sums(ctx, d_fc, n, 4 * c, g.mlp_c_fc_bias));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, 4 * c, d_fc, 4 * c, w.mlp_c_fc_weight,
+                              4 * c, 0.0f, d_ln2, c));
+  if (d_in != d_out) {
+    const cudaError_t code = cudaMemcpyAsync(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, ctx.stream());
+    if (code != cudaSuccess) return cuda_error("memcpy d_out → d_in", code);
+  }
+  STRATA_RETURN_IF_ERROR(layernorm_backward(ctx, d_ln2, ws.x1, ws.ln2_mean, ws.ln2_rstd,
+                                            w.ln_2_weight, n, c, d_in, true, g.ln_2_weight,
+                                            g.ln_2_bias));
+  float* d_att = ws.att;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, c, n, ws.att, c, d_in, c, 1.0f,
+                              g.attn_c_proj_weight, c));
+  STRATA_RETURN_IF_ERROR(column_sums(ctx, d_in, n, c, g.attn_c_proj_bias));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, c, d_in, c, w.attn_c_proj_weight, c, 0.0f,
+                              d_att, c));
+  float* d_qkv = ws.fc_pre;
+  STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att, d_qkv));
+  float* d_ln1 = ws.ln1_out;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f,
+                              g.attn_c_attn_weight, 3 * c));
+  STRATA_RETURN_IF_ERROR(column_sums(ctx, d_qkv, n, 3 * c, g.attn_c_attn_bias));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, 3 * c, d_qkv, 3 * c, w.attn_c_attn_weight,
+                              3 * c, 0.0f, d_ln1, c));
+  return layernorm_backward(ctx, d_ln1, x_in, ws.ln1_mean, ws.ln1_rstd, w.ln_1_weight, n, c, d_in,
+                            true, g.ln_1_weight, g.ln_1_bias);
+}
+
+Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
+                             const HeadWeights& weights, const float* x_final,
+                             const int32_t* targets, float* d_x_final, const HeadGrads& grads,
+                             float* loss, const Workspace& workspace) {
+  assert(d_x_final != nullptr && grads.d_wte != nullptr);
+  return head_run(ctx, config, shape, weights, x_final, targets, d_x_final, &grads, loss,
+                  workspace);
+}
+
+Status head_loss(const Context& ctx, const Config& config, const BatchShape& shape,
+                 const HeadWeights& weights, const float* x_final, const int32_t* targets,
+                 float* loss, const Workspace& workspace) {
+  return head_run(ctx, config, shape, weights, x_final, targets, nullptr, nullptr, loss,
+                  workspace);
+}
+
+Status head_forward(const Context& ctx, const Config& config, const BatchShape& shape,
+                    const HeadWeights& w, const float* x_final, float* logits,
+                    const Workspace& workspace) {
+  const HeadLayout ws = head_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  const int64_t c = config.n_embd;
+  const int64_t stride = shape.seq_len * c;
+  for (int64_t b0 = 0; b0 < shape.batch; b0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, shape.batch - b0);
+    STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, x_final + b0 * stride + (shape.seq_len - 1) * c,
+                                             stride, w.ln_f_weight, w.ln_f_bias, rows, c,
+                                             ws.ln_out, ws.mean, ws.rstd));
+    STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, rows, config.vocab_size, c, ws.ln_out, c, w.wte,
+                                c, 0.0f, logits + b0 * config.vocab_size, config.vocab_size));
+  }
+  return Status();
+}
+
+}  // namespace strata::kernels::gpt2::cuda
