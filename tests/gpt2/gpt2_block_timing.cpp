@@ -1,8 +1,10 @@
 // tests/gpt2/gpt2_block_timing.cpp — rough timing of one GPT-2-small-shaped block (C 768,
 // 12 heads) on the CPU kernels: block_forward and block_backward (which recomputes the
-// forward, as the streaming trainer calls it). Not a test and not a benchmark against a
-// reference: a figure to size the trainer's compute by. Prints the median of several
-// repetitions and the GEMM throughput that median implies.
+// forward, as the streaming trainer calls it). A figure to size the trainer's compute by, not
+// a benchmark gate. Alternating with the kernels in the same run it times a floor: the
+// block's four forward products alone as plain cblas_sgemm calls with OpenBLAS's own
+// threading on every core, so on a noisy machine the ratio (kernel time / GEMM floor) is the
+// number to quote. Prints medians of several repetitions.
 //
 // Usage: gpt2_block_timing [BATCH [SEQ_LEN [REPETITIONS]]]   (default 8 128 5)
 #include <algorithm>
@@ -10,7 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <thread>
 #include <vector>
+
+#include <cblas.h>
 
 #include "kernels/gpt2/gpt2.h"
 #include "tests/gpt2/gpt2_test_model.h"
@@ -51,16 +56,38 @@ int main(int argc, char** argv) {
   AlignedFloats ws(ws_bytes / sizeof(float));
   const g2::Workspace workspace{ws.data(), ws_bytes};
 
+  // The floor's operands: the forward's four products on buffers of the right shapes.
+  const int64_t n = shape.rows();
+  std::vector<float> a_buf(static_cast<size_t>(n * 4 * c), 0.5f);
+  std::vector<float> c_buf(static_cast<size_t>(n * 4 * c));
+  auto gemm_floor = [&] {
+    openblas_set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+    const auto gemm = [&](int64_t in, int64_t out, const float* weight) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n),
+                  static_cast<int>(out), static_cast<int>(in), 1.0f, a_buf.data(),
+                  static_cast<int>(in), weight, static_cast<int>(out), 0.0f, c_buf.data(),
+                  static_cast<int>(out));
+    };
+    gemm(c, 3 * c, w.attn_c_attn_weight);
+    gemm(c, c, w.attn_c_proj_weight);
+    gemm(c, 4 * c, w.mlp_c_fc_weight);
+    gemm(4 * c, c, w.mlp_c_proj_weight);
+  };
+
   using clock = std::chrono::steady_clock;
   std::vector<double> forward_ms;
   std::vector<double> backward_ms;
+  std::vector<double> floor_ms;
   for (int rep = 0; rep <= repetitions; ++rep) {  // rep 0 warms caches and thread pools
+    const auto t_floor = clock::now();
+    gemm_floor();
     const auto t0 = clock::now();
     g2::block_forward(config, shape, w, x.data(), y.data(), workspace);
     const auto t1 = clock::now();
     g2::block_backward(config, shape, w, x.data(), y.data(), d_in.data(), g, workspace);
     const auto t2 = clock::now();
     if (rep == 0) continue;
+    floor_ms.push_back(std::chrono::duration<double, std::milli>(t0 - t_floor).count());
     forward_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     backward_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
   }
@@ -68,6 +95,7 @@ int main(int argc, char** argv) {
   const double gemm_forward_gflop = 24.0 * static_cast<double>(shape.rows()) * c * c / 1e9;
   const double f_ms = median_ms(forward_ms);
   const double b_ms = median_ms(backward_ms);
+  const double floor = median_ms(floor_ms);
   std::printf("GPT-2-small block (C=%lld, %lld heads), B=%lld T=%lld, workspace %.1f MiB, "
               "median of %d\n",
               static_cast<long long>(c), static_cast<long long>(config.n_head),
@@ -77,5 +105,9 @@ int main(int argc, char** argv) {
               gemm_forward_gflop / (f_ms / 1e3));
   std::printf("block_backward+recompute %8.1f ms  (%.1f GFLOP/s of GEMM work)\n", b_ms,
               3.0 * gemm_forward_gflop / (b_ms / 1e3));
+  std::printf("GEMM floor (forward's 4 products, plain sgemm, %u threads) %.1f ms  (%.1f GFLOP/s)\n",
+              std::thread::hardware_concurrency(), floor, gemm_forward_gflop / (floor / 1e3));
+  std::printf("ratios: forward / floor %.2f, backward / (3 x floor) %.2f\n", f_ms / floor,
+              b_ms / (3.0 * floor));
   return 0;
 }
