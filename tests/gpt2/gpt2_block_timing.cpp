@@ -6,7 +6,8 @@
 // threading on every core, so on a noisy machine the ratio (kernel time / GEMM floor) is the
 // number to quote. Prints medians of several repetitions.
 //
-// Usage: gpt2_block_timing [BATCH [SEQ_LEN [REPETITIONS]]]   (default 8 128 5)
+// Usage: gpt2_block_timing [BATCH [SEQ_LEN [REPETITIONS [N_EMBD [N_HEAD]]]]]
+//        (default 8 128 5 768 12: GPT-2 small)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,7 +37,9 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 1 ? std::atoll(argv[1]) : 8;
   const int64_t seq_len = argc > 2 ? std::atoll(argv[2]) : 128;
   const int repetitions = argc > 3 ? std::atoi(argv[3]) : 5;
-  const g2::Config config{1, 12, 768, 50257, 1024};
+  const int64_t n_embd = argc > 4 ? std::atoll(argv[4]) : 768;
+  const int64_t n_head = argc > 5 ? std::atoll(argv[5]) : 12;
+  const g2::Config config{1, n_head, n_embd, 50257, std::max<int64_t>(1024, seq_len)};
   const g2::BatchShape shape{batch, seq_len};
   const int64_t c = config.n_embd;
   const int64_t act = shape.rows() * c;
@@ -96,7 +99,7 @@ int main(int argc, char** argv) {
   const double f_ms = median_ms(forward_ms);
   const double b_ms = median_ms(backward_ms);
   const double floor = median_ms(floor_ms);
-  std::printf("GPT-2-small block (C=%lld, %lld heads), B=%lld T=%lld, workspace %.1f MiB, "
+  std::printf("block (C=%lld, %lld heads), B=%lld T=%lld, workspace %.1f MiB, "
               "median of %d\n",
               static_cast<long long>(c), static_cast<long long>(config.n_head),
               static_cast<long long>(batch), static_cast<long long>(seq_len),
