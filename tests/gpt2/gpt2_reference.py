@@ -6,7 +6,8 @@
 # rounding error is negligible. Writes the loss, every gradient and the last-position logits
 # back as float64 files.
 #
-# Usage: gpt2_reference.py DIR. DIR holds config.txt ("n_layer n_head n_embd vocab n_ctx
+# Usage: gpt2_reference.py DIR [DIR ...] (one torch start-up for several models). Each DIR holds
+# config.txt ("n_layer n_head n_embd vocab n_ctx
 # batch seq_len"), tensors.txt ("name rows cols" per line, cols 1 for 1-D), <name>.f32 (raw
 # little-endian float32), tokens.i32 and targets.i32 (raw little-endian int32 [batch, seq]).
 # Exit 77 (Meson's skip code) when torch cannot be imported.
@@ -68,8 +69,7 @@ def block(p, i, x, n_head):
     return x + conv1d(h, p[prefix + "mlp.c_proj.weight"], p[prefix + "mlp.c_proj.bias"])
 
 
-def main():
-    folder = sys.argv[1]
+def run_reference(folder):
     with open(os.path.join(folder, "config.txt")) as f:
         n_layer, n_head, n_embd, vocab, n_ctx, batch, seq = (int(v) for v in f.read().split())
     params = {}
@@ -101,8 +101,9 @@ def main():
     for name, tensor in params.items():
         with open(os.path.join(out, name + ".grad.f64"), "wb") as f:
             f.write(tensor.grad.detach().contiguous().numpy().tobytes())
-    print(f"reference loss {loss.item():.10f}")
+    print(f"{folder}: reference loss {loss.item():.10f}")
 
 
 if __name__ == "__main__":
-    main()
+    for folder in sys.argv[1:]:
+        run_reference(folder)

@@ -7,6 +7,7 @@
 // Exits 77 (skip) with a message when /usr/bin/python3 cannot import torch.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -51,43 +52,71 @@ double relative_error(const float* ours, const std::vector<double>& reference) {
   return max_ref == 0.0 ? max_diff : max_diff / max_ref;
 }
 
-// Writes the model, runs the reference, returns the folder holding its out/ files.
-void run_reference(const TinyGpt2& model, const TempDir& dir) {
-  const g2::Config& cfg = model.config();
-  {
-    std::ofstream config(dir.file("config.txt"));
-    config << cfg.n_layer << ' ' << cfg.n_head << ' ' << cfg.n_embd << ' ' << cfg.vocab_size
-           << ' ' << cfg.n_ctx << ' ' << model.shape().batch << ' ' << model.shape().seq_len
-           << '\n';
-    std::ofstream list(dir.file("tensors.txt"));
-    for (const auto& t : model.tensors()) {
-      list << t.name << ' ' << t.rows << ' ' << t.cols << '\n';
-      write_raw(dir.file(t.name + ".f32"), model.params().data() + t.offset,
-                static_cast<size_t>(t.numel()));
-    }
-  }
-  write_raw(dir.file("tokens.i32"), model.tokens().data(), model.tokens().size());
-  write_raw(dir.file("targets.i32"), model.targets().data(), model.targets().size());
-  const std::string command = std::string(STRATA_PYTHON3) + " " + STRATA_GPT2_REFERENCE + " " +
-                              dir.path().string();
-  const int rc = std::system(command.c_str());
-  ASSERT_EQ(rc, 0) << "reference failed: " << command;
-}
-
 struct Case {
   const char* name;
   g2::Config config;
   g2::BatchShape shape;
 };
 
-class Gpt2MatchesTorch : public ::testing::TestWithParam<Case> {};
+const Case kCases[] = {
+    // The acceptance model: 2 layers, 4 heads, 64 wide, vocab 97, seq 16, batch 3.
+    {"acceptance", {2, 4, 64, 97, 16}, {3, 16}},
+    // Ragged sizes: head_dim 12 and T 13 (vector tails), seq_len < n_ctx, 3 layers.
+    {"ragged", {3, 4, 48, 61, 20}, {2, 13}},
+    // 320 rows > kHeadChunkRows: the head works in two chunks.
+    {"head_chunks", {1, 2, 32, 50, 16}, {20, 16}},
+    // Products bigger than one 256×512 GEMM tile in both M and N (288 rows; 4C = 640,
+    // vocab 600), so every tile offset, transposed or not, is exercised.
+    {"gemm_tiles", {1, 4, 160, 600, 96}, {3, 96}},
+};
+
+constexpr uint32_t kSeed = 1234;
+
+// Writes one model's weights, tokens and targets into `folder` for the reference script.
+void write_model(const TinyGpt2& model, const std::filesystem::path& folder) {
+  std::filesystem::create_directories(folder);
+  const g2::Config& cfg = model.config();
+  std::ofstream config(folder / "config.txt");
+  config << cfg.n_layer << ' ' << cfg.n_head << ' ' << cfg.n_embd << ' ' << cfg.vocab_size << ' '
+         << cfg.n_ctx << ' ' << model.shape().batch << ' ' << model.shape().seq_len << '\n';
+  std::ofstream list(folder / "tensors.txt");
+  for (const auto& t : model.tensors()) {
+    list << t.name << ' ' << t.rows << ' ' << t.cols << '\n';
+    write_raw((folder / (t.name + ".f32")).string(), model.params().data() + t.offset,
+              static_cast<size_t>(t.numel()));
+  }
+  write_raw((folder / "tokens.i32").string(), model.tokens().data(), model.tokens().size());
+  write_raw((folder / "targets.i32").string(), model.targets().data(), model.targets().size());
+}
+
+class Gpt2MatchesTorch : public ::testing::TestWithParam<Case> {
+ protected:
+  // One Python start-up (importing torch dominates) computes the reference for every case.
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::string command = std::string(STRATA_PYTHON3) + " " + STRATA_GPT2_REFERENCE;
+    for (const Case& c : kCases) {
+      write_model(TinyGpt2(c.config, c.shape, kSeed), dir_->path() / c.name);
+      command += " " + (dir_->path() / c.name).string();
+    }
+    reference_rc_ = std::system(command.c_str());
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static TempDir* dir_;
+  static int reference_rc_;
+};
+
+TempDir* Gpt2MatchesTorch::dir_ = nullptr;
+int Gpt2MatchesTorch::reference_rc_ = -1;
 
 TEST_P(Gpt2MatchesTorch, LossGradientsAndLogits) {
+  ASSERT_EQ(reference_rc_, 0) << "the PyTorch reference script failed";
   const Case& c = GetParam();
-  const TinyGpt2 model(c.config, c.shape, 1234);
-  TempDir dir;
-  ASSERT_NO_FATAL_FAILURE(run_reference(model, dir));
-  const std::string out = dir.file("out");
+  const TinyGpt2 model(c.config, c.shape, kSeed);
+  const std::string out = (dir_->path() / c.name / "out").string();
 
   std::vector<float> grads;
   const float loss = model.loss_and_grads(BackwardMode::recompute_streaming, grads);
@@ -118,19 +147,10 @@ TEST_P(Gpt2MatchesTorch, LossGradientsAndLogits) {
   EXPECT_LE(logits_error, kMaxRelativeError);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, Gpt2MatchesTorch,
-    ::testing::Values(
-        // The acceptance model: 2 layers, 4 heads, 64 wide, vocab 97, seq 16, batch 3.
-        Case{"acceptance", {2, 4, 64, 97, 16}, {3, 16}},
-        // Ragged sizes: head_dim 12 and T 13 (vector tails), seq_len < n_ctx, 3 layers.
-        Case{"ragged", {3, 4, 48, 61, 20}, {2, 13}},
-        // 320 rows > kHeadChunkRows: the head works in two chunks.
-        Case{"head_chunks", {1, 2, 32, 50, 16}, {20, 16}},
-        // Products bigger than one 256×512 GEMM tile in both M and N (288 rows; 4C = 640,
-        // vocab 600), so every tile offset, transposed or not, is exercised.
-        Case{"gemm_tiles", {1, 4, 160, 600, 96}, {3, 96}}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, Gpt2MatchesTorch, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.name);
+                         });
 
 }  // namespace
 
