@@ -8,6 +8,8 @@ ctypes and compares with torch tensor for tensor, so nothing large ever touches 
                                           (or, sampled: every sign and exponent with all low-16
                                           mantissa bits and varied high bits), bit for bit
   torch_reference.py LIB adamw            10 AdamW steps vs torch.optim.AdamW on several shapes
+  torch_reference.py LIB norm             sum of squares vs torch in float64; clip coefficient
+                                          vs torch.nn.utils.clip_grad_norm_'s
 
 Every mode runs each ISA this CPU has (scalar always, avx2 where detected). Exit status: 0 all
 equal, 1 a mismatch (printed), 77 torch is not importable (Meson's skip code).
@@ -42,6 +44,10 @@ def load(path):
         ctypes.c_int, u16p, ctypes.c_size_t, ctypes.c_int]
     lib.strata_adamw_step.restype = None
     lib.strata_optim_detected_isa.restype = ctypes.c_int
+    lib.strata_sum_squares.argtypes = [f32p, ctypes.c_size_t, ctypes.c_int]
+    lib.strata_sum_squares.restype = ctypes.c_double
+    lib.strata_clip_coefficient.argtypes = [ctypes.c_double, ctypes.c_double]
+    lib.strata_clip_coefficient.restype = ctypes.c_float
     return lib
 
 
@@ -202,6 +208,37 @@ def check_adamw(lib):
     return ok
 
 
+def check_norm(lib):
+    ok = True
+    torch.manual_seed(2)
+    for count in (1, 9, 16384, 16385, 1_000_003):
+        values = torch.randn(count) * 3.0
+        expected = float(torch.linalg.vector_norm(values.double()) ** 2)
+        for isa in isas(lib):
+            ours = lib.strata_sum_squares(ptr(values.numpy(), f32p), count, isa)
+            if abs(ours - expected) > 1e-12 * expected:
+                print(f"FAIL sum_squares n={count} [{isa_name(isa)}]: {ours!r} vs float64 torch {expected!r}")
+                ok = False
+    for max_norm in (0.5, 1.0, 7.0):
+        for scale in (1e-3, 0.1, 1.0, 10.0):
+            grads = [torch.randn(1000) * scale, torch.randn(37) * scale]
+            params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            total = torch.nn.utils.clip_grad_norm_(params, max_norm)  # fp32 norm, grads scaled
+            coefficient = lib.strata_clip_coefficient(float(total), max_norm)
+            # torch multiplied each grad by its fp32 coefficient; ours must give the same grads.
+            for p, g in zip(params, grads):
+                mine = g * torch.tensor(coefficient, dtype=torch.float32)
+                if not torch.equal(mine, p.grad):
+                    print(f"FAIL clip_coefficient max_norm={max_norm} scale={scale}: "
+                          f"ours {coefficient!r}, grads differ")
+                    ok = False
+    print(f"norm: sum of squares vs float64 torch and clip coefficient vs clip_grad_norm_, "
+          f"{'equal' if ok else 'MISMATCH'}")
+    return ok
+
+
 def main():
     if len(sys.argv) < 3:
         print(__doc__)
@@ -215,6 +252,8 @@ def main():
         ok = check_casts32(lib, sampled="--sampled" in sys.argv[3:])
     elif mode == "adamw":
         ok = check_adamw(lib)
+    elif mode == "norm":
+        ok = check_norm(lib)
     else:
         print(__doc__)
         return 2
