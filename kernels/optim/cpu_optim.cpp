@@ -2,6 +2,7 @@
 // calling thread's TBB arena, and calls the single-thread loops of cpu_kernels.h per tile.
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -44,6 +45,12 @@ namespace {
 
 constexpr size_t kCastTileElements = size_t{1} << 14;
 
+[[maybe_unused]] bool disjoint(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto a_begin = reinterpret_cast<uintptr_t>(a);
+  const auto b_begin = reinterpret_cast<uintptr_t>(b);
+  return a_bytes == 0 || b_bytes == 0 || a_begin + a_bytes <= b_begin || b_begin + b_bytes <= a_begin;
+}
+
 // Runs `loop(begin, end)` over [0, count): on the caller when the span is small, otherwise in
 // tiles of `tile` elements across the arena. Elements are independent, so any split gives the
 // same bits.
@@ -66,9 +73,8 @@ template <typename Src, typename Dst>
 void cast_span(std::span<const Src> src, std::span<Dst> dst, CpuIsa isa,
                void (*scalar)(const Src*, Dst*, size_t), void (*avx2)(const Src*, Dst*, size_t)) {
   assert(src.size() == dst.size());
-  assert(static_cast<const void*>(src.data() + src.size()) <= static_cast<const void*>(dst.data()) ||
-         static_cast<const void*>(dst.data() + dst.size()) <= static_cast<const void*>(src.data()) ||
-         src.empty());
+  assert(disjoint(src.data(), src.size_bytes(), dst.data(), dst.size_bytes()) &&
+         "cast source and destination overlap");
   const auto kernel = resolve_cpu_isa(isa) == CpuIsa::avx2 ? avx2 : scalar;
   for_tiles(src.size(), kCastTileElements, kCastParallelMinElements,
             [&](size_t begin, size_t end) { kernel(src.data() + begin, dst.data() + begin, end - begin); });
