@@ -106,6 +106,7 @@ class CoreEngine final : public Engine {
         requests_(config.max_requests),
         free_requests_(config.max_requests),
         issue_queue_(config.max_requests),
+        finished_(2 * static_cast<size_t>(config.max_requests)),
         pieces_(backend_->capacity()),
         free_pieces_(backend_->capacity()),
         completions_(backend_->capacity()) {
@@ -140,6 +141,19 @@ class CoreEngine final : public Engine {
 
   Result<RequestId> submit(Op op, Volume& volume, void* buffer, uint64_t length_bytes,
                            uint64_t offset_bytes) override {
+    Result<RequestId> id = queue(op, volume, buffer, length_bytes, offset_bytes);
+    if (!id.ok()) return id;
+    STRATA_RETURN_IF_ERROR(flush());
+    return id;
+  }
+
+  Status flush() override {
+    STRATA_RETURN_IF_ERROR(progress(0));
+    return flush_prepared();
+  }
+
+  Result<RequestId> queue(Op op, Volume& volume, void* buffer, uint64_t length_bytes,
+                          uint64_t offset_bytes) override {
     assert((buffer != nullptr || length_bytes == 0) && "submit needs a buffer");
     assert(volume.file_count() > 0);
     if (free_request_count_ == 0)
@@ -163,12 +177,12 @@ class CoreEngine final : public Engine {
     ++stats_.requests_submitted;
     if (length_bytes == 0) {
       ++stats_.requests_completed;
+      note_finished(index);
     } else {
       issue_queue_[(issue_head_ + issue_count_) % issue_queue_.size()] = index;
       ++issue_count_;
     }
-    STRATA_RETURN_IF_ERROR(progress(0));
-    STRATA_RETURN_IF_ERROR(flush_prepared());
+    issue_pending();  // fills SQEs / staging only; no system call
     return (static_cast<RequestId>(request.generation) << kGenerationShift) | index;
   }
 
@@ -179,6 +193,32 @@ class CoreEngine final : public Engine {
     // caller's next call: it may go off computing for a while.
     STRATA_RETURN_IF_ERROR(flush_prepared());
     return release_request(id);
+  }
+
+  Result<Finished> wait_any() override {
+    assert(free_request_count_ < requests_.size() && "wait_any with no request outstanding");
+    while (true) {
+      if (std::optional<Finished> finished = take_finished()) {
+        STRATA_RETURN_IF_ERROR(flush_prepared());
+        return *finished;
+      }
+      STRATA_RETURN_IF_ERROR(progress(1));
+    }
+  }
+
+  std::optional<Finished> take_finished() override {
+    // Finished requests in the order they finished; entries already consumed by wait(id)
+    // are stale (their generation moved on or the slot is free) and skipped.
+    while (finished_count_ > 0) {
+      const auto [index, generation] = finished_[finished_head_];
+      finished_head_ = (finished_head_ + 1) % finished_.size();
+      --finished_count_;
+      const RequestSlot& request = requests_[index];
+      if (!request.in_use || request.generation != generation || !request.finished) continue;
+      const RequestId id = (static_cast<RequestId>(generation) << kGenerationShift) | index;
+      return Finished{id, release_request(id)};
+    }
+    return std::nullopt;
   }
 
   bool is_done(RequestId id) override {
@@ -506,6 +546,26 @@ class CoreEngine final : public Engine {
     if (!request.error && request.issued_bytes < request.length_bytes) return;
     request.finished = true;
     ++stats_.requests_completed;
+    note_finished(static_cast<uint32_t>(&request - requests_.data()));
+  }
+
+  // Remembers the order requests finish in, for wait_any. Entries of requests consumed by
+  // wait(id) go stale; when the ring (twice max_requests) fills, stale entries are dropped —
+  // live ones are at most max_requests, so they always fit.
+  void note_finished(uint32_t index) {
+    if (finished_count_ == finished_.size()) {
+      std::rotate(finished_.begin(), finished_.begin() + finished_head_, finished_.end());
+      uint32_t kept = 0;
+      for (uint32_t i = 0; i < finished_count_; ++i) {
+        const auto entry = finished_[i];
+        const RequestSlot& r = requests_[entry.first];
+        if (r.in_use && r.finished && r.generation == entry.second) finished_[kept++] = entry;
+      }
+      finished_head_ = 0;
+      finished_count_ = kept;
+    }
+    finished_[(finished_head_ + finished_count_) % finished_.size()] = {index, requests_[index].generation};
+    ++finished_count_;
   }
 
   EngineConfig config_;
@@ -518,6 +578,9 @@ class CoreEngine final : public Engine {
   std::vector<uint32_t> issue_queue_;  // ring of request indices with bytes left to issue
   uint32_t issue_head_ = 0;
   uint32_t issue_count_ = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> finished_;  // ring: (request index, generation)
+  uint32_t finished_head_ = 0;
+  uint32_t finished_count_ = 0;
   std::vector<PieceSlot> pieces_;
   std::vector<uint32_t> free_pieces_;
   uint32_t free_piece_count_ = 0;

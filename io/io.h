@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -183,11 +184,28 @@ class Engine {
   // The volume and the buffer must stay valid until the request is waited for.
   [[nodiscard]] virtual Result<RequestId> submit(Op op, Volume& volume, void* buffer,
                                                  uint64_t length_bytes, uint64_t offset_bytes) = 0;
+  // Like submit, but without entering the kernel: the request starts at the next `flush`
+  // (or submit / wait / wait_any / is_done). Lets a caller hand several requests to the
+  // device in one system call — which on virtio also means one doorbell.
+  [[nodiscard]] virtual Result<RequestId> queue(Op op, Volume& volume, void* buffer,
+                                                uint64_t length_bytes, uint64_t offset_bytes) = 0;
+  [[nodiscard]] virtual Status flush() = 0;
   // Blocks until that request has fully completed and returns its status; other requests
   // may still be in flight. Each id is waited for once.
   [[nodiscard]] virtual Status wait(RequestId id) = 0;
   // True once `wait(id)` would not block.
   virtual bool is_done(RequestId id) = 0;
+  // Blocks until any submitted request not yet waited for has finished (oldest finished
+  // first) and consumes it as `wait` would: its id and its status. An error of the Result
+  // itself means the engine broke (or nothing was outstanding, a programmer error).
+  struct Finished {
+    RequestId id = 0;
+    Status status;
+  };
+  [[nodiscard]] virtual Result<Finished> wait_any() = 0;
+  // A request that has already finished, if any, without blocking or entering the kernel
+  // (what the last wait/wait_any/is_done reaped). Consumes it like wait_any.
+  virtual std::optional<Finished> take_finished() = 0;
   // Waits for every outstanding request; returns the first error.
   [[nodiscard]] virtual Status wait_all() = 0;
   virtual EngineStats stats() const = 0;

@@ -7,7 +7,9 @@
 
 #if STRATA_HAVE_URING
 #include <liburing.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <array>
 #include <cerrno>
@@ -70,6 +72,7 @@ class UringBackend final : public BackendQueue {
   }
 
   Status prepare(const BackendPiece& piece) override {
+    STRATA_RETURN_IF_ERROR(enable_on_owner_thread());
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     while (sqe == nullptr) {
       // The SQ is full (resubmits on top of a full batch): submit to make room, never fail.
@@ -101,22 +104,36 @@ class UringBackend final : public BackendQueue {
     if (buffer_index >= 0) ++fixed_buffer_ops_;
     if (file_slot >= 0) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(sqe, piece.tag);
+    ++in_flight_;
     return Status();
   }
 
   Result<uint32_t> submit_and_reap(BackendCompletion* completions, uint32_t max_completions,
                                    uint32_t min_completions) override {
+    STRATA_RETURN_IF_ERROR(enable_on_owner_thread());
     while (true) {
       const bool have_sqes = io_uring_sq_ready(&ring_) > 0;
       const bool must_wait = io_uring_cq_ready(&ring_) < min_completions;
+      // With DEFER_TASKRUN the kernel posts completions only when we enter it asking for
+      // events; without, they appear in the CQ by themselves and a peek is enough.
+      const bool poll_events = deferred_taskrun_ && max_completions > 0 && in_flight_ > 0 &&
+                               io_uring_cq_ready(&ring_) == 0;
       int rc = 0;
       if (have_sqes) {
         // One io_uring_enter submits the batch and, when needed, waits in the same call.
-        rc = must_wait ? io_uring_submit_and_wait(&ring_, min_completions) : io_uring_submit(&ring_);
+        if (must_wait) {
+          rc = io_uring_submit_and_wait(&ring_, min_completions);
+        } else if (poll_events) {
+          rc = io_uring_submit_and_get_events(&ring_);
+        } else {
+          rc = io_uring_submit(&ring_);
+        }
         ++submit_calls_;
       } else if (must_wait) {
         io_uring_cqe* cqe = nullptr;
         rc = io_uring_wait_cqe_nr(&ring_, &cqe, min_completions);
+      } else if (poll_events) {
+        rc = io_uring_get_events(&ring_);
       }
       if (rc >= 0 || rc == -ETIME) break;
       if (rc == -EINTR) continue;
@@ -125,6 +142,10 @@ class UringBackend final : public BackendQueue {
         if (io_uring_cq_ready(&ring_) > 0 || max_completions == 0) break;
         continue;
       }
+      if (rc == -EEXIST)
+        return make_error(ErrorKind::internal,
+                          "io_uring: this engine was used from a second thread; an engine belongs "
+                          "to the one thread that first submitted to it");
       return make_errno_error(-rc, "io_uring_enter", "");
     }
     uint32_t count = 0;
@@ -136,6 +157,7 @@ class UringBackend final : public BackendQueue {
       for (unsigned i = 0; i < got; ++i)
         completions[count++] = BackendCompletion{io_uring_cqe_get_data64(batch[i]), batch[i]->res};
       io_uring_cq_advance(&ring_, got);
+      in_flight_ -= got;
     }
     return count;
   }
@@ -143,8 +165,9 @@ class UringBackend final : public BackendQueue {
   uint64_t submit_calls() const override { return submit_calls_; }
   uint64_t fixed_buffer_ops() const override { return fixed_buffer_ops_; }
   std::string describe() const override {
-    return fmt::format("io_uring {} SQ entries{}{}{}, {} registered buffer region(s)",
+    return fmt::format("io_uring {} SQ entries{}{}{}{}, {} registered buffer region(s)",
                        ring_entries_, sqpoll_ ? ", SQPOLL" : "", iopoll_ ? ", IOPOLL" : "",
+                       deferred_taskrun_ ? ", single issuer + deferred task work" : "",
                        fixed_files_ ? ", fixed files" : "", region_count_);
   }
 
@@ -155,6 +178,12 @@ class UringBackend final : public BackendQueue {
     ring_entries_ = next_power_of_two(std::max<uint32_t>(config.queue_depth, 2));
     bool sqpoll = config.sqpoll;
     bool iopoll = config.iopoll;
+    // Single issuer + deferred task work (Linux 6.1+): completions are processed when the
+    // owner thread asks for them instead of interrupting it, which is what lets one thread
+    // keep a deep queue of large direct reads busy. Incompatible with SQPOLL. The ring
+    // starts disabled so that the thread which first submits — not the one that built the
+    // engine — becomes its single issuer.
+    bool taskrun = !sqpoll;
     while (true) {
       io_uring_params params{};
       // The CQ holds every outstanding piece even when all of them complete at once.
@@ -165,12 +194,21 @@ class UringBackend final : public BackendQueue {
         params.sq_thread_idle = 100;  // ms before the kernel thread sleeps
       }
       if (iopoll) params.flags |= IORING_SETUP_IOPOLL;
+      if (taskrun)
+        params.flags |= IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER |
+                        IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_R_DISABLED;
       int rc = io_uring_queue_init_params(ring_entries_, &ring_, &params);
       if (rc == 0) break;
+      if (taskrun) {
+        spdlog::debug("io_uring: no single-issuer/deferred task work here ({})", std::strerror(-rc));
+        taskrun = false;
+        continue;
+      }
       if (sqpoll) {
         spdlog::warn("io_uring: the kernel refused SQPOLL ({}); submitting with io_uring_enter",
                      std::strerror(-rc));
         sqpoll = false;
+        taskrun = true;
         continue;
       }
       if (iopoll) {
@@ -186,9 +224,22 @@ class UringBackend final : public BackendQueue {
     ring_ready_ = true;
     sqpoll_ = sqpoll;
     iopoll_ = iopoll;
+    deferred_taskrun_ = taskrun;
+    enabled_ = !taskrun;
     // Fixed files save an fget/fput per I/O; a sparse table is filled as files show up.
     fixed_files_ = io_uring_register_files_sparse(&ring_, kFileSlots) == 0;
     if (!fixed_files_) spdlog::debug("io_uring: no sparse file table; using plain fds");
+    return Status();
+  }
+
+  Status enable_on_owner_thread() {
+    if (enabled_) return Status();
+    // liburing 2.3 declares io_uring_enable_rings but Debian's library does not export it:
+    // the register opcode it wraps, directly.
+    const long rc = ::syscall(__NR_io_uring_register, ring_.ring_fd, IORING_REGISTER_ENABLE_RINGS,
+                              nullptr, 0);
+    if (rc < 0) return make_errno_error(errno, "io_uring enable", "");
+    enabled_ = true;
     return Status();
   }
 
@@ -225,6 +276,9 @@ class UringBackend final : public BackendQueue {
   bool sqpoll_ = false;
   bool iopoll_ = false;
   bool fixed_files_ = false;
+  bool deferred_taskrun_ = false;
+  bool enabled_ = false;
+  uint32_t in_flight_ = 0;  // prepared and not yet reaped
   std::array<uint64_t, kFileSlots> file_ids_{};  // 0: empty
   uint32_t next_replace_ = 0;
   std::array<iovec, kBufferRegions> regions_{};
