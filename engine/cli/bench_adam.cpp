@@ -149,6 +149,8 @@ Sample choose_sample(uint64_t count) {
   const uint64_t wanted = std::min<uint64_t>(count, 4096);
   for (uint64_t k = 0; k < wanted; ++k) s.index.push_back(k * 2654435761ull % count);
   s.index.push_back(count - 1);
+  std::sort(s.index.begin(), s.index.end());
+  s.index.erase(std::unique(s.index.begin(), s.index.end()), s.index.end());
   return s;
 }
 void snapshot(Sample& s, const Buffers& b) {
