@@ -165,11 +165,45 @@ struct Store::Impl {
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
   uint64_t checksum_ns = 0;
+  XXH3_state_t* hash_state = XXH3_createState();  // once per store, reused by every hash
 
   ~Impl() {
     // Buffers named by in-flight requests belong to callers who may free them right after
     // this; make sure the kernel is done with them first.
     if (engine != nullptr && !ops.empty()) (void)engine->wait_all();
+    XXH3_freeState(hash_state);
+  }
+
+  // Lets the engine reap completions and issue the next pieces of any request in flight.
+  // Without it the queue would drain while this thread hashes (uring completions are only
+  // reaped when the owner thread calls into the engine).
+  void poke_engine() {
+    for (auto& [value, op] : ops) {
+      if (op.next_wait < op.request_ids.size()) {
+        (void)engine->is_done(op.request_ids[op.next_wait]);
+        return;
+      }
+    }
+  }
+
+  // XXH3-64 of `length` bytes (the same value as one-shot XXH3_64bits), hashed in slices with
+  // the engine kept busy in between, so hashing overlaps the disk instead of pausing it.
+  uint64_t hash_overlapped(const std::byte* data, uint64_t length) {
+    constexpr uint64_t kSliceBytes = 1 << 20;
+    const uint64_t start = now_ns();
+    uint64_t digest = 0;
+    if (length <= kSliceBytes || hash_state == nullptr) {
+      digest = XXH3_64bits(data, length);
+    } else {
+      XXH3_64bits_reset(hash_state);
+      for (uint64_t done = 0; done < length; done += kSliceBytes) {
+        XXH3_64bits_update(hash_state, data + done, std::min(kSliceBytes, length - done));
+        poke_engine();
+      }
+      digest = XXH3_64bits_digest(hash_state);
+    }
+    checksum_ns += now_ns() - start;
+    return digest;
   }
 
   fs::path manifest_path() const { return dir / kStoreManifestName; }
@@ -271,9 +305,7 @@ struct Store::Impl {
         bytes_written += extent.length_bytes;
         continue;
       }
-      const uint64_t start = now_ns();
-      const uint64_t actual = XXH3_64bits(op.data + op.extent_starts[i], extent.length_bytes);
-      checksum_ns += now_ns() - start;
+      const uint64_t actual = hash_overlapped(op.data + op.extent_starts[i], extent.length_bytes);
       bytes_read += extent.length_bytes;
       if (actual != extent.xxh3 && op.status.ok()) op.status = checksum_error(op.tensor, extent, actual);
     }
@@ -663,28 +695,25 @@ Result<StoreTicket> Store::write_tensor_async(std::string_view name, DType dtype
     done += length;
   }
 
-  // Hash before submitting: the bytes are the caller's until wait and may not change, and
-  // hashing here keeps the manifest entry complete from the start.
-  const std::byte* bytes = static_cast<const std::byte*>(data);
-  const uint64_t hash_start = now_ns();
-  uint64_t offset_in_tensor = 0;
-  for (Extent& extent : record.extents) {
-    extent.xxh3 = XXH3_64bits(bytes + offset_in_tensor, extent.length_bytes);
-    offset_in_tensor += extent.length_bytes;
-  }
-  s.checksum_ns += now_ns() - hash_start;
-
   Impl::PendingOp op;
   op.is_write = true;
   op.tensor = record.name;
-  op.data = const_cast<std::byte*>(bytes);  // only read from: the engine writes it to disk
+  op.data = const_cast<std::byte*>(static_cast<const std::byte*>(data));  // only read from
   op.extents = record.extents;
   const uint64_t ticket = s.next_ticket;  // what start() will hand out
   std::string name_key = record.name;
-  s.staged[name_key] = Impl::Staged{std::move(record), ticket};
+  TensorRecord& staged = *(s.staged[name_key] = Impl::Staged{std::move(record), ticket}).record;
   const uint64_t started = s.start(std::move(op));
   assert(started == ticket);
   (void)started;
+  // Hash while the writes are in flight (the buffer may not change until wait, so the disk
+  // and the hash see the same bytes); the staged record is complete when this call returns.
+  const std::byte* bytes = static_cast<const std::byte*>(data);
+  uint64_t offset_in_tensor = 0;
+  for (Extent& extent : staged.extents) {
+    extent.xxh3 = s.hash_overlapped(bytes + offset_in_tensor, extent.length_bytes);
+    offset_in_tensor += extent.length_bytes;
+  }
   return StoreTicket{ticket};
 }
 
