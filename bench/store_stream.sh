@@ -2,7 +2,7 @@
 # bench/store_stream.sh — does the NVMe store keep the drive's rate? Streams sets of tensors
 # (16 MiB, 64 MiB, 256 MiB each; TOTAL bytes per run) NVMe → pinned arena (read) and pinned
 # arena → NVMe (write, a new version) through the store — extents, xxh3 on every byte,
-# read-side verification, two tensors in flight — and compares each run with raw
+# read-side verification, 64 MiB of tensors in flight (at least two) — and compares each run with raw
 # `strata io-bench` over the same bytes in the same directory, same engine, block size and
 # queue depth. Raw and store runs alternate (order flipped every repetition); the figure is the
 # median of REPS runs per side and the ratio of medians. Target: store ≥ 0.9× raw for tensors

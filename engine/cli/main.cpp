@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   strata::cli::add_io_bench_command(app, state);
   strata::cli::add_tune_command(app, state);
   strata::cli::add_bench_adam_command(*bench, state);
+  strata::cli::add_store_command(app, state);
 
   CLI11_PARSE(app, argc, argv);
   return state.exit_code;

@@ -161,8 +161,8 @@ int run_verify(const std::string& dir, bool json) {
 // ---- bench (hidden; bench/store_stream.sh) -----------------------------------------------------
 //
 // Streams `count` tensors of `tensor_size` NVMe → pinned arena (read) and pinned arena → NVMe
-// (write, a new version) through the store, two tensors in flight so the engine's queue never
-// drains between tensors. The read time includes checksum verification; the write time
+// (write, a new version) through the store, `--lookahead` bytes of tensors in flight (at least
+// two tensors) so the engine's queue never drains between tensors. The read time includes checksum verification; the write time
 // includes hashing but not the commit, which is timed on its own (io-bench does not fsync).
 // After the timed window every tensor is read back and compared with what was written.
 
@@ -173,6 +173,7 @@ struct BenchOptions {
   std::string engine = "uring";
   std::string block_size = "1MiB";
   uint32_t queue_depth = 32;
+  std::string lookahead = "64MiB";
   std::string rw = "read";
   bool json = false;
 };
@@ -207,6 +208,8 @@ int run_bench(const BenchOptions& cli) {
   if (!block.ok()) return report_error(block.error());
   Result<io::Backend> backend = io::parse_backend(cli.engine);
   if (!backend.ok()) return report_error(backend.error());
+  Result<uint64_t> lookahead = parse_size(cli.lookahead);
+  if (!lookahead.ok()) return report_error(lookahead.error());
   if (*tensor_size % 8 != 0) return report_error(make_error(ErrorKind::invalid_argument, "--tensor-size must be a multiple of 8"));
   const uint64_t size = *tensor_size;
   const uint64_t count = std::max<uint64_t>(2, *total / size);
@@ -218,15 +221,21 @@ int run_bench(const BenchOptions& cli) {
   options.engine.queue_depth = cli.queue_depth;
   const std::string store_dir = (std::filesystem::path(cli.dir) / ("store-" + std::to_string(size))).string();
 
-  // The arena: two tensors in flight, pinned and registered like the trainer's.
+  // The arena: enough tensors in flight to cover the lookahead (in bytes, as the scheduler
+  // measures it), at least two; pinned and registered like the trainer's.
+  const uint64_t window = std::min<uint64_t>(count, std::max<uint64_t>(2, (*lookahead + size - 1) / size));
   memory::HostArenaOptions arena_options;
-  arena_options.capacity_bytes = 2 * size;
+  arena_options.capacity_bytes = window * size;
   Result<memory::HostArena> arena = memory::HostArena::create(arena_options);
   if (!arena.ok()) return report_error(arena.error());
-  Result<memory::HostBlock> block0 = arena->allocate(size);
-  Result<memory::HostBlock> block1 = arena->allocate(size);
-  if (!block0.ok() || !block1.ok()) return report_error(make_error(ErrorKind::internal, "arena too small"));
-  std::byte* buffers[2] = {block0->data, block1->data};
+  std::vector<memory::HostBlock> blocks;
+  std::vector<std::byte*> buffers;
+  for (uint64_t slot = 0; slot < window; ++slot) {
+    Result<memory::HostBlock> block = arena->allocate(size);
+    if (!block.ok()) return report_error(block.error());
+    blocks.push_back(*block);
+    buffers.push_back(block->data);
+  }
 
   // Set-up, outside the timing: a store holding `count` tensors (version 1), made once and
   // reused by later runs with the same tensor size.
@@ -235,10 +244,10 @@ int run_bench(const BenchOptions& cli) {
     Result<Store> made = Store::create(store_dir, {}, 2 * count * size + (64 << 20), options);
     if (!made.ok()) return report_error(made.error());
     Status status = arena->register_with(made->engine());
-    for (uint64_t slot = 0; slot < 2; ++slot) stamp(buffers[slot], size, slot, 1);
     for (uint64_t t = 0; t < count && status.ok(); ++t) {
+      stamp(buffers[0], size, t, 1);
       Result<memory::StoreTicket> ticket =
-          made->write_tensor_async("t" + std::to_string(t), DType::f32, shape, buffers[t % 2], size);
+          made->write_tensor_async("t" + std::to_string(t), DType::f32, shape, buffers[0], size);
       status = ticket.ok() ? made->wait(*ticket) : ticket.status();
     }
     if (status.ok()) status = made->commit(1, {});
@@ -250,27 +259,28 @@ int run_bench(const BenchOptions& cli) {
   const bool registered = arena->register_with(store.engine()).ok();
   const uint64_t version = store.committed_step();
 
-  // Streams every tensor through the two buffers; a write run writes version+1 of each. Tensor
-  // t always comes from (or goes to) buffer t % 2, and its content is stamped with that slot,
-  // the version and each word's index, so the check afterwards sees any misplaced byte.
+  // Streams every tensor through the window of buffers; a write run writes version+1 of each.
+  // Tensor t comes from (or goes to) buffer t % window. Content is stamped with a tag, the
+  // version and each word's index, so the check afterwards sees any misplaced byte: reads of
+  // the set-up version carry tag t, written versions carry the buffer slot they came from.
   const bool write = cli.rw == "write";
   if (write) {
-    for (uint64_t slot = 0; slot < 2; ++slot) stamp(buffers[slot], size, slot, version + 1);
+    for (uint64_t slot = 0; slot < window; ++slot) stamp(buffers[slot], size, slot, version + 1);
   }
   std::vector<memory::StoreTicket> tickets(count);
   const auto start = std::chrono::steady_clock::now();
   for (uint64_t t = 0; t < count; ++t) {
-    if (t >= 2) {
-      Status done = store.wait(tickets[t - 2]);  // frees buffer t % 2
+    if (t >= window) {
+      Status done = store.wait(tickets[t - window]);  // frees buffer t % window
       if (!done.ok()) return report_error(done.error());
     }
     const std::string name = "t" + std::to_string(t);
-    Result<memory::StoreTicket> ticket = write ? store.write_tensor_async(name, DType::f32, shape, buffers[t % 2], size)
-                                               : store.read_tensor_async(name, buffers[t % 2], size);
+    Result<memory::StoreTicket> ticket = write ? store.write_tensor_async(name, DType::f32, shape, buffers[t % window], size)
+                                               : store.read_tensor_async(name, buffers[t % window], size);
     if (!ticket.ok()) return report_error(ticket.error());
     tickets[t] = *ticket;
   }
-  for (uint64_t t = count - 2; t < count; ++t) {
+  for (uint64_t t = count - window; t < count; ++t) {
     Status done = store.wait(tickets[t]);
     if (!done.ok()) return report_error(done.error());
   }
@@ -292,7 +302,8 @@ int run_bench(const BenchOptions& cli) {
     Result<memory::StoreTicket> ticket = store.read_tensor_async(name, buffers[0], size);
     Status status = ticket.ok() ? store.wait(*ticket) : ticket.status();
     if (!status.ok()) return report_error(status.error());
-    if (!stamped(buffers[0], size, t % 2, checked_version)) {
+    const uint64_t tag = checked_version == 1 ? t : t % window;
+    if (!stamped(buffers[0], size, tag, checked_version)) {
       Error error = make_error(ErrorKind::corrupt, "bench data check: tensor content is not what was written");
       error.tensor = name;
       return report_error(error);
@@ -304,12 +315,12 @@ int run_bench(const BenchOptions& cli) {
   const std::string buffers_text = fmt::format("host arena of {} ({}){}", format_size(arena->capacity_bytes()),
                                                memory::pin_kind_name(arena->pin_kind()),
                                                registered ? ", registered with the engine" : "");
-  arena->free(*block0);
-  arena->free(*block1);
+  for (const memory::HostBlock& block : blocks) arena->free(block);
   if (cli.json) {
     std::printf("%s\n", nlohmann::json{{"rw", cli.rw},
                                        {"tensor_bytes", size},
                                        {"tensors", count},
+                                       {"tensors_in_flight", window},
                                        {"bytes", count * size},
                                        {"seconds", seconds},
                                        {"MBps", mbps},
@@ -371,6 +382,8 @@ void add_store_command(CLI::App& app, CliState& state) {
   bench_command->add_option("--block-size", bench->block_size, "bytes per engine piece")->capture_default_str();
   bench_command->add_option("--queue-depth", bench->queue_depth, "pieces in flight")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  bench_command->add_option("--lookahead", bench->lookahead, "bytes of tensors in flight (at least two tensors)")
       ->capture_default_str();
   bench_command->add_flag("--json", bench->json, "print exactly one JSON object on stdout");
   bench_command->callback([bench, &state] { state.exit_code = run_bench(*bench); });
