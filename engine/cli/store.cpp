@@ -328,6 +328,9 @@ int run_bench(const BenchOptions& cli) {
                                        {"direct", stats.direct_io},
                                        {"buffers", buffers_text},
                                        {"engine", store.engine().describe()},
+                                       {"fixed_buffer_ops", store.engine().stats().fixed_buffer_ops},
+                                       {"pieces_submitted", store.engine().stats().pieces_submitted},
+                                       {"bounce_bytes", store.engine().stats().bounce_bytes},
                                        {"verified_tensors", checked}}
                             .dump()
                             .c_str());
