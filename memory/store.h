@@ -153,7 +153,8 @@ class Store {
   // Stages a new version of `name`: allocates fresh extents and submits their writes.
   // `size_bytes` must equal the product of `shape` times the dtype size. `no_space` when the
   // store is full (nothing staged then). A tensor written twice before a commit keeps only
-  // the newer staged version.
+  // the newer staged version: the older one is dropped when the new write starts, even if
+  // the new one then fails (the committed version is never touched).
   [[nodiscard]] Result<StoreTicket> write_tensor_async(std::string_view name, DType dtype,
                                                        std::span<const int64_t> shape,
                                                        const void* data, uint64_t size_bytes);

@@ -289,11 +289,15 @@ int run_bench(const BenchOptions& cli) {
   uint64_t checked_version = version;
   if (write) {
     const auto commit_start = std::chrono::steady_clock::now();
-    Status committed = store.commit(version + 1, {});
+    // The window decides which buffer each tensor came from: recorded for later data checks.
+    Status committed = store.commit(version + 1, {{"bench_window", std::to_string(window)}});
     if (!committed.ok()) return report_error(committed.error());
     commit_seconds = seconds_since(commit_start);
     checked_version = version + 1;
   }
+  const auto recorded = store.committed_metadata().find("bench_window");
+  const uint64_t written_window =
+      recorded == store.committed_metadata().end() ? window : std::stoull(recorded->second);
   // Data check after the timed window: every tensor read back (checksums verified) and
   // compared word by word with its stamp.
   uint64_t checked = 0;
@@ -302,7 +306,7 @@ int run_bench(const BenchOptions& cli) {
     Result<memory::StoreTicket> ticket = store.read_tensor_async(name, buffers[0], size);
     Status status = ticket.ok() ? store.wait(*ticket) : ticket.status();
     if (!status.ok()) return report_error(status.error());
-    const uint64_t tag = checked_version == 1 ? t : t % window;
+    const uint64_t tag = checked_version == 1 ? t : t % written_window;
     if (!stamped(buffers[0], size, tag, checked_version)) {
       Error error = make_error(ErrorKind::corrupt, "bench data check: tensor content is not what was written");
       error.tensor = name;
