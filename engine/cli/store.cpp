@@ -174,6 +174,7 @@ struct BenchOptions {
   std::string block_size = "1MiB";
   uint32_t queue_depth = 32;
   std::string lookahead = "64MiB";
+  std::string extent_size = "16MiB";
   std::string rw = "read";
   bool json = false;
 };
@@ -219,6 +220,9 @@ int run_bench(const BenchOptions& cli) {
   options.engine.backend = *backend;
   options.engine.block_size_bytes = *block;
   options.engine.queue_depth = cli.queue_depth;
+  Result<uint64_t> extent_size = parse_size(cli.extent_size);
+  if (!extent_size.ok()) return report_error(extent_size.error());
+  options.max_extent_bytes = *extent_size;
   const std::string store_dir = (std::filesystem::path(cli.dir) / ("store-" + std::to_string(size))).string();
 
   // The arena: enough tensors in flight to cover the lookahead (in bytes, as the scheduler
@@ -391,6 +395,8 @@ void add_store_command(CLI::App& app, CliState& state) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   bench_command->add_option("--lookahead", bench->lookahead, "bytes of tensors in flight (at least two tensors)")
+      ->capture_default_str();
+  bench_command->add_option("--extent-size", bench->extent_size, "largest extent when the store is created")
       ->capture_default_str();
   bench_command->add_flag("--json", bench->json, "print exactly one JSON object on stdout");
   bench_command->callback([bench, &state] { state.exit_code = run_bench(*bench); });
