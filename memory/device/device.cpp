@@ -34,6 +34,7 @@ Result<Kind> parse_kind(std::string_view name) {
 
 // --- owners ---------------------------------------------------------------------------
 
+Stream::Stream() = default;
 Stream::Stream(std::unique_ptr<StreamBackend> backend) : backend_(std::move(backend)) {}
 Stream::Stream(Stream&&) noexcept = default;
 Stream& Stream::operator=(Stream&&) noexcept = default;
@@ -41,6 +42,7 @@ Stream::~Stream() = default;
 const std::string& Stream::name() const { return backend_->name(); }
 void* Stream::native_handle() const { return backend_->native_handle(); }
 
+Event::Event() = default;
 Event::Event(std::unique_ptr<EventBackend> backend) : backend_(std::move(backend)) {}
 Event::Event(Event&&) noexcept = default;
 Event& Event::operator=(Event&&) noexcept = default;

@@ -59,7 +59,7 @@ class EventBackend;
 
 class Stream {
  public:
-  Stream() = default;
+  Stream();
   explicit Stream(std::unique_ptr<StreamBackend> backend);
   Stream(Stream&&) noexcept;
   Stream& operator=(Stream&&) noexcept;
@@ -79,7 +79,7 @@ class Stream {
 
 class Event {
  public:
-  Event() = default;
+  Event();
   explicit Event(std::unique_ptr<EventBackend> backend);
   Event(Event&&) noexcept;
   Event& operator=(Event&&) noexcept;

@@ -1,0 +1,105 @@
+// tests/scheduler/scheduler_test_util.h — stamped data and an in-process NVMe backing for the
+// scheduler suites. A stamp makes every 8-byte word a hash of (tensor, version, word index),
+// so a byte from the wrong tensor, an old version or the wrong offset is caught.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "scheduler/scheduler.h"
+
+namespace strata::scheduler::testing {
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+inline void stamp(void* data, uint64_t size_bytes, uint64_t tensor, uint64_t version) {
+  auto* out = static_cast<unsigned char*>(data);
+  const uint64_t seed = mix64(tensor * 0x100000001b3ull + version);
+  for (uint64_t word = 0; word * 8 < size_bytes; ++word) {
+    const uint64_t value = mix64(seed ^ word);
+    std::memcpy(out + word * 8, &value, std::min<uint64_t>(8, size_bytes - word * 8));
+  }
+}
+
+inline bool has_stamp(const void* data, uint64_t size_bytes, uint64_t tensor, uint64_t version) {
+  std::vector<unsigned char> expected(size_bytes);
+  stamp(expected.data(), size_bytes, tensor, version);
+  return std::memcmp(expected.data(), data, size_bytes) == 0;
+}
+
+// The NVMe home kept in process memory: a test double for suites about decisions (eviction
+// order, budgets) where the disk would only add time. Each transfer really copies, at `wait`,
+// after an optional delay so transfers overlap the caller as disk I/O would.
+class MemoryBacking final : public NvmeBacking {
+ public:
+  MemoryBacking(const AccessPlan& plan, std::chrono::microseconds delay) : delay_(delay) {
+    for (size_t id = 0; id < plan.tensors().size(); ++id) {
+      data_.emplace_back(plan.tensors()[id].size_bytes);
+      stamp(data_.back().data(), data_.back().size(), id, 0);
+    }
+  }
+  Result<uint64_t> submit_read(TensorId tensor, const PlanTensor&, void* host_dst) override {
+    return add(Pending{tensor, host_dst, nullptr});
+  }
+  Result<uint64_t> submit_write(TensorId tensor, const PlanTensor&, const void* host_src) override {
+    return add(Pending{tensor, nullptr, host_src});
+  }
+  Status wait(uint64_t ticket) override {
+    Pending pending;
+    {
+      std::lock_guard lock(mutex_);
+      pending = pending_.at(ticket);
+      pending_.erase(ticket);
+    }
+    if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+    std::vector<unsigned char>& home = data_[pending.tensor];
+    if (pending.read_into != nullptr)
+      std::memcpy(pending.read_into, home.data(), home.size());
+    else
+      std::memcpy(home.data(), pending.write_from, home.size());
+    std::lock_guard lock(mutex_);
+    (pending.read_into != nullptr ? reads_ : writes_) += 1;
+    return Status();
+  }
+  Status register_host(memory::HostArena&) override { return Status(); }
+
+  const std::vector<unsigned char>& home(TensorId tensor) const { return data_[tensor]; }
+  uint64_t reads() const {
+    std::lock_guard lock(mutex_);
+    return reads_;
+  }
+  uint64_t writes() const {
+    std::lock_guard lock(mutex_);
+    return writes_;
+  }
+
+ private:
+  struct Pending {
+    TensorId tensor = 0;
+    void* read_into = nullptr;
+    const void* write_from = nullptr;
+  };
+  uint64_t add(Pending pending) {
+    std::lock_guard lock(mutex_);
+    pending_[++next_ticket_] = pending;
+    return next_ticket_;
+  }
+  std::chrono::microseconds delay_;
+  std::vector<std::vector<unsigned char>> data_;
+  mutable std::mutex mutex_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  uint64_t next_ticket_ = 0;
+  uint64_t reads_ = 0, writes_ = 0;
+};
+
+}  // namespace strata::scheduler::testing
