@@ -47,7 +47,15 @@ struct Book {
   std::optional<Error> read_error;  // a failed NVMe read: returned by the acquire that needs it
 };
 
+// A caller's function to run on the I/O thread (e.g. a store commit), once nothing is in flight.
+struct IoCall {
+  std::function<Status()> fn;
+  Status result;
+  bool done = false;
+};
+
 struct IoCommand {
+  IoCall* call = nullptr;  // set: run it instead of a transfer
   bool is_write = false;
   TensorId tensor = 0;
   void* buffer = nullptr;
@@ -342,7 +350,7 @@ struct Scheduler::Impl {
     Book& book = books[id];
     book.host_op = is_write ? HostOp::writing : HostOp::reading;
     ++io_in_flight;
-    io_queue.push_back(IoCommand{is_write, id, book.host.data, is_write ? book.host_version : book.nvme_version});
+    io_queue.push_back(IoCommand{nullptr, is_write, id, book.host.data, is_write ? book.host_version : book.nvme_version});
     io_cv.notify_one();
   }
 
@@ -447,13 +455,26 @@ struct Scheduler::Impl {
       {
         std::unique_lock lock(mutex);
         io_cv.wait(lock, [&] { return stopping || !io_queue.empty() || !running.empty(); });
-        if (stopping) {
+        if (stopping && !io_queue.empty() && io_queue.front().call == nullptr) {
           // Work not yet submitted is dropped; what is in flight completes below.
           io_in_flight -= static_cast<uint32_t>(io_queue.size());
           io_queue.clear();
-          if (running.empty()) return;
         }
+        if (stopping && io_queue.empty() && running.empty()) return;
+        // Transfers up to the first call; a call waits for everything before it.
         while (!io_queue.empty()) {
+          if (io_queue.front().call != nullptr) {
+            if (!batch.empty() || !running.empty()) break;
+            IoCall* call = io_queue.front().call;
+            io_queue.pop_front();
+            lock.unlock();
+            Status result = call->fn();
+            lock.lock();
+            call->result = std::move(result);
+            call->done = true;
+            ready_cv.notify_all();
+            continue;
+          }
           batch.push_back(io_queue.front());
           io_queue.pop_front();
         }
@@ -844,6 +865,16 @@ void Scheduler::end_host_access(TensorId tensor) {
   book.host_version = book.version;
   s.work_pending = true;
   s.pump_cv.notify_one();
+}
+
+Status Scheduler::run_on_io_thread(std::function<Status()> fn) {
+  Impl& s = *impl_;
+  IoCall call{std::move(fn), Status(), false};
+  std::unique_lock lock(s.mutex);
+  s.io_queue.push_back(IoCommand{&call});
+  s.io_cv.notify_one();
+  s.ready_cv.wait(lock, [&] { return call.done; });
+  return call.result;
 }
 
 const AccessPlan& Scheduler::plan() const { return impl_->plan; }

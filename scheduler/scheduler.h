@@ -121,7 +121,9 @@ class NvmeBacking {
 
 // NvmeBacking over memory::Store: each plan tensor is the store tensor of the same name (it
 // must exist, with that size), read and written through the store's engine with checksums.
-// The store belongs to the scheduler's I/O thread while the scheduler lives.
+// The store belongs to the scheduler's I/O thread while the scheduler lives: open it but do
+// not submit to it from another thread (an engine binds to the thread that first submits);
+// reach it through Scheduler::run_on_io_thread.
 [[nodiscard]] Result<std::unique_ptr<NvmeBacking>> make_store_backing(memory::Store& store,
                                                                       const AccessPlan& plan);
 
@@ -246,6 +248,11 @@ class Scheduler {
   // and a device copy is loaded again before its next use.
   void* begin_host_access(TensorId tensor);
   void end_host_access(TensorId tensor);
+
+  // Runs `fn` on the I/O thread once the transfers queued before it are done, and returns its
+  // status: the way to use the NVMe backing's store (e.g. commit a checkpoint) while the
+  // scheduler owns it, since its engine belongs to that thread.
+  [[nodiscard]] Status run_on_io_thread(std::function<Status()> fn);
 
   const AccessPlan& plan() const;
   SchedulerStats stats() const;

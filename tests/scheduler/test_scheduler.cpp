@@ -56,7 +56,7 @@ io::EngineConfig engine_config() {
 memory::Store make_store(const std::string& dir, const AccessPlan& plan, memory::StoreOptions options) {
   uint64_t total_bytes = 0;
   for (const PlanTensor& t : plan.tensors()) total_bytes += align_up(t.size_bytes, 1 << 20) * 3;
-  auto store = memory::Store::create(dir, {}, total_bytes, std::move(options));
+  auto store = memory::Store::create(dir, {}, total_bytes, options);
   EXPECT_TRUE(store.ok()) << store.status().to_string();
   for (size_t id = 0; id < plan.tensors().size(); ++id) {
     const PlanTensor& t = plan.tensors()[id];
@@ -70,7 +70,11 @@ memory::Store make_store(const std::string& dir, const AccessPlan& plan, memory:
     EXPECT_TRUE(store->wait(*ticket).ok());
   }
   EXPECT_TRUE(store->commit(0, {}).ok());
-  return std::move(store).value();
+  store = Result<memory::Store>(make_error(ErrorKind::internal, "closed"));  // close it
+  // A fresh handle that has not submitted yet: its engine binds to the scheduler's I/O thread.
+  auto reopened = memory::Store::open(dir, std::move(options));
+  EXPECT_TRUE(reopened.ok()) << reopened.status().to_string();
+  return std::move(reopened).value();
 }
 
 // Runs `iterations` of `plan`: checks every tensor a step reads carries its newest stamp,
@@ -301,9 +305,11 @@ TEST(Scheduler, StreamsFromTheStoreAndWritesBackBitExact) {
     EXPECT_GT(scheduler->timeline()->event_count(), 0u);
     ASSERT_TRUE(scheduler->timeline()->write_json(dir.file("trace.json")).ok());
     EXPECT_GT(std::filesystem::file_size(dir.file("trace.json")), 100u);
+    ASSERT_TRUE(scheduler->run_on_io_thread([&] { return store.commit(1, {}); }).ok());
   }
-  ASSERT_TRUE(store.commit(1, {}).ok());
   // A second handle reads what the first one wrote back, checksums verified by the store.
+  memory::Store committed = std::move(store);  // closes the scheduler-era handle at scope end
+  (void)committed;
   memory::Store reopened = memory::Store::open(dir.file("store"), store_options).value();
   std::vector<unsigned char> bytes(layer_bytes);
   for (TensorId id : layers) {
