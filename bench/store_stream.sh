@@ -5,7 +5,8 @@
 # read-side verification, 64 MiB of tensors in flight (at least two) — and compares each run with raw
 # `strata io-bench` over the same bytes in the same directory, same engine, block size and
 # queue depth. Raw and store runs alternate (order flipped every repetition); the figure is the
-# median of REPS runs per side and the ratio of medians. Target: store ≥ 0.9× raw for tensors
+# median of REPS runs per side and the ratio of medians. fio with the same shape (io_uring,
+# O_DIRECT, BS, QD, its own file) runs in the same alternation as a second, independent reference. Target: store ≥ 0.9× raw for tensors
 # of 16 MiB and up.
 #
 # Buffers: io-bench reads into one page-aligned region allocated before the clock, mlocked and
@@ -46,6 +47,12 @@ raw() {  # rw size
   "$STRATA" --log-level warn io-bench --file "$DIR/raw.dat" --size "$TOTAL" --rw "$1" "${common[@]}" |
     "$PY" -c 'import json,sys; d=json.load(sys.stdin); d["side"]="raw"; d["tensor"]=sys.argv[1]; print(json.dumps(d))' "$2" >> "$RESULTS"
 }
+fio_ref() {  # rw size: the same I/O shape through fio, a second, independent reference
+  # fio reads "1MiB" as 10^6 bytes; "1M" is its binary mebibyte.
+  fio --name=ref --filename="$DIR/fio.dat" --rw="$1" --bs="${BS%iB}" --iodepth="$QD" --ioengine=io_uring \
+      --direct=1 --size="${TOTAL%iB}" --output-format=json 2>/dev/null |
+    "$PY" -c 'import json,sys; d=json.load(sys.stdin); j=d["jobs"][0][sys.argv[1]]; print(json.dumps({"side":"fio","rw":sys.argv[1],"tensor":sys.argv[2],"MBps":j["bw_bytes"]/1e6}))' "$1" "$2" >> "$RESULTS"
+}
 store() {  # rw size
   "$STRATA" --log-level warn store bench --dir "$DIR" --tensor-size "$2" --total "$TOTAL" --rw "$1" "${common[@]}" |
     "$PY" -c 'import json,sys; d=json.load(sys.stdin); d["side"]="store"; d["tensor"]=sys.argv[1]; print(json.dumps(d))' "$2" >> "$RESULTS"
@@ -54,13 +61,15 @@ store() {  # rw size
 echo "store_stream: TOTAL=$TOTAL per run, engine $ENGINE, block $BS, queue depth $QD, $REPS reps, in $DIR" >&2
 # Untimed warm-up: creates raw.dat (stamped) and one store per tensor size.
 raw read warmup
+fio_ref write warmup
 for size in $SIZES; do store read "$size"; done
 : > "$RESULTS"
 
 for rw in read write; do
   for size in $SIZES; do
     for rep in $(seq 1 "$REPS"); do
-      if [ $((rep % 2)) = 1 ]; then raw "$rw" "$size"; store "$rw" "$size"; else store "$rw" "$size"; raw "$rw" "$size"; fi
+      if [ $((rep % 2)) = 1 ]; then raw "$rw" "$size"; fio_ref "$rw" "$size"; store "$rw" "$size"
+      else store "$rw" "$size"; fio_ref "$rw" "$size"; raw "$rw" "$size"; fi
     done
   done
 done
@@ -68,22 +77,20 @@ done
 "$PY" - "$RESULTS" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-print(f"{'rw':5} {'tensor':>7} {'raw MB/s':>9} {'store MB/s':>10} {'ratio':>6} {'min..max ratio':>15} {'commit s':>8}")
+def med(side, rw, tensor):
+    return statistics.median(r["MBps"] for r in rows if r["side"] == side and r["rw"] == rw and r["tensor"] == tensor)
+print(f"{'rw':5} {'tensor':>7} {'io-bench':>9} {'fio':>6} {'store':>6} {'store/io-bench':>14} {'store/fio':>9} {'commit s':>8}")
 missed = False
 for rw in ("read", "write"):
     for tensor in dict.fromkeys(r["tensor"] for r in rows):
-        raw = [r["MBps"] for r in rows if r["side"] == "raw" and r["rw"] == rw and r["tensor"] == tensor]
         st = [r for r in rows if r["side"] == "store" and r["rw"] == rw and r["tensor"] == tensor]
-        if not raw or not st:
+        if not st:
             continue
-        store_mbps = [r["MBps"] for r in st]
-        ratios = [s / r for s, r in zip(store_mbps, raw)]  # pairs measured back to back
-        ratio = statistics.median(store_mbps) / statistics.median(raw)
+        raw, fio, store = med("raw", rw, tensor), med("fio", rw, tensor), med("store", rw, tensor)
         commit = statistics.median(r["commit_seconds"] for r in st)
-        print(f"{rw:5} {tensor:>7} {statistics.median(raw):9.0f} {statistics.median(store_mbps):10.0f} "
-              f"{ratio:6.2f} {min(ratios):7.2f}..{max(ratios):.2f} {commit:8.3f}")
-        missed |= ratio < 0.9
-print("buffers: raw:", rows[0]["buffers"] if rows[0]["side"] == "raw" else next(r["buffers"] for r in rows if r["side"] == "raw"))
+        print(f"{rw:5} {tensor:>7} {raw:9.0f} {fio:6.0f} {store:6.0f} {store/raw:14.2f} {store/fio:9.2f} {commit:8.3f}")
+        missed |= store / raw < 0.9
+print("buffers: io-bench:", next(r["buffers"] for r in rows if r["side"] == "raw"))
 print("buffers: store:", next(r["buffers"] for r in rows if r["side"] == "store"))
-print("target (store >= 0.9x raw for tensors >= 16 MiB):", "MISSED" if missed else "met")
+print("target (store >= 0.9x raw io-bench for tensors >= 16 MiB):", "MISSED" if missed else "met")
 EOF
