@@ -1,0 +1,44 @@
+// strata/engine/data.h — the training token stream and its fixed batch order.
+//
+// Formats: `text-bytes` (every byte is a token, vocab 256) and `tokens-u16` (little-endian
+// uint16 token ids). The file is mapped read-only; nothing is copied up front.
+// Order, fixed so runs are comparable and a resumed run continues exactly: row b of step s
+// reads the window starting at token ((s·B + b)·T) mod (N − T − 1); inputs are the T tokens
+// from there, targets the next T (shifted by one).
+// Thread-safety: const after open; `fill_batch` may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace strata {
+
+enum class DataFormat : uint8_t { text_bytes, tokens_u16 };
+
+class TokenData {
+ public:
+  // Refuses files shorter than one window (T + 2 tokens) and ids outside [0, vocab_size).
+  [[nodiscard]] static Result<TokenData> open(const std::string& path, DataFormat format,
+                                              uint32_t vocab_size, uint32_t window_tokens);
+  TokenData(TokenData&&) noexcept;
+  TokenData& operator=(TokenData&&) noexcept;
+  TokenData(const TokenData&) = delete;
+  ~TokenData();
+
+  uint64_t token_count() const { return token_count_; }
+  uint32_t token(uint64_t index) const;
+  // inputs/targets: batch_size × window_tokens ids each, row-major.
+  void fill_batch(uint64_t step, uint32_t batch_size, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  TokenData() = default;
+  const uint8_t* bytes_ = nullptr;
+  uint64_t mapped_bytes_ = 0;
+  uint64_t token_count_ = 0;
+  DataFormat format_ = DataFormat::text_bytes;
+  uint32_t window_tokens_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,137 @@
+#include "engine/train_config.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace strata {
+
+const char* tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::device: return "device";
+    case Tier::host: return "host";
+    case Tier::nvme: return "nvme";
+  }
+  return "?";
+}
+
+static Result<Tier> parse_tier(ConfigNode& node, std::string_view key, Tier fallback) {
+  STRATA_ASSIGN_OR_RETURN(std::string name, node.choice(key, {"device", "host", "nvme"}, tier_name(fallback)));
+  return name == "device" ? Tier::device : name == "host" ? Tier::host : Tier::nvme;
+}
+
+// Reads one key into a field, keeping the call sites to one line each.
+#define STRATA_READ(field, expr)                         \
+  do {                                                   \
+    auto strata_read_ = (expr);                          \
+    if (!strata_read_.ok()) return strata_read_.error(); \
+    field = static_cast<decltype(field)>(*strata_read_); \
+  } while (0)
+
+Result<TrainConfig> parse_train_config(ConfigNode root) {
+  TrainConfig config;
+  config.source_path = root.source_name();
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode model, root.child("model", true));
+  ModelConfig& m = config.model;
+  STRATA_READ(m.n_layer, model.integer("n_layer", std::nullopt, 1, 1024));
+  STRATA_READ(m.n_head, model.integer("n_head", std::nullopt, 1, 1024));
+  STRATA_READ(m.n_embd, model.integer("n_embd", std::nullopt, 8, 65536));
+  STRATA_READ(m.vocab_size, model.integer("vocab_size", std::nullopt, 2, 1 << 20));
+  STRATA_READ(m.seq_len, model.integer("seq_len", std::nullopt, 1, 1 << 16));
+  STRATA_READ(m.init, model.string("init", std::string("random")));
+  STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
+  STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
+  STRATA_RETURN_IF_ERROR(model.finish());
+  if (m.n_embd % m.n_head != 0)
+    return model.error_at("n_embd", fmt::format("{} is not divisible by model.n_head = {}", m.n_embd, m.n_head));
+  if (m.init != "random") {
+    m.init = model.resolve_path(m.init);
+    if (!std::filesystem::exists(m.init))
+      return model.error_at("init", fmt::format("'{}' does not exist; use random or a GPT-2 .safetensors file", m.init));
+  }
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode data, root.child("data", true));
+  STRATA_READ(config.data_path, data.string("path", std::nullopt));
+  config.data_path = data.resolve_path(config.data_path);
+  STRATA_ASSIGN_OR_RETURN(std::string format, data.choice("format", {"text-bytes", "tokens-u16"}, "text-bytes"));
+  config.data_format = format == "text-bytes" ? DataFormat::text_bytes : DataFormat::tokens_u16;
+  STRATA_RETURN_IF_ERROR(data.finish());
+  if (config.data_format == DataFormat::text_bytes && m.vocab_size < 256)
+    return model.error_at("vocab_size", fmt::format("{} is too small for data.format text-bytes; use 256 or more", m.vocab_size));
+
+  STRATA_READ(config.batch_size, root.integer("batch_size", 8, 1, 1 << 16));
+  STRATA_READ(config.steps, root.integer("steps", 200, 0, INT64_MAX));
+  STRATA_READ(config.checkpoint_every, root.integer("checkpoint_every", 10, 1, INT64_MAX));
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode optimizer, root.child("optimizer"));
+  OptimizerConfig& o = config.optimizer;
+  STRATA_READ(o.lr, optimizer.number("lr", 3.0e-4, 0.0, 10.0));
+  STRATA_ASSIGN_OR_RETURN(std::vector<double> betas, optimizer.number_list("betas", 2, std::vector<double>{0.9, 0.95}, 0.0, 0.999999999));
+  o.beta1 = betas[0];
+  o.beta2 = betas[1];
+  STRATA_READ(o.eps, optimizer.number("eps", 1.0e-8, 0.0, 1.0));
+  STRATA_READ(o.weight_decay, optimizer.number("weight_decay", 0.1, 0.0, 10.0));
+  STRATA_READ(o.grad_clip, optimizer.number("grad_clip", 1.0, 0.0, 1.0e9));
+  STRATA_RETURN_IF_ERROR(optimizer.finish());
+
+  STRATA_ASSIGN_OR_RETURN(std::string precision, root.choice("precision", {"fp32", "bf16"}, "bf16"));
+  config.precision = precision == "fp32" ? DType::f32 : DType::bf16;
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode device, root.child("device"));
+  STRATA_READ(config.device_kind, device.choice("kind", {"cpu", "cuda"}, "cpu"));
+  STRATA_READ(config.device_memory_bytes, device.size("memory", 256ull << 20, 1u << 20));
+  STRATA_RETURN_IF_ERROR(device.finish());
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode host, root.child("host"));
+  STRATA_READ(config.host_memory_bytes, host.size("memory", 512ull << 20, 1u << 20));
+  STRATA_RETURN_IF_ERROR(host.finish());
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode placement, root.child("placement"));
+  STRATA_READ(config.placement.params, parse_tier(placement, "params", Tier::nvme));
+  STRATA_READ(config.placement.grads, parse_tier(placement, "grads", Tier::host));
+  STRATA_READ(config.placement.optimizer, parse_tier(placement, "optimizer", Tier::nvme));
+  STRATA_RETURN_IF_ERROR(placement.finish());
+  // The CPU optimizer updates master weights and moments in host memory: they cannot live
+  // on the device, and gradients are consumed there too.
+  if (config.placement.optimizer == Tier::device)
+    return placement.error_at("optimizer", "'device' is not accepted; the CPU optimizer keeps its state on host or nvme");
+  if (config.placement.grads == Tier::device)
+    return placement.error_at("grads", "'device' is not accepted; gradients travel to the CPU optimizer: use host or nvme");
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode nvme, root.child("nvme"));
+  STRATA_READ(config.nvme_paths, nvme.string_list("paths", std::vector<std::string>{}));
+  for (std::string& nvme_path : config.nvme_paths) {
+    nvme_path = nvme.resolve_path(nvme_path);
+    if (!std::filesystem::is_directory(nvme_path))
+      return nvme.error_at("paths", fmt::format("'{}' is not an existing directory; create it or list another", nvme_path));
+  }
+  // The io: section `strata tune` writes: inline under nvme.io, or the file itself.
+  STRATA_ASSIGN_OR_RETURN(std::string io_file, nvme.string("io_file", std::string()));
+  if (!io_file.empty() && nvme.has("io"))
+    return nvme.error_at("io_file", "give either nvme.io or nvme.io_file, not both");
+  if (!io_file.empty()) {
+    STRATA_READ(config.io, io::load_io_settings_file(nvme.resolve_path(io_file)));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(ConfigNode io_node, nvme.child("io"));
+    STRATA_READ(config.io, io::parse_io_settings(io_node));
+  }
+  STRATA_RETURN_IF_ERROR(nvme.finish());
+  if (config.nvme_paths.empty())
+    return nvme.error_at("paths", "is required: strata keeps the committed state (the checkpoint) in the store on NVMe");
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode sample, root.child("sample"));
+  STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
+  STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
+  STRATA_RETURN_IF_ERROR(sample.finish());
+
+  STRATA_RETURN_IF_ERROR(root.finish());
+  return config;
+}
+
+Result<TrainConfig> load_train_config(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(ConfigNode root, ConfigNode::load_file(path));
+  return parse_train_config(std::move(root));
+}
+
+}  // namespace strata

@@ -1,0 +1,76 @@
+// strata/engine/train_config.h — the `strata train` configuration.
+//
+// Contract: `load_train_config` reads and validates the whole YAML file before any work
+// starts. Every key is checked by the strict reader (unknown keys, wrong types and
+// out-of-range values name the key, the file and what is accepted); then the checks that
+// span keys: n_embd divisible by n_head, the data file long enough for one window, the NVMe
+// paths present, every placement a tier the run has. Paths are resolved against the config
+// file's folder. Pure data afterwards; copy freely.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config_reader.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "engine/data.h"
+#include "io/io_config.h"
+
+namespace strata {
+
+enum class Tier : uint8_t { device = 0, host = 1, nvme = 2 };
+const char* tier_name(Tier tier);
+
+struct ModelConfig {
+  uint32_t n_layer = 6;
+  uint32_t n_head = 6;
+  uint32_t n_embd = 384;
+  uint32_t vocab_size = 256;
+  uint32_t seq_len = 128;
+  std::string init = "random";  // "random", or a GPT-2 .safetensors path
+  uint64_t seed = 1;
+  // GPT-2's initializer range: N(0, 0.02), residual projections scaled by 1/sqrt(2·n_layer).
+  double init_std = 0.02;
+};
+
+struct OptimizerConfig {
+  double lr = 3.0e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1.0e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+};
+
+struct PlacementConfig {
+  Tier params = Tier::nvme;     // the compute copy (bf16 or fp32) of every weight
+  Tier grads = Tier::host;      // where gradients wait for their update
+  Tier optimizer = Tier::nvme;  // fp32 master weights and both moments
+};
+
+struct TrainConfig {
+  std::string source_path;
+  ModelConfig model;
+  std::string data_path;
+  DataFormat data_format = DataFormat::text_bytes;
+  uint32_t batch_size = 8;
+  uint64_t steps = 200;
+  OptimizerConfig optimizer;
+  DType precision = DType::bf16;  // fp32, or bf16 weights with fp32 accumulate and master
+  std::string device_kind = "cpu";  // cpu | cuda
+  uint64_t device_memory_bytes = 256ull << 20;
+  uint64_t host_memory_bytes = 512ull << 20;
+  std::vector<std::string> nvme_paths;  // the store lives in the first; one file per path
+  io::IoSettings io;
+  PlacementConfig placement;
+  uint64_t checkpoint_every = 10;
+  std::string sample_prompt = "The ";  // printed sample after training
+  uint32_t sample_tokens = 0;          // 0: no sample
+};
+
+[[nodiscard]] Result<TrainConfig> load_train_config(const std::string& path);
+[[nodiscard]] Result<TrainConfig> parse_train_config(ConfigNode root);
+
+}  // namespace strata
