@@ -38,12 +38,12 @@ int main(int argc, char** argv) {
       "bench", "synthetic benchmarks of strata's parts (each compares against a reference in the same run)");
   bench->require_subcommand(1);
   // commands (one line each, in the order `strata --help` lists them)
-  strata::cli::add_bench_overlap_command(*bench, state);
-  strata::cli::add_io_bench_command(app, state);
+  strata::cli::add_train_command(app, state);
   strata::cli::add_tune_command(app, state);
-  strata::cli::add_bench_adam_command(*bench, state);
+  strata::cli::add_io_bench_command(app, state);
   strata::cli::add_store_command(app, state);
-
+  strata::cli::add_bench_overlap_command(*bench, state);
+  strata::cli::add_bench_adam_command(*bench, state);
   CLI11_PARSE(app, argc, argv);
   return state.exit_code;
 }

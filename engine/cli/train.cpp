@@ -1,0 +1,118 @@
+// `strata train` and `strata generate`: the main job, and sampling from what it committed.
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/size.h"
+#include "engine/cli/commands.h"
+#include "engine/train_config.h"
+#include "engine/trainer.h"
+
+namespace strata::cli {
+
+namespace {
+
+void print_sample(const TrainConfig& config, CliState& state) {
+  Result<std::string> sample = generate(config, config.sample_prompt, config.sample_tokens, 0.8, config.model.seed);
+  if (!sample.ok()) {
+    state.exit_code = report_error(sample.error());
+    return;
+  }
+  fmt::print(stderr, "\nsample from the trained model (temperature 0.8):\n{}{}\n", config.sample_prompt, *sample);
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, CliState& state) {
+  struct Options {
+    std::string config_path;
+    TrainOptions train;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* train = app.add_subcommand(
+      "train",
+      "Fine-tune a GPT-2 whose parameters, gradients and optimizer state live across the device, pinned host "
+      "memory and the NVMe store, as the config's budgets and placement say. Commits the store every "
+      "checkpoint_every steps; --resume continues from the last commit.");
+  train->add_option("config", options->config_path, "the YAML config (see configs/demo.yaml)")->required();
+  train->add_option("--steps", options->train.steps, "train up to this step in total (default: the config's steps)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_flag("--resume", options->train.resume, "continue from the last step committed in the store");
+  train->add_option("--trace", options->train.trace_path, "write a Chrome/Perfetto timeline of I/O, copies and compute");
+  train->add_option("--metrics", options->train.metrics_path, "write per-step figures and the summary as JSON");
+  train->add_option("--export", options->train.export_path, "write the final fp32 weights as safetensors");
+  train->add_flag("--json", options->train.json, "print the summary as one JSON object on stdout");
+  train->callback([options, &state] {
+    Result<TrainConfig> config = load_train_config(options->config_path);
+    if (!config.ok()) {
+      state.exit_code = report_error(config.error());
+      return;
+    }
+    Result<TrainSummary> summary = strata::train(*config, options->train);
+    if (!summary.ok()) {
+      state.exit_code = report_error(summary.error());
+      return;
+    }
+    const TrainSummary& s = *summary;
+    if (options->train.json) {
+      nlohmann::ordered_json json = {{"first_step", s.first_step},
+                                     {"last_step", s.last_step},
+                                     {"first_loss", s.first_loss},
+                                     {"last_loss", s.last_loss},
+                                     {"seconds", s.seconds},
+                                     {"tokens_per_s", s.tokens_per_s},
+                                     {"stall_seconds", s.stall_seconds},
+                                     {"nvme_read_bytes", s.bytes_read_nvme},
+                                     {"nvme_write_bytes", s.bytes_written_nvme},
+                                     {"host_to_device_bytes", s.bytes_host_to_device},
+                                     {"device_to_host_bytes", s.bytes_device_to_host},
+                                     {"device_high_water_bytes", s.device_high_water_bytes},
+                                     {"host_high_water_bytes", s.host_high_water_bytes},
+                                     {"state_bytes", s.state_bytes},
+                                     {"peak_rss_bytes", s.peak_rss_bytes}};
+      fmt::print("{}\n", json.dump());
+    } else if (s.last_step > s.first_step) {
+      fmt::print(stderr,
+                 "trained steps {}..{} in {:.1f} s: loss {:.4f} → {:.4f}, {:.0f} tokens/s, stall {:.1f}% | NVMe read "
+                 "{} written {} | device peak {} host peak {}\n",
+                 s.first_step + 1, s.last_step, s.seconds, s.first_loss, s.last_loss, s.tokens_per_s,
+                 100.0 * s.stall_seconds / s.seconds, format_size(s.bytes_read_nvme), format_size(s.bytes_written_nvme),
+                 format_size(s.device_high_water_bytes), format_size(s.host_high_water_bytes));
+    }
+    if (config->sample_tokens > 0 && !options->train.json) print_sample(*config, state);
+  });
+
+  struct GenerateOptions {
+    std::string config_path;
+    std::string prompt = "The ";
+    uint32_t tokens = 200;
+    double temperature = 0.8;
+    uint64_t seed = 1;
+  };
+  auto generate_options = std::make_shared<GenerateOptions>();
+  CLI::App* gen = app.add_subcommand("generate", "Sample text from the weights last committed by `strata train`.");
+  gen->add_option("config", generate_options->config_path, "the config the model was trained with")->required();
+  gen->add_option("--prompt", generate_options->prompt, "text to continue")->capture_default_str();
+  gen->add_option("--tokens", generate_options->tokens, "tokens to sample")->capture_default_str();
+  gen->add_option("--temperature", generate_options->temperature, "softmax temperature; 0 is greedy")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  gen->add_option("--seed", generate_options->seed, "sampling seed")->capture_default_str();
+  gen->callback([generate_options, &state] {
+    Result<TrainConfig> config = load_train_config(generate_options->config_path);
+    if (!config.ok()) {
+      state.exit_code = report_error(config.error());
+      return;
+    }
+    Result<std::string> text = generate(*config, generate_options->prompt, generate_options->tokens,
+                                        generate_options->temperature, generate_options->seed);
+    if (!text.ok()) {
+      state.exit_code = report_error(text.error());
+      return;
+    }
+    fmt::print("{}{}\n", generate_options->prompt, *text);
+  });
+}
+
+}  // namespace strata::cli

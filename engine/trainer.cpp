@@ -1,0 +1,870 @@
+#include "engine/trainer.h"
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sys/statvfs.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/size.h"
+#include "engine/data.h"
+#include "engine/model_layout.h"
+#include "engine/safetensors.h"
+#include "kernels/gpt2/gpt2.h"
+#include "kernels/optim/adamw.h"
+#include "kernels/optim/cast.h"
+#include "memory/device/device.h"
+#include "memory/host_arena.h"
+#include "memory/store.h"
+#include "scheduler/scheduler.h"
+
+namespace strata {
+namespace {
+
+namespace gk = kernels::gpt2;
+namespace sch = scheduler;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kRunFormat = "strata-train-1";
+constexpr const char* kStoreSubdir = "store";  // inside the first NVMe path
+
+// --- names and metadata ------------------------------------------------------------------
+
+std::string params_name(const Unit& unit) { return "params." + unit.name; }
+std::string grads_name(const Unit& unit) { return "grads." + unit.name; }
+std::string optim_name(const Unit& unit) { return "optim." + unit.name; }
+
+std::string store_dir_of(const TrainConfig& config) {
+  return (std::filesystem::path(config.nvme_paths.front()) / kStoreSubdir).string();
+}
+
+std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint64_t step) {
+  const ModelConfig& m = config.model;
+  return {{"format", kRunFormat},
+          {"step", std::to_string(step)},
+          {"model.n_layer", std::to_string(m.n_layer)},
+          {"model.n_head", std::to_string(m.n_head)},
+          {"model.n_embd", std::to_string(m.n_embd)},
+          {"model.vocab_size", std::to_string(m.vocab_size)},
+          {"model.seq_len", std::to_string(m.seq_len)},
+          {"precision", dtype_name(config.precision)}};
+}
+
+// The model shape a store was trained with, from its committed metadata.
+Result<ModelConfig> model_from_metadata(const std::map<std::string, std::string>& metadata,
+                                        const std::string& dir) {
+  auto it = metadata.find("format");
+  if (it == metadata.end() || it->second != kRunFormat)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("store {} holds no committed strata training run", dir));
+  ModelConfig model;
+  auto number = [&](const char* key) -> uint32_t {
+    auto found = metadata.find(key);
+    return found == metadata.end() ? 0 : static_cast<uint32_t>(std::stoul(found->second));
+  };
+  model.n_layer = number("model.n_layer");
+  model.n_head = number("model.n_head");
+  model.n_embd = number("model.n_embd");
+  model.vocab_size = number("model.vocab_size");
+  model.seq_len = number("model.seq_len");
+  return model;
+}
+
+bool same_model_shape(const ModelConfig& a, const ModelConfig& b) {
+  return a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_embd == b.n_embd &&
+         a.vocab_size == b.vocab_size && a.seq_len == b.seq_len;
+}
+
+memory::StoreOptions store_options(const TrainConfig& config) {
+  memory::StoreOptions options;
+  options.engine = config.io.write.engine_config();
+  // Reads dominate a step; the read settings get the deeper queue when they differ.
+  options.engine.queue_depth = std::max(config.io.read.queue_depth, config.io.write.queue_depth);
+  options.engine.block_size_bytes = std::max(config.io.read.block_size_bytes, config.io.write.block_size_bytes);
+  return options;
+}
+
+// --- the plan of one iteration ------------------------------------------------------------
+
+enum class StepKind : uint8_t { fwd_embed, fwd_block, head, bwd_block, bwd_embed, optimize };
+
+struct StepInfo {
+  StepKind kind;
+  size_t unit;  // the unit the step works on (for head: ln_f)
+};
+
+struct UnitIds {
+  sch::TensorId params;
+  sch::TensorId grads;
+  sch::TensorId optim;
+};
+
+struct RunPlan {
+  sch::AccessPlan plan;
+  std::vector<UnitIds> units;
+  std::vector<sch::TensorId> activations;  // A_0 … A_L (block inputs, and the head's input)
+  sch::TensorId d_x = 0;                   // the gradient flowing back through the blocks
+  std::vector<StepInfo> steps;
+};
+
+sch::Home home_of(Tier tier) { return tier == Tier::nvme ? sch::Home::nvme : sch::Home::host; }
+
+RunPlan build_plan(const TrainConfig& config, const ModelLayout& layout) {
+  RunPlan run;
+  const uint32_t param_bytes = dtype_size_bytes(config.precision);
+  for (const Unit& unit : layout.units()) {
+    UnitIds ids;
+    ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes, home_of(config.placement.params));
+    ids.grads = run.plan.add_tensor(grads_name(unit), unit.element_count * 4, home_of(config.placement.grads));
+    ids.optim = run.plan.add_tensor(optim_name(unit), unit.element_count * 12, home_of(config.placement.optimizer));
+    run.units.push_back(ids);
+  }
+  const uint64_t activation_bytes = uint64_t{config.batch_size} * config.model.seq_len * config.model.n_embd * 4;
+  for (uint32_t i = 0; i <= config.model.n_layer; ++i)
+    run.activations.push_back(run.plan.add_tensor("act." + std::to_string(i), activation_bytes, sch::Home::host));
+  run.d_x = run.plan.add_tensor("grad.x", activation_bytes, sch::Home::host);
+
+  auto add = [&](std::string name, StepKind kind, size_t unit, std::vector<sch::TensorId> reads,
+                 std::vector<sch::TensorId> writes) {
+    run.plan.add_step(std::move(name), std::move(reads), std::move(writes));
+    run.steps.push_back(StepInfo{kind, unit});
+  };
+  auto optimize = [&](size_t unit) {
+    const UnitIds& ids = run.units[unit];
+    add("opt." + layout.units()[unit].name, StepKind::optimize, unit, {ids.grads, ids.optim},
+        {ids.optim, ids.params});
+  };
+  const size_t embed = layout.embed_unit();
+  const size_t ln_f = layout.ln_f_unit();
+  const uint32_t n_layer = config.model.n_layer;
+  const bool clip = config.optimizer.grad_clip > 0;
+
+  add("fwd.embed", StepKind::fwd_embed, embed, {run.units[embed].params}, {run.activations[0]});
+  for (uint32_t i = 0; i < n_layer; ++i) {
+    size_t unit = layout.block_unit(i);
+    add("fwd.h." + std::to_string(i), StepKind::fwd_block, unit,
+        {run.units[unit].params, run.activations[i]}, {run.activations[i + 1]});
+  }
+  add("head", StepKind::head, ln_f, {run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]},
+      {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
+  if (!clip) optimize(ln_f);
+  for (uint32_t i = n_layer; i-- > 0;) {
+    size_t unit = layout.block_unit(i);
+    add("bwd.h." + std::to_string(i), StepKind::bwd_block, unit,
+        {run.units[unit].params, run.activations[i], run.d_x}, {run.units[unit].grads, run.d_x});
+    if (!clip) optimize(unit);
+  }
+  add("bwd.embed", StepKind::bwd_embed, embed, {run.units[embed].grads, run.d_x}, {run.units[embed].grads});
+  if (clip) {
+    // The global norm is known only now: every update waits for it (gradients parked on
+    // their tier meanwhile). Reverse order ends with the embeddings, which the next
+    // iteration's first step reads.
+    optimize(ln_f);
+    for (uint32_t i = n_layer; i-- > 0;) optimize(layout.block_unit(i));
+  }
+  optimize(embed);
+  return run;
+}
+
+// --- budgets, checked before any work -----------------------------------------------------
+
+struct DeviceScratchSizes {
+  uint64_t workspace_bytes = 0;
+  uint64_t weights_fp32_bytes = 0;  // bf16 compute copies widened for the kernels
+  uint64_t total() const { return align_up(workspace_bytes, device::kDeviceAlignmentBytes) +
+                                  align_up(weights_fp32_bytes, device::kDeviceAlignmentBytes); }
+};
+
+DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout) {
+  DeviceScratchSizes sizes;
+  gk::BatchShape shape{config.batch_size, config.model.seq_len};
+  sizes.workspace_bytes = gk::workspace_size_bytes(layout.kernel_config(), shape);
+  if (config.precision != DType::f32) {
+    // One unit widened at a time, plus ln_f for the head (which also widens the embeddings).
+    sizes.weights_fp32_bytes = (layout.largest_unit_elements() + layout.units()[layout.ln_f_unit()].element_count) * 4;
+  }
+  return sizes;
+}
+
+Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const RunPlan& run) {
+  const DeviceScratchSizes scratch = device_scratch(config, layout);
+  uint64_t largest_step_bytes = 0;
+  size_t largest_step = 0;
+  for (size_t step = 0; step < run.plan.step_count(); ++step) {
+    uint64_t bytes = run.plan.step_bytes(step, device::kDeviceAlignmentBytes);
+    if (bytes > largest_step_bytes) {
+      largest_step_bytes = bytes;
+      largest_step = step;
+    }
+  }
+  const uint64_t needed = scratch.total() + largest_step_bytes;
+  if (needed > config.device_memory_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'device.memory': {} cannot hold one step's working set: step '{}' needs {} "
+                                  "of tensors plus {} of kernel workspace; use at least {}",
+                                  config.source_path, format_size(config.device_memory_bytes),
+                                  run.plan.steps()[largest_step].name, format_size(largest_step_bytes),
+                                  format_size(scratch.total()), format_size(align_up(needed, kMiB))));
+  uint64_t host_homed_bytes = 0;
+  for (const sch::PlanTensor& tensor : run.plan.tensors())
+    if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
+  uint64_t largest_nvme_step_bytes = 0;
+  for (size_t step = 0; step < run.plan.step_count(); ++step) {
+    uint64_t bytes = 0;
+    for (sch::TensorId id : run.plan.step_tensors(step))
+      if (run.plan.tensors()[id].home == sch::Home::nvme) bytes += align_up(run.plan.tensors()[id].size_bytes, 4096);
+    largest_nvme_step_bytes = std::max(largest_nvme_step_bytes, bytes);
+  }
+  const uint64_t host_needed = host_homed_bytes + largest_nvme_step_bytes;
+  if (host_needed > config.host_memory_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'host.memory': {} is too small: host-homed state (activations, and what "
+                                  "placement puts on host) takes {} and one step stages up to {} from NVMe; use at "
+                                  "least {}",
+                                  config.source_path, format_size(config.host_memory_bytes),
+                                  format_size(host_homed_bytes), format_size(largest_nvme_step_bytes),
+                                  format_size(align_up(host_needed, kMiB))));
+  return Status();
+}
+
+// The training state proper (compute copies, gradients, optimizer state; not activations),
+// each tensor rounded up to `alignment_bytes`.
+uint64_t training_state_bytes(const RunPlan& run, uint64_t alignment_bytes = 1) {
+  uint64_t bytes = 0;
+  for (const UnitIds& ids : run.units)
+    for (sch::TensorId id : {ids.params, ids.grads, ids.optim})
+      bytes += align_up(run.plan.tensors()[id].size_bytes, alignment_bytes);
+  return bytes;
+}
+
+// The tensors a commit must make durable: compute copies and optimizer state always (the
+// run resumes from them), gradients never (each step overwrites them before reading them).
+bool is_persistent(const RunPlan& run, sch::TensorId id) {
+  for (const UnitIds& ids : run.units)
+    if (id == ids.params || id == ids.optim) return true;
+  return false;
+}
+
+// Peak resident set of this process, from /proc/self/status (VmHWM), in bytes.
+uint64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "VmHWM:  1234 kB"
+  return 0;
+}
+
+// Every tensor of the model, present with its shape, before anything is created: a wrong
+// init file is refused up front, not halfway through writing the store.
+Status check_init_file(const TrainConfig& config, const ModelLayout& layout) {
+  if (config.model.init == "random") return Status();
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(config.model.init));
+  for (const Unit& unit : layout.units()) {
+    for (const UnitTensor& tensor : unit.tensors) {
+      const SafetensorsEntry* entry = reader.find(tensor.name);
+      if (entry == nullptr) entry = reader.find("transformer." + tensor.name);
+      if (entry == nullptr || entry->shape != tensor.shape)
+        return make_error(ErrorKind::invalid_argument,
+                          fmt::format("{}: key 'model.init': {}: tensor '{}' {} (the config's model needs [{}])",
+                                      config.source_path, config.model.init, tensor.name,
+                                      entry == nullptr ? "is missing"
+                                                       : fmt::format("has shape [{}]", fmt::join(entry->shape, ", ")),
+                                      fmt::join(tensor.shape, ", ")));
+    }
+  }
+  return Status();
+}
+
+// --- fresh state ----------------------------------------------------------------------------
+
+// Writes every unit's initial compute copy, zero gradients and optimizer state (master from
+// the init, zero moments) into the store, one unit at a time through a pinned buffer.
+Status initialize_store(const TrainConfig& config, const ModelLayout& layout, const RunPlan& run,
+                        memory::Store& store, memory::HostArena& arena) {
+  std::unique_ptr<SafetensorsReader> init;
+  if (config.model.init != "random") {
+    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(config.model.init));
+    init = std::make_unique<SafetensorsReader>(std::move(reader));
+  }
+  const uint64_t largest = layout.largest_unit_elements();
+  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer buffer, memory::HostBuffer::allocate(arena, largest * 12));
+  auto* optim = reinterpret_cast<float*>(buffer.data());
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Unit& unit = layout.units()[u];
+    const uint64_t n = unit.element_count;
+    float* master = optim;
+    if (init) {
+      for (const UnitTensor& tensor : unit.tensors) {
+        const SafetensorsEntry* entry = init->find(tensor.name);
+        if (entry == nullptr) entry = init->find("transformer." + tensor.name);
+        assert(entry != nullptr && entry->shape == tensor.shape);  // check_init_file ran first
+        float* out = master + tensor.offset_elements;
+        if (entry->dtype == DType::f32) {
+          STRATA_RETURN_IF_ERROR(init->read(*entry, out));
+        } else {
+          // 16-bit weights are read into the moment area (free at this point) and widened.
+          auto* bits = reinterpret_cast<uint16_t*>(optim + n);
+          STRATA_RETURN_IF_ERROR(init->read(*entry, bits));
+          std::span<const uint16_t> src(bits, tensor.element_count);
+          std::span<float> dst(out, tensor.element_count);
+          if (entry->dtype == DType::bf16) kernels::cast_bf16_to_fp32(src, dst);
+          else kernels::cast_fp16_to_fp32(src, dst);
+        }
+      }
+    } else {
+      layout.initialize_unit(u, config.model.seed, master);
+    }
+    std::fill(optim + n, optim + 3 * n, 0.0f);
+    const UnitIds& ids = run.units[u];
+    const int64_t optim_shape[] = {3, static_cast<int64_t>(n)};
+    STRATA_ASSIGN_OR_RETURN(memory::StoreTicket optim_ticket,
+                            store.write_tensor_async(optim_name(unit), DType::f32, optim_shape, optim, n * 12));
+    STRATA_RETURN_IF_ERROR(store.wait(optim_ticket));
+    // The compute copy goes through the moment area, already written.
+    const int64_t flat_shape[] = {static_cast<int64_t>(n)};
+    if (config.precision == DType::f32) {
+      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                              store.write_tensor_async(params_name(unit), DType::f32, flat_shape, master, n * 4));
+      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    } else {
+      auto* bits = reinterpret_cast<uint16_t*>(optim + n);
+      kernels::cast_fp32_to_bf16(std::span<const float>(master, n), std::span<uint16_t>(bits, n));
+      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                              store.write_tensor_async(params_name(unit), DType::bf16, flat_shape, bits, n * 2));
+      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    }
+    if (run.plan.tensors()[ids.grads].home == sch::Home::nvme) {
+      std::fill(optim, optim + n, 0.0f);
+      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                              store.write_tensor_async(grads_name(unit), DType::f32, flat_shape, optim, n * 4));
+      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    }
+  }
+  return Status();
+}
+
+// --- the training loop ----------------------------------------------------------------------
+
+struct StepFigures {
+  uint64_t step = 0;
+  double loss = 0.0;
+  double seconds = 0.0;
+  double stall_seconds = 0.0;
+  uint64_t bytes[sch::kTierPairCount] = {};
+};
+
+class Run {
+ public:
+  Run(const TrainConfig& config, const TrainOptions& options)
+      : config_(config), options_(options), layout_(config.model),
+        shape_{config.batch_size, config.model.seq_len} {}
+
+  Result<TrainSummary> execute();
+
+ private:
+  Status open_store(uint64_t& start_step);
+  Status create_scheduler();
+  Status run_step(uint64_t step, StepFigures& figures);
+  Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
+  const float* widen(const void* params, uint64_t element_count, float* scratch);
+  Status checkpoint(uint64_t step);
+  Status write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const;
+
+  const TrainConfig& config_;
+  const TrainOptions& options_;
+  ModelLayout layout_;
+  gk::BatchShape shape_;
+  RunPlan run_;
+  std::unique_ptr<TokenData> data_;
+  std::unique_ptr<memory::Store> store_;
+  std::unique_ptr<memory::HostArena> host_arena_;
+  std::unique_ptr<device::Device> device_;
+  device::DeviceBuffer workspace_;
+  device::DeviceBuffer weights_fp32_;
+  std::unique_ptr<sch::NvmeBacking> backing_;
+  std::unique_ptr<sch::Scheduler> scheduler_;
+  std::vector<int32_t> tokens_;
+  std::vector<int32_t> targets_;
+  double grad_sum_squares_ = 0.0;
+  double loss_ = 0.0;
+};
+
+Status Run::open_store(uint64_t& start_step) {
+  const std::string dir = store_dir_of(config_);
+  const bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName);
+  if (exists) {
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options(config_)));
+    store_ = std::make_unique<memory::Store>(std::move(store));
+    STRATA_ASSIGN_OR_RETURN(ModelConfig stored, model_from_metadata(store_->committed_metadata(), dir));
+    if (!options_.resume)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{} already holds a run committed at step {}; pass --resume to continue it, or "
+                                    "remove that directory to start over",
+                                    dir, store_->committed_step()));
+    if (!same_model_shape(stored, config_.model))
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{} holds a model of {} layers × {} wide (vocab {}, seq {}), not the one {} "
+                                    "describes; --resume needs the same model shape",
+                                    dir, stored.n_layer, stored.n_embd, stored.vocab_size, stored.seq_len,
+                                    config_.source_path));
+    auto precision = store_->committed_metadata().find("precision");
+    if (precision == store_->committed_metadata().end() || precision->second != dtype_name(config_.precision))
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{} was trained with another precision; --resume needs precision: {}", dir,
+                                    precision == store_->committed_metadata().end() ? "?" : precision->second));
+    start_step = store_->committed_step();
+    spdlog::info("resuming from step {} committed in {}", start_step, dir);
+    return Status();
+  }
+  // A fresh run: the store holds every persistent tensor at most three times (committed,
+  // staged, and one write in flight), plus slack for alignment.
+  const uint64_t state_bytes = training_state_bytes(run_, 64 * kKiB);
+  const uint64_t capacity_bytes = 3 * state_bytes + 64 * kMiB;
+  struct statvfs fs {};
+  if (::statvfs(config_.nvme_paths.front().c_str(), &fs) == 0) {
+    uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
+    if (free_bytes < capacity_bytes)
+      return make_error(ErrorKind::no_space,
+                        fmt::format("{} has {} free but the store needs {} (three versions of {} of training state)",
+                                    config_.nvme_paths.front(), format_size(free_bytes), format_size(capacity_bytes),
+                                    format_size(state_bytes)));
+  }
+  std::vector<std::string> data_paths;
+  for (const std::string& path : config_.nvme_paths)
+    data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
+  STRATA_ASSIGN_OR_RETURN(memory::Store store,
+                          memory::Store::create(dir, data_paths, capacity_bytes, store_options(config_)));
+  store_ = std::make_unique<memory::Store>(std::move(store));
+  spdlog::info("initializing {} parameters ({}) in {}", layout_.parameter_count(),
+               config_.model.init == "random" ? "random, seed " + std::to_string(config_.model.seed) : config_.model.init,
+               dir);
+  STRATA_RETURN_IF_ERROR(initialize_store(config_, layout_, run_, *store_, *host_arena_));
+  STRATA_RETURN_IF_ERROR(store_->commit(0, run_metadata(config_, 0)));
+  // Reopened so that its engine is fresh: an engine binds to the first thread that submits,
+  // and from now on that is the scheduler's I/O thread.
+  store_.reset();
+  STRATA_ASSIGN_OR_RETURN(memory::Store reopened, memory::Store::open(dir, store_options(config_)));
+  store_ = std::make_unique<memory::Store>(std::move(reopened));
+  start_step = 0;
+  return Status();
+}
+
+Status Run::create_scheduler() {
+  STRATA_ASSIGN_OR_RETURN(backing_, sch::make_store_backing(*store_, run_.plan));
+  sch::SchedulerOptions options;
+  options.host_budget_bytes = config_.host_memory_bytes;
+  options.trace_capacity_events = options_.trace_path.empty() ? 0 : 1 << 20;
+  STRATA_ASSIGN_OR_RETURN(scheduler_, sch::Scheduler::create(run_.plan, *device_, *host_arena_, backing_.get(),
+                                                             std::move(options)));
+  // Host-homed persistent state starts from the store's last commit, read on the I/O thread
+  // (the store's engine belongs to it) before the first step is acquired.
+  for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id) {
+    const sch::PlanTensor& tensor = run_.plan.tensors()[id];
+    if (tensor.home != sch::Home::host || !is_persistent(run_, id)) continue;
+    void* host_data = scheduler_->begin_host_access(id);
+    Status status = scheduler_->run_on_io_thread([&]() -> Status {
+      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                              store_->read_tensor_async(tensor.name, host_data, tensor.size_bytes));
+      return store_->wait(ticket);
+    });
+    scheduler_->end_host_access(id);
+    STRATA_RETURN_IF_ERROR(status);
+  }
+  return Status();
+}
+
+const float* Run::widen(const void* params, uint64_t element_count, float* scratch) {
+  if (config_.precision == DType::f32) return static_cast<const float*>(params);
+  kernels::cast_bf16_to_fp32(std::span<const uint16_t>(static_cast<const uint16_t*>(params), element_count),
+                             std::span<float>(scratch, element_count));
+  return scratch;
+}
+
+Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step) {
+  const StepInfo& info = run_.steps[step_index];
+  const gk::Config& kc = layout_.kernel_config();
+  const Unit& unit = layout_.units()[info.unit];
+  const UnitIds& ids = run_.units[info.unit];
+  auto f32 = [&](sch::TensorId id) { return static_cast<float*>(buffers.device_data(id)); };
+  auto* scratch = static_cast<float*>(weights_fp32_.data());
+  gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
+  const uint64_t activation_elements = static_cast<uint64_t>(shape_.rows()) * kc.n_embd;
+
+  switch (info.kind) {
+    case StepKind::fwd_embed: {
+      const float* embed = widen(buffers.device_data(ids.params), unit.element_count, scratch);
+      gk::embedding_forward(kc, shape_, tokens_.data(), embed, embed + kc.vocab_size * kc.n_embd,
+                            f32(run_.activations[0]));
+      return Status();
+    }
+    case StepKind::fwd_block: {
+      const float* weights = widen(buffers.device_data(ids.params), unit.element_count, scratch);
+      auto i = static_cast<size_t>(unit.block_index);
+      gk::block_forward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]),
+                        f32(run_.activations[i + 1]), workspace);
+      return Status();
+    }
+    case StepKind::head: {
+      const UnitIds& embed_ids = run_.units[layout_.embed_unit()];
+      const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
+      const float* ln_f = widen(buffers.device_data(ids.params), unit.element_count, scratch);
+      const float* embed = widen(buffers.device_data(embed_ids.params), embed_unit.element_count,
+                                 scratch + unit.element_count);
+      float* ln_f_grads = f32(ids.grads);
+      float* embed_grads = f32(embed_ids.grads);
+      std::fill(ln_f_grads, ln_f_grads + unit.element_count, 0.0f);
+      std::fill(embed_grads, embed_grads + embed_unit.element_count, 0.0f);
+      gk::HeadWeights weights{ln_f, ln_f + kc.n_embd, embed};
+      gk::HeadGrads grads{ln_f_grads, ln_f_grads + kc.n_embd, embed_grads};
+      loss_ = gk::head_forward_backward(kc, shape_, weights, f32(run_.activations[kc.n_layer]), targets_.data(),
+                                        f32(run_.d_x), grads, workspace);
+      grad_sum_squares_ = kernels::sum_squares(std::span<const float>(ln_f_grads, unit.element_count));
+      if (!std::isfinite(loss_))
+        return make_error(ErrorKind::internal,
+                          fmt::format("step {}: the loss is {} — training diverged (lower optimizer.lr?); the last "
+                                      "commit (step {}) is intact",
+                                      step + 1, loss_, store_->committed_step()));
+      return Status();
+    }
+    case StepKind::bwd_block: {
+      const float* weights = widen(buffers.device_data(ids.params), unit.element_count, scratch);
+      float* grads = f32(ids.grads);
+      std::fill(grads, grads + unit.element_count, 0.0f);
+      auto i = static_cast<size_t>(unit.block_index);
+      float* d_x = f32(run_.d_x);
+      gk::block_backward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]), d_x, d_x,
+                         gk::bind_block(kc, grads), workspace, /*recompute=*/true);
+      grad_sum_squares_ += kernels::sum_squares(std::span<const float>(grads, unit.element_count));
+      return Status();
+    }
+    case StepKind::bwd_embed: {
+      float* grads = f32(ids.grads);
+      gk::embedding_backward(kc, shape_, tokens_.data(), f32(run_.d_x), grads, grads + kc.vocab_size * kc.n_embd);
+      grad_sum_squares_ += kernels::sum_squares(std::span<const float>(grads, unit.element_count));
+      (void)activation_elements;
+      return Status();
+    }
+    case StepKind::optimize: {
+      const uint64_t n = unit.element_count;
+      float* optim = f32(ids.optim);
+      float* master = optim;
+      float* exp_avg = optim + n;
+      float* exp_avg_sq = optim + 2 * n;
+      const float* grads = f32(ids.grads);
+      void* params = buffers.device_data(ids.params);
+      float grad_scale = 1.0f;
+      if (config_.optimizer.grad_clip > 0)
+        grad_scale = kernels::clip_coefficient(std::sqrt(grad_sum_squares_), config_.optimizer.grad_clip);
+      kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
+                                 config_.optimizer.eps, config_.optimizer.weight_decay};
+      const auto t = static_cast<int64_t>(step + 1);
+      const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t, grad_scale);
+      adamw.weight_decay = 0.0;
+      const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t, grad_scale);
+      for (const UnitTensor& tensor : unit.tensors) {
+        const uint64_t offset = tensor.offset_elements;
+        const uint64_t count = tensor.element_count;
+        kernels::ComputeCopy copy;
+        if (config_.precision == DType::bf16)
+          copy = {DType::bf16, std::span<uint16_t>(static_cast<uint16_t*>(params) + offset, count)};
+        kernels::adamw_step(tensor.weight_decay ? decayed : undecayed, std::span<float>(master + offset, count),
+                            std::span<const float>(grads + offset, count), std::span<float>(exp_avg + offset, count),
+                            std::span<float>(exp_avg_sq + offset, count), copy);
+      }
+      if (config_.precision == DType::f32) std::memcpy(params, master, n * 4);
+      return Status();
+    }
+  }
+  return Status();
+}
+
+Status Run::run_step(uint64_t step, StepFigures& figures) {
+  data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
+  sch::Timeline* timeline = scheduler_->timeline();
+  for (size_t index = 0; index < run_.plan.step_count(); ++index) {
+    STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
+    const uint64_t start_ns = sch::Timeline::now_ns();
+    Status status = compute(index, buffers, step);
+    if (timeline != nullptr)
+      timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, sch::Timeline::now_ns());
+    Status released = scheduler_->release(index);
+    STRATA_RETURN_IF_ERROR(status);
+    STRATA_RETURN_IF_ERROR(released);
+  }
+  figures.loss = loss_;
+  return Status();
+}
+
+Status Run::checkpoint(uint64_t step) {
+  // Every dirty copy reaches its home first; then host-homed persistent state joins the
+  // store, and one commit makes the step durable — all on the I/O thread, which owns the store.
+  STRATA_RETURN_IF_ERROR(scheduler_->flush());
+  std::vector<std::pair<sch::TensorId, void*>> host_tensors;
+  for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id)
+    if (run_.plan.tensors()[id].home == sch::Home::host && is_persistent(run_, id))
+      host_tensors.emplace_back(id, scheduler_->begin_host_access(id));
+  Status status = scheduler_->run_on_io_thread([&]() -> Status {
+    for (const auto& [id, host_data] : host_tensors) {
+      const sch::PlanTensor& tensor = run_.plan.tensors()[id];
+      std::optional<memory::TensorRecord> record = store_->find(tensor.name);
+      assert(record.has_value());  // initialize_store wrote every persistent tensor
+      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                              store_->write_tensor_async(tensor.name, record->dtype, record->shape, host_data,
+                                                         tensor.size_bytes));
+      STRATA_RETURN_IF_ERROR(store_->wait(ticket));
+    }
+    return store_->commit(step, run_metadata(config_, step));
+  });
+  for (const auto& entry : host_tensors) scheduler_->end_host_access(entry.first);
+  return status;
+}
+
+Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const {
+  nlohmann::ordered_json json;
+  json["config"] = config_.source_path;
+  json["tokens_per_step"] = uint64_t{config_.batch_size} * config_.model.seq_len;
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (const StepFigures& f : figures) {
+    steps.push_back({{"step", f.step},
+                     {"loss", f.loss},
+                     {"seconds", f.seconds},
+                     {"stall_seconds", f.stall_seconds},
+                     {"nvme_read_bytes", f.bytes[static_cast<size_t>(sch::TierPair::nvme_to_host)]},
+                     {"nvme_write_bytes", f.bytes[static_cast<size_t>(sch::TierPair::host_to_nvme)]},
+                     {"host_to_device_bytes", f.bytes[static_cast<size_t>(sch::TierPair::host_to_device)]},
+                     {"device_to_host_bytes", f.bytes[static_cast<size_t>(sch::TierPair::device_to_host)]}});
+  }
+  json["steps"] = std::move(steps);
+  json["summary"] = {{"first_step", summary.first_step},
+                     {"last_step", summary.last_step},
+                     {"first_loss", summary.first_loss},
+                     {"last_loss", summary.last_loss},
+                     {"seconds", summary.seconds},
+                     {"tokens_per_s", summary.tokens_per_s},
+                     {"stall_seconds", summary.stall_seconds},
+                     {"nvme_read_bytes", summary.bytes_read_nvme},
+                     {"nvme_write_bytes", summary.bytes_written_nvme},
+                     {"device_high_water_bytes", summary.device_high_water_bytes},
+                     {"host_high_water_bytes", summary.host_high_water_bytes}};
+  std::ofstream out(options_.metrics_path);
+  out << json.dump(2) << "\n";
+  out.close();
+  if (!out) return make_errno_error(errno, "write metrics", options_.metrics_path);
+  return Status();
+}
+
+Result<TrainSummary> Run::execute() {
+  if (config_.device_kind == "cuda")
+    return make_error(ErrorKind::unsupported,
+                      fmt::format("{}: key 'device.kind': cuda training needs the CUDA block kernels wired into the "
+                                  "trainer, which this build does not do yet; use kind: cpu",
+                                  config_.source_path));
+  run_ = build_plan(config_, layout_);
+  STRATA_RETURN_IF_ERROR(run_.plan.validate());
+  STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
+  STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::open(config_.data_path, config_.data_format,
+                                                          config_.model.vocab_size, config_.model.seq_len));
+  data_ = std::make_unique<TokenData>(std::move(data));
+  STRATA_RETURN_IF_ERROR(check_init_file(config_, layout_));
+  const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : config_.steps;
+
+  memory::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = config_.host_memory_bytes;
+  STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
+  host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
+  STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, config_.device_memory_bytes));
+  const DeviceScratchSizes scratch = device_scratch(config_, layout_);
+  STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(scratch.workspace_bytes));
+  if (scratch.weights_fp32_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
+  }
+
+  uint64_t start_step = 0;
+  STRATA_RETURN_IF_ERROR(open_store(start_step));
+  if (start_step >= total_steps) {
+    spdlog::info("the store is already at step {} of {}: nothing to train", start_step, total_steps);
+    TrainSummary summary;
+    summary.first_step = summary.last_step = start_step;
+    summary.state_bytes = training_state_bytes(run_);
+    summary.peak_rss_bytes = peak_rss_bytes();
+    if (!options_.export_path.empty()) {
+      store_.reset();
+      STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path));
+    }
+    return summary;
+  }
+  STRATA_RETURN_IF_ERROR(create_scheduler());
+  tokens_.resize(static_cast<size_t>(shape_.rows()));
+  targets_.resize(static_cast<size_t>(shape_.rows()));
+
+  spdlog::info("training {} parameters for steps {}..{}: device {} ({}), host {}, store {} ({})",
+               layout_.parameter_count(), start_step + 1, total_steps, config_.device_kind,
+               format_size(config_.device_memory_bytes), format_size(config_.host_memory_bytes), store_dir_of(config_),
+               format_size(training_state_bytes(run_)));
+  std::vector<StepFigures> figures;
+  TrainSummary summary;
+  summary.first_step = start_step;
+  const uint64_t tokens_per_step = uint64_t{config_.batch_size} * config_.model.seq_len;
+  const auto run_start = Clock::now();
+  sch::SchedulerStats previous = scheduler_->stats();
+  for (uint64_t step = start_step; step < total_steps; ++step) {
+    StepFigures f;
+    f.step = step + 1;
+    const auto step_start = Clock::now();
+    STRATA_RETURN_IF_ERROR(run_step(step, f));
+    const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps;
+    if (commit) STRATA_RETURN_IF_ERROR(checkpoint(step + 1));
+    f.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    sch::SchedulerStats now = scheduler_->stats();
+    f.stall_seconds = static_cast<double>(now.stall_ns - previous.stall_ns) * 1e-9;
+    for (size_t pair = 0; pair < sch::kTierPairCount; ++pair)
+      f.bytes[pair] = now.transfers[pair].bytes - previous.transfers[pair].bytes;
+    previous = now;
+    if (figures.empty()) summary.first_loss = f.loss;
+    figures.push_back(f);
+    if (options_.progress) {
+      auto rate = [&](sch::TierPair pair) { return static_cast<double>(f.bytes[static_cast<size_t>(pair)]) / f.seconds / 1e9; };
+      fmt::print(stderr,
+                 "step {:>5}/{} | loss {:.4f} | {:>7.0f} tok/s | nvme r {:.2f} w {:.2f} GB/s | h2d {:.2f} d2h {:.2f} "
+                 "GB/s | stall {:4.1f}%{}\n",
+                 f.step, total_steps, f.loss, static_cast<double>(tokens_per_step) / f.seconds,
+                 rate(sch::TierPair::nvme_to_host), rate(sch::TierPair::host_to_nvme),
+                 rate(sch::TierPair::host_to_device), rate(sch::TierPair::device_to_host),
+                 100.0 * f.stall_seconds / f.seconds, commit ? " | committed" : "");
+    }
+  }
+  summary.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  summary.last_step = total_steps;
+  summary.last_loss = figures.back().loss;
+  summary.tokens_per_s = static_cast<double>(tokens_per_step * figures.size()) / summary.seconds;
+  sch::SchedulerStats stats = scheduler_->stats();
+  summary.stall_seconds = static_cast<double>(stats.stall_ns) * 1e-9;
+  summary.bytes_read_nvme = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)].bytes;
+  summary.bytes_written_nvme = stats.transfers[static_cast<size_t>(sch::TierPair::host_to_nvme)].bytes;
+  summary.bytes_host_to_device = stats.transfers[static_cast<size_t>(sch::TierPair::host_to_device)].bytes;
+  summary.bytes_device_to_host = stats.transfers[static_cast<size_t>(sch::TierPair::device_to_host)].bytes;
+  summary.device_high_water_bytes = stats.device_high_water_bytes;
+  summary.host_high_water_bytes = stats.host_high_water_bytes;
+  summary.state_bytes = training_state_bytes(run_);
+  summary.peak_rss_bytes = peak_rss_bytes();
+  if (!options_.trace_path.empty() && scheduler_->timeline() != nullptr)
+    STRATA_RETURN_IF_ERROR(scheduler_->timeline()->write_json(options_.trace_path));
+  if (!options_.metrics_path.empty()) STRATA_RETURN_IF_ERROR(write_metrics(figures, summary));
+  scheduler_.reset();  // the store is the trainer's again
+  backing_.reset();
+  store_.reset();
+  if (!options_.export_path.empty()) STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path));
+  return summary;
+}
+
+// Reads the fp32 master weights of one unit (the first third of its optimizer state).
+Status read_master(memory::Store& store, const Unit& unit, float* optim_buffer) {
+  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                          store.read_tensor_async(optim_name(unit), optim_buffer, unit.element_count * 12));
+  return store.wait(ticket);
+}
+
+}  // namespace
+
+Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
+  Run run(config, options);
+  return run.execute();
+}
+
+Status export_store_weights(const std::string& store_dir, const std::string& out_path) {
+  memory::StoreOptions options;
+  options.read_only = true;
+  STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(store_dir, options));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), store_dir));
+  ModelLayout layout(model);
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (const Unit& unit : layout.units())
+    for (const UnitTensor& tensor : unit.tensors) specs.push_back({tensor.name, DType::f32, tensor.shape});
+  std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                 {"strata_step", std::to_string(store.committed_step())}};
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
+  std::vector<float> optim(layout.largest_unit_elements() * 3);
+  for (const Unit& unit : layout.units()) {
+    STRATA_RETURN_IF_ERROR(read_master(store, unit, optim.data()));
+    for (const UnitTensor& tensor : unit.tensors)
+      STRATA_RETURN_IF_ERROR(writer.write_next(optim.data() + tensor.offset_elements, tensor.element_count * 4));
+  }
+  STRATA_RETURN_IF_ERROR(writer.finish());
+  spdlog::info("exported {} tensors of step {} to {}", specs.size(), store.committed_step(), out_path);
+  return Status();
+}
+
+Result<std::string> generate(const TrainConfig& config, const std::string& prompt, uint32_t tokens,
+                             double temperature, uint64_t seed) {
+  const std::string dir = store_dir_of(config);
+  memory::StoreOptions options;
+  options.read_only = true;
+  STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), dir));
+  ModelLayout layout(model);
+  const gk::Config& kc = layout.kernel_config();
+  // Sampling holds the fp32 weights in RAM: one position at a time, no KV cache, so only
+  // for models that fit (the demo's). The window slides over the last seq_len tokens.
+  std::vector<std::vector<float>> weights(layout.units().size());
+  std::vector<float> optim(layout.largest_unit_elements() * 3);
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    STRATA_RETURN_IF_ERROR(read_master(store, layout.units()[u], optim.data()));
+    weights[u].assign(optim.begin(), optim.begin() + static_cast<int64_t>(layout.units()[u].element_count));
+  }
+  std::vector<int32_t> context;
+  for (unsigned char c : prompt) {
+    if (c >= model.vocab_size)
+      return make_error(ErrorKind::invalid_argument, "the prompt holds a byte outside the model's vocabulary");
+    context.push_back(c);
+  }
+  if (context.empty()) context.push_back('\n');
+  std::mt19937_64 rng(seed);
+  std::string out;
+  const int64_t max_t = kc.n_ctx;
+  std::vector<float> x_a(static_cast<size_t>(max_t * kc.n_embd)), x_b(x_a.size()), logits(static_cast<size_t>(kc.vocab_size));
+  // The kernels want a 64-byte aligned workspace; one, sized for the longest window.
+  const size_t workspace_bytes = align_up(gk::workspace_size_bytes(kc, gk::BatchShape{1, max_t}), 64);
+  std::unique_ptr<float, decltype(&std::free)> workspace_storage(
+      static_cast<float*>(std::aligned_alloc(64, workspace_bytes)), &std::free);
+  if (!workspace_storage) return make_error(ErrorKind::no_space, "cannot allocate the sampling workspace");
+  const gk::Workspace workspace{workspace_storage.get(), workspace_bytes};
+  for (uint32_t produced = 0; produced < tokens; ++produced) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), max_t);
+    gk::BatchShape shape{1, t};
+    std::vector<int32_t> window(context.end() - t, context.end());
+    const float* embed = weights[layout.embed_unit()].data();
+    gk::embedding_forward(kc, shape, window.data(), embed, embed + kc.vocab_size * kc.n_embd, x_a.data());
+    for (int64_t i = 0; i < kc.n_layer; ++i) {
+      gk::block_forward(kc, shape, gk::bind_block(kc, static_cast<const float*>(weights[layout.block_unit(i)].data())),
+                        x_a.data(), x_b.data(), workspace);
+      std::swap(x_a, x_b);
+    }
+    const float* ln_f = weights[layout.ln_f_unit()].data();
+    gk::head_forward(kc, shape, gk::HeadWeights{ln_f, ln_f + kc.n_embd, embed}, x_a.data(), logits.data(), workspace);
+    int32_t next = 0;
+    if (temperature <= 0) {
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    } else {
+      float max_logit = *std::max_element(logits.begin(), logits.end());
+      std::vector<double> probs(logits.size());
+      for (size_t v = 0; v < logits.size(); ++v) probs[v] = std::exp((logits[v] - max_logit) / temperature);
+      std::discrete_distribution<int32_t> pick(probs.begin(), probs.end());
+      next = pick(rng);
+    }
+    context.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,75 @@
+// strata/engine/trainer.h — `strata train`: fine-tunes a GPT-2 whose training state lives
+// across the device, pinned host memory and the NVMe store.
+//
+// How a step runs. The model is cut into units (engine/model_layout.h); each unit has a
+// compute copy P (bf16 or fp32), a gradient G (fp32) and optimizer state O (fp32 master,
+// first and second moment, packed), each homed on the tier the config's `placement` names.
+// Activations are kept only at block inputs (A_i, host-homed) and every block is recomputed
+// in backward. One iteration is an access plan handed to the prefetch scheduler:
+//   fwd.embed, fwd.h.0 … fwd.h.{L-1}, head (loss and its gradient),
+//   bwd.h.{L-1}, opt.h.{L-1}, … bwd.h.0, opt.h.0, bwd.embed, opt.embed, opt.ln_f
+// so the reads of block i's optimizer state are in flight while block i+1's backward
+// computes, and each update runs as soon as its gradients exist. With grad_clip > 0 the
+// updates wait for the global gradient norm: every bwd step comes first (gradients parked on
+// their tier), then every opt step. The scheduler prefetches by bytes within the budgets,
+// evicts by Belady's rule and writes dirty state back to its home.
+//
+// Durability: the store is committed every `checkpoint_every` steps (and at the end) with
+// the step counter in its metadata; that commit is the checkpoint. `resume` continues from
+// the last commit; the data order depends only on the step, so a resumed run is bit-identical
+// to one that never stopped.
+//
+// Threads: one Trainer on one thread. Its compute fans out through TBB and OpenBLAS; the
+// scheduler runs its own pump and I/O threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "engine/train_config.h"
+
+namespace strata {
+
+struct TrainOptions {
+  int64_t steps = -1;          // < 0: the config's `steps` (a total, counting resumed ones)
+  bool resume = false;         // continue from the store's last commit
+  std::string trace_path;      // Chrome-trace timeline of copies, I/O, compute and stalls
+  std::string metrics_path;    // JSON: per-step figures and the summary
+  std::string export_path;     // safetensors of the final fp32 weights
+  bool json = false;           // print the summary as one JSON object on stdout
+  bool progress = true;        // one progress line per step on stderr
+};
+
+struct TrainSummary {
+  uint64_t first_step = 0;
+  uint64_t last_step = 0;       // steps completed in total (the committed step at the end)
+  double first_loss = 0.0;
+  double last_loss = 0.0;
+  double seconds = 0.0;
+  double tokens_per_s = 0.0;
+  double stall_seconds = 0.0;
+  uint64_t bytes_read_nvme = 0;
+  uint64_t bytes_written_nvme = 0;
+  uint64_t bytes_host_to_device = 0;
+  uint64_t bytes_device_to_host = 0;
+  uint64_t device_high_water_bytes = 0;
+  uint64_t host_high_water_bytes = 0;
+  uint64_t state_bytes = 0;      // the whole training state: compute copies, grads, optimizer
+  uint64_t peak_rss_bytes = 0;   // the process's peak resident set (VmHWM)
+};
+
+// Trains; returns the summary, or the first error (nothing committed is lost on error).
+[[nodiscard]] Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options);
+
+// Writes the committed fp32 master weights of the store in `store_dir` as safetensors with
+// Hugging Face's GPT-2 names (no `transformer.` prefix; the LM head is tied to wte).
+[[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path);
+
+// Samples `tokens` tokens after `prompt` from the committed weights (text-bytes vocabularies
+// print as text). Temperature 0 is greedy.
+[[nodiscard]] Result<std::string> generate(const TrainConfig& config, const std::string& prompt,
+                                           uint32_t tokens, double temperature, uint64_t seed);
+
+}  // namespace strata
