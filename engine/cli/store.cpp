@@ -15,6 +15,7 @@
 
 #include "common/size.h"
 #include "engine/cli/commands.h"
+#include "engine/trainer.h"
 #include "io/io.h"
 #include "memory/host_arena.h"
 #include "memory/store.h"
@@ -356,7 +357,7 @@ int run_bench(const BenchOptions& cli) {
 }  // namespace
 
 void add_store_command(CLI::App& app, CliState& state) {
-  CLI::App* store = app.add_subcommand("store", "inspect or verify an NVMe store (a directory with manifest.json)");
+  CLI::App* store = app.add_subcommand("store", "inspect, verify or export an NVMe store (a directory with manifest.json)");
   store->require_subcommand(1);
 
   auto inspect_dir = std::make_shared<std::string>();
@@ -376,6 +377,17 @@ void add_store_command(CLI::App& app, CliState& state) {
   verify->add_option("DIR", *verify_dir, "store directory")->required();
   verify->add_flag("--json", *verify_json, "print exactly one JSON object on stdout");
   verify->callback([verify_dir, verify_json, &state] { state.exit_code = run_verify(*verify_dir, *verify_json); });
+
+  auto export_dir = std::make_shared<std::string>();
+  auto export_file = std::make_shared<std::string>();
+  CLI::App* export_command = store->add_subcommand(
+      "export", "write the committed fp32 weights of a `strata train` store as safetensors (Hugging Face GPT-2 names)");
+  export_command->add_option("DIR", *export_dir, "store directory (<first NVMe path>/store)")->required();
+  export_command->add_option("FILE", *export_file, "the .safetensors file to write")->required();
+  export_command->callback([export_dir, export_file, &state] {
+    Status status = export_store_weights(*export_dir, *export_file);
+    if (!status.ok()) state.exit_code = report_error(status.error());
+  });
 
   auto bench = std::make_shared<BenchOptions>();
   CLI::App* bench_command = store->add_subcommand(
