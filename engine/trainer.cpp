@@ -285,6 +285,19 @@ Status check_init_file(const TrainConfig& config, const ModelLayout& layout) {
   return Status();
 }
 
+// Removes what a run that never committed left behind (a store directory without a committed
+// step, data files) so a fresh store can be created in its place.
+Status discard_uncommitted_store(const TrainConfig& config) {
+  std::error_code error;
+  std::filesystem::remove_all(store_dir_of(config), error);
+  if (error) return make_errno_error(error.value(), "remove", store_dir_of(config));
+  for (const std::string& path : config.nvme_paths) {
+    std::filesystem::remove(std::filesystem::path(path) / "strata.data", error);
+    if (error) return make_errno_error(error.value(), "remove", path + "/strata.data");
+  }
+  return Status();
+}
+
 // --- fresh state ----------------------------------------------------------------------------
 
 // Writes every unit's initial compute copy, zero gradients and optimizer state (master from
@@ -401,10 +414,20 @@ class Run {
 
 Status Run::open_store(uint64_t& start_step) {
   const std::string dir = store_dir_of(config_);
-  const bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName);
+  bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName);
   if (exists) {
     STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options(config_)));
     store_ = std::make_unique<memory::Store>(std::move(store));
+    if (store_->committed_metadata().count("format") == 0) {
+      // Killed while the first version was being written: nothing was ever committed, so
+      // nothing is lost by starting that first version again.
+      spdlog::warn("{} holds no committed step (an earlier run stopped while initializing); starting afresh", dir);
+      store_.reset();
+      exists = false;
+    }
+  }
+  if (!exists) STRATA_RETURN_IF_ERROR(discard_uncommitted_store(config_));
+  if (exists) {
     STRATA_ASSIGN_OR_RETURN(ModelConfig stored, model_from_metadata(store_->committed_metadata(), dir));
     if (!options_.resume)
       return make_error(ErrorKind::invalid_argument,

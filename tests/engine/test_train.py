@@ -5,7 +5,8 @@
 # bit-identical weights, with and without clipping; (bad_input) a bad config is refused before
 # any work with one line naming the problem, and leaves nothing behind; (budgets) a model whose
 # training state is over twice the budgets trains, and peak RSS stays within the budgets plus
-# the documented fixed overhead.
+# the documented fixed overhead; (resume) a run SIGKILLed at random moments and resumed each time
+# ends bit-identical to an uninterrupted one.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 import json
@@ -237,8 +238,60 @@ def case_budgets(folder):
         fail("a tier went over its budget")
 
 
+def case_resume(folder):
+    """SIGKILL at random moments (many during a commit: every step commits), resume each time;
+    the final weights are bit-identical to a run that was never interrupted."""
+    import random
+    import signal
+    import time
+    rng = random.Random(11)
+    steps = 40
+    exports = {}
+    straight_seconds = 1.0
+    for name in ("straight", "killed"):
+        run_dir = os.path.join(folder, name)
+        os.makedirs(run_dir)
+        cfg_path, _ = config(run_dir, model={"n_layer": 3, "n_embd": 128, "seq_len": 64}, batch_size=8, steps=steps,
+                             precision="bf16", checkpoint_every=1, device={"memory": "16MiB"},
+                             host={"memory": "16MiB"},
+                             placement={"params": "nvme", "grads": "host", "optimizer": "nvme"})
+        out = os.path.join(run_dir, "weights.safetensors")
+        if name == "straight":
+            start = time.monotonic()
+            strata("train", cfg_path, "--export", out)
+            straight_seconds = time.monotonic() - start
+        else:
+            kills = 0
+            while True:
+                process = subprocess.Popen([STRATA, "--log-level", "warn", "train", cfg_path, "--resume"],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                # Kill somewhere in the first fifth of what a whole run takes: past start-up
+                # most times, so each life commits a few steps, and often inside a commit.
+                deadline = time.monotonic() + rng.uniform(0.02, 0.2) * straight_seconds
+                while process.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                if process.poll() is None:
+                    process.send_signal(signal.SIGKILL)
+                    process.wait()
+                    kills += 1
+                    continue
+                if process.returncode != 0:
+                    fail(f"a resumed run failed (exit {process.returncode}):\n{process.stderr.read()}")
+                break
+            verify = strata("store", "verify", os.path.join(run_dir, "nvme", "store"))
+            strata("store", "export", os.path.join(run_dir, "nvme", "store"), out)
+            print(f"killed {kills} times; the store verifies: {verify.stdout.strip()}")
+            if kills < 10:
+                fail(f"only {kills} kills: the run finished too quickly to test resume")
+        with open(out, "rb") as f:
+            exports[name] = f.read()
+    if exports["straight"] != exports["killed"]:
+        fail("the killed-and-resumed run exported different weights from the straight run")
+    print("killed-and-resumed weights are bit-identical to the uninterrupted run's")
+
+
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
-         "budgets": case_budgets}
+         "budgets": case_budgets, "resume": case_resume}
 
 if __name__ == "__main__":
     scratch_root = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
