@@ -12,32 +12,16 @@
 
 #include "io/io.h"
 #include "memory/store.h"
+#include "tests/support/stamp.h"
 
 namespace strata::memory::testing {
 
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Byte i of tensor `tensor_index` at `version`: every 8-byte word is a hash of (tensor,
-// version, word index).
+// Stamped content (tests/support/stamp.h) under the names the memory suites use.
 inline void fill_pattern(void* data, uint64_t size_bytes, uint64_t tensor_index, uint64_t version) {
-  auto* out = static_cast<unsigned char*>(data);
-  const uint64_t seed = mix64(tensor_index * 1000003ull + version);
-  for (uint64_t word = 0; word * 8 < size_bytes; ++word) {
-    const uint64_t value = mix64(seed ^ word);
-    const uint64_t n = size_bytes - word * 8 < 8 ? size_bytes - word * 8 : 8;
-    std::memcpy(out + word * 8, &value, n);
-  }
+  strata::testing::stamp(data, size_bytes, tensor_index, version);
 }
-
 inline bool matches_pattern(const void* data, uint64_t size_bytes, uint64_t tensor_index, uint64_t version) {
-  std::vector<unsigned char> expected(size_bytes);
-  fill_pattern(expected.data(), size_bytes, tensor_index, version);
-  return std::memcmp(expected.data(), data, size_bytes) == 0;
+  return strata::testing::has_stamp(data, size_bytes, tensor_index, version);
 }
 
 inline io::EngineConfig test_engine_config() {
