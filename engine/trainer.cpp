@@ -521,7 +521,6 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
   auto f32 = [&](sch::TensorId id) { return static_cast<float*>(buffers.device_data(id)); };
   auto* scratch = static_cast<float*>(weights_fp32_.data());
   gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
-  const uint64_t activation_elements = static_cast<uint64_t>(shape_.rows()) * kc.n_embd;
 
   switch (info.kind) {
     case StepKind::fwd_embed: {
@@ -574,7 +573,6 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       float* grads = f32(ids.grads);
       gk::embedding_backward(kc, shape_, tokens_.data(), f32(run_.d_x), grads, grads + kc.vocab_size * kc.n_embd);
       grad_sum_squares_ += kernels::sum_squares(std::span<const float>(grads, unit.element_count));
-      (void)activation_elements;
       return Status();
     }
     case StepKind::optimize: {
