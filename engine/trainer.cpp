@@ -666,17 +666,7 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
                      {"device_to_host_bytes", f.bytes[static_cast<size_t>(sch::TierPair::device_to_host)]}});
   }
   json["steps"] = std::move(steps);
-  json["summary"] = {{"first_step", summary.first_step},
-                     {"last_step", summary.last_step},
-                     {"first_loss", summary.first_loss},
-                     {"last_loss", summary.last_loss},
-                     {"seconds", summary.seconds},
-                     {"tokens_per_s", summary.tokens_per_s},
-                     {"stall_seconds", summary.stall_seconds},
-                     {"nvme_read_bytes", summary.bytes_read_nvme},
-                     {"nvme_write_bytes", summary.bytes_written_nvme},
-                     {"device_high_water_bytes", summary.device_high_water_bytes},
-                     {"host_high_water_bytes", summary.host_high_water_bytes}};
+  json["summary"] = summary_json(summary);
   std::ofstream out(options_.metrics_path);
   out << json.dump(2) << "\n";
   out.close();
@@ -796,6 +786,24 @@ Status read_master(memory::Store& store, const Unit& unit, float* optim_buffer) 
 }
 
 }  // namespace
+
+nlohmann::ordered_json summary_json(const TrainSummary& s) {
+  return {{"first_step", s.first_step},
+          {"last_step", s.last_step},
+          {"first_loss", s.first_loss},
+          {"last_loss", s.last_loss},
+          {"seconds", s.seconds},
+          {"tokens_per_s", s.tokens_per_s},
+          {"stall_seconds", s.stall_seconds},
+          {"nvme_read_bytes", s.bytes_read_nvme},
+          {"nvme_write_bytes", s.bytes_written_nvme},
+          {"host_to_device_bytes", s.bytes_host_to_device},
+          {"device_to_host_bytes", s.bytes_device_to_host},
+          {"device_high_water_bytes", s.device_high_water_bytes},
+          {"host_high_water_bytes", s.host_high_water_bytes},
+          {"state_bytes", s.state_bytes},
+          {"peak_rss_bytes", s.peak_rss_bytes}};
+}
 
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
   Run run(config, options);

@@ -27,6 +27,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "engine/train_config.h"
 
@@ -59,6 +61,9 @@ struct TrainSummary {
   uint64_t state_bytes = 0;      // the whole training state: compute copies, grads, optimizer
   uint64_t peak_rss_bytes = 0;   // the process's peak resident set (VmHWM)
 };
+
+// The summary as the JSON object `--json` prints and `--metrics` embeds.
+nlohmann::ordered_json summary_json(const TrainSummary& summary);
 
 // Trains; returns the summary, or the first error (nothing committed is lost on error).
 [[nodiscard]] Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options);

@@ -56,21 +56,7 @@ void add_train_command(CLI::App& app, CliState& state) {
     }
     const TrainSummary& s = *summary;
     if (options->train.json) {
-      nlohmann::ordered_json json = {{"first_step", s.first_step},
-                                     {"last_step", s.last_step},
-                                     {"first_loss", s.first_loss},
-                                     {"last_loss", s.last_loss},
-                                     {"seconds", s.seconds},
-                                     {"tokens_per_s", s.tokens_per_s},
-                                     {"stall_seconds", s.stall_seconds},
-                                     {"nvme_read_bytes", s.bytes_read_nvme},
-                                     {"nvme_write_bytes", s.bytes_written_nvme},
-                                     {"host_to_device_bytes", s.bytes_host_to_device},
-                                     {"device_to_host_bytes", s.bytes_device_to_host},
-                                     {"device_high_water_bytes", s.device_high_water_bytes},
-                                     {"host_high_water_bytes", s.host_high_water_bytes},
-                                     {"state_bytes", s.state_bytes},
-                                     {"peak_rss_bytes", s.peak_rss_bytes}};
+      nlohmann::ordered_json json = summary_json(s);
       fmt::print("{}\n", json.dump());
     } else if (s.last_step > s.first_step) {
       fmt::print(stderr,
