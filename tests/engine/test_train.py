@@ -247,7 +247,6 @@ def case_resume(folder):
     rng = random.Random(11)
     steps = 40
     exports = {}
-    straight_seconds = 1.0
     for name in ("straight", "killed"):
         run_dir = os.path.join(folder, name)
         os.makedirs(run_dir)
@@ -257,19 +256,29 @@ def case_resume(folder):
                              placement={"params": "nvme", "grads": "host", "optimizer": "nvme"})
         out = os.path.join(run_dir, "weights.safetensors")
         if name == "straight":
-            start = time.monotonic()
             strata("train", cfg_path, "--export", out)
-            straight_seconds = time.monotonic() - start
         else:
             kills = 0
+            manifest = os.path.join(run_dir, "nvme", "store", "manifest.json")
+
+            def committed_step():
+                try:
+                    with open(manifest) as f:  # replaced by rename, so always whole
+                        return int(json.load(f)["step"])
+                except (OSError, ValueError, KeyError):
+                    return -1
+
             while True:
+                start_step = committed_step()
                 process = subprocess.Popen([STRATA, "--log-level", "warn", "train", cfg_path, "--resume"],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                # Kill somewhere in the first fifth of what a whole run takes: past start-up
-                # most times, so each life commits a few steps, and often inside a commit.
-                deadline = time.monotonic() + rng.uniform(0.02, 0.2) * straight_seconds
-                while process.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.005)
+                # Let each life commit 1–3 steps, then kill it a random few milliseconds later:
+                # progress every time whatever the machine's speed, and often inside a step or
+                # a commit.
+                target = start_step + rng.randint(1, 3)
+                while process.poll() is None and committed_step() < target:
+                    time.sleep(0.002)
+                time.sleep(rng.uniform(0.0, 0.03))
                 if process.poll() is None:
                     process.send_signal(signal.SIGKILL)
                     process.wait()
