@@ -302,16 +302,21 @@ struct Scheduler::Impl {
         done.device_version = version;
         done.device_placeholder = false;
         --h2d_in_flight;
-        TransferStats& t = stats.transfers[static_cast<size_t>(TierPair::host_to_device)];
-        t.bytes += done.spec.size_bytes;
-        ++t.transfers;
-        t.busy_ns += end_ns - h2d_start_ns;
-        trace(TraceTrack::h2d, done, h2d_start_ns, end_ns);
-        work_pending = true;
-        pump_cv.notify_one();
-        ready_cv.notify_all();
+        copy_finished(TierPair::host_to_device, TraceTrack::h2d, done, h2d_start_ns, end_ns);
       });
     if (!status.ok()) fail_sticky(status.error());
+  }
+
+  // The books of a finished host↔device copy (under the lock): counts, trace, wake-ups.
+  void copy_finished(TierPair pair, TraceTrack track, const Book& done, uint64_t start_ns, uint64_t end_ns) {
+    TransferStats& t = stats.transfers[static_cast<size_t>(pair)];
+    t.bytes += done.spec.size_bytes;
+    ++t.transfers;
+    t.busy_ns += end_ns - start_ns;
+    trace(track, done, start_ns, end_ns);
+    work_pending = true;
+    pump_cv.notify_one();
+    ready_cv.notify_all();
   }
 
   void issue_d2h(TensorId id) {
@@ -334,14 +339,7 @@ struct Scheduler::Impl {
         done.host_op = HostOp::none;
         done.host_version = version;
         --d2h_in_flight;
-        TransferStats& t = stats.transfers[static_cast<size_t>(TierPair::device_to_host)];
-        t.bytes += done.spec.size_bytes;
-        ++t.transfers;
-        t.busy_ns += end_ns - d2h_start_ns;
-        trace(TraceTrack::d2h, done, d2h_start_ns, end_ns);
-        work_pending = true;
-        pump_cv.notify_one();
-        ready_cv.notify_all();
+        copy_finished(TierPair::device_to_host, TraceTrack::d2h, done, d2h_start_ns, end_ns);
       });
     if (!status.ok()) fail_sticky(status.error());
   }

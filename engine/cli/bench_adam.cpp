@@ -84,6 +84,20 @@ struct Buffers {
 // touch 2-3 arrays; this one touches AdamW's 5 so the two are compared byte for byte.
 constexpr float kStreamStep = 1.0f / 1024.0f;
 
+void stream_tile_scalar(float* p, const float* g, float* m, float* v, uint16_t* copy, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const float delta = g[i] * kStreamStep;
+    p[i] += delta;
+    m[i] += delta;
+    v[i] += delta;
+    if (copy != nullptr) {
+      uint32_t bits;
+      std::memcpy(&bits, &p[i], 4);
+      copy[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+}
+
 __attribute__((target("avx2"))) void stream_tile_avx2(float* p, const float* g, float* m, float* v,
                                                       uint16_t* copy, size_t count) {
   const __m256 step = _mm256_set1_ps(kStreamStep);
@@ -100,32 +114,10 @@ __attribute__((target("avx2"))) void stream_tile_avx2(float* p, const float* g, 
                        _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1)));
     }
   }
-  for (; i < count; ++i) {
-    const float delta = g[i] * kStreamStep;
-    p[i] += delta;
-    m[i] += delta;
-    v[i] += delta;
-    if (copy != nullptr) {
-      uint32_t bits;
-      std::memcpy(&bits, &p[i], 4);
-      copy[i] = static_cast<uint16_t>(bits >> 16);
-    }
-  }
+  // The tail, fewer than 8 elements, the scalar way.
+  stream_tile_scalar(p + i, g + i, m + i, v + i, copy != nullptr ? copy + i : nullptr, count - i);
 }
 
-void stream_tile_scalar(float* p, const float* g, float* m, float* v, uint16_t* copy, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    const float delta = g[i] * kStreamStep;
-    p[i] += delta;
-    m[i] += delta;
-    v[i] += delta;
-    if (copy != nullptr) {
-      uint32_t bits;
-      std::memcpy(&bits, &p[i], 4);
-      copy[i] = static_cast<uint16_t>(bits >> 16);
-    }
-  }
-}
 
 void stream_pass(Buffers& b, bool with_copy, CpuIsa isa) {
   const size_t tile = kernels::kAdamWTileElements;  // the same tiles AdamW hands to TBB
