@@ -391,6 +391,7 @@ class Run {
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
   const float* widen(const void* params, uint64_t element_count, float* scratch);
   Status checkpoint(uint64_t step);
+  Error step_failed(Error error, uint64_t step, bool committing) const;
   Status write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const;
 
   const TrainConfig& config_;
@@ -410,6 +411,7 @@ class Run {
   std::vector<int32_t> targets_;
   double grad_sum_squares_ = 0.0;
   double loss_ = 0.0;
+  uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
 };
 
 Status Run::open_store(uint64_t& start_step) {
@@ -449,18 +451,23 @@ Status Run::open_store(uint64_t& start_step) {
     spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();
   }
-  // A fresh run: the store holds every persistent tensor at most three times (committed,
-  // staged, and one write in flight), plus slack for alignment.
-  const uint64_t state_bytes = training_state_bytes(run_, 64 * kKiB);
-  const uint64_t capacity_bytes = 3 * state_bytes + 64 * kMiB;
+  // A fresh run. The store holds each of its tensors at most twice: the committed version
+  // and the one being written (a rewrite of an uncommitted version frees it first), plus
+  // slack for alignment and for holes the versions leave between commits.
+  uint64_t store_bytes = 0;
+  for (const UnitIds& ids : run_.units)
+    for (sch::TensorId id : {ids.params, ids.grads, ids.optim})
+      if (id == ids.grads ? run_.plan.tensors()[id].home == sch::Home::nvme : true)
+        store_bytes += align_up(run_.plan.tensors()[id].size_bytes, 64 * kKiB);
+  const uint64_t capacity_bytes = 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
   struct statvfs fs {};
   if (::statvfs(config_.nvme_paths.front().c_str(), &fs) == 0) {
     uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
     if (free_bytes < capacity_bytes)
       return make_error(ErrorKind::no_space,
-                        fmt::format("{} has {} free but the store needs {} (three versions of {} of training state)",
+                        fmt::format("{} has {} free but the store needs {} (two versions of {} of training state)",
                                     config_.nvme_paths.front(), format_size(free_bytes), format_size(capacity_bytes),
-                                    format_size(state_bytes)));
+                                    format_size(store_bytes)));
   }
   std::vector<std::string> data_paths;
   for (const std::string& path : config_.nvme_paths)
@@ -555,7 +562,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
         return make_error(ErrorKind::internal,
                           fmt::format("step {}: the loss is {} — training diverged (lower optimizer.lr?); the last "
                                       "commit (step {}) is intact",
-                                      step + 1, loss_, store_->committed_step()));
+                                      step + 1, loss_, committed_step_));
       return Status();
     }
     case StepKind::bwd_block: {
@@ -650,6 +657,16 @@ Status Run::checkpoint(uint64_t step) {
   return status;
 }
 
+// A failed step keeps the cause (tensor, file, offset, errno) and says what the user has:
+// the last commit, untouched, and the command that continues from it.
+Error Run::step_failed(Error error, uint64_t step, bool committing) const {
+  error.message = fmt::format("step {} failed{}: {} — the store still holds step {} as committed (check it with "
+                              "`strata store verify {}`); fix the cause and continue with `strata train {} --resume`",
+                              step, committing ? " while committing" : "", error.message, committed_step_,
+                              store_dir_of(config_), config_.source_path);
+  return error;
+}
+
 Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const {
   nlohmann::ordered_json json;
   json["config"] = config_.source_path;
@@ -702,6 +719,7 @@ Result<TrainSummary> Run::execute() {
 
   uint64_t start_step = 0;
   STRATA_RETURN_IF_ERROR(open_store(start_step));
+  committed_step_ = start_step;
   if (start_step >= total_steps) {
     spdlog::info("the store is already at step {} of {}: nothing to train", start_step, total_steps);
     TrainSummary summary;
@@ -732,9 +750,11 @@ Result<TrainSummary> Run::execute() {
     StepFigures f;
     f.step = step + 1;
     const auto step_start = Clock::now();
-    STRATA_RETURN_IF_ERROR(run_step(step, f));
     const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps;
-    if (commit) STRATA_RETURN_IF_ERROR(checkpoint(step + 1));
+    Status status = run_step(step, f);
+    if (status.ok() && commit) status = checkpoint(step + 1);
+    if (!status.ok()) return step_failed(status.error(), step + 1, commit);
+    if (commit) committed_step_ = step + 1;
     f.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     sch::SchedulerStats now = scheduler_->stats();
     f.stall_seconds = static_cast<double>(now.stall_ns - previous.stall_ns) * 1e-9;

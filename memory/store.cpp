@@ -680,8 +680,17 @@ Result<StoreTicket> Store::write_tensor_async(std::string_view name, DType dtype
   record.size_bytes = size_bytes;
   const uint64_t max_extent = align_down(s.options.max_extent_bytes, s.granule_bytes);
   for (uint64_t done = 0; done < size_bytes;) {
-    const uint64_t length = std::min(max_extent, size_bytes - done);
+    uint64_t length = std::min(max_extent, size_bytes - done);
     Result<Block> block = s.space->allocate(length);
+    if (!block.ok()) {
+      // Free space shattered into holes smaller than an extent: a shorter extent in the
+      // largest hole still makes progress. Only when the space itself runs out is it full.
+      const uint64_t largest_free_bytes = s.space->stats().largest_free_bytes;
+      if (largest_free_bytes > 0 && largest_free_bytes < length) {
+        length = largest_free_bytes;
+        block = s.space->allocate(length);
+      }
+    }
     if (!block.ok()) {
       s.free_extents(record.extents);
       Error error = block.error();
