@@ -9,6 +9,7 @@
 # ends bit-identical to an uninterrupted one.
 #
 # Usage: test_train.py STRATA_BINARY CASE
+# test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
 import json
 import os
 import shutil
@@ -18,7 +19,6 @@ import sys
 import tempfile
 
 STRATA = os.path.abspath(sys.argv[1])
-CASE = sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = "/usr/share/common-licenses/GPL-3"
 # What a run holds beyond its host and device budgets: the binary and its libraries, TBB's
@@ -303,6 +303,7 @@ CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case
          "budgets": case_budgets, "resume": case_resume}
 
 if __name__ == "__main__":
+    CASE = sys.argv[2]
     scratch_root = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
     os.makedirs(scratch_root, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f"train-{CASE}-", dir=scratch_root)
