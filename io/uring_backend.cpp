@@ -11,9 +11,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -28,7 +30,7 @@ namespace {
 // engine serve several volumes without re-registering on every request.
 constexpr uint32_t kFileSlots = 64;
 // Registered buffer regions per ring (the pinned arena is one or a few regions).
-constexpr uint32_t kBufferRegions = 16;
+constexpr uint32_t kBufferRegions = 64;  // 1 GiB windows: 32 GiB of registered memory
 
 uint32_t next_power_of_two(uint32_t value) {
   uint32_t out = 1;
@@ -51,13 +53,26 @@ class UringBackend final : public BackendQueue {
   Backend kind() const override { return Backend::uring; }
   uint32_t capacity() const override { return capacity_; }
 
+  // The kernel takes at most 1 GiB per registered buffer. A longer region is registered as
+  // windows of 1 GiB that start every 512 MiB, overlapping by half, so that any transfer of
+  // up to 512 MiB lies wholly inside one window and still goes through the fixed path.
+  static constexpr uint64_t kMaxRegisteredBytes = uint64_t{1} << 30;
+  static constexpr uint64_t kWindowStrideBytes = kMaxRegisteredBytes / 2;
+
   Status register_buffer(void* base, uint64_t length_bytes) override {
-    if (region_count_ == kBufferRegions)
+    std::vector<iovec> windows;
+    for (uint64_t offset = 0;; offset += kWindowStrideBytes) {
+      const uint64_t window_bytes = std::min(kMaxRegisteredBytes, length_bytes - offset);
+      windows.push_back(iovec{static_cast<char*>(base) + offset, static_cast<size_t>(window_bytes)});
+      if (offset + window_bytes >= length_bytes) break;
+    }
+    if (region_count_ + windows.size() > kBufferRegions)
       return make_error(ErrorKind::unsupported,
-                        fmt::format("io_uring: at most {} registered buffer regions", kBufferRegions));
+                        fmt::format("io_uring: at most {} registered buffer windows of 1 GiB", kBufferRegions));
     if (region_count_ > 0) io_uring_unregister_buffers(&ring_);
-    regions_[region_count_] = iovec{base, static_cast<size_t>(length_bytes)};
-    int rc = io_uring_register_buffers(&ring_, regions_.data(), region_count_ + 1);
+    std::copy(windows.begin(), windows.end(), regions_.begin() + region_count_);
+    const uint32_t total = region_count_ + static_cast<uint32_t>(windows.size());
+    int rc = io_uring_register_buffers(&ring_, regions_.data(), total);
     if (rc < 0) {
       // Put the earlier regions back; the new one simply stays unregistered.
       if (region_count_ > 0) (void)io_uring_register_buffers(&ring_, regions_.data(), region_count_);
@@ -67,7 +82,7 @@ class UringBackend final : public BackendQueue {
                       "still works, without fixed buffers";
       return error;
     }
-    ++region_count_;
+    region_count_ = total;
     return Status();
   }
 

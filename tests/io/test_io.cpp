@@ -292,6 +292,28 @@ TEST_P(EngineTest, RegisteredBufferRoundTrip) {
   }
 }
 
+TEST_P(EngineTest, RegionOverOneGiBStaysOnTheFixedPathAcrossTheGiBMark) {
+  if (GetParam() != Backend::uring) GTEST_SKIP() << "registered buffers are io_uring's";
+  // The kernel registers at most 1 GiB per buffer (a 6 GiB pinned arena was refused whole,
+  // with EFAULT): larger regions go in as overlapping 1 GiB windows, and a transfer that
+  // straddles the 1 GiB mark must still find a window holding all of it.
+  Volume v = volume({dir_.file("big-region.strata")});
+  std::unique_ptr<Engine> e = engine(8, 1 * kMiB);
+  ASSERT_NE(e, nullptr);
+  const uint64_t size_bytes = kGiB + 8 * kMiB;
+  TestBuffer region(size_bytes);
+  Status registered = e->register_buffer(region.data(), size_bytes);
+  ASSERT_TRUE(registered.ok()) << registered.to_string();
+  const uint64_t length_bytes = 4 * kMiB;
+  uint8_t* across = region.data() + kGiB - length_bytes / 2;
+  stamp(across, length_bytes, 0, 9);
+  ASSERT_TRUE(write_all(*e, v, across, length_bytes, 0).ok());
+  std::memset(across, 0, length_bytes);
+  ASSERT_TRUE(read_exact(*e, v, across, length_bytes, 0).ok());
+  EXPECT_EQ(first_mismatch(across, length_bytes, 0, 9), -1);
+  EXPECT_EQ(e->stats().fixed_buffer_ops, e->stats().pieces_submitted);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EngineTest, ::testing::ValuesIn(backends_to_test()),
                          backend_param_name);
 
