@@ -29,6 +29,7 @@ struct Book {
   PlanTensor spec;
   uint64_t aligned_bytes = 0;
   std::vector<uint32_t> uses;  // plan steps using it, ascending
+  std::vector<uint8_t> use_writes;  // parallel to uses: that step writes it
   int64_t version = 0;         // bumped when a step that writes it is acquired
 
   device::DeviceBuffer device;
@@ -91,6 +92,10 @@ struct Scheduler::Impl {
   SchedulerOptions options;
   std::vector<std::vector<StepTensor>> step_tensors;  // per plan step
   uint64_t host_home_bytes = 0;
+  // Device memory the caller held before the scheduler began (kernel workspace, scratch):
+  // the prefetch horizon is what is left, or it would reach for space it can only get by
+  // evicting what it has just prefetched.
+  uint64_t external_device_bytes = 0;
   device::Stream h2d, d2h;
   std::unique_ptr<Timeline> timeline;
 
@@ -126,6 +131,14 @@ struct Scheduler::Impl {
     auto it = std::lower_bound(book.uses.begin(), book.uses.end(), position);
     if (it != book.uses.end()) return *it - position;
     return n() - position + book.uses.front();
+  }
+
+  // Whether the next use at or after `from_abs` writes the tensor.
+  bool next_use_writes(const Book& book, uint64_t from_abs) const {
+    const uint32_t position = static_cast<uint32_t>(from_abs % n());
+    auto it = std::lower_bound(book.uses.begin(), book.uses.end(), position);
+    const size_t index = it != book.uses.end() ? static_cast<size_t>(it - book.uses.begin()) : 0;
+    return book.use_writes[index] != 0;
   }
 
   void trace(TraceTrack track, const Book& book, uint64_t start_ns, uint64_t end_ns) {
@@ -185,8 +198,11 @@ struct Scheduler::Impl {
       } else {
         if (!c.host_allocated || c.spec.home != Home::nvme || c.host_op != HostOp::none) continue;
         // A host copy whose tensor is already on the device is not needed for its next use:
-        // it ranks behind every copy that is.
-        if (device_current(c, true)) d += n();
+        // it ranks behind every copy that is — unless that use writes the tensor. Then its
+        // write-back needs a host block at that very use, and giving this one away first
+        // would take one from a copy prefetched for a later step (which is then read twice):
+        // it ranks by its next use like any other copy.
+        if (device_current(c, true) && !(c.spec.home == Home::nvme && next_use_writes(c, cursor_abs))) d += n();
       }
       if (d > need_distance || (need_distance == 0 && d == 0)) victims.emplace_back(d, static_cast<TensorId>(other));
     }
@@ -370,9 +386,9 @@ struct Scheduler::Impl {
   }
 
   void prefetch() {
+    const uint64_t device_room = device.budget_bytes() - std::min(device.budget_bytes(), external_device_bytes);
     const uint64_t device_limit =
-        options.device_lookahead_bytes ? std::min(options.device_lookahead_bytes, device.budget_bytes())
-                                       : device.budget_bytes();
+        options.device_lookahead_bytes ? std::min(options.device_lookahead_bytes, device_room) : device_room;
     const uint64_t host_room = options.host_budget_bytes - host_home_bytes;
     const uint64_t host_limit =
         options.host_lookahead_bytes ? std::min(options.host_lookahead_bytes, host_room) : host_room;
@@ -627,6 +643,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   auto impl = std::make_unique<Impl>(std::move(plan), device, host_arena, backing, std::move(options));
   Impl& s = *impl;
   s.host_home_bytes = host_home_bytes;
+  s.external_device_bytes = device.memory_stats().used_bytes;
   s.books.resize(s.plan.tensors().size());
   s.seen_epoch.assign(s.books.size(), 0);
   for (auto& victims : s.victims_by_tier) victims.reserve(s.books.size());
@@ -638,6 +655,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
       const bool writes = std::find(spec.writes.begin(), spec.writes.end(), id) != spec.writes.end();
       s.step_tensors[step].push_back(StepTensor{id, reads, writes});
       s.books[id].uses.push_back(static_cast<uint32_t>(step));
+      s.books[id].use_writes.push_back(writes ? 1 : 0);
     }
     // Largest first: the walk allocates in this order, which packs a step's tensors tightly.
     std::stable_sort(s.step_tensors[step].begin(), s.step_tensors[step].end(),
