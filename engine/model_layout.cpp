@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <tbb/parallel_for.h>
+
 namespace strata {
 
 namespace {
@@ -105,8 +107,23 @@ void ModelLayout::initialize_unit(size_t unit_index, uint64_t seed, float* out) 
     }
     const uint64_t key = splitmix64(seed) ^ hash_name(tensor.name);
     const auto std_dev = static_cast<float>(tensor.init_std);
-    for (uint64_t i = 0; i < tensor.element_count; ++i) values[i] = std_dev * normal_at(key, i);
+    tbb::parallel_for(tbb::blocked_range<uint64_t>(0, tensor.element_count, 1 << 16),
+                      [&](const tbb::blocked_range<uint64_t>& range) {
+                        for (uint64_t i = range.begin(); i < range.end(); ++i) values[i] = std_dev * normal_at(key, i);
+                      });
   }
+}
+
+std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements) {
+  const uint64_t n = unit.element_count;
+  const uint64_t chunks = std::max<uint64_t>(1, (n + chunk_elements - 1) / chunk_elements);
+  std::vector<ElementRange> ranges;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    const uint64_t begin = n * c / chunks;
+    const uint64_t end = n * (c + 1) / chunks;
+    ranges.push_back(ElementRange{begin, end - begin});
+  }
+  return ranges;
 }
 
 }  // namespace strata

@@ -31,12 +31,28 @@ struct UnitTensor {
   float init_value = 0.0f;
 };
 
+// A run of elements within a unit's packed buffer.
+struct ElementRange {
+  uint64_t begin_elements = 0;
+  uint64_t element_count = 0;
+};
+
 struct Unit {
   std::string name;       // "embed", "h.3", "ln_f"
   int64_t block_index = -1;
   std::vector<UnitTensor> tensors;
   uint64_t element_count = 0;
 };
+
+// Optimizer state (fp32 master, first and second moment) travels in chunks of at most this
+// many elements, each chunk one store tensor packed [master | m | v]: the update of a big unit
+// (GPT-2 XL's 80 M-parameter embeddings) then streams through the device a piece at a time
+// instead of needing 1 GB of it at once, and the read of one chunk overlaps the update of the
+// one before. Stores record the value they were written with (metadata `optim_chunk_elements`).
+inline constexpr uint64_t kOptimChunkElements = uint64_t{16} << 20;
+
+// A unit's optimizer chunks: ceil(n / chunk_elements) ranges of near-equal size covering it.
+std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements);
 
 class ModelLayout {
  public:
@@ -50,7 +66,8 @@ class ModelLayout {
   uint64_t parameter_count() const;
   uint64_t largest_unit_elements() const;
 
-  // Fills a unit's packed fp32 buffer with its initial values.
+  // Fills a unit's packed fp32 buffer with its initial values (in parallel; the values do not
+  // depend on the thread count).
   void initialize_unit(size_t unit_index, uint64_t seed, float* out) const;
 
  private:

@@ -92,12 +92,17 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.placement.grads, parse_tier(placement, "grads", Tier::host));
   STRATA_READ(config.placement.optimizer, parse_tier(placement, "optimizer", Tier::nvme));
   STRATA_RETURN_IF_ERROR(placement.finish());
-  // The CPU optimizer updates master weights and moments in host memory: they cannot live
-  // on the device, and gradients are consumed there too.
+  // Optimizer state is the bulk of the state and streams through the device chunk by chunk;
+  // its lasting home is host or nvme.
   if (config.placement.optimizer == Tier::device)
-    return placement.error_at("optimizer", "'device' is not accepted; the CPU optimizer keeps its state on host or nvme");
-  if (config.placement.grads == Tier::device)
-    return placement.error_at("grads", "'device' is not accepted; gradients travel to the CPU optimizer: use host or nvme");
+    return placement.error_at("optimizer", "'device' is not accepted; optimizer state lives on host or nvme");
+  // Device-resident gradients are consumed by each unit's update right after its backward;
+  // clipping needs every gradient before the first update, which they cannot wait for.
+  if (config.placement.grads == Tier::device && config.optimizer.grad_clip > 0)
+    return placement.error_at("grads", fmt::format("'device' needs optimizer.grad_clip: 0 (it is {}): clipping waits "
+                                                   "for every gradient before the first update, so they must be "
+                                                   "parked on host or nvme",
+                                                   config.optimizer.grad_clip));
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode nvme, root.child("nvme"));
   STRATA_READ(config.nvme_paths, nvme.string_list("paths", std::vector<std::string>{}));

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <random>
 #include <sys/statvfs.h>
 
@@ -20,6 +22,8 @@
 #include "engine/data.h"
 #include "engine/model_layout.h"
 #include "engine/safetensors.h"
+#include "engine/step_model.h"
+#include "engine/train_plan.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
@@ -40,10 +44,6 @@ constexpr const char* kStoreSubdir = "store";  // inside the first NVMe path
 
 // --- names and metadata ------------------------------------------------------------------
 
-std::string params_name(const Unit& unit) { return "params." + unit.name; }
-std::string grads_name(const Unit& unit) { return "grads." + unit.name; }
-std::string optim_name(const Unit& unit) { return "optim." + unit.name; }
-
 std::string store_dir_of(const TrainConfig& config) {
   return (std::filesystem::path(config.nvme_paths.front()) / kStoreSubdir).string();
 }
@@ -57,7 +57,15 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
           {"model.n_embd", std::to_string(m.n_embd)},
           {"model.vocab_size", std::to_string(m.vocab_size)},
           {"model.seq_len", std::to_string(m.seq_len)},
-          {"precision", dtype_name(config.precision)}};
+          {"precision", dtype_name(config.precision)},
+          {"optim_chunk_elements", std::to_string(kOptimChunkElements)}};
+}
+
+// The optimizer chunk size a store was written with (stores from before chunks: one chunk
+// per unit of any size, which is what a huge chunk size describes).
+uint64_t optim_chunk_elements_of(const std::map<std::string, std::string>& metadata) {
+  auto found = metadata.find("optim_chunk_elements");
+  return found == metadata.end() ? std::numeric_limits<uint64_t>::max() : std::stoull(found->second);
 }
 
 // The model shape a store was trained with, from its committed metadata.
@@ -92,167 +100,6 @@ memory::StoreOptions store_options(const TrainConfig& config) {
   options.engine.queue_depth = std::max(config.io.read.queue_depth, config.io.write.queue_depth);
   options.engine.block_size_bytes = std::max(config.io.read.block_size_bytes, config.io.write.block_size_bytes);
   return options;
-}
-
-// --- the plan of one iteration ------------------------------------------------------------
-
-enum class StepKind : uint8_t { fwd_embed, fwd_block, head, bwd_block, bwd_embed, optimize };
-
-struct StepInfo {
-  StepKind kind;
-  size_t unit;  // the unit the step works on (for head: ln_f)
-};
-
-struct UnitIds {
-  sch::TensorId params;
-  sch::TensorId grads;
-  sch::TensorId optim;
-};
-
-struct RunPlan {
-  sch::AccessPlan plan;
-  std::vector<UnitIds> units;
-  std::vector<sch::TensorId> activations;  // A_0 … A_L (block inputs, and the head's input)
-  sch::TensorId d_x = 0;                   // the gradient flowing back through the blocks
-  std::vector<StepInfo> steps;
-};
-
-sch::Home home_of(Tier tier) { return tier == Tier::nvme ? sch::Home::nvme : sch::Home::host; }
-
-RunPlan build_plan(const TrainConfig& config, const ModelLayout& layout) {
-  RunPlan run;
-  const uint32_t param_bytes = dtype_size_bytes(config.precision);
-  for (const Unit& unit : layout.units()) {
-    UnitIds ids;
-    ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes, home_of(config.placement.params));
-    ids.grads = run.plan.add_tensor(grads_name(unit), unit.element_count * 4, home_of(config.placement.grads));
-    ids.optim = run.plan.add_tensor(optim_name(unit), unit.element_count * 12, home_of(config.placement.optimizer));
-    run.units.push_back(ids);
-  }
-  const uint64_t activation_bytes = uint64_t{config.batch_size} * config.model.seq_len * config.model.n_embd * 4;
-  for (uint32_t i = 0; i <= config.model.n_layer; ++i)
-    run.activations.push_back(run.plan.add_tensor("act." + std::to_string(i), activation_bytes, sch::Home::host));
-  run.d_x = run.plan.add_tensor("grad.x", activation_bytes, sch::Home::host);
-
-  auto add = [&](std::string name, StepKind kind, size_t unit, std::vector<sch::TensorId> reads,
-                 std::vector<sch::TensorId> writes) {
-    run.plan.add_step(std::move(name), std::move(reads), std::move(writes));
-    run.steps.push_back(StepInfo{kind, unit});
-  };
-  auto optimize = [&](size_t unit) {
-    const UnitIds& ids = run.units[unit];
-    add("opt." + layout.units()[unit].name, StepKind::optimize, unit, {ids.grads, ids.optim},
-        {ids.optim, ids.params});
-  };
-  const size_t embed = layout.embed_unit();
-  const size_t ln_f = layout.ln_f_unit();
-  const uint32_t n_layer = config.model.n_layer;
-  const bool clip = config.optimizer.grad_clip > 0;
-
-  add("fwd.embed", StepKind::fwd_embed, embed, {run.units[embed].params}, {run.activations[0]});
-  for (uint32_t i = 0; i < n_layer; ++i) {
-    size_t unit = layout.block_unit(i);
-    add("fwd.h." + std::to_string(i), StepKind::fwd_block, unit,
-        {run.units[unit].params, run.activations[i]}, {run.activations[i + 1]});
-  }
-  add("head", StepKind::head, ln_f, {run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]},
-      {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
-  if (!clip) optimize(ln_f);
-  for (uint32_t i = n_layer; i-- > 0;) {
-    size_t unit = layout.block_unit(i);
-    add("bwd.h." + std::to_string(i), StepKind::bwd_block, unit,
-        {run.units[unit].params, run.activations[i], run.d_x}, {run.units[unit].grads, run.d_x});
-    if (!clip) optimize(unit);
-  }
-  add("bwd.embed", StepKind::bwd_embed, embed, {run.units[embed].grads, run.d_x}, {run.units[embed].grads});
-  if (clip) {
-    // The global norm is known only now: every update waits for it (gradients parked on
-    // their tier meanwhile). Reverse order ends with the embeddings, which the next
-    // iteration's first step reads.
-    optimize(ln_f);
-    for (uint32_t i = n_layer; i-- > 0;) optimize(layout.block_unit(i));
-  }
-  optimize(embed);
-  return run;
-}
-
-// --- budgets, checked before any work -----------------------------------------------------
-
-struct DeviceScratchSizes {
-  uint64_t workspace_bytes = 0;
-  uint64_t weights_fp32_bytes = 0;  // bf16 compute copies widened for the kernels
-  uint64_t total() const { return align_up(workspace_bytes, device::kDeviceAlignmentBytes) +
-                                  align_up(weights_fp32_bytes, device::kDeviceAlignmentBytes); }
-};
-
-DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout) {
-  DeviceScratchSizes sizes;
-  gk::BatchShape shape{config.batch_size, config.model.seq_len};
-  sizes.workspace_bytes = gk::workspace_size_bytes(layout.kernel_config(), shape);
-  if (config.precision != DType::f32) {
-    // One unit widened at a time, plus ln_f for the head (which also widens the embeddings).
-    sizes.weights_fp32_bytes = (layout.largest_unit_elements() + layout.units()[layout.ln_f_unit()].element_count) * 4;
-  }
-  return sizes;
-}
-
-Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const RunPlan& run) {
-  const DeviceScratchSizes scratch = device_scratch(config, layout);
-  uint64_t largest_step_bytes = 0;
-  size_t largest_step = 0;
-  for (size_t step = 0; step < run.plan.step_count(); ++step) {
-    uint64_t bytes = run.plan.step_bytes(step, device::kDeviceAlignmentBytes);
-    if (bytes > largest_step_bytes) {
-      largest_step_bytes = bytes;
-      largest_step = step;
-    }
-  }
-  const uint64_t needed = scratch.total() + largest_step_bytes;
-  if (needed > config.device_memory_bytes)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'device.memory': {} cannot hold one step's working set: step '{}' needs {} "
-                                  "of tensors plus {} of kernel workspace; use at least {}",
-                                  config.source_path, format_size(config.device_memory_bytes),
-                                  run.plan.steps()[largest_step].name, format_size(largest_step_bytes),
-                                  format_size(scratch.total()), format_size(align_up(needed, kMiB))));
-  uint64_t host_homed_bytes = 0;
-  for (const sch::PlanTensor& tensor : run.plan.tensors())
-    if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
-  uint64_t largest_nvme_step_bytes = 0;
-  for (size_t step = 0; step < run.plan.step_count(); ++step) {
-    uint64_t bytes = 0;
-    for (sch::TensorId id : run.plan.step_tensors(step))
-      if (run.plan.tensors()[id].home == sch::Home::nvme) bytes += align_up(run.plan.tensors()[id].size_bytes, 4096);
-    largest_nvme_step_bytes = std::max(largest_nvme_step_bytes, bytes);
-  }
-  const uint64_t host_needed = host_homed_bytes + largest_nvme_step_bytes;
-  if (host_needed > config.host_memory_bytes)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'host.memory': {} is too small: host-homed state (activations, and what "
-                                  "placement puts on host) takes {} and one step stages up to {} from NVMe; use at "
-                                  "least {}",
-                                  config.source_path, format_size(config.host_memory_bytes),
-                                  format_size(host_homed_bytes), format_size(largest_nvme_step_bytes),
-                                  format_size(align_up(host_needed, kMiB))));
-  return Status();
-}
-
-// The training state proper (compute copies, gradients, optimizer state; not activations),
-// each tensor rounded up to `alignment_bytes`.
-uint64_t training_state_bytes(const RunPlan& run, uint64_t alignment_bytes = 1) {
-  uint64_t bytes = 0;
-  for (const UnitIds& ids : run.units)
-    for (sch::TensorId id : {ids.params, ids.grads, ids.optim})
-      bytes += align_up(run.plan.tensors()[id].size_bytes, alignment_bytes);
-  return bytes;
-}
-
-// The tensors a commit must make durable: compute copies and optimizer state always (the
-// run resumes from them), gradients never (each step overwrites them before reading them).
-bool is_persistent(const RunPlan& run, sch::TensorId id) {
-  for (const UnitIds& ids : run.units)
-    if (id == ids.params || id == ids.optim) return true;
-  return false;
 }
 
 // Peak resident set of this process, from /proc/self/status (VmHWM), in bytes.
@@ -300,9 +147,17 @@ Status discard_uncommitted_store(const TrainConfig& config) {
 
 // --- fresh state ----------------------------------------------------------------------------
 
-// Writes every unit's initial compute copy, zero gradients and optimizer state (master from
-// the init, zero moments) into the store, one unit at a time through a pinned buffer.
-Status initialize_store(const TrainConfig& config, const ModelLayout& layout, const RunPlan& run,
+// Writes every unit's initial compute copy, optimizer state (master from the init, zero
+// moments) and, when they live on NVMe, zero gradients into the store, one unit at a time
+// through pinned buffers: the unit's fp32 master weights, and a staging area for what is
+// written from them.
+Status write_tensor(memory::Store& store, const std::string& name, DType dtype, std::span<const int64_t> shape,
+                    const void* data, uint64_t size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.write_tensor_async(name, dtype, shape, data, size_bytes));
+  return store.wait(ticket);
+}
+
+Status initialize_store(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                         memory::Store& store, memory::HostArena& arena) {
   std::unique_ptr<SafetensorsReader> init;
   if (config.model.init != "random") {
@@ -310,12 +165,21 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     init = std::make_unique<SafetensorsReader>(std::move(reader));
   }
   const uint64_t largest = layout.largest_unit_elements();
-  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer buffer, memory::HostBuffer::allocate(arena, largest * 12));
-  auto* optim = reinterpret_cast<float*>(buffer.data());
+  uint64_t largest_chunk = 0;
+  for (const UnitIds& ids : run.units)
+    for (const OptimChunk& chunk : ids.optim) largest_chunk = std::max(largest_chunk, chunk.range.element_count);
+  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer master_buffer, memory::HostBuffer::allocate(arena, largest * 4));
+  // Staging: a 16-bit init tensor or compute copy (2 B/element), zero gradients (4 B), or one
+  // optimizer chunk (12 B).
+  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging_buffer,
+                          memory::HostBuffer::allocate(arena, std::max(largest * 4, largest_chunk * 12)));
+  auto* master = reinterpret_cast<float*>(master_buffer.data());
+  auto* staging = reinterpret_cast<float*>(staging_buffer.data());
+  auto* staging_bits = reinterpret_cast<uint16_t*>(staging_buffer.data());
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const Unit& unit = layout.units()[u];
+    const UnitIds& ids = run.units[u];
     const uint64_t n = unit.element_count;
-    float* master = optim;
     if (init) {
       for (const UnitTensor& tensor : unit.tensors) {
         const SafetensorsEntry* entry = init->find(tensor.name);
@@ -325,10 +189,8 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
         if (entry->dtype == DType::f32) {
           STRATA_RETURN_IF_ERROR(init->read(*entry, out));
         } else {
-          // 16-bit weights are read into the moment area (free at this point) and widened.
-          auto* bits = reinterpret_cast<uint16_t*>(optim + n);
-          STRATA_RETURN_IF_ERROR(init->read(*entry, bits));
-          std::span<const uint16_t> src(bits, tensor.element_count);
+          STRATA_RETURN_IF_ERROR(init->read(*entry, staging_bits));
+          std::span<const uint16_t> src(staging_bits, tensor.element_count);
           std::span<float> dst(out, tensor.element_count);
           if (entry->dtype == DType::bf16) kernels::cast_bf16_to_fp32(src, dst);
           else kernels::cast_fp16_to_fp32(src, dst);
@@ -337,30 +199,25 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     } else {
       layout.initialize_unit(u, config.model.seed, master);
     }
-    std::fill(optim + n, optim + 3 * n, 0.0f);
-    const UnitIds& ids = run.units[u];
-    const int64_t optim_shape[] = {3, static_cast<int64_t>(n)};
-    STRATA_ASSIGN_OR_RETURN(memory::StoreTicket optim_ticket,
-                            store.write_tensor_async(optim_name(unit), DType::f32, optim_shape, optim, n * 12));
-    STRATA_RETURN_IF_ERROR(store.wait(optim_ticket));
-    // The compute copy goes through the moment area, already written.
+    for (size_t c = 0; c < ids.optim.size(); ++c) {
+      const ElementRange& range = ids.optim[c].range;
+      const uint64_t count = range.element_count;
+      std::copy(master + range.begin_elements, master + range.begin_elements + count, staging);
+      std::fill(staging + count, staging + 3 * count, 0.0f);
+      const int64_t optim_shape[] = {3, static_cast<int64_t>(count)};
+      STRATA_RETURN_IF_ERROR(write_tensor(store, optim_name(unit, c, ids.optim.size()), DType::f32, optim_shape,
+                                          staging, count * 12));
+    }
     const int64_t flat_shape[] = {static_cast<int64_t>(n)};
     if (config.precision == DType::f32) {
-      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                              store.write_tensor_async(params_name(unit), DType::f32, flat_shape, master, n * 4));
-      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+      STRATA_RETURN_IF_ERROR(write_tensor(store, params_name(unit), DType::f32, flat_shape, master, n * 4));
     } else {
-      auto* bits = reinterpret_cast<uint16_t*>(optim + n);
-      kernels::cast_fp32_to_bf16(std::span<const float>(master, n), std::span<uint16_t>(bits, n));
-      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                              store.write_tensor_async(params_name(unit), DType::bf16, flat_shape, bits, n * 2));
-      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+      kernels::cast_fp32_to_bf16(std::span<const float>(master, n), std::span<uint16_t>(staging_bits, n));
+      STRATA_RETURN_IF_ERROR(write_tensor(store, params_name(unit), DType::bf16, flat_shape, staging_bits, n * 2));
     }
-    if (run.plan.tensors()[ids.grads].home == sch::Home::nvme) {
-      std::fill(optim, optim + n, 0.0f);
-      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                              store.write_tensor_async(grads_name(unit), DType::f32, flat_shape, optim, n * 4));
-      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    if (ids.grads != kNoTensor && run.plan.tensors()[ids.grads].home == sch::Home::nvme) {
+      std::fill(staging, staging + n, 0.0f);
+      STRATA_RETURN_IF_ERROR(write_tensor(store, grads_name(unit), DType::f32, flat_shape, staging, n * 4));
     }
   }
   return Status();
@@ -372,6 +229,7 @@ struct StepFigures {
   uint64_t step = 0;
   double loss = 0.0;
   double seconds = 0.0;
+  double compute_seconds = 0.0;
   double stall_seconds = 0.0;
   uint64_t bytes[sch::kTierPairCount] = {};
 };
@@ -390,6 +248,7 @@ class Run {
   Status run_step(uint64_t step, StepFigures& figures);
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
   const float* widen(const void* params, uint64_t element_count, float* scratch);
+  float* grads_of(size_t unit, const sch::StepBuffers& buffers);
   Status checkpoint(uint64_t step);
   Error step_failed(Error error, uint64_t step, bool committing) const;
   Status write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const;
@@ -398,13 +257,15 @@ class Run {
   const TrainOptions& options_;
   ModelLayout layout_;
   gk::BatchShape shape_;
-  RunPlan run_;
+  TrainPlan run_;
   std::unique_ptr<TokenData> data_;
   std::unique_ptr<memory::Store> store_;
   std::unique_ptr<memory::HostArena> host_arena_;
   std::unique_ptr<device::Device> device_;
   device::DeviceBuffer workspace_;
   device::DeviceBuffer weights_fp32_;
+  // grads: device — the gradients, which then never leave the device (train_plan.h).
+  device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
   std::unique_ptr<sch::NvmeBacking> backing_;
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
@@ -447,6 +308,11 @@ Status Run::open_store(uint64_t& start_step) {
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{} was trained with another precision; --resume needs precision: {}", dir,
                                     precision == store_->committed_metadata().end() ? "?" : precision->second));
+    if (optim_chunk_elements_of(store_->committed_metadata()) != kOptimChunkElements)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{} keeps optimizer state in chunks of another size than this build of strata "
+                                    "({} elements); export its weights with `strata store export` and start from them",
+                                    dir, kOptimChunkElements));
     start_step = store_->committed_step();
     spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();
@@ -455,10 +321,8 @@ Status Run::open_store(uint64_t& start_step) {
   // and the one being written (a rewrite of an uncommitted version frees it first), plus
   // slack for alignment and for holes the versions leave between commits.
   uint64_t store_bytes = 0;
-  for (const UnitIds& ids : run_.units)
-    for (sch::TensorId id : {ids.params, ids.grads, ids.optim})
-      if (id == ids.grads ? run_.plan.tensors()[id].home == sch::Home::nvme : true)
-        store_bytes += align_up(run_.plan.tensors()[id].size_bytes, 64 * kKiB);
+  for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id)
+    if (is_store_tensor(run_, id)) store_bytes += align_up(run_.plan.tensors()[id].size_bytes, 64 * kKiB);
   const uint64_t capacity_bytes = 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
   struct statvfs fs {};
   if (::statvfs(config_.nvme_paths.front().c_str(), &fs) == 0) {
@@ -549,8 +413,8 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       const float* ln_f = widen(buffers.device_data(ids.params), unit.element_count, scratch);
       const float* embed = widen(buffers.device_data(embed_ids.params), embed_unit.element_count,
                                  scratch + unit.element_count);
-      float* ln_f_grads = f32(ids.grads);
-      float* embed_grads = f32(embed_ids.grads);
+      float* ln_f_grads = grads_of(info.unit, buffers);
+      float* embed_grads = grads_of(layout_.embed_unit(), buffers);
       std::fill(ln_f_grads, ln_f_grads + unit.element_count, 0.0f);
       std::fill(embed_grads, embed_grads + embed_unit.element_count, 0.0f);
       gk::HeadWeights weights{ln_f, ln_f + kc.n_embd, embed};
@@ -567,7 +431,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
     }
     case StepKind::bwd_block: {
       const float* weights = widen(buffers.device_data(ids.params), unit.element_count, scratch);
-      float* grads = f32(ids.grads);
+      float* grads = grads_of(info.unit, buffers);
       std::fill(grads, grads + unit.element_count, 0.0f);
       auto i = static_cast<size_t>(unit.block_index);
       float* d_x = f32(run_.d_x);
@@ -577,18 +441,22 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       return Status();
     }
     case StepKind::bwd_embed: {
-      float* grads = f32(ids.grads);
+      float* grads = grads_of(info.unit, buffers);
       gk::embedding_backward(kc, shape_, tokens_.data(), f32(run_.d_x), grads, grads + kc.vocab_size * kc.n_embd);
       grad_sum_squares_ += kernels::sum_squares(std::span<const float>(grads, unit.element_count));
       return Status();
     }
     case StepKind::optimize: {
-      const uint64_t n = unit.element_count;
-      float* optim = f32(ids.optim);
-      float* master = optim;
-      float* exp_avg = optim + n;
-      float* exp_avg_sq = optim + 2 * n;
-      const float* grads = f32(ids.grads);
+      // One optimizer chunk: elements [begin, begin + count) of the unit, packed
+      // [master | m | v]; the tensors of the unit that overlap it are updated piecewise, so
+      // each keeps its own weight-decay rule.
+      const ElementRange range = ids.optim[info.chunk].range;
+      const uint64_t begin = range.begin_elements;
+      const uint64_t count = range.element_count;
+      float* master = f32(ids.optim[info.chunk].tensor);
+      float* exp_avg = master + count;
+      float* exp_avg_sq = master + 2 * count;
+      const float* grads = grads_of(info.unit, buffers);
       void* params = buffers.device_data(ids.params);
       float grad_scale = 1.0f;
       if (config_.optimizer.grad_clip > 0)
@@ -600,20 +468,31 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       adamw.weight_decay = 0.0;
       const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t, grad_scale);
       for (const UnitTensor& tensor : unit.tensors) {
-        const uint64_t offset = tensor.offset_elements;
-        const uint64_t count = tensor.element_count;
+        const uint64_t first = std::max(begin, tensor.offset_elements);
+        const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
+        if (first >= last) continue;
+        const uint64_t length = last - first;
+        const uint64_t local = first - begin;  // within the chunk
         kernels::ComputeCopy copy;
         if (config_.precision == DType::bf16)
-          copy = {DType::bf16, std::span<uint16_t>(static_cast<uint16_t*>(params) + offset, count)};
-        kernels::adamw_step(tensor.weight_decay ? decayed : undecayed, std::span<float>(master + offset, count),
-                            std::span<const float>(grads + offset, count), std::span<float>(exp_avg + offset, count),
-                            std::span<float>(exp_avg_sq + offset, count), copy);
+          copy = {DType::bf16, std::span<uint16_t>(static_cast<uint16_t*>(params) + first, length)};
+        kernels::adamw_step(tensor.weight_decay ? decayed : undecayed, std::span<float>(master + local, length),
+                            std::span<const float>(grads + first, length), std::span<float>(exp_avg + local, length),
+                            std::span<float>(exp_avg_sq + local, length), copy);
       }
-      if (config_.precision == DType::f32) std::memcpy(params, master, n * 4);
+      if (config_.precision == DType::f32) std::memcpy(static_cast<float*>(params) + begin, master, count * 4);
       return Status();
     }
   }
   return Status();
+}
+
+float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
+  const sch::TensorId id = run_.units[unit].grads;
+  if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
+  if (unit == layout_.embed_unit()) return static_cast<float*>(embed_grads_.data());
+  if (unit == layout_.ln_f_unit()) return static_cast<float*>(ln_f_grads_.data());
+  return static_cast<float*>(block_grads_.data());
 }
 
 Status Run::run_step(uint64_t step, StepFigures& figures) {
@@ -623,8 +502,9 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     const uint64_t start_ns = sch::Timeline::now_ns();
     Status status = compute(index, buffers, step);
-    if (timeline != nullptr)
-      timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, sch::Timeline::now_ns());
+    const uint64_t end_ns = sch::Timeline::now_ns();
+    figures.compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
+    if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
     Status released = scheduler_->release(index);
     STRATA_RETURN_IF_ERROR(status);
     STRATA_RETURN_IF_ERROR(released);
@@ -660,10 +540,19 @@ Status Run::checkpoint(uint64_t step) {
 // A failed step keeps the cause (tensor, file, offset, errno) and says what the user has:
 // the last commit, untouched, and the command that continues from it.
 Error Run::step_failed(Error error, uint64_t step, bool committing) const {
+  // The whole cause (op, file, range, tensor, errno text) goes in the middle of the sentence,
+  // so the line reads in order: which step, why, what is left, what to do.
+  const std::string cause = error.to_string();
   error.message = fmt::format("step {} failed{}: {} — the store still holds step {} as committed (check it with "
                               "`strata store verify {}`); fix the cause and continue with `strata train {} --resume`",
-                              step, committing ? " while committing" : "", error.message, committed_step_,
+                              step, committing ? " while committing" : "", cause, committed_step_,
                               store_dir_of(config_), config_.source_path);
+  // Already in the message: to_string() must not print them again around it. The kind stays.
+  error.op.clear();
+  error.path.clear();
+  error.tensor.clear();
+  error.has_range = false;
+  error.errno_value = 0;
   return error;
 }
 
@@ -676,6 +565,7 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
     steps.push_back({{"step", f.step},
                      {"loss", f.loss},
                      {"seconds", f.seconds},
+                     {"compute_seconds", f.compute_seconds},
                      {"stall_seconds", f.stall_seconds},
                      {"nvme_read_bytes", f.bytes[static_cast<size_t>(sch::TierPair::nvme_to_host)]},
                      {"nvme_write_bytes", f.bytes[static_cast<size_t>(sch::TierPair::host_to_nvme)]},
@@ -697,7 +587,7 @@ Result<TrainSummary> Run::execute() {
                       fmt::format("{}: key 'device.kind': cuda training needs the CUDA block kernels wired into the "
                                   "trainer, which this build does not do yet; use kind: cpu",
                                   config_.source_path));
-  run_ = build_plan(config_, layout_);
+  run_ = build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
   STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
   STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::open(config_.data_path, config_.data_format,
@@ -711,10 +601,26 @@ Result<TrainSummary> Run::execute() {
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
   STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, config_.device_memory_bytes));
+  // The prediction `strata plan` makes, timed on the still empty device arena.
+  std::optional<StepPrediction> prediction;
+  if (Result<ComputeRates> rates = measure_compute(config_, layout_, *device_); rates.ok()) {
+    prediction = predict_step(config_, layout_, run_, *rates);
+    spdlog::info("predicted step: {:.2f} s ({}-bound: compute {:.2f} s, I/O floor {:.2f} s at {:.0f}/{:.0f} MB/s{}); "
+                 "timing the kernels took {:.1f} s",
+                 prediction->step_s, prediction->bound, prediction->compute_s, prediction->io_s, prediction->read_MBps,
+                 prediction->write_MBps, prediction->tuned ? ", tuned" : ", untuned", rates->measure_seconds);
+  } else {
+    spdlog::debug("no step prediction: {}", rates.error().to_string());
+  }
   const DeviceScratchSizes scratch = device_scratch(config_, layout_);
   STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(scratch.workspace_bytes));
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
+  }
+  if (config_.placement.grads == Tier::device) {
+    STRATA_ASSIGN_OR_RETURN(block_grads_, device_->allocate(scratch.block_grads_bytes));
+    STRATA_ASSIGN_OR_RETURN(embed_grads_, device_->allocate(scratch.embed_grads_bytes));
+    STRATA_ASSIGN_OR_RETURN(ln_f_grads_, device_->allocate(scratch.ln_f_grads_bytes));
   }
 
   uint64_t start_step = 0;
@@ -724,7 +630,7 @@ Result<TrainSummary> Run::execute() {
     spdlog::info("the store is already at step {} of {}: nothing to train", start_step, total_steps);
     TrainSummary summary;
     summary.first_step = summary.last_step = start_step;
-    summary.state_bytes = training_state_bytes(run_);
+    summary.state_bytes = training_state_bytes(run_, layout_);
     summary.peak_rss_bytes = peak_rss_bytes();
     if (!options_.export_path.empty()) {
       store_.reset();
@@ -739,7 +645,7 @@ Result<TrainSummary> Run::execute() {
   spdlog::info("training {} parameters for steps {}..{}: device {} ({}), host {}, store {} ({})",
                layout_.parameter_count(), start_step + 1, total_steps, config_.device_kind,
                format_size(config_.device_memory_bytes), format_size(config_.host_memory_bytes), store_dir_of(config_),
-               format_size(training_state_bytes(run_)));
+               format_size(training_state_bytes(run_, layout_)));
   std::vector<StepFigures> figures;
   TrainSummary summary;
   summary.first_step = start_step;
@@ -786,8 +692,20 @@ Result<TrainSummary> Run::execute() {
   summary.bytes_device_to_host = stats.transfers[static_cast<size_t>(sch::TierPair::device_to_host)].bytes;
   summary.device_high_water_bytes = stats.device_high_water_bytes;
   summary.host_high_water_bytes = stats.host_high_water_bytes;
-  summary.state_bytes = training_state_bytes(run_);
+  summary.state_bytes = training_state_bytes(run_, layout_);
   summary.peak_rss_bytes = peak_rss_bytes();
+  std::vector<double> step_seconds;
+  for (const StepFigures& f : figures) {
+    step_seconds.push_back(f.seconds);
+    summary.compute_seconds += f.compute_seconds;
+  }
+  std::sort(step_seconds.begin(), step_seconds.end());
+  summary.median_step_seconds = step_seconds[step_seconds.size() / 2];
+  if (prediction) {
+    summary.predicted_step_seconds = prediction->step_s;
+    summary.predicted_compute_seconds = prediction->compute_s;
+    summary.predicted_io_seconds = prediction->io_s;
+  }
   if (!options_.trace_path.empty() && scheduler_->timeline() != nullptr)
     STRATA_RETURN_IF_ERROR(scheduler_->timeline()->write_json(options_.trace_path));
   if (!options_.metrics_path.empty()) STRATA_RETURN_IF_ERROR(write_metrics(figures, summary));
@@ -798,11 +716,20 @@ Result<TrainSummary> Run::execute() {
   return summary;
 }
 
-// Reads the fp32 master weights of one unit (the first third of its optimizer state).
-Status read_master(memory::Store& store, const Unit& unit, float* optim_buffer) {
-  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                          store.read_tensor_async(optim_name(unit), optim_buffer, unit.element_count * 12));
-  return store.wait(ticket);
+// Reads the fp32 master weights of one unit — the first third of each optimizer chunk — into
+// `master` (the unit's element count of floats).
+Status read_master(memory::Store& store, const Unit& unit, uint64_t chunk_elements, float* master,
+                   std::vector<float>& staging) {
+  const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const uint64_t count = chunks[c].element_count;
+    staging.resize(std::max<size_t>(staging.size(), count * 3));
+    STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.read_tensor_async(optim_name(unit, c, chunks.size()),
+                                                                                staging.data(), count * 12));
+    STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    std::copy(staging.begin(), staging.begin() + static_cast<int64_t>(count), master + chunks[c].begin_elements);
+  }
+  return Status();
 }
 
 }  // namespace
@@ -822,7 +749,12 @@ nlohmann::ordered_json summary_json(const TrainSummary& s) {
           {"device_high_water_bytes", s.device_high_water_bytes},
           {"host_high_water_bytes", s.host_high_water_bytes},
           {"state_bytes", s.state_bytes},
-          {"peak_rss_bytes", s.peak_rss_bytes}};
+          {"peak_rss_bytes", s.peak_rss_bytes},
+          {"compute_seconds", s.compute_seconds},
+          {"median_step_seconds", s.median_step_seconds},
+          {"predicted_step_seconds", s.predicted_step_seconds},
+          {"predicted_compute_seconds", s.predicted_compute_seconds},
+          {"predicted_io_seconds", s.predicted_io_seconds}};
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
@@ -842,11 +774,13 @@ Status export_store_weights(const std::string& store_dir, const std::string& out
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"strata_step", std::to_string(store.committed_step())}};
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
-  std::vector<float> optim(layout.largest_unit_elements() * 3);
+  const uint64_t chunk_elements = optim_chunk_elements_of(store.committed_metadata());
+  std::vector<float> master(layout.largest_unit_elements());
+  std::vector<float> staging;
   for (const Unit& unit : layout.units()) {
-    STRATA_RETURN_IF_ERROR(read_master(store, unit, optim.data()));
+    STRATA_RETURN_IF_ERROR(read_master(store, unit, chunk_elements, master.data(), staging));
     for (const UnitTensor& tensor : unit.tensors)
-      STRATA_RETURN_IF_ERROR(writer.write_next(optim.data() + tensor.offset_elements, tensor.element_count * 4));
+      STRATA_RETURN_IF_ERROR(writer.write_next(master.data() + tensor.offset_elements, tensor.element_count * 4));
   }
   STRATA_RETURN_IF_ERROR(writer.finish());
   spdlog::info("exported {} tensors of step {} to {}", specs.size(), store.committed_step(), out_path);
@@ -865,10 +799,11 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
   // Sampling holds the fp32 weights in RAM: one position at a time, no KV cache, so only
   // for models that fit (the demo's). The window slides over the last seq_len tokens.
   std::vector<std::vector<float>> weights(layout.units().size());
-  std::vector<float> optim(layout.largest_unit_elements() * 3);
+  const uint64_t chunk_elements = optim_chunk_elements_of(store.committed_metadata());
+  std::vector<float> staging;
   for (size_t u = 0; u < layout.units().size(); ++u) {
-    STRATA_RETURN_IF_ERROR(read_master(store, layout.units()[u], optim.data()));
-    weights[u].assign(optim.begin(), optim.begin() + static_cast<int64_t>(layout.units()[u].element_count));
+    weights[u].resize(layout.units()[u].element_count);
+    STRATA_RETURN_IF_ERROR(read_master(store, layout.units()[u], chunk_elements, weights[u].data(), staging));
   }
   std::vector<int32_t> context;
   for (unsigned char c : prompt) {

@@ -60,6 +60,13 @@ struct TrainSummary {
   uint64_t host_high_water_bytes = 0;
   uint64_t state_bytes = 0;      // the whole training state: compute copies, grads, optimizer
   uint64_t peak_rss_bytes = 0;   // the process's peak resident set (VmHWM)
+  // What `strata plan` predicts for one step (engine/step_model.h; 0 when the device budget
+  // could not hold the kernels' timing) against what the steps took.
+  double predicted_step_seconds = 0.0;
+  double predicted_compute_seconds = 0.0;  // the kernels alone
+  double predicted_io_seconds = 0.0;       // the I/O floor at the tuned bandwidths
+  double median_step_seconds = 0.0;
+  double compute_seconds = 0.0;            // time in the kernels, summed over the steps run
 };
 
 // The summary as the JSON object `--json` prints and `--metrics` embeds.

@@ -28,4 +28,5 @@ void add_store_command(CLI::App& app, CliState& state);        // cli/store.cpp
 void add_bench_adam_command(CLI::App& bench, CliState& state);     // cli/bench_adam.cpp
 void add_bench_overlap_command(CLI::App& bench, CliState& state);  // cli/bench_overlap.cpp
 void add_train_command(CLI::App& app, CliState& state);        // cli/train.cpp
+void add_plan_command(CLI::App& app, CliState& state);         // cli/plan.cpp
 }  // namespace strata::cli

@@ -65,6 +65,10 @@ void add_train_command(CLI::App& app, CliState& state) {
                  s.first_step + 1, s.last_step, s.seconds, s.first_loss, s.last_loss, s.tokens_per_s,
                  100.0 * s.stall_seconds / s.seconds, format_size(s.bytes_read_nvme), format_size(s.bytes_written_nvme),
                  format_size(s.device_high_water_bytes), format_size(s.host_high_water_bytes));
+      if (s.predicted_step_seconds > 0)
+        fmt::print(stderr, "step time: predicted {:.2f} s, measured {:.2f} s (median of {}; measured/predicted {:.2f})\n",
+                   s.predicted_step_seconds, s.median_step_seconds, s.last_step - s.first_step,
+                   s.median_step_seconds / s.predicted_step_seconds);
     }
     if (config->sample_tokens > 0 && !options->train.json) print_sample(*config, state);
   });

@@ -1,0 +1,61 @@
+// `strata plan CONFIG`: where a training run's state will live, what each step moves between
+// the tiers, and how long a step should take — before anything is written (engine/step_model.h).
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/cli/commands.h"
+#include "engine/step_model.h"
+#include "engine/train_config.h"
+#include "engine/train_plan.h"
+
+namespace strata::cli {
+
+void add_plan_command(CLI::App& app, CliState& state) {
+  struct Options {
+    std::string config_path;
+    bool json = false;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "Show where every kind of training state will live, the bytes each tier holds, the bytes each step moves "
+      "between tiers, and the step time predicted from the tuned NVMe bandwidths and a compute rate measured "
+      "here (each kernel timed once at the config's shape). Writes nothing.");
+  plan->add_option("config", options->config_path, "the YAML config `strata train` would run")->required();
+  plan->add_flag("--json", options->json, "print the plan as one JSON object on stdout");
+  plan->callback([options, &state] {
+    Result<TrainConfig> config = load_train_config(options->config_path);
+    if (!config.ok()) {
+      state.exit_code = report_error(config.error());
+      return;
+    }
+    ModelLayout layout(config->model);
+    TrainPlan run = build_train_plan(*config, layout);
+    Status checked = check_budgets(*config, layout, run);
+    if (!checked.ok()) {
+      state.exit_code = report_error(checked.error());
+      return;
+    }
+    // The kernels are timed on a device of the run's budget, as the run would have it.
+    Result<std::unique_ptr<device::Device>> device = device::make_device(device::Kind::cpu, config->device_memory_bytes);
+    if (!device.ok()) {
+      state.exit_code = report_error(device.error());
+      return;
+    }
+    spdlog::info("timing each kernel once at {} × {} tokens", config->batch_size, config->model.seq_len);
+    Result<ComputeRates> rates = measure_compute(*config, layout, **device);
+    if (!rates.ok()) {
+      state.exit_code = report_error(rates.error());
+      return;
+    }
+    const StepPrediction prediction = predict_step(*config, layout, run, *rates);
+    if (options->json)
+      fmt::print("{}\n", plan_json(*config, layout, run, *rates, prediction).dump());
+    else
+      fmt::print("{}", format_plan(*config, layout, run, *rates, prediction));
+  });
+}
+
+}  // namespace strata::cli

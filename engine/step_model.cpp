@@ -1,0 +1,408 @@
+#include "engine/step_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "common/size.h"
+#include "kernels/gpt2/gpt2.h"
+#include "kernels/optim/adamw.h"
+#include "kernels/optim/cast.h"
+
+namespace strata {
+
+namespace gk = kernels::gpt2;
+namespace sch = scheduler;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// --- traffic ---------------------------------------------------------------------------------
+
+// A tier's copies in the replay: what is resident, evicted by furthest next use.
+class TierReplay {
+ public:
+  TierReplay(const sch::AccessPlan& plan, uint64_t capacity_bytes, uint64_t alignment_bytes)
+      : plan_(plan), capacity_bytes_(capacity_bytes), alignment_bytes_(alignment_bytes), uses_(plan.tensors().size()) {
+    for (size_t step = 0; step < plan.step_count(); ++step)
+      for (sch::TensorId id : plan.step_tensors(step)) uses_[id].push_back(step);
+  }
+
+  bool holds(sch::TensorId id) const { return resident_.count(id) > 0; }
+
+  // Makes `id` resident at absolute step `now`, evicting others (never those in `keep`).
+  // False when it cannot fit even so (the replay then treats it as streamed through).
+  bool insert(sch::TensorId id, uint64_t now, const std::vector<sch::TensorId>& keep) {
+    if (holds(id)) return true;
+    const uint64_t bytes = size(id);
+    while (used_bytes_ + bytes > capacity_bytes_) {
+      sch::TensorId victim = 0;
+      uint64_t furthest = 0;
+      bool found = false;
+      for (sch::TensorId candidate : resident_) {
+        if (std::find(keep.begin(), keep.end(), candidate) != keep.end()) continue;
+        const uint64_t next = next_use(candidate, now);
+        if (!found || next > furthest) {
+          victim = candidate;
+          furthest = next;
+          found = true;
+        }
+      }
+      // The newcomer itself is needed later than every candidate: it is not kept.
+      if (!found || (std::find(keep.begin(), keep.end(), id) == keep.end() && next_use(id, now) >= furthest))
+        return false;
+      resident_.erase(victim);
+      used_bytes_ -= size(victim);
+    }
+    resident_.insert(id);
+    used_bytes_ += bytes;
+    return true;
+  }
+
+ private:
+  uint64_t size(sch::TensorId id) const { return align_up(plan_.tensors()[id].size_bytes, alignment_bytes_); }
+  // The absolute step of the next use strictly after `now` (the plan repeats).
+  uint64_t next_use(sch::TensorId id, uint64_t now) const {
+    const uint64_t n = plan_.step_count();
+    const uint64_t position = now % n;
+    for (size_t step : uses_[id])
+      if (step > position) return now - position + step;
+    return now - position + n + uses_[id].front();
+  }
+
+  const sch::AccessPlan& plan_;
+  const uint64_t capacity_bytes_;
+  const uint64_t alignment_bytes_;
+  std::vector<std::vector<size_t>> uses_;
+  std::set<sch::TensorId> resident_;
+  uint64_t used_bytes_ = 0;
+};
+
+// --- timing ----------------------------------------------------------------------------------
+
+template <typename Fn>
+double seconds_of(Fn&& fn) {
+  const auto start = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Small deterministic values, so the kernels see ordinary floats (no denormals, no NaNs).
+void fill_values(float* values, uint64_t count, float scale) {
+  for (uint64_t i = 0; i < count; ++i) values[i] = scale * static_cast<float>(static_cast<int64_t>(i % 97) - 48) / 48.0f;
+}
+
+Result<float*> allocate_floats(device::Device& device, std::vector<device::DeviceBuffer>& held, uint64_t count) {
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer buffer, device.allocate(std::max<uint64_t>(count, 1) * 4));
+  auto* data = static_cast<float*>(buffer.data());
+  std::memset(data, 0, count * 4);  // faults the pages in before anything is timed
+  held.push_back(std::move(buffer));
+  return data;
+}
+
+double mb_per_s(double bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e6 : 0.0; }
+
+}  // namespace
+
+StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
+  const sch::AccessPlan& plan = run.plan;
+  const uint64_t scratch_bytes = device_scratch(config, layout).total();
+  const uint64_t device_capacity = config.device_memory_bytes > scratch_bytes ? config.device_memory_bytes - scratch_bytes : 0;
+  uint64_t host_homed_bytes = 0;
+  for (const sch::PlanTensor& tensor : plan.tensors())
+    if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
+  const uint64_t host_capacity = config.host_memory_bytes > host_homed_bytes ? config.host_memory_bytes - host_homed_bytes : 0;
+  TierReplay device_tier(plan, device_capacity, device::kDeviceAlignmentBytes);
+  TierReplay host_tier(plan, host_capacity, 4096);  // staged copies of NVMe-homed tensors
+
+  StepTraffic traffic;
+  const uint64_t n = plan.step_count();
+  for (uint64_t now = 0; now < 2 * n; ++now) {
+    const bool counted = now >= n;  // the first pass warms the tiers
+    const sch::PlanStep& step = plan.steps()[now % n];
+    const std::vector<sch::TensorId> tensors = plan.step_tensors(now % n);
+    for (sch::TensorId id : tensors) {
+      const sch::PlanTensor& tensor = plan.tensors()[id];
+      const bool reads = std::find(step.reads.begin(), step.reads.end(), id) != step.reads.end();
+      if (device_tier.holds(id)) continue;
+      if (reads) {
+        if (tensor.home == sch::Home::nvme && !host_tier.holds(id)) {
+          if (counted) traffic.nvme_read_bytes += tensor.size_bytes;
+          host_tier.insert(id, now, tensors);
+        }
+        if (counted) traffic.host_to_device_bytes += tensor.size_bytes;
+      }
+      device_tier.insert(id, now, tensors);
+    }
+    // Dirty data goes down eagerly after every step that writes it.
+    for (sch::TensorId id : step.writes) {
+      const sch::PlanTensor& tensor = plan.tensors()[id];
+      if (counted) traffic.device_to_host_bytes += tensor.size_bytes;
+      if (tensor.home == sch::Home::nvme) {
+        if (counted) traffic.nvme_write_bytes += tensor.size_bytes;
+        host_tier.insert(id, now, {});
+      }
+    }
+  }
+  return traffic;
+}
+
+Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayout& layout, device::Device& device) {
+  const auto start = Clock::now();
+  ComputeRates rates;
+  const gk::Config& kc = layout.kernel_config();
+  const gk::BatchShape shape{config.batch_size, config.model.seq_len};
+  const auto rows = static_cast<uint64_t>(shape.rows());
+  const auto width = static_cast<uint64_t>(kc.n_embd);
+  std::vector<int32_t> tokens(rows), targets(rows);
+  for (uint64_t i = 0; i < rows; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 31) % static_cast<uint64_t>(kc.vocab_size));
+    targets[i] = static_cast<int32_t>((i * 17 + 5) % static_cast<uint64_t>(kc.vocab_size));
+  }
+  const uint64_t workspace_bytes = gk::workspace_size_bytes(kc, shape);
+
+  {  // Phase 1: one block, forward and backward with recompute, and widening its weights.
+    std::vector<device::DeviceBuffer> held;
+    const Unit& block = layout.units()[layout.block_unit(0)];
+    const uint64_t n = block.element_count;
+    STRATA_ASSIGN_OR_RETURN(float* workspace, allocate_floats(device, held, workspace_bytes / 4 + 1));
+    STRATA_ASSIGN_OR_RETURN(float* weights, allocate_floats(device, held, n));
+    STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, held, n));
+    STRATA_ASSIGN_OR_RETURN(float* x_in, allocate_floats(device, held, rows * width));
+    STRATA_ASSIGN_OR_RETURN(float* x_out, allocate_floats(device, held, rows * width));
+    STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, held, rows * width));
+    layout.initialize_unit(layout.block_unit(0), config.model.seed, weights);
+    fill_values(x_in, rows * width, 1.0f);
+    fill_values(d_x, rows * width, 1e-3f);
+    const gk::Workspace ws{workspace, workspace_bytes};
+    if (config.precision != DType::f32) {
+      // The bf16 copy goes into the gradient buffer's bytes (free until backward).
+      auto* bits = reinterpret_cast<uint16_t*>(grads);
+      kernels::cast_fp32_to_bf16(std::span<const float>(weights, n), std::span<uint16_t>(bits, n));
+      rates.widen_ns_per_element =
+          seconds_of([&] { kernels::cast_bf16_to_fp32(std::span<const uint16_t>(bits, n), std::span<float>(weights, n)); }) *
+          1e9 / static_cast<double>(n);
+    }
+    const auto block_weights = gk::bind_block(kc, static_cast<const float*>(weights));
+    rates.fwd_block_s = seconds_of([&] { gk::block_forward(kc, shape, block_weights, x_in, x_out, ws); });
+    rates.bwd_block_s = seconds_of([&] {
+      std::fill(grads, grads + n, 0.0f);
+      gk::block_backward(kc, shape, block_weights, x_in, d_x, d_x, gk::bind_block(kc, grads), ws, true);
+      (void)kernels::sum_squares(std::span<const float>(grads, n));
+    });
+  }
+  {  // Phase 2: the embeddings and the head (LayerNorm, tied LM head, loss).
+    std::vector<device::DeviceBuffer> held;
+    const uint64_t embed_n = layout.units()[layout.embed_unit()].element_count;
+    const uint64_t ln_f_n = layout.units()[layout.ln_f_unit()].element_count;
+    STRATA_ASSIGN_OR_RETURN(float* workspace, allocate_floats(device, held, workspace_bytes / 4 + 1));
+    STRATA_ASSIGN_OR_RETURN(float* embed, allocate_floats(device, held, embed_n));
+    STRATA_ASSIGN_OR_RETURN(float* embed_grads, allocate_floats(device, held, embed_n));
+    STRATA_ASSIGN_OR_RETURN(float* ln_f, allocate_floats(device, held, ln_f_n));
+    STRATA_ASSIGN_OR_RETURN(float* ln_f_grads, allocate_floats(device, held, ln_f_n));
+    STRATA_ASSIGN_OR_RETURN(float* x, allocate_floats(device, held, rows * width));
+    STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, held, rows * width));
+    layout.initialize_unit(layout.embed_unit(), config.model.seed, embed);
+    layout.initialize_unit(layout.ln_f_unit(), config.model.seed, ln_f);
+    const float* wpe = embed + static_cast<uint64_t>(kc.vocab_size) * width;
+    rates.fwd_embed_s = seconds_of([&] { gk::embedding_forward(kc, shape, tokens.data(), embed, wpe, x); });
+    const gk::Workspace ws{workspace, workspace_bytes};
+    rates.head_s = seconds_of([&] {
+      std::fill(embed_grads, embed_grads + embed_n, 0.0f);
+      gk::head_forward_backward(kc, shape, gk::HeadWeights{ln_f, ln_f + width, embed}, x, targets.data(), d_x,
+                                gk::HeadGrads{ln_f_grads, ln_f_grads + width, embed_grads}, ws);
+      (void)kernels::sum_squares(std::span<const float>(ln_f_grads, ln_f_n));
+    });
+    rates.bwd_embed_s = seconds_of([&] {
+      gk::embedding_backward(kc, shape, tokens.data(), d_x, embed_grads, embed_grads + static_cast<uint64_t>(kc.vocab_size) * width);
+      (void)kernels::sum_squares(std::span<const float>(embed_grads, embed_n));
+    });
+  }
+  {  // Phase 3: AdamW over one optimizer chunk (or less: the rate per element is what counts),
+     // a large memcpy (the CPU device's copies) and the store's checksum.
+    std::vector<device::DeviceBuffer> held;
+    const uint64_t count = std::min<uint64_t>(layout.largest_unit_elements(), uint64_t{4} << 20);
+    STRATA_ASSIGN_OR_RETURN(float* optim, allocate_floats(device, held, count * 3));
+    STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, held, count));
+    STRATA_ASSIGN_OR_RETURN(float* params, allocate_floats(device, held, count));
+    fill_values(optim, count, 0.02f);
+    fill_values(grads, count, 1e-3f);
+    kernels::AdamWConfig adamw{config.optimizer.lr, config.optimizer.beta1, config.optimizer.beta2,
+                               config.optimizer.eps, config.optimizer.weight_decay};
+    kernels::ComputeCopy copy;
+    if (config.precision == DType::bf16)
+      copy = {DType::bf16, std::span<uint16_t>(reinterpret_cast<uint16_t*>(params), count)};
+    auto update = [&](int64_t t) {
+      kernels::adamw_step(kernels::adamw_step_scalars(adamw, t, 1.0f), std::span<float>(optim, count),
+                          std::span<const float>(grads, count), std::span<float>(optim + count, count),
+                          std::span<float>(optim + 2 * count, count), copy);
+    };
+    update(1);  // the first call pays for TBB's threads
+    rates.adamw_ns_per_element = seconds_of([&] { update(2); }) * 1e9 / static_cast<double>(count);
+    const uint64_t bytes = count * 4;
+    rates.copy_ns_per_byte = seconds_of([&] { std::memcpy(params, grads, bytes); }) * 1e9 / static_cast<double>(bytes);
+    volatile uint64_t digest = 0;
+    rates.hash_ns_per_byte = seconds_of([&] { digest = XXH3_64bits(optim, count * 12); }) * 1e9 / static_cast<double>(count * 12);
+    (void)digest;
+  }
+  rates.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return rates;
+}
+
+StepPrediction predict_step(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                            const ComputeRates& rates) {
+  StepPrediction p;
+  p.traffic = simulate_step_traffic(config, layout, run);
+  const auto n_layer = static_cast<double>(config.model.n_layer);
+  double widened_elements = 0;
+  if (config.precision != DType::f32) {
+    // Forward widens the embeddings and every block; the head widens ln_f and the
+    // embeddings; backward widens every block again.
+    const auto embed = static_cast<double>(layout.units()[layout.embed_unit()].element_count);
+    const auto ln_f = static_cast<double>(layout.units()[layout.ln_f_unit()].element_count);
+    double blocks = 0;
+    for (uint32_t i = 0; i < config.model.n_layer; ++i)
+      blocks += static_cast<double>(layout.units()[layout.block_unit(i)].element_count);
+    widened_elements = 2 * embed + ln_f + 2 * blocks;
+  }
+  p.compute_s = rates.fwd_embed_s + n_layer * (rates.fwd_block_s + rates.bwd_block_s) + rates.head_s +
+                rates.bwd_embed_s + rates.adamw_ns_per_element * 1e-9 * static_cast<double>(layout.parameter_count()) +
+                rates.widen_ns_per_element * 1e-9 * widened_elements;
+  // The CPU device's copies and the checksums take CPU time from the same cores as the
+  // kernels, which use all of them: spread over the cores, they lengthen the compute side.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto copied = static_cast<double>(p.traffic.host_to_device_bytes + p.traffic.device_to_host_bytes);
+  const auto hashed = static_cast<double>(p.traffic.nvme_read_bytes + p.traffic.nvme_write_bytes);
+  p.copy_cpu_s = copied * rates.copy_ns_per_byte * 1e-9;
+  p.hash_cpu_s = hashed * rates.hash_ns_per_byte * 1e-9;
+  p.tuned = config.io.read.measured_MBps.has_value() && config.io.write.measured_MBps.has_value();
+  p.read_MBps = config.io.read.measured_MBps.value_or(kUntunedReadMBps);
+  p.write_MBps = config.io.write.measured_MBps.value_or(kUntunedWriteMBps);
+  // One drive path serves both directions: reads and writes share it.
+  p.io_s = static_cast<double>(p.traffic.nvme_read_bytes) / (p.read_MBps * 1e6) +
+           static_cast<double>(p.traffic.nvme_write_bytes) / (p.write_MBps * 1e6);
+  const double compute_side = p.compute_s + (p.copy_cpu_s + p.hash_cpu_s) / cores;
+  p.step_s = std::max(p.io_s, compute_side);
+  p.bound = p.io_s > compute_side ? "NVMe" : "compute";
+  return p;
+}
+
+namespace {
+
+struct KindBytes {
+  const char* kind;
+  Tier tier;
+  uint64_t bytes;
+};
+
+template <typename... Args>
+void append_line(std::string& out, fmt::format_string<Args...> format, Args&&... args) {
+  out += fmt::format(format, std::forward<Args>(args)...);
+  out += '\n';
+}
+
+std::vector<KindBytes> kinds_of(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
+  uint64_t params = 0, grads = 0, optim = 0;
+  for (size_t u = 0; u < run.units.size(); ++u) {
+    params += run.plan.tensors()[run.units[u].params].size_bytes;
+    grads += layout.units()[u].element_count * 4;
+    for (const OptimChunk& chunk : run.units[u].optim) optim += run.plan.tensors()[chunk.tensor].size_bytes;
+  }
+  const uint64_t activations = static_cast<uint64_t>(config.model.n_layer + 2) *
+                               run.plan.tensors()[run.activations[0]].size_bytes;
+  return {{"parameters (compute copy)", config.placement.params, params},
+          {"gradients", config.placement.grads, grads},
+          {"optimizer (master, m, v)", config.placement.optimizer, optim},
+          {"activations (block inputs)", Tier::host, activations}};
+}
+
+}  // namespace
+
+std::string format_plan(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                        const ComputeRates& rates, const StepPrediction& p) {
+  std::string out;
+  const DeviceScratchSizes scratch = device_scratch(config, layout);
+  append_line(out, "{}: GPT-2, {} layers × {} wide, {} heads, vocab {}: {:.3f} B parameters; {} tokens per step ({} × {})",
+       config.source_path, config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.vocab_size,
+       static_cast<double>(layout.parameter_count()) * 1e-9, uint64_t{config.batch_size} * config.model.seq_len,
+       config.batch_size, config.model.seq_len);
+  append_line(out, "");
+  append_line(out, "where the state lives (its lasting home; the device holds what a step needs, streamed in):");
+  for (const KindBytes& kind : kinds_of(config, layout, run))
+    append_line(out, "  {:<28} {:>7}  {:>10}{}", kind.kind, tier_name(kind.tier), format_size(kind.bytes),
+                kind.tier == Tier::device ? "  (one unit at a time: each is consumed by its update at once)" : "");
+  append_line(out, "");
+  append_line(out, "what each tier holds:");
+  uint64_t host_homed = 0, nvme_homed = 0;
+  for (const sch::PlanTensor& tensor : run.plan.tensors())
+    (tensor.home == sch::Home::host ? host_homed : nvme_homed) += tensor.size_bytes;
+  append_line(out, "  device  {:>10} budget: {} kernel workspace and scratch{}, the rest streamed step by step",
+       format_size(config.device_memory_bytes), format_size(scratch.total()),
+       config.placement.grads == Tier::device ? " (incl. gradients)" : "");
+  append_line(out, "  host    {:>10} budget: {} homed there, the rest stages NVMe traffic", format_size(config.host_memory_bytes),
+       format_size(host_homed));
+  append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions: {})", format_size(nvme_homed),
+       format_size(2 * nvme_homed));
+  append_line(out, "");
+  append_line(out, "bytes moved per step (a replay of the plan against the budgets):");
+  append_line(out, "  nvme → host    {:>10}", format_size(p.traffic.nvme_read_bytes));
+  append_line(out, "  host → nvme    {:>10}", format_size(p.traffic.nvme_write_bytes));
+  append_line(out, "  host → device  {:>10}", format_size(p.traffic.host_to_device_bytes));
+  append_line(out, "  device → host  {:>10}", format_size(p.traffic.device_to_host_bytes));
+  append_line(out, "");
+  append_line(out, "compute, each kernel timed once at this shape (measuring took {:.1f} s):", rates.measure_seconds);
+  append_line(out, "  block forward {:.3f} s, backward with recompute {:.3f} s (× {}), head {:.3f} s, embeddings {:.3f} s,",
+       rates.fwd_block_s, rates.bwd_block_s, config.model.n_layer, rates.head_s, rates.fwd_embed_s + rates.bwd_embed_s);
+  append_line(out, "  AdamW {:.2f} ns/parameter, bf16 widening {:.2f} ns/element", rates.adamw_ns_per_element,
+       rates.widen_ns_per_element);
+  append_line(out, "  compute-only step        {:8.2f} s", p.compute_s);
+  append_line(out, "  + copies and checksums   {:8.2f} s of CPU time (memcpy {:.2f} GB/s, xxh3 {:.2f} GB/s), shared by {} cores",
+       p.copy_cpu_s + p.hash_cpu_s, rates.copy_ns_per_byte > 0 ? 1.0 / rates.copy_ns_per_byte : 0.0,
+       rates.hash_ns_per_byte > 0 ? 1.0 / rates.hash_ns_per_byte : 0.0, std::max(1u, std::thread::hardware_concurrency()));
+  append_line(out, "NVMe at {:.0f} MB/s read, {:.0f} MB/s write{}:", p.read_MBps, p.write_MBps,
+       p.tuned ? " (tuned)" : " (untuned defaults: run `strata tune` and give its file as nvme.io_file)");
+  append_line(out, "  I/O floor                {:8.2f} s", p.io_s);
+  append_line(out, "");
+  append_line(out, "predicted step time        {:8.2f} s  ({}-bound; {:.0f} tokens/s)", p.step_s, p.bound,
+       static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len) / p.step_s);
+  return out;
+}
+
+nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                                 const ComputeRates& rates, const StepPrediction& p) {
+  nlohmann::ordered_json placement = nlohmann::ordered_json::object();
+  for (const KindBytes& kind : kinds_of(config, layout, run))
+    placement[kind.kind] = {{"tier", tier_name(kind.tier)}, {"bytes", kind.bytes}};
+  return {{"config", config.source_path},
+          {"parameters", layout.parameter_count()},
+          {"placement", placement},
+          {"device_budget_bytes", config.device_memory_bytes},
+          {"device_scratch_bytes", device_scratch(config, layout).total()},
+          {"host_budget_bytes", config.host_memory_bytes},
+          {"nvme_read_bytes", p.traffic.nvme_read_bytes},
+          {"nvme_write_bytes", p.traffic.nvme_write_bytes},
+          {"host_to_device_bytes", p.traffic.host_to_device_bytes},
+          {"device_to_host_bytes", p.traffic.device_to_host_bytes},
+          {"fwd_block_s", rates.fwd_block_s},
+          {"bwd_block_s", rates.bwd_block_s},
+          {"head_s", rates.head_s},
+          {"adamw_ns_per_element", rates.adamw_ns_per_element},
+          {"compute_s", p.compute_s},
+          {"copy_cpu_s", p.copy_cpu_s},
+          {"hash_cpu_s", p.hash_cpu_s},
+          {"read_MBps", p.read_MBps},
+          {"write_MBps", p.write_MBps},
+          {"tuned", p.tuned},
+          {"io_floor_s", p.io_s},
+          {"predicted_step_s", p.step_s},
+          {"bound", p.bound}};
+}
+
+}  // namespace strata

@@ -1,0 +1,90 @@
+// strata/engine/step_model.h — predicts one training step before it runs: what each tier
+// holds, the bytes each step moves between tiers, how long its compute takes on this
+// machine, how long its NVMe traffic takes at the bandwidths `strata tune` measured, and so
+// the step time. `strata plan` prints it; `strata train` prints it next to what it measured.
+//
+// Traffic: the access plan (engine/train_plan.h) replayed twice against the budgets with the
+// scheduler's rules — a copy is loaded only when a step reads it and it is not already on
+// the tier, victims go by Belady's rule (furthest next use), dirty data goes down eagerly
+// after every step that writes it — and the second iteration counted (the first warms the
+// tiers, as the first step of a run does).
+//
+// Compute: each kind of kernel (block forward, block backward with recompute, head, the
+// embeddings, AdamW, the bf16 widening) is timed once at the config's batch shape, alone,
+// on buffers allocated from the device the run will use, one phase at a time so the timing
+// never needs more than one step's working set. Sums give the compute-only step time.
+//
+// The step time: the scheduler overlaps NVMe traffic with compute, so a step takes the
+// longer of the two. On the CPU device the host↔device copies and the store's checksums run
+// on the same cores as the kernels; their CPU time (copy bytes at the measured memory copy
+// rate, hashed bytes at the measured hash rate) is added to the compute side.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "engine/model_layout.h"
+#include "engine/train_config.h"
+#include "engine/train_plan.h"
+#include "memory/device/device.h"
+
+namespace strata {
+
+struct StepTraffic {
+  uint64_t nvme_read_bytes = 0;
+  uint64_t nvme_write_bytes = 0;
+  uint64_t host_to_device_bytes = 0;
+  uint64_t device_to_host_bytes = 0;
+};
+
+[[nodiscard]] StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout,
+                                                const TrainPlan& run);
+
+struct ComputeRates {
+  double fwd_embed_s = 0, bwd_embed_s = 0;
+  double fwd_block_s = 0, bwd_block_s = 0;  // one block at the config's shape
+  double head_s = 0;
+  double adamw_ns_per_element = 0;
+  double widen_ns_per_element = 0;          // bf16 → fp32 of a compute copy (0 with fp32)
+  double copy_ns_per_byte = 0;              // memcpy between two large buffers
+  double hash_ns_per_byte = 0;              // the store's XXH3 checksum
+  double measure_seconds = 0;               // how long measuring took
+};
+
+// Times the kernels on `device` (a CPU device; its free arena must hold one phase — a block's
+// fp32 weights, gradients and workspace, or the head's).
+[[nodiscard]] Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayout& layout,
+                                                   device::Device& device);
+
+struct StepPrediction {
+  StepTraffic traffic;
+  double compute_s = 0;        // the kernels alone
+  double copy_cpu_s = 0;       // host↔device copies on the CPU device's cores
+  double hash_cpu_s = 0;       // checksums of the NVMe traffic
+  double read_MBps = 0;        // the bandwidths used (tuned, or the defaults below)
+  double write_MBps = 0;
+  bool tuned = false;          // both came from `strata tune`
+  double io_s = 0;             // nvme reads / read bandwidth + writes / write bandwidth
+  double step_s = 0;           // max(io_s, compute side)
+  const char* bound = "";      // "compute" or "NVMe"
+};
+
+// Bandwidths used when the config carries no tuned figure, in decimal MB/s: a middling
+// datacenter NVMe drive; `strata plan` says when it falls back to them.
+inline constexpr double kUntunedReadMBps = 2000.0;
+inline constexpr double kUntunedWriteMBps = 1500.0;
+
+[[nodiscard]] StepPrediction predict_step(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                                          const ComputeRates& rates);
+
+// The whole report `strata plan` prints: placement, bytes per tier, traffic per step,
+// compute and I/O, the predicted step time.
+std::string format_plan(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                        const ComputeRates& rates, const StepPrediction& prediction);
+nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                                 const ComputeRates& rates, const StepPrediction& prediction);
+
+}  // namespace strata

@@ -1,0 +1,204 @@
+#include "engine/train_plan.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/size.h"
+#include "kernels/gpt2/gpt2.h"
+#include "memory/device/device.h"
+
+namespace strata {
+
+namespace sch = scheduler;
+
+std::string params_name(const Unit& unit) { return "params." + unit.name; }
+std::string grads_name(const Unit& unit) { return "grads." + unit.name; }
+std::string optim_name(const Unit& unit, size_t chunk, size_t chunk_count) {
+  // One chunk keeps the plain name, so small models' stores read as they always have.
+  return chunk_count == 1 ? "optim." + unit.name : fmt::format("optim.{}.{}", unit.name, chunk);
+}
+
+namespace {
+
+sch::Home home_of(Tier tier) { return tier == Tier::nvme ? sch::Home::nvme : sch::Home::host; }
+
+}  // namespace
+
+TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout) {
+  TrainPlan run;
+  const uint32_t param_bytes = dtype_size_bytes(config.precision);
+  const bool scratch_grads = config.placement.grads == Tier::device;
+  for (const Unit& unit : layout.units()) {
+    UnitIds ids;
+    ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes, home_of(config.placement.params));
+    if (!scratch_grads)
+      ids.grads = run.plan.add_tensor(grads_name(unit), unit.element_count * 4, home_of(config.placement.grads));
+    const std::vector<ElementRange> chunks = optim_chunks(unit, kOptimChunkElements);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      OptimChunk chunk;
+      chunk.range = chunks[c];
+      chunk.tensor = run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
+                                         home_of(config.placement.optimizer));
+      ids.optim.push_back(chunk);
+    }
+    run.units.push_back(std::move(ids));
+  }
+  const uint64_t activation_bytes = uint64_t{config.batch_size} * config.model.seq_len * config.model.n_embd * 4;
+  for (uint32_t i = 0; i <= config.model.n_layer; ++i)
+    run.activations.push_back(run.plan.add_tensor("act." + std::to_string(i), activation_bytes, sch::Home::host));
+  run.d_x = run.plan.add_tensor("grad.x", activation_bytes, sch::Home::host);
+
+  auto add = [&](std::string name, StepInfo info, std::vector<sch::TensorId> reads,
+                 std::vector<sch::TensorId> writes) {
+    std::erase(reads, kNoTensor);
+    std::erase(writes, kNoTensor);
+    run.plan.add_step(std::move(name), std::move(reads), std::move(writes));
+    run.steps.push_back(info);
+  };
+  auto optimize = [&](size_t unit) {
+    const UnitIds& ids = run.units[unit];
+    for (size_t c = 0; c < ids.optim.size(); ++c) {
+      std::string name = "opt." + layout.units()[unit].name;
+      if (ids.optim.size() > 1) name += "." + std::to_string(c);
+      // The update rewrites P from the master weights. Split in chunks, each rewrites only its
+      // own range, so P must also be read (loaded) for the rest to stay valid.
+      const sch::TensorId params_read = ids.optim.size() > 1 ? ids.params : kNoTensor;
+      add(std::move(name), StepInfo{StepKind::optimize, unit, c}, {ids.grads, ids.optim[c].tensor, params_read},
+          {ids.optim[c].tensor, ids.params});
+    }
+  };
+  const size_t embed = layout.embed_unit();
+  const size_t ln_f = layout.ln_f_unit();
+  const uint32_t n_layer = config.model.n_layer;
+  const bool clip = config.optimizer.grad_clip > 0;
+
+  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, {run.units[embed].params}, {run.activations[0]});
+  for (uint32_t i = 0; i < n_layer; ++i) {
+    size_t unit = layout.block_unit(i);
+    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit},
+        {run.units[unit].params, run.activations[i]}, {run.activations[i + 1]});
+  }
+  add("head", StepInfo{StepKind::head, ln_f},
+      {run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]},
+      {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
+  if (!clip) optimize(ln_f);
+  for (uint32_t i = n_layer; i-- > 0;) {
+    size_t unit = layout.block_unit(i);
+    add("bwd.h." + std::to_string(i), StepInfo{StepKind::bwd_block, unit},
+        {run.units[unit].params, run.activations[i], run.d_x}, {run.units[unit].grads, run.d_x});
+    if (!clip) optimize(unit);
+  }
+  add("bwd.embed", StepInfo{StepKind::bwd_embed, embed}, {run.units[embed].grads, run.d_x},
+      {run.units[embed].grads});
+  if (clip) {
+    // The global norm is known only now: every update waits for it (gradients parked on
+    // their tier meanwhile). Reverse order ends with the embeddings, which the next
+    // iteration's first step reads.
+    optimize(ln_f);
+    for (uint32_t i = n_layer; i-- > 0;) optimize(layout.block_unit(i));
+  }
+  optimize(embed);
+  return run;
+}
+
+uint64_t DeviceScratchSizes::total() const {
+  uint64_t bytes = 0;
+  for (uint64_t part : {workspace_bytes, weights_fp32_bytes, block_grads_bytes, embed_grads_bytes, ln_f_grads_bytes})
+    bytes += align_up(part, device::kDeviceAlignmentBytes);
+  return bytes;
+}
+
+DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout) {
+  DeviceScratchSizes sizes;
+  kernels::gpt2::BatchShape shape{config.batch_size, config.model.seq_len};
+  sizes.workspace_bytes = kernels::gpt2::workspace_size_bytes(layout.kernel_config(), shape);
+  const uint64_t ln_f_elements = layout.units()[layout.ln_f_unit()].element_count;
+  if (config.precision != DType::f32) {
+    // One unit widened at a time, plus ln_f for the head (which also widens the embeddings).
+    sizes.weights_fp32_bytes = (layout.largest_unit_elements() + ln_f_elements) * 4;
+  }
+  if (config.placement.grads == Tier::device) {
+    uint64_t largest_block = 0;
+    for (int64_t i = 0; i < layout.kernel_config().n_layer; ++i)
+      largest_block = std::max(largest_block, layout.units()[layout.block_unit(i)].element_count);
+    sizes.block_grads_bytes = largest_block * 4;
+    sizes.embed_grads_bytes = layout.units()[layout.embed_unit()].element_count * 4;
+    sizes.ln_f_grads_bytes = ln_f_elements * 4;
+  }
+  return sizes;
+}
+
+Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
+  const DeviceScratchSizes scratch = device_scratch(config, layout);
+  uint64_t largest_step_bytes = 0;
+  size_t largest_step = 0;
+  for (size_t step = 0; step < run.plan.step_count(); ++step) {
+    uint64_t bytes = run.plan.step_bytes(step, device::kDeviceAlignmentBytes);
+    if (bytes > largest_step_bytes) {
+      largest_step_bytes = bytes;
+      largest_step = step;
+    }
+  }
+  const uint64_t needed = scratch.total() + largest_step_bytes;
+  if (needed > config.device_memory_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'device.memory': {} cannot hold one step's working set: step '{}' needs {} "
+                                  "of tensors plus {} of kernel workspace{}; use at least {}",
+                                  config.source_path, format_size(config.device_memory_bytes),
+                                  run.plan.steps()[largest_step].name, format_size(largest_step_bytes),
+                                  format_size(scratch.total()),
+                                  config.placement.grads == Tier::device ? " and device-resident gradients" : "",
+                                  format_size(align_up(needed, kMiB))));
+  uint64_t host_homed_bytes = 0;
+  for (const sch::PlanTensor& tensor : run.plan.tensors())
+    if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
+  uint64_t largest_nvme_step_bytes = 0;
+  for (size_t step = 0; step < run.plan.step_count(); ++step) {
+    uint64_t bytes = 0;
+    for (sch::TensorId id : run.plan.step_tensors(step))
+      if (run.plan.tensors()[id].home == sch::Home::nvme) bytes += align_up(run.plan.tensors()[id].size_bytes, 4096);
+    largest_nvme_step_bytes = std::max(largest_nvme_step_bytes, bytes);
+  }
+  const uint64_t host_needed = host_homed_bytes + largest_nvme_step_bytes;
+  if (host_needed > config.host_memory_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'host.memory': {} is too small: host-homed state (activations, and what "
+                                  "placement puts on host) takes {} and one step stages up to {} from NVMe; use at "
+                                  "least {}",
+                                  config.source_path, format_size(config.host_memory_bytes),
+                                  format_size(host_homed_bytes), format_size(largest_nvme_step_bytes),
+                                  format_size(align_up(host_needed, kMiB))));
+  return Status();
+}
+
+uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, uint64_t alignment_bytes) {
+  uint64_t bytes = 0;
+  for (size_t u = 0; u < run.units.size(); ++u) {
+    const UnitIds& ids = run.units[u];
+    bytes += align_up(run.plan.tensors()[ids.params].size_bytes, alignment_bytes);
+    bytes += ids.grads == kNoTensor ? align_up(layout.units()[u].element_count * 4, alignment_bytes)
+                                    : align_up(run.plan.tensors()[ids.grads].size_bytes, alignment_bytes);
+    for (const OptimChunk& chunk : ids.optim)
+      bytes += align_up(run.plan.tensors()[chunk.tensor].size_bytes, alignment_bytes);
+  }
+  return bytes;
+}
+
+bool is_persistent(const TrainPlan& run, sch::TensorId id) {
+  for (const UnitIds& ids : run.units) {
+    if (id == ids.params) return true;
+    for (const OptimChunk& chunk : ids.optim)
+      if (id == chunk.tensor) return true;
+  }
+  return false;
+}
+
+bool is_store_tensor(const TrainPlan& run, sch::TensorId id) {
+  if (is_persistent(run, id)) return true;
+  for (const UnitIds& ids : run.units)
+    if (id == ids.grads) return run.plan.tensors()[id].home == sch::Home::nvme;
+  return false;
+}
+
+}  // namespace strata

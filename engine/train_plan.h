@@ -1,0 +1,95 @@
+// strata/engine/train_plan.h — one training iteration as data: the tensors each unit owns and
+// their homes, the ordered steps that read and write them, and what follows from those alone
+// (the budget checks, the bytes of state). The trainer hands `plan` to the prefetch scheduler;
+// `strata plan` reads the same object to predict a step before anything runs.
+//
+// Per unit (engine/model_layout.h): P, the compute copy (bf16 or fp32); G, the fp32 gradient;
+// O, the optimizer state in chunks (kOptimChunkElements), each chunk [master | m | v]. Homes
+// come from the config's `placement`. `grads: device` means the gradients never leave the
+// device: they are scratch the trainer owns, not plan tensors (so `UnitIds::grads` is
+// kNoTensor), and each update runs straight after its backward — which is why it needs
+// `grad_clip: 0`. Activations (`act.i`, block inputs) and the backward's running gradient
+// (`grad.x`) are host-homed plan tensors.
+//
+// Steps, in order:
+//   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head  [opt.ln_f]  bwd.h.{L-1} [opt.h.{L-1}] … bwd.embed  opt.embed
+// where each opt.X is one step per optimizer chunk (opt.X.c when X has several). Without
+// clipping the bracketed updates follow their backward; with clipping every update waits
+// for the global norm after bwd.embed.
+//
+// Pure data built from the config; any thread.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model_layout.h"
+#include "engine/train_config.h"
+#include "scheduler/scheduler.h"
+
+namespace strata {
+
+inline constexpr scheduler::TensorId kNoTensor = std::numeric_limits<scheduler::TensorId>::max();
+
+enum class StepKind : uint8_t { fwd_embed, fwd_block, head, bwd_block, bwd_embed, optimize };
+
+struct StepInfo {
+  StepKind kind;
+  size_t unit;       // the unit the step works on (for head: ln_f)
+  size_t chunk = 0;  // optimize: which optimizer chunk
+};
+
+struct OptimChunk {
+  scheduler::TensorId tensor = kNoTensor;
+  ElementRange range;  // of the unit's elements
+};
+
+struct UnitIds {
+  scheduler::TensorId params = kNoTensor;
+  scheduler::TensorId grads = kNoTensor;  // kNoTensor: `grads: device`, trainer scratch
+  std::vector<OptimChunk> optim;
+};
+
+struct TrainPlan {
+  scheduler::AccessPlan plan;
+  std::vector<UnitIds> units;
+  std::vector<scheduler::TensorId> activations;  // A_0 … A_L (block inputs, and the head's input)
+  scheduler::TensorId d_x = kNoTensor;           // the gradient flowing back through the blocks
+  std::vector<StepInfo> steps;                   // parallel to plan.steps()
+};
+
+// Store and plan tensor names.
+std::string params_name(const Unit& unit);
+std::string grads_name(const Unit& unit);
+std::string optim_name(const Unit& unit, size_t chunk, size_t chunk_count);
+
+TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout);
+
+// Device memory the trainer holds outside the plan for the whole run.
+struct DeviceScratchSizes {
+  uint64_t workspace_bytes = 0;
+  uint64_t weights_fp32_bytes = 0;  // bf16 compute copies widened for the kernels
+  uint64_t block_grads_bytes = 0;   // grads: device — the block being updated
+  uint64_t embed_grads_bytes = 0;   // grads: device — from the head to opt.embed
+  uint64_t ln_f_grads_bytes = 0;    // grads: device — from the head to opt.ln_f
+  uint64_t total() const;
+};
+DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout);
+
+// One step's working set plus the scratch must fit `device.memory`; host-homed state plus one
+// step's NVMe staging must fit `host.memory`. The error names the key and the size needed.
+[[nodiscard]] Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run);
+
+// The training state proper (compute copies, gradients, optimizer state; not activations),
+// each tensor rounded up to `alignment_bytes`; gradients counted even when they are scratch.
+uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, uint64_t alignment_bytes = 1);
+
+// What lives in the store: every P and O, and G when it is NVMe-homed.
+bool is_store_tensor(const TrainPlan& run, scheduler::TensorId id);
+// What a commit must make durable: P and O (gradients are rewritten before they are read).
+bool is_persistent(const TrainPlan& run, scheduler::TensorId id);
+
+}  // namespace strata
