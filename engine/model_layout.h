@@ -44,14 +44,7 @@ struct Unit {
   uint64_t element_count = 0;
 };
 
-// Optimizer state (fp32 master, first and second moment) travels in chunks of at most this
-// many elements, each chunk one store tensor packed [master | m | v]: the update of a big unit
-// (GPT-2 XL's 80 M-parameter embeddings) then streams through the device a piece at a time
-// instead of needing 1 GB of it at once, and the read of one chunk overlaps the update of the
-// one before. Stores record the value they were written with (metadata `optim_chunk_elements`).
-inline constexpr uint64_t kOptimChunkElements = uint64_t{16} << 20;
-
-// A unit's optimizer chunks: ceil(n / chunk_elements) ranges of near-equal size covering it.
+// A unit's optimizer chunks (see OptimizerConfig::chunk_elements): ceil(n / chunk_elements) ranges of near-equal size covering it.
 std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements);
 
 class ModelLayout {

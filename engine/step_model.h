@@ -10,9 +10,10 @@
 // tiers, as the first step of a run does).
 //
 // Compute: each kind of kernel (block forward, block backward with recompute, head, the
-// embeddings, AdamW, the bf16 widening) is timed once at the config's batch shape, alone,
-// on buffers allocated from the device the run will use, one phase at a time so the timing
-// never needs more than one step's working set. Sums give the compute-only step time.
+// embeddings, AdamW, the bf16 widening) is timed at the config's batch shape, alone (the
+// blocks twice, the faster kept), on buffers allocated from the device the run will use, one
+// phase at a time so the timing never needs more than one step's working set. Sums give the
+// compute-only step time.
 //
 // The step time: the scheduler overlaps NVMe traffic with compute, so a step takes the
 // longer of the two. On the CPU device the host↔device copies and the store's checksums run

@@ -73,6 +73,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(o.eps, optimizer.number("eps", 1.0e-8, 0.0, 1.0));
   STRATA_READ(o.weight_decay, optimizer.number("weight_decay", 0.1, 0.0, 10.0));
   STRATA_READ(o.grad_clip, optimizer.number("grad_clip", 1.0, 0.0, 1.0e9));
+  STRATA_READ(o.chunk_elements, optimizer.integer("chunk_elements", int64_t{16} << 20, 1024, int64_t{1} << 40));
   STRATA_RETURN_IF_ERROR(optimizer.finish());
 
   STRATA_ASSIGN_OR_RETURN(std::string precision, root.choice("precision", {"fp32", "bf16"}, "bf16"));

@@ -42,6 +42,12 @@ struct OptimizerConfig {
   double eps = 1.0e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
+  // Optimizer state (fp32 master, first and second moment) travels in chunks of at most this
+  // many elements, each chunk one store tensor packed [master | m | v]: the update of a big
+  // unit (GPT-2 XL's 80 M-parameter embeddings) then streams through the device a piece at a
+  // time instead of needing 1 GB of it at once, and the read of one chunk overlaps the update
+  // of the one before. A store records it (metadata `optim_chunk_elements`).
+  uint64_t chunk_elements = uint64_t{16} << 20;
 };
 
 struct PlacementConfig {

@@ -34,7 +34,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout)
     ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes, home_of(config.placement.params));
     if (!scratch_grads)
       ids.grads = run.plan.add_tensor(grads_name(unit), unit.element_count * 4, home_of(config.placement.grads));
-    const std::vector<ElementRange> chunks = optim_chunks(unit, kOptimChunkElements);
+    const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements);
     for (size_t c = 0; c < chunks.size(); ++c) {
       OptimChunk chunk;
       chunk.range = chunks[c];

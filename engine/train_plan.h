@@ -4,7 +4,7 @@
 // `strata plan` reads the same object to predict a step before anything runs.
 //
 // Per unit (engine/model_layout.h): P, the compute copy (bf16 or fp32); G, the fp32 gradient;
-// O, the optimizer state in chunks (kOptimChunkElements), each chunk [master | m | v]. Homes
+// O, the optimizer state in chunks (optimizer.chunk_elements), each chunk [master | m | v]. Homes
 // come from the config's `placement`. `grads: device` means the gradients never leave the
 // device: they are scratch the trainer owns, not plan tensors (so `UnitIds::grads` is
 // kNoTensor), and each update runs straight after its backward — which is why it needs

@@ -58,7 +58,7 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
           {"model.vocab_size", std::to_string(m.vocab_size)},
           {"model.seq_len", std::to_string(m.seq_len)},
           {"precision", dtype_name(config.precision)},
-          {"optim_chunk_elements", std::to_string(kOptimChunkElements)}};
+          {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}};
 }
 
 // The optimizer chunk size a store was written with (stores from before chunks: one chunk
@@ -308,11 +308,12 @@ Status Run::open_store(uint64_t& start_step) {
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{} was trained with another precision; --resume needs precision: {}", dir,
                                     precision == store_->committed_metadata().end() ? "?" : precision->second));
-    if (optim_chunk_elements_of(store_->committed_metadata()) != kOptimChunkElements)
+    const uint64_t stored_chunk = optim_chunk_elements_of(store_->committed_metadata());
+    if (stored_chunk != config_.optimizer.chunk_elements)
       return make_error(ErrorKind::invalid_argument,
-                        fmt::format("{} keeps optimizer state in chunks of another size than this build of strata "
-                                    "({} elements); export its weights with `strata store export` and start from them",
-                                    dir, kOptimChunkElements));
+                        fmt::format("{}: key 'optimizer.chunk_elements': {} keeps optimizer state in chunks of {} "
+                                    "elements, not {}; --resume needs the same value",
+                                    config_.source_path, dir, stored_chunk, config_.optimizer.chunk_elements));
     start_step = store_->committed_step();
     spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();

@@ -75,6 +75,7 @@ const char* trace_track_name(TraceTrack track) {
     case TraceTrack::d2h: return "d2h";
     case TraceTrack::compute: return "compute";
     case TraceTrack::stall: return "stall";
+    case TraceTrack::io_write: return "io write";
   }
   return "?";
 }
@@ -126,7 +127,8 @@ uint64_t Timeline::dropped_events() const {
 Status Timeline::write_json(const std::string& path) const {
   nlohmann::json events = nlohmann::json::array();
   // Track names first, so Perfetto and chrome://tracing label the rows.
-  for (TraceTrack track : {TraceTrack::io, TraceTrack::h2d, TraceTrack::d2h, TraceTrack::compute, TraceTrack::stall}) {
+  for (TraceTrack track : {TraceTrack::io, TraceTrack::io_write, TraceTrack::h2d, TraceTrack::d2h, TraceTrack::compute,
+                            TraceTrack::stall}) {
     events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", static_cast<int>(track)},
                       {"args", {{"name", trace_track_name(track)}}}});
     events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 1}, {"tid", static_cast<int>(track)},

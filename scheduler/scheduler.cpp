@@ -543,7 +543,7 @@ struct Scheduler::Impl {
         book.nvme_version = std::max(book.nvme_version, command.version);
       else
         book.host_version = command.version;
-      trace(TraceTrack::io, book, start_ns, end_ns);
+      trace(command.is_write ? TraceTrack::io_write : TraceTrack::io, book, start_ns, end_ns);
     } else {
       Error error = status.error();
       if (error.tensor.empty()) error.tensor = book.spec.name;

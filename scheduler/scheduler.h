@@ -127,7 +127,8 @@ class NvmeBacking {
 [[nodiscard]] Result<std::unique_ptr<NvmeBacking>> make_store_backing(memory::Store& store,
                                                                       const AccessPlan& plan);
 
-enum class TraceTrack : uint8_t { io, h2d, d2h, compute, stall };
+// `io` is NVMe reads, `io_write` NVMe writes (their own rows: a tensor read twice shows).
+enum class TraceTrack : uint8_t { io, h2d, d2h, compute, stall, io_write };
 const char* trace_track_name(TraceTrack track);
 
 // A Chrome-trace / Perfetto timeline: complete ("X") events, one track (tid) per kind. The

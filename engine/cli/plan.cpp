@@ -22,7 +22,7 @@ void add_plan_command(CLI::App& app, CliState& state) {
       "plan",
       "Show where every kind of training state will live, the bytes each tier holds, the bytes each step moves "
       "between tiers, and the step time predicted from the tuned NVMe bandwidths and a compute rate measured "
-      "here (each kernel timed once at the config's shape). Writes nothing.");
+      "here (each kernel timed alone at the config's shape). Writes nothing.");
   plan->add_option("config", options->config_path, "the YAML config `strata train` would run")->required();
   plan->add_flag("--json", options->json, "print the plan as one JSON object on stdout");
   plan->callback([options, &state] {

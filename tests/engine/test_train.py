@@ -162,33 +162,46 @@ def case_reference(folder):
 
 
 def case_offload(folder):
+    # Every variant must export the resident run's weights bit for bit: where state lives,
+    # whether the optimizer state travels in chunks (4096 elements: each unit in 3-12 pieces,
+    # tensors cut mid-way) and whether gradients stay on the device change no arithmetic.
+    tiny = {"device": {"memory": "6MiB"}, "host": {"memory": "6MiB"}}
     for clip in (1.0, 0.0):
         exports = []
-        for name, overrides in (
+        variants = [
             ("resident", {"device": {"memory": "256MiB"}, "host": {"memory": "256MiB"},
                           "placement": {"params": "device", "grads": "host", "optimizer": "host"}}),
-            ("offloaded", {"device": {"memory": "6MiB"}, "host": {"memory": "6MiB"},
-                           "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"}}),
-        ):
+            ("offloaded", {**tiny, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"}}),
+            ("chunked", {**tiny, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
+                         "optimizer": {"chunk_elements": 4096}}),
+        ]
+        if clip == 0.0:
+            variants.append(("grads-on-device", {**tiny, "placement": {"params": "host", "grads": "device",
+                                                                        "optimizer": "nvme"},
+                                                 "optimizer": {"chunk_elements": 4096}}))
+        for name, overrides in variants:
             run_dir = os.path.join(folder, f"{name}-clip{clip}")
             os.makedirs(run_dir)
+            overrides = dict(overrides)
+            optimizer = {"grad_clip": clip, **overrides.pop("optimizer", {})}
             cfg_path, _ = config(run_dir, model={"n_layer": 3, "seq_len": 32}, batch_size=4, steps=20,
-                                 precision="bf16", checkpoint_every=7,
-                                 optimizer={"grad_clip": clip}, **overrides)
+                                 precision="bf16", checkpoint_every=7, optimizer=optimizer, **overrides)
             out = os.path.join(run_dir, "weights.safetensors")
             result = strata("train", cfg_path, "--export", out, "--json")
             summary = json.loads(result.stdout)
             print(f"clip {clip} {name}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
                   f"NVMe read {summary['nvme_read_bytes']} bytes")
-            if name == "offloaded" and summary["nvme_read_bytes"] == 0:
-                fail("the offloaded run read nothing from NVMe: it did not offload")
+            if name != "resident" and summary["nvme_read_bytes"] == 0:
+                fail(f"the {name} run read nothing from NVMe: it did not offload")
             if not summary["last_loss"] < summary["first_loss"]:
                 fail(f"{name}: the loss did not fall")
             with open(out, "rb") as f:
                 exports.append(f.read())
-        if exports[0] != exports[1]:
-            fail(f"clip {clip}: resident and offloaded runs exported different weights")
-        print(f"clip {clip}: resident and offloaded exports are bit-identical ({len(exports[0])} bytes)")
+        for (name, _), export in zip(variants[1:], exports[1:]):
+            if export != exports[0]:
+                fail(f"clip {clip}: the resident and {name} runs exported different weights")
+        print(f"clip {clip}: {', '.join(name for name, _ in variants)} exports are bit-identical "
+              f"({len(exports[0])} bytes)")
 
 
 def case_bad_input(folder):
@@ -204,6 +217,7 @@ def case_bad_input(folder):
         ("missing NVMe path", {"nvme": {"paths": [os.path.join(folder, "no-such-dir")]}}, "no-such-dir"),
         ("unknown key", {"optimiser": {"lr": 1}}, "optimiser"),
         ("value out of range", {"batch_size": 0}, "batch_size"),
+        ("gradients on the device with clipping", {"placement": {"grads": "device"}}, "grad_clip"),
     ]
     for what, overrides, needle in cases:
         run_dir = os.path.join(folder, what.replace(" ", "-"))
