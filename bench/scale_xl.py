@@ -55,7 +55,7 @@ def run(cmd, **kw):
 # 1. tune
 tune_file = os.path.abspath(args.tune_file) if args.tune_file else os.path.join(work, "strata-io.yaml")
 if not args.tune_file:
-    run([strata, "tune", "--dir", os.path.join(work, "tune"), "--out", tune_file])
+    run([strata, "tune", "--dir", os.path.join(work, "tune"), "--out", tune_file], stdout=sys.stderr)
 tuned = open(tune_file).read()
 read_MBps = float(re.search(r"read:(?:.|\n)*?measured_MBps:\s*([0-9.]+)", tuned).group(1))
 write_MBps = float(re.search(r"write:(?:.|\n)*?measured_MBps:\s*([0-9.]+)", tuned).group(1))

@@ -701,7 +701,9 @@ Result<TrainSummary> Run::execute() {
     summary.compute_seconds += f.compute_seconds;
   }
   std::sort(step_seconds.begin(), step_seconds.end());
-  summary.median_step_seconds = step_seconds[step_seconds.size() / 2];
+  const size_t middle = step_seconds.size() / 2;
+  summary.median_step_seconds = step_seconds.size() % 2 == 1 ? step_seconds[middle]
+                                                             : (step_seconds[middle - 1] + step_seconds[middle]) / 2;
   if (prediction) {
     summary.predicted_step_seconds = prediction->step_s;
     summary.predicted_compute_seconds = prediction->compute_s;

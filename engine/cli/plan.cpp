@@ -44,7 +44,7 @@ void add_plan_command(CLI::App& app, CliState& state) {
       state.exit_code = report_error(device.error());
       return;
     }
-    spdlog::info("timing each kernel once at {} × {} tokens", config->batch_size, config->model.seq_len);
+    spdlog::info("timing each kernel alone at {} × {} tokens", config->batch_size, config->model.seq_len);
     Result<ComputeRates> rates = measure_compute(*config, layout, **device);
     if (!rates.ok()) {
       state.exit_code = report_error(rates.error());

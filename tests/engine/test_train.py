@@ -6,7 +6,8 @@
 # any work with one line naming the problem, and leaves nothing behind; (budgets) a model whose
 # training state is over twice the budgets trains, and peak RSS stays within the budgets plus
 # the documented fixed overhead; (resume) a run SIGKILLed at random moments and resumed each time
-# ends bit-identical to an uninterrupted one.
+# ends bit-identical to an uninterrupted one; (plan) `strata plan` takes the tuned bandwidths,
+# its figures hang together, its traffic replay matches a real run's, and it writes nothing.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 # test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
@@ -313,8 +314,55 @@ def case_resume(folder):
     print("killed-and-resumed weights are bit-identical to the uninterrupted run's")
 
 
+def case_plan(folder):
+    """`strata plan` predicts before anything is written: the tuned bandwidths are the ones the
+    config names, its figures hang together, its traffic replay matches what a real run moves
+    (medians of steady steps within 2×: the scheduler's timing moves single steps around), a
+    config too big for its budgets is refused like `strata train` refuses it, and nothing is
+    written."""
+    nvme = {"io": {"read": {"measured_MBps": 1000}, "write": {"measured_MBps": 500}}}
+    cfg_path, cfg = config(folder, model={"n_layer": 3, "seq_len": 32}, batch_size=4, steps=8, precision="bf16",
+                           checkpoint_every=100, device={"memory": "2MiB"}, host={"memory": "6MiB"},
+                           placement={"params": "nvme", "grads": "nvme", "optimizer": "nvme"})
+    cfg["nvme"].update(nvme)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    plan = json.loads(strata("plan", cfg_path, "--json").stdout)
+    store_dir = os.path.join(cfg["nvme"]["paths"][0], "store")
+    if os.path.exists(store_dir):
+        fail("strata plan wrote a store")
+    if not plan["tuned"] or plan["read_MBps"] != 1000 or plan["write_MBps"] != 500:
+        fail(f"the plan did not take the tuned bandwidths from nvme.io: {plan}")
+    floor = plan["nvme_read_bytes"] / 1e9 + plan["nvme_write_bytes"] / 5e8
+    if abs(plan["io_floor_s"] - floor) > 1e-9 * max(1.0, floor):
+        fail(f"I/O floor {plan['io_floor_s']} is not reads/1000 MB/s + writes/500 MB/s = {floor}")
+    if not (plan["compute_s"] > 0 and plan["predicted_step_s"] >= max(plan["compute_s"], plan["io_floor_s"])):
+        fail(f"the predicted step is not the longer of compute and I/O: {plan}")
+    # The device (2 MiB) holds less than the state (3 MiB): every step streams to it.
+    if plan["host_to_device_bytes"] == 0 or plan["nvme_write_bytes"] == 0:
+        fail(f"the replay moves nothing though the state is larger than the device: {plan}")
+    text = strata("plan", cfg_path).stdout
+    for needle in ("where the state lives", "bytes moved per step", "predicted step time", "(tuned)"):
+        if needle not in text:
+            fail(f"the plan's report lacks '{needle}':\n{text}")
+
+    metrics_path = os.path.join(folder, "metrics.json")
+    strata("train", cfg_path, "--metrics", metrics_path)
+    steady = json.load(open(metrics_path))["steps"][2:]
+    for key in ("nvme_write_bytes", "host_to_device_bytes", "device_to_host_bytes"):
+        measured = sorted(step[key] for step in steady)[len(steady) // 2]
+        print(f"{key}: predicted {plan[key]}, measured median {measured}")
+        if not plan[key] / 2 <= measured <= plan[key] * 2:
+            fail(f"{key}: the replay predicted {plan[key]} per step, the run moved {measured} (median)")
+
+    small_path, _ = config(os.path.join(folder, "small"), device={"memory": "1MiB"})
+    refused = strata("plan", small_path, expect_ok=False)
+    if refused.returncode != 2 or "device.memory" not in refused.stderr:
+        fail(f"plan with a 1 MiB device: exit {refused.returncode}, {refused.stderr}")
+
+
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
-         "budgets": case_budgets, "resume": case_resume}
+         "budgets": case_budgets, "resume": case_resume, "plan": case_plan}
 
 if __name__ == "__main__":
     CASE = sys.argv[2]
