@@ -20,6 +20,18 @@ struct CliState {
 // Reports an error as one line on stderr and returns the exit code it maps to.
 int report_error(const Error& error);
 
+// True when `status` is an error: reported, and the exit code set. For callbacks that stop at
+// the first failure: `if (failed(status, state)) return;`.
+inline bool failed(const Status& status, CliState& state) {
+  if (status.ok()) return false;
+  state.exit_code = report_error(status.error());
+  return true;
+}
+template <typename T>
+bool failed(const Result<T>& result, CliState& state) {
+  return failed(result.status(), state);
+}
+
 // One per command file in engine/cli/; main.cpp calls each.
 void add_io_bench_command(CLI::App& app, CliState& state);     // cli/io_bench.cpp
 void add_tune_command(CLI::App& app, CliState& state);         // cli/tune.cpp

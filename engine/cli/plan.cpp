@@ -27,29 +27,16 @@ void add_plan_command(CLI::App& app, CliState& state) {
   plan->add_flag("--json", options->json, "print the plan as one JSON object on stdout");
   plan->callback([options, &state] {
     Result<TrainConfig> config = load_train_config(options->config_path);
-    if (!config.ok()) {
-      state.exit_code = report_error(config.error());
-      return;
-    }
+    if (failed(config, state)) return;
     ModelLayout layout(config->model);
     TrainPlan run = build_train_plan(*config, layout);
-    Status checked = check_budgets(*config, layout, run);
-    if (!checked.ok()) {
-      state.exit_code = report_error(checked.error());
-      return;
-    }
+    if (failed(check_budgets(*config, layout, run), state)) return;
     // The kernels are timed on a device of the run's budget, as the run would have it.
     Result<std::unique_ptr<device::Device>> device = device::make_device(device::Kind::cpu, config->device_memory_bytes);
-    if (!device.ok()) {
-      state.exit_code = report_error(device.error());
-      return;
-    }
+    if (failed(device, state)) return;
     spdlog::info("timing each kernel alone at {} × {} tokens", config->batch_size, config->model.seq_len);
     Result<ComputeRates> rates = measure_compute(*config, layout, **device);
-    if (!rates.ok()) {
-      state.exit_code = report_error(rates.error());
-      return;
-    }
+    if (failed(rates, state)) return;
     const StepPrediction prediction = predict_step(*config, layout, run, *rates);
     if (options->json)
       fmt::print("{}\n", plan_json(*config, layout, run, *rates, prediction).dump());

@@ -45,15 +45,9 @@ void add_train_command(CLI::App& app, CliState& state) {
   train->add_flag("--json", options->train.json, "print the summary as one JSON object on stdout");
   train->callback([options, &state] {
     Result<TrainConfig> config = load_train_config(options->config_path);
-    if (!config.ok()) {
-      state.exit_code = report_error(config.error());
-      return;
-    }
+    if (failed(config, state)) return;
     Result<TrainSummary> summary = strata::train(*config, options->train);
-    if (!summary.ok()) {
-      state.exit_code = report_error(summary.error());
-      return;
-    }
+    if (failed(summary, state)) return;
     const TrainSummary& s = *summary;
     if (options->train.json) {
       nlohmann::ordered_json json = summary_json(s);
@@ -91,16 +85,10 @@ void add_train_command(CLI::App& app, CliState& state) {
   gen->add_option("--seed", generate_options->seed, "sampling seed")->capture_default_str();
   gen->callback([generate_options, &state] {
     Result<TrainConfig> config = load_train_config(generate_options->config_path);
-    if (!config.ok()) {
-      state.exit_code = report_error(config.error());
-      return;
-    }
+    if (failed(config, state)) return;
     Result<std::string> text = generate(*config, generate_options->prompt, generate_options->tokens,
                                         generate_options->temperature, generate_options->seed);
-    if (!text.ok()) {
-      state.exit_code = report_error(text.error());
-      return;
-    }
+    if (failed(text, state)) return;
     fmt::print("{}{}\n", generate_options->prompt, *text);
   });
 }
