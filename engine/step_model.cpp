@@ -108,8 +108,6 @@ Result<float*> allocate_floats(device::Device& device, std::vector<device::Devic
   return data;
 }
 
-double mb_per_s(double bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e6 : 0.0; }
-
 }  // namespace
 
 StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
