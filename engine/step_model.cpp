@@ -336,10 +336,11 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
                         const ComputeRates& rates, const StepPrediction& p) {
   std::string out;
   const DeviceScratchSizes scratch = device_scratch(config, layout);
-  append_line(out, "{}: GPT-2, {} layers × {} wide, {} heads, vocab {}: {:.3f} B parameters; {} tokens per step ({} × {})",
+  const auto parameters = static_cast<double>(layout.parameter_count());
+  append_line(out, "{}: GPT-2, {} layers × {} wide, {} heads, vocab {}: {} parameters; {} tokens per step ({} × {})",
        config.source_path, config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.vocab_size,
-       static_cast<double>(layout.parameter_count()) * 1e-9, uint64_t{config.batch_size} * config.model.seq_len,
-       config.batch_size, config.model.seq_len);
+       parameters >= 1e9 ? fmt::format("{:.2f} B", parameters * 1e-9) : fmt::format("{:.1f} M", parameters * 1e-6),
+       uint64_t{config.batch_size} * config.model.seq_len, config.batch_size, config.model.seq_len);
   append_line(out, "");
   append_line(out, "where the state lives (its lasting home; the device holds what a step needs, streamed in):");
   for (const KindBytes& kind : kinds_of(config, layout, run))
