@@ -96,6 +96,11 @@ struct Scheduler::Impl {
   // the prefetch horizon is what is left, or it would reach for space it can only get by
   // evicting what it has just prefetched.
   uint64_t external_device_bytes = 0;
+  // Host room only write-backs (and the cursor step) may take: without it, read-ahead fills
+  // the host budget and every write-back of a freshly updated tensor evicts a copy prefetched
+  // for one of the next steps, which is then read twice. Two of the largest NVMe-homed
+  // tensors a step writes, at most a quarter of the staging room.
+  uint64_t write_back_reserve_bytes = 0;
   device::Stream h2d, d2h;
   std::unique_ptr<Timeline> timeline;
 
@@ -214,9 +219,13 @@ struct Scheduler::Impl {
   // add up to the need (so a failed attempt does not throw away prefetched data). When that
   // first victim is dirty, its write-back is started at the priority of this need. False:
   // nothing more can go now; the pump runs again at the next completion.
-  bool allocate_in(Tier tier, TensorId id, uint64_t need_distance) {
+  bool allocate_in(Tier tier, TensorId id, uint64_t need_distance, bool write_back = false) {
     Book& book = books[id];
     const bool on_device = tier == Tier::device;
+    // Read-ahead stays out of the write-back reserve; write-backs and the cursor step's own
+    // reads may use the whole budget.
+    const uint64_t host_budget_bytes =
+        options.host_budget_bytes - (write_back || need_distance == 0 ? 0 : write_back_reserve_bytes);
     auto try_allocate = [&]() -> bool {
       if (on_device) {
         Result<device::DeviceBuffer> buffer = device.allocate(book.aligned_bytes);
@@ -225,7 +234,7 @@ struct Scheduler::Impl {
         on_allocate(Tier::device, device.memory_stats().used_bytes, device.budget_bytes());
         return true;
       }
-      if (host_used_bytes + book.aligned_bytes > options.host_budget_bytes) return false;
+      if (host_used_bytes + book.aligned_bytes > host_budget_bytes) return false;
       Result<memory::HostBlock> block = arena.allocate(book.aligned_bytes);
       if (!block.ok()) return false;
       book.host = *block;
@@ -239,7 +248,7 @@ struct Scheduler::Impl {
     // Per tier: a device allocation may start a write-back that ranks host victims meanwhile.
     auto& victims = victims_by_tier[static_cast<size_t>(tier)];
     const uint64_t used_bytes = on_device ? device.memory_stats().used_bytes : host_used_bytes;
-    const uint64_t budget_bytes = on_device ? device.budget_bytes() : options.host_budget_bytes;
+    const uint64_t budget_bytes = on_device ? device.budget_bytes() : host_budget_bytes;
     uint64_t reachable_bytes = budget_bytes - std::min(budget_bytes, used_bytes);
     size_t droppable_count = 0;
     int64_t blocker = -1;  // the first victim whose data lives only here
@@ -291,7 +300,7 @@ struct Scheduler::Impl {
         d2h_in_flight >= options.copies_in_flight)
       return;
     if (book.host_allocated && book.host_op != HostOp::none) return;  // e.g. an older version going to NVMe
-    if (!book.host_allocated && !allocate_host(id, need_distance)) return;
+    if (!book.host_allocated && !allocate_in(Tier::host, id, need_distance, /*write_back=*/true)) return;
     issue_d2h(id);
   }
 
@@ -644,6 +653,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   Impl& s = *impl;
   s.host_home_bytes = host_home_bytes;
   s.external_device_bytes = device.memory_stats().used_bytes;
+  {
+    uint64_t largest_written_bytes = 0;
+    for (const PlanStep& step : s.plan.steps())
+      for (TensorId id : step.writes)
+        if (s.plan.tensors()[id].home == Home::nvme)
+          largest_written_bytes = std::max(largest_written_bytes, align_up(s.plan.tensors()[id].size_bytes,
+                                                                           std::max(device_alignment, host_alignment)));
+    const uint64_t staging_bytes = s.options.host_budget_bytes - host_home_bytes;
+    if (2 * largest_written_bytes <= staging_bytes / 4) s.write_back_reserve_bytes = 2 * largest_written_bytes;
+  }
   s.books.resize(s.plan.tensors().size());
   s.seen_epoch.assign(s.books.size(), 0);
   for (auto& victims : s.victims_by_tier) victims.reserve(s.books.size());
