@@ -202,6 +202,11 @@ struct Scheduler::Impl {
         if (!c.device.valid() || c.pins > 0 || c.device_op != DeviceOp::none) continue;
       } else {
         if (!c.host_allocated || c.spec.home != Home::nvme || c.host_op != HostOp::none) continue;
+        // A copy on its way to NVMe (written back from the device, its write not yet issued)
+        // stays until that write is done: dropping it because the device still holds the same
+        // version only means copying it down again — at small host budgets that churned ~15×
+        // the state through device → host per step. Its write frees it soon enough.
+        if (c.host_version > c.nvme_version) continue;
         // A host copy whose tensor is already on the device is not needed for its next use:
         // it ranks behind every copy that is — unless that use writes the tensor. Then its
         // write-back needs a host block at that very use, and giving this one away first
