@@ -380,6 +380,9 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "");
   append_line(out, "predicted step time        {:8.2f} s  ({}-bound; {:.0f} tokens/s)", p.step_s, p.bound,
        static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len) / p.step_s);
+  if (config.device_kind != "cpu")
+    append_line(out, "note: the kernels were timed on the CPU device; `strata train` does not run device.kind: {} yet",
+                config.device_kind);
   return out;
 }
 
