@@ -85,7 +85,7 @@ metrics = json.load(open(metrics_path))
 summary = metrics["summary"]
 init_s = wall_s - summary["seconds"]
 
-budgets = 6 * (1 << 30) + 2 * (1 << 30)
+budgets = plan["host_budget_bytes"] + plan["device_budget_bytes"]  # the config's, as the plan read them
 GiB = float(1 << 30)
 print(f"\n## GPT-2 XL scale run — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
       f"{os.cpu_count()} cores\n")
@@ -114,7 +114,7 @@ print(f"in-run kernel time {summary['compute_seconds'] / len(metrics['steps']):.
       f"vs {plan['compute_s']:.1f} s alone")
 print(f"worst step ÷ max(I/O floor, compute-only): {worst:.2f} (target ≤ 1.3)")
 rss = summary["peak_rss_bytes"]
-print(f"peak RSS {rss / GiB:.2f} GiB; budgets {budgets / GiB:.0f} GiB + documented overhead "
+print(f"peak RSS {rss / GiB:.2f} GiB; budgets {budgets / GiB:.2f} GiB + documented overhead "
       f"{FIXED_OVERHEAD_BYTES >> 20} MiB = {(budgets + FIXED_OVERHEAD_BYTES) / GiB:.2f} GiB "
       f"({'within' if rss <= budgets + FIXED_OVERHEAD_BYTES else 'OVER'})")
 print(f"loss {summary['first_loss']:.4f} → {summary['last_loss']:.4f}")

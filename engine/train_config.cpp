@@ -6,18 +6,9 @@
 
 namespace strata {
 
-const char* tier_name(Tier tier) {
-  switch (tier) {
-    case Tier::device: return "device";
-    case Tier::host: return "host";
-    case Tier::nvme: return "nvme";
-  }
-  return "?";
-}
-
 static Result<Tier> parse_tier(ConfigNode& node, std::string_view key, Tier fallback) {
   STRATA_ASSIGN_OR_RETURN(std::string name, node.choice(key, {"device", "host", "nvme"}, tier_name(fallback)));
-  return name == "device" ? Tier::device : name == "host" ? Tier::host : Tier::nvme;
+  return memory::parse_tier(name);
 }
 
 // Reads one key into a field, keeping the call sites to one line each.

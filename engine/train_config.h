@@ -17,11 +17,13 @@
 #include "common/status.h"
 #include "engine/data.h"
 #include "io/io_config.h"
+#include "memory/registry.h"
 
 namespace strata {
 
-enum class Tier : uint8_t { device = 0, host = 1, nvme = 2 };
-const char* tier_name(Tier tier);
+// The tiers are memory/'s (registry.h): one enum and one set of names for the whole engine.
+using memory::Tier;
+using memory::tier_name;
 
 struct ModelConfig {
   uint32_t n_layer = 6;

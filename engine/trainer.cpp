@@ -147,15 +147,21 @@ Status discard_uncommitted_store(const TrainConfig& config) {
 
 // --- fresh state ----------------------------------------------------------------------------
 
-// Writes every unit's initial compute copy, optimizer state (master from the init, zero
-// moments) and, when they live on NVMe, zero gradients into the store, one unit at a time
-// through pinned buffers: the unit's fp32 master weights, and a staging area for what is
-// written from them.
+// One store transfer, waited for.
 Status write_tensor(memory::Store& store, const std::string& name, DType dtype, std::span<const int64_t> shape,
                     const void* data, uint64_t size_bytes) {
   STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.write_tensor_async(name, dtype, shape, data, size_bytes));
   return store.wait(ticket);
 }
+Status read_tensor(memory::Store& store, const std::string& name, void* data, uint64_t size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.read_tensor_async(name, data, size_bytes));
+  return store.wait(ticket);
+}
+
+// Writes every unit's initial compute copy, optimizer state (master from the init, zero
+// moments) and, when they live on NVMe, zero gradients into the store, one unit at a time
+// through pinned buffers: the unit's fp32 master weights, and a staging area for what is
+// written from them.
 
 Status initialize_store(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                         memory::Store& store, memory::HostArena& arena) {
@@ -367,11 +373,8 @@ Status Run::create_scheduler() {
     const sch::PlanTensor& tensor = run_.plan.tensors()[id];
     if (tensor.home != sch::Home::host || !is_persistent(run_, id)) continue;
     void* host_data = scheduler_->begin_host_access(id);
-    Status status = scheduler_->run_on_io_thread([&]() -> Status {
-      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                              store_->read_tensor_async(tensor.name, host_data, tensor.size_bytes));
-      return store_->wait(ticket);
-    });
+    Status status =
+        scheduler_->run_on_io_thread([&] { return read_tensor(*store_, tensor.name, host_data, tensor.size_bytes); });
     scheduler_->end_host_access(id);
     STRATA_RETURN_IF_ERROR(status);
   }
@@ -527,10 +530,8 @@ Status Run::checkpoint(uint64_t step) {
       const sch::PlanTensor& tensor = run_.plan.tensors()[id];
       std::optional<memory::TensorRecord> record = store_->find(tensor.name);
       assert(record.has_value());  // initialize_store wrote every persistent tensor
-      STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                              store_->write_tensor_async(tensor.name, record->dtype, record->shape, host_data,
-                                                         tensor.size_bytes));
-      STRATA_RETURN_IF_ERROR(store_->wait(ticket));
+      STRATA_RETURN_IF_ERROR(
+          write_tensor(*store_, tensor.name, record->dtype, record->shape, host_data, tensor.size_bytes));
     }
     return store_->commit(step, run_metadata(config_, step));
   });
@@ -727,9 +728,7 @@ Status read_master(memory::Store& store, const Unit& unit, uint64_t chunk_elemen
   for (size_t c = 0; c < chunks.size(); ++c) {
     const uint64_t count = chunks[c].element_count;
     staging.resize(std::max<size_t>(staging.size(), count * 3));
-    STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.read_tensor_async(optim_name(unit, c, chunks.size()),
-                                                                                staging.data(), count * 12));
-    STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    STRATA_RETURN_IF_ERROR(read_tensor(store, optim_name(unit, c, chunks.size()), staging.data(), count * 12));
     std::copy(staging.begin(), staging.begin() + static_cast<int64_t>(count), master + chunks[c].begin_elements);
   }
   return Status();
