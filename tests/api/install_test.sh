@@ -1,0 +1,39 @@
+#!/bin/bash
+# tests/api/install_test.sh — installs the build into a temporary prefix and proves an outside
+# program needs nothing else: each examples/*.c is compiled out of tree with only
+# `cc $(pkg-config --cflags --libs strata)` and run; the installed Python package imports and
+# reports the version. Args: BUILD_DIR SOURCE_DIR.
+set -euo pipefail
+build=$1
+src=$2
+work=$(mktemp -d "${STRATA_TEST_TMPDIR:-/tmp}/install.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+meson install -C "$build" --quiet --no-rebuild --destdir "$work/dest" >/dev/null
+# --destdir keeps the configured prefix under dest; point everything at that tree.
+configured=$(meson introspect "$build" --buildoptions | /usr/bin/python3 -c \
+  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
+root=$work/dest$configured
+pcdir=$(dirname "$(find "$root" -name strata.pc | head -1)")
+test -n "$pcdir" || { echo "strata.pc not installed"; exit 1; }
+test -x "$root/bin/strata" || { echo "the strata CLI was not installed"; exit 1; }
+# The .pc file names the configured prefix; redirect it to where the files are now.
+export PKG_CONFIG_PATH=$pcdir
+flags=$(pkg-config --define-variable=prefix="$root" --cflags --libs strata)
+libdir=$(pkg-config --define-variable=prefix="$root" --variable=libdir strata)
+# Only strata_* symbols may be exported.
+if nm -D --defined-only "$libdir/libstrata.so" | awk '{print $3}' | grep -v '^strata_' | grep -v '^STRATA_[0-9]*$' | grep -q .; then
+  echo "libstrata exports symbols other than strata_*:"
+  nm -D --defined-only "$libdir/libstrata.so" | awk '{print $3}' | grep -v '^strata_' | head
+  exit 1
+fi
+readelf -d "$libdir/libstrata.so" | grep -q 'SONAME.*libstrata.so.0' || { echo "no SONAME libstrata.so.0"; exit 1; }
+for example in io store scheduler optimizer; do
+  cc -O1 -o "$work/$example" "$src/examples/${example}_example.c" $flags
+  LD_LIBRARY_PATH=$libdir "$work/$example" "$work/run_$example"
+done
+site=$(dirname "$(find "$root" -path '*/strata/__init__.py' | head -1)")
+test -n "$site" || { echo "python package not installed"; exit 1; }
+LD_LIBRARY_PATH=$libdir STRATA_LIBRARY=$libdir/libstrata.so.0 PYTHONPATH=$(dirname "$site") \
+  /usr/bin/python3 -c 'import strata; print("python: strata", strata.__version__, strata.__file__)'
+echo "install test: ok"
