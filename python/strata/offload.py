@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from .store import Store
+from .store import Store, empty_aligned
 
 _EMPTY = torch.empty(0, dtype=torch.float32)
 
@@ -99,7 +99,7 @@ class Offload:
         reads = []
         for p in module.parameters(recurse=False):
             name, shape = self._params[p]
-            buffer = torch.empty(shape, dtype=torch.float32)
+            buffer = empty_aligned(shape)
             reads.append((p, buffer, self.store.get_async(name, buffer)))
         self._pending[module] = reads
 

@@ -10,6 +10,18 @@ _DTYPES = {torch.float32: _capi.F32, torch.bfloat16: _capi.BF16, torch.float16: 
 _TORCH = {v: k for k, v in _DTYPES.items()}
 
 
+def empty_aligned(shape, dtype=torch.float32, alignment=4096):
+    """An uninitialised CPU tensor whose data starts on `alignment` bytes: direct I/O moves it
+    without a bounce copy (torch's own allocations are only 64-byte aligned)."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    size = numel * torch.empty(0, dtype=dtype).element_size()
+    raw = torch.empty(size + alignment, dtype=torch.uint8)
+    offset = (-raw.data_ptr()) % alignment
+    return raw[offset:offset + size].view(dtype).view(tuple(shape))
+
+
 class Store:
     """A store directory. One thread at a time. `Store.create(dir, capacity_bytes)` refuses an
     existing store; `Store(dir)` opens one at its last commit. Close with close() or `with`."""
@@ -76,7 +88,7 @@ class Store:
 
     def get(self, name):
         dtype, shape = self.info(name)
-        out = torch.empty(shape, dtype=dtype)
+        out = empty_aligned(shape, dtype)
         self.wait(self.get_async(name, out))
         return out
 
