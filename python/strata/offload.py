@@ -48,6 +48,7 @@ class Offload:
         self.path = str(path)
         self.prefetch = prefetch
         self._owners = []        # submodules that own parameters directly
+        self._owner = {}         # param -> its submodule
         self._params = {}        # param -> (store name, shape)
         total = 0
         for name, sub in module.named_modules():
@@ -61,6 +62,7 @@ class Offload:
                     raise ValueError(f"parameter {name}.{pname} is shared between modules; "
                                      "strata.offload keeps one owner per parameter")
                 self._params[p] = ((name + "." if name else "") + pname, tuple(p.shape))
+                self._owner[p] = sub
                 total += p.numel() * 4
             self._owners.append(sub)
         largest = max((sum(p.numel() * 4 for p in s.parameters(recurse=False)) for s in self._owners),
@@ -161,15 +163,9 @@ class Offload:
     def _shape(self, p):
         return self._params[p][1]
 
-    def _owner_of(self, p):
-        for m in self._owners:
-            if any(q is p for q in m.parameters(recurse=False)):
-                return m
-        raise KeyError("not an offloaded parameter")
-
     def _materialize(self, p):
         self._recording = False  # a step follows a complete pass
-        self._fetch(self._owner_of(p), backward=True)
+        self._fetch(self._owner[p], backward=True)
         return p.data
 
     def _updated(self, p):
