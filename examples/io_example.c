@@ -1,8 +1,9 @@
 /* examples/io_example.c — layer 1: write 1 MiB to a file with O_DIRECT, read it back
- * asynchronously, check the bytes. Usage: io_example DIR */
+ * asynchronously, check the bytes. Usage: io_example DIR (created if missing) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <strata/strata.h>
 
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s DIR\n", argv[0]);
     return 2;
   }
+  mkdir(argv[1], 0700); /* may exist already */
   char path[4096];
   snprintf(path, sizeof path, "%s/io_example.bin", argv[1]);
   const char* paths[1] = {path};

@@ -6,6 +6,7 @@
 set -euo pipefail
 build=$1
 src=$2
+mkdir -p "${STRATA_TEST_TMPDIR:-/tmp}"
 work=$(mktemp -d "${STRATA_TEST_TMPDIR:-/tmp}/install.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
