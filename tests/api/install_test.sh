@@ -37,4 +37,8 @@ site=$(dirname "$(find "$root" -path '*/strata/__init__.py' | head -1)")
 test -n "$site" || { echo "python package not installed"; exit 1; }
 LD_LIBRARY_PATH=$libdir STRATA_LIBRARY=$libdir/libstrata.so.0 PYTHONPATH=$(dirname "$site") \
   /usr/bin/python3 -c 'import strata; print("python: strata", strata.__version__, strata.__file__)'
+# Without STRATA_LIBRARY the package falls back to the loader's search (here LD_LIBRARY_PATH;
+# a real --prefix install finds the libdir recorded in _install_paths.py first).
+env -u STRATA_LIBRARY LD_LIBRARY_PATH=$libdir PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c \
+  'import strata, sys; sys.exit(0 if strata.__version__ else 1)'
 echo "install test: ok"
