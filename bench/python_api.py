@@ -165,23 +165,28 @@ def bench_offload(args):
 
     for _ in range(2):  # the same two steps on the resident reference: same weights after
         step(resident, r_opt)()
-    w_times, r_times, fetched = [], [], []
+    w_times, r_times, fetched, written = [], [], [], []
     for r in range(args.rounds):
-        before = handle.fetched_bytes
+        before, before_w = handle.fetched_bytes, handle.written_bytes
         order = [(w_times, step(wrapped, w_opt)), (r_times, step(resident, r_opt))]
         if r % 2:
             order.reverse()
         for sink, fn in order:
             sink.append(timed(fn))
         fetched.append(handle.fetched_bytes - before)
-    # The floor: the same store reading the step's fetched bytes in layer-sized tensors.
+        written.append(handle.written_bytes - before_w)
+    # The I/O floor of one offloaded step: the same store reading the parameter bytes the step
+    # fetched plus the moments (8 B per parameter), and writing the updated parameters plus the
+    # moments (8 B per parameter), in layer-sized tensors, two in flight, reads then writes.
     floor_dir = fresh(os.path.join(args.dir, "offload_floor"))
     fs = strata.Store.create(floor_dir, 2 * layer_bytes * depth + (64 << 20))
     w = strata.store.empty_aligned((width * width + width,))
     w.normal_()
     for i in range(depth):
         fs.put(f"l{i}", w)
-    reads = max(1, round(statistics.median(fetched) / layer_bytes))
+    moment_bytes = 2 * weight_bytes
+    reads = max(1, round((statistics.median(fetched) + moment_bytes) / layer_bytes))
+    writes = max(1, round((statistics.median(written) + moment_bytes) / layer_bytes))
     outs = [strata.store.empty_aligned(w.shape) for _ in range(2)]
 
     def floor():
@@ -192,6 +197,13 @@ def bench_offload(args):
             pending.append(fs.get_async(f"l{i % depth}", outs[i % 2]))
         for t in pending:
             fs.wait(t)
+        pending = []
+        for i in range(writes):
+            if len(pending) == 2:
+                fs.wait(pending.pop(0))
+            pending.append(fs.put_async(f"l{i % depth}", w))
+        for t in pending:
+            fs.wait(t)
 
     floor()
     f = statistics.median([timed(floor) for _ in range(args.rounds)])
@@ -199,8 +211,9 @@ def bench_offload(args):
     same = all(torch.equal(a, b) for a, b in zip(wrapped.state_dict().values(), resident.state_dict().values()))
     print(f"offload: {depth} x Linear({width}) = {weight_bytes / 1e6:.0f} MB of weights, host budget "
           f"{budget / 1e6:.1f} MB ({weight_bytes / budget:.0f}x smaller): step {wm * 1e3:.0f} ms offloaded "
-          f"vs {rm * 1e3:.0f} ms resident ({wm / rm:.2f}x), I/O floor of the "
-          f"{statistics.median(fetched) / 1e6:.0f} MB fetched per step {f * 1e3:.0f} ms (step / floor "
+          f"vs {rm * 1e3:.0f} ms resident ({wm / rm:.2f}x), I/O floor {f * 1e3:.0f} ms for "
+          f"the step's {(reads + writes) * layer_bytes / 1e6:.0f} MB (params {statistics.median(fetched) / 1e6:.0f} MB "
+          f"read, {statistics.median(written) / 1e6:.0f} MB written; moments {moment_bytes / 1e6:.0f} MB each way) (step / floor "
           f"{wm / f:.2f}); peak resident params {handle.peak_resident_bytes / 1e6:.1f} MB "
           f"(budget {budget / 1e6:.1f} MB); peak RSS growth while training offloaded "
           f"{rss_growth / 1e6:.0f} MB = resident params + the full fp32 gradients "

@@ -89,6 +89,7 @@ class Offload:
             self._handles.append(sub.register_forward_hook(_post_forward(ref)))
             self._handles.append(sub._register_state_dict_hook(_state_dict_hook(ref)))
         self.fetched_bytes = 0
+        self.written_bytes = 0
         self.peak_resident_bytes = 0
 
     # --- residency ----------------------------------------------------------------------------
@@ -163,13 +164,44 @@ class Offload:
     def _shape(self, p):
         return self._params[p][1]
 
-    def _materialize(self, p):
-        self._recording = False  # a step follows a complete pass
-        self._fetch(self._owner[p], backward=True)
-        return p.data
+    def _update(self, params, fn):
+        """Runs fn(param, fp32 data) on each offloaded param and writes the result back, as a
+        pipeline: the next param's read and the previous one's write run while fn runs. A
+        resident param is updated in place; the others pass through at most three buffers
+        (reading, updating, writing), room for which is made first within host_memory."""
+        self._recording = False  # an update follows a complete pass
+        if not params:
+            return
+        largest = max(self._numel(p) * 4 for p in params)
+        self._make_room(2 * largest, keep=None)
+        reads, writes = {}, []
 
-    def _updated(self, p):
-        self.store.put(self._params[p][0], p.data)
+        def start(p):
+            if self._owner[p] in self._resident:
+                reads[p] = (p.data, None)
+            else:
+                buffer = empty_aligned(self._params[p][1])
+                reads[p] = (buffer, self.store.get_async(self._params[p][0], buffer))
+
+        start(params[0])
+        for i, p in enumerate(params):
+            while len(writes) >= 1:  # at most one write in flight beside the current update
+                self.store.wait(writes.pop(0)[0])
+            if i + 1 < len(params):
+                start(params[i + 1])
+            data, ticket = reads.pop(p)
+            if ticket is not None:
+                self.store.wait(ticket)
+                self.fetched_bytes += data.numel() * 4
+            in_flight = sum(b.numel() * 4 for b, t in reads.values() if t is not None) + \
+                (0 if ticket is None else data.numel() * 4)
+            self.peak_resident_bytes = max(self.peak_resident_bytes,
+                                           sum(self._resident.values()) + in_flight + largest)
+            fn(p, data)
+            writes.append((self.store.put_async(self._params[p][0], data), data))
+            self.written_bytes += data.numel() * 4
+        for ticket, _ in writes:
+            self.store.wait(ticket)
 
     def commit(self, step=0):
         """Makes the current weights durable in the store."""

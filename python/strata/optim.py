@@ -73,22 +73,27 @@ class AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             hp.lr, (hp.beta1, hp.beta2) = group["lr"], group["betas"]
             hp.eps, hp.weight_decay = group["eps"], group["weight_decay"]
+            offloaded = {}  # Offload -> its params of this group, updated as one pipeline
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("strata.AdamW does not support sparse gradients")
-                grad = p.grad.contiguous()
                 owner = getattr(p, "_strata_offload", None)
-                data = owner._materialize(p) if owner is not None else p.data
-                if grad.dtype != torch.float32 or grad.numel() != data.numel():
-                    raise ValueError(f"gradient of a {tuple(data.shape)} parameter has dtype "
-                                     f"{grad.dtype} and {grad.numel()} elements")
-                check(lib.strata_adamw_step(self._h, self._ids[p], ctypes.byref(hp), _ptr(data),
-                                            _ptr(grad)))
                 if owner is not None:
-                    owner._updated(p)
+                    offloaded.setdefault(owner, []).append(p)
+                else:
+                    self._update(p, p.data, hp)
+            for owner, params in offloaded.items():
+                owner._update(params, lambda p, data: self._update(p, data, hp))
         return loss
+
+    def _update(self, p, data, hp):
+        if p.grad.is_sparse:
+            raise RuntimeError("strata.AdamW does not support sparse gradients")
+        grad = p.grad.contiguous()
+        if grad.dtype != torch.float32 or grad.numel() != data.numel():
+            raise ValueError(f"gradient of a {tuple(data.shape)} parameter has dtype "
+                             f"{grad.dtype} and {grad.numel()} elements")
+        check(lib.strata_adamw_step(self._h, self._ids[p], ctypes.byref(hp), _ptr(data), _ptr(grad)))
 
     def commit(self):
         """Makes the optimizer state durable in its store (offload='nvme'); a new
