@@ -229,9 +229,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--depth", type=int, default=24)
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("which", nargs="*", default=["adamw-host", "adamw-nvme", "offload"])
     args = parser.parse_args()
     os.makedirs(args.dir, exist_ok=True)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"torch {torch.__version__}, strata {strata.__version__}")
     for which in args.which:
