@@ -216,14 +216,17 @@ typedef struct strata_sched_config {
 } strata_sched_config;
 
 STRATA_API void strata_sched_config_init(strata_sched_config* config);
-/* Copies the plan. `store` (may be NULL when every tensor is host-homed) holds every
- * NVMe-homed tensor under the same name and size; while the scheduler lives, the store
- * belongs to the scheduler's I/O thread: do not call it from elsewhere. Both the store and
- * the plan may be released independently; the store must outlive the scheduler. */
+/* Copies the plan (destroy it whenever). `store` (NULL when every tensor is host-homed) holds
+ * every NVMe-homed tensor under the same name and size. The store is LENT: create commits it
+ * (what the caller put becomes durable) and reopens it for the scheduler's I/O thread (an
+ * io_uring engine serves one thread); until strata_sched_destroy, calls on the caller's store
+ * handle fail with STRATA_ERR_INVALID_ARGUMENT. The handle must outlive the scheduler. */
 STRATA_API strata_status strata_sched_create(const strata_plan* plan, strata_store* store,
                                              const strata_sched_config* config,
                                              strata_scheduler** out_sched);
-/* Waits for transfers in flight; does not flush. */
+/* Releases held steps, flushes every write-back, commits the store and gives it back to the
+ * caller's handle (reopened for the caller's thread). A failure there is left in
+ * strata_last_error(). */
 STRATA_API void strata_sched_destroy(strata_scheduler* sched);
 /* Blocks until every tensor of `step` (the next in plan order) is resident at its newest
  * version; pins them until release. The caller (compute) thread only. */

@@ -203,6 +203,9 @@ TEST(CApi, SchedulerPrefetchesAndWritesBackWithinBudget) {
   strata_scheduler* sched = nullptr;
   ASSERT_STRATA_OK(strata_sched_create(plan, store, &config, &sched));
   strata_plan_destroy(plan);  // the scheduler copied it
+  // The store is lent to the scheduler's I/O thread: the caller's handle refuses, not crashes.
+  EXPECT_EQ(strata_store_get(store, "l0", init.data(), kElements * 4), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("lent"), std::string::npos) << strata_last_error();
   for (int it = 0; it < 3; ++it) {
     for (size_t step = 0; step < kLayers; ++step) {
       float* data = nullptr;
