@@ -43,7 +43,8 @@ class _FetchForBackward(torch.autograd.Function):
 
 
 class Offload:
-    def __init__(self, module, path, host_memory=None, capacity_bytes=None, prefetch=True):
+    def __init__(self, module, path, host_memory=None, capacity_bytes=None, prefetch=True,
+                 resume=False):
         self.module = module
         self.path = str(path)
         self.prefetch = prefetch
@@ -71,10 +72,18 @@ class Offload:
         if self.host_memory < 2 * largest:
             raise ValueError(f"host_memory {self.host_memory} bytes is below twice the largest "
                              f"submodule's parameters ({largest} bytes): nothing could prefetch")
-        self.store = Store.create(self.path, capacity_bytes or (3 * total + (64 << 20)))
-        for p, (name, _) in self._params.items():
-            self.store.put(name, p.data.contiguous())
-        self.store.commit(0)
+        if resume:  # the weights of the last commit replace the module's own
+            self.store = Store(self.path)
+            for p, (name, shape) in self._params.items():
+                dtype, stored = self.store.info(name)
+                if dtype != torch.float32 or tuple(stored) != shape:
+                    raise ValueError(f"store {self.path}: tensor {name} is {dtype} {tuple(stored)}, "
+                                     f"the module's parameter is float32 {shape}")
+        else:
+            self.store = Store.create(self.path, capacity_bytes or (3 * total + (64 << 20)))
+            for p, (name, _) in self._params.items():
+                self.store.put(name, p.data.contiguous())
+            self.store.commit(0)
         for p in self._params:
             p.data = _EMPTY
             p._strata_offload = self
@@ -259,10 +268,11 @@ def _state_dict_hook(ref):
     return hook
 
 
-def offload(module, path, host_memory=None, capacity_bytes=None, prefetch=True):
-    """Moves `module`'s parameters into a new strata store at `path` and hooks its submodules
-    (see the module docstring). Returns the Offload handle (also kept as module._strata_offload)."""
+def offload(module, path, host_memory=None, capacity_bytes=None, prefetch=True, resume=False):
+    """Moves `module`'s parameters into a new strata store at `path` (or, with resume=True,
+    takes them from the last commit of the store there) and hooks its submodules (see the
+    module docstring). Returns the Offload handle (also kept as module._strata_offload)."""
     handle = Offload(module, path, host_memory=host_memory, capacity_bytes=capacity_bytes,
-                     prefetch=prefetch)
+                     prefetch=prefetch, resume=resume)
     module._strata_offload = handle
     return handle

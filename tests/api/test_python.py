@@ -139,6 +139,29 @@ class Offload(unittest.TestCase):
             x = batches(1)[0][0]
             self.assertTrue(torch.equal(ref(x), mine(x)))
 
+    def test_commit_and_resume_weights_and_state(self):
+        params_dir, opt_dir = tmpdir("resume_params"), tmpdir("resume_opt")
+        ref, mine = make_model(depth=3), make_model(depth=3)
+        data = batches(6)
+        train(ref, torch.optim.AdamW(ref.parameters(), lr=3e-3), data)
+        handle = strata.offload(mine, path=params_dir, host_memory=40000)
+        opt = strata.AdamW(mine.parameters(), lr=3e-3, offload="nvme", path=opt_dir)
+        train(mine, opt, data[:4])
+        handle.commit(4)
+        opt.commit()
+        train(mine, opt, data[4:5])  # after the commit: forgotten by the resume
+        del opt, handle, mine
+        again = make_model(depth=3)  # fresh initial weights: the store's must win
+        strata.offload(again, path=params_dir, host_memory=40000, resume=True)
+        opt = strata.AdamW(again.parameters(), lr=3e-3, offload="nvme", path=opt_dir, resume=True)
+        train(again, opt, data[4:])
+        self.assertTrue(same_bits(ref.state_dict(), again.state_dict()))
+        other = torch.nn.Sequential(torch.nn.Linear(32, 32))  # "0.weight", another shape
+        with self.assertRaisesRegex(ValueError, "0.weight"):
+            strata.offload(other, path=params_dir, host_memory=1 << 20, resume=True)
+        with self.assertRaises(strata.StrataError):  # a name the store lacks
+            strata.offload(torch.nn.Linear(3, 3), path=params_dir, host_memory=1 << 20, resume=True)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
