@@ -254,6 +254,26 @@ strata_status strata_store_create(const char* dir, uint64_t capacity_bytes, stra
   });
 }
 
+strata_status strata_store_create_striped(const char* dir, const char* const* data_paths,
+                                         size_t count, uint64_t stripe_bytes,
+                                         uint64_t capacity_bytes, strata_store** out) {
+  return guarded("strata_store_create_striped", [&]() -> strata_status {
+    if (dir == nullptr || out == nullptr || (data_paths == nullptr && count > 0))
+      return null_arg("strata_store_create_striped", "dir/data_paths/out_store");
+    std::vector<std::string> paths;
+    for (size_t i = 0; i < count; ++i) {
+      if (data_paths[i] == nullptr) return null_arg("strata_store_create_striped", "a data path");
+      paths.emplace_back(data_paths[i]);
+    }
+    auto options = default_store_options();
+    if (stripe_bytes != 0) options.stripe_bytes = stripe_bytes;
+    auto store = strata::memory::Store::create(dir, paths, capacity_bytes, options);
+    if (!store) return fail(store.error());
+    *out = new strata_store{std::move(store).value(), dir, {}};
+    return STRATA_OK;
+  });
+}
+
 strata_status strata_store_open(const char* dir, int read_only, strata_store** out) {
   return guarded("strata_store_open", [&]() -> strata_status {
     if (dir == nullptr || out == nullptr) return null_arg("strata_store_open", "dir/out_store");

@@ -140,6 +140,12 @@ typedef struct strata_store strata_store;
 /* Creates a store directory with one data file of `capacity_bytes`; refuses one that exists. */
 STRATA_API strata_status strata_store_create(const char* dir, uint64_t capacity_bytes,
                                              strata_store** out_store);
+/* The same with its data striped over `count` files (e.g. one per NVMe drive) in units of
+ * `stripe_bytes` (0: 1 MiB). */
+STRATA_API strata_status strata_store_create_striped(const char* dir, const char* const* data_paths,
+                                                     size_t count, uint64_t stripe_bytes,
+                                                     uint64_t capacity_bytes,
+                                                     strata_store** out_store);
 /* Opens at its last commit. `read_only`: inspect and verify only. */
 STRATA_API strata_status strata_store_open(const char* dir, int read_only,
                                            strata_store** out_store);

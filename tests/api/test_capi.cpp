@@ -139,6 +139,27 @@ TEST(CApi, StoreRoundTripCommitReopenList) {
   strata_store_close(store);
 }
 
+TEST(CApi, StripedStoreRoundTrip) {
+  std::string dir = temp_dir("striped");
+  fs::create_directories(dir);
+  std::string a = dir + "/a.strata", b = dir + "/b.strata";
+  const char* paths[2] = {a.c_str(), b.c_str()};
+  strata_store* store = nullptr;
+  ASSERT_STRATA_OK(strata_store_create_striped((dir + "/store").c_str(), paths, 2, 64 << 10, 8 << 20, &store));
+  std::vector<float> w(300000);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  int64_t shape[1] = {static_cast<int64_t>(w.size())};
+  ASSERT_STRATA_OK(strata_store_put(store, "w", STRATA_F32, shape, 1, w.data(), w.size() * 4));
+  ASSERT_STRATA_OK(strata_store_commit(store, 1, nullptr, nullptr, 0));
+  strata_store_close(store);
+  ASSERT_STRATA_OK(strata_store_open((dir + "/store").c_str(), 1, &store));
+  std::vector<float> back(w.size());
+  ASSERT_STRATA_OK(strata_store_get(store, "w", back.data(), back.size() * 4));
+  EXPECT_EQ(back, w);
+  EXPECT_GT(fs::file_size(b), 0u);  // the second file was created and preallocated
+  strata_store_close(store);
+}
+
 TEST(CApi, VerifyFindsCorruptionAndNamesTensor) {
   std::string dir = temp_dir("corrupt");
   strata_store* store = nullptr;
