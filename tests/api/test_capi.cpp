@@ -21,11 +21,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Every directory a test made, removed when the test program ends (stores are preallocated).
+struct TempDirs {
+  std::vector<fs::path> dirs;
+  ~TempDirs() {
+    std::error_code ignored;
+    for (const auto& d : dirs) fs::remove_all(d, ignored);
+  }
+};
+TempDirs temp_dirs;
+
 std::string temp_dir(const std::string& name) {
   const char* base = std::getenv("STRATA_TEST_TMPDIR");
   fs::path dir = fs::path(base ? base : "/tmp") / ("capi_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir.parent_path());
+  temp_dirs.dirs.push_back(dir);
   return dir.string();
 }
 

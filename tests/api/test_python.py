@@ -6,6 +6,7 @@ smaller than the model; errors arrive as StrataError with the C API's message.
 
 Run by Meson with STRATA_LIBRARY (the built libstrata.so) and PYTHONPATH (python/).
 """
+import atexit
 import os
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ def tmpdir(name):
     path = os.path.join(TMP, f"py_{name}_{os.getpid()}")
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(TMP, exist_ok=True)
+    atexit.register(shutil.rmtree, path, True)  # stores are preallocated: leave no disk behind
     return path
 
 
