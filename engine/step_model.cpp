@@ -163,15 +163,19 @@ Result<double> timed(kernels::ComputeBackend& backend, Ops&& ops) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Host values into a buffer of the backend's device, waited for.
-Status upload(device::Device& device, kernels::ComputeBackend& backend, void* dst, const std::vector<float>& values) {
-  STRATA_RETURN_IF_ERROR(device.copy_to_device(backend.compute_stream(), dst, values.data(), values.size() * 4));
+// Fills `count` floats of the backend's device memory with `fill`: in place where that memory is
+// host memory (no second copy: the timing must not raise the run's RSS past its budgets),
+// through a host staging vector and a waited copy where it is not.
+template <typename Fill>
+Status fill_device(device::Device& device, kernels::ComputeBackend& backend, float* dst, uint64_t count, Fill&& fill) {
+  if (backend.is_host()) {
+    fill(dst);
+    return Status();
+  }
+  std::vector<float> staging(count);
+  fill(staging.data());
+  STRATA_RETURN_IF_ERROR(device.copy_to_device(backend.compute_stream(), dst, staging.data(), count * 4));
   return device.synchronize(backend.compute_stream());
-}
-std::vector<float> values_of(uint64_t count, float scale) {
-  std::vector<float> values(count);
-  fill_values(values.data(), count, scale);
-  return values;
 }
 
 Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayout& layout, device::Device& device,
@@ -190,10 +194,12 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
   }
   STRATA_RETURN_IF_ERROR(backend.begin_step(tokens.data(), targets.data(), shape.rows()));
   const uint64_t workspace_bytes = backend.workspace_size_bytes(kc, shape);
-  auto unit_values = [&](size_t unit) {
-    std::vector<float> values(layout.units()[unit].element_count);
-    layout.initialize_unit(unit, config.model.seed, values.data());
-    return values;
+  auto init_unit = [&](size_t unit, float* dst) {
+    return fill_device(device, backend, dst, layout.units()[unit].element_count,
+                       [&](float* values) { layout.initialize_unit(unit, config.model.seed, values); });
+  };
+  auto init_values = [&](float* dst, uint64_t count, float scale) {
+    return fill_device(device, backend, dst, count, [&](float* values) { fill_values(values, count, scale); });
   };
 
   {  // Phase 1: one block, forward and backward with recompute, and widening its weights.
@@ -206,9 +212,9 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_ASSIGN_OR_RETURN(float* x_in, allocate_floats(device, held, rows * width));
     STRATA_ASSIGN_OR_RETURN(float* x_out, allocate_floats(device, held, rows * width));
     STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, held, rows * width));
-    STRATA_RETURN_IF_ERROR(upload(device, backend, weights, unit_values(layout.block_unit(0))));
-    STRATA_RETURN_IF_ERROR(upload(device, backend, x_in, values_of(rows * width, 1.0f)));
-    STRATA_RETURN_IF_ERROR(upload(device, backend, d_x, values_of(rows * width, 1e-3f)));
+    STRATA_RETURN_IF_ERROR(init_unit(layout.block_unit(0), weights));
+    STRATA_RETURN_IF_ERROR(init_values(x_in, rows * width, 1.0f));
+    STRATA_RETURN_IF_ERROR(init_values(d_x, rows * width, 1e-3f));
     const gk::Workspace ws{workspace, workspace_bytes};
     if (config.precision != DType::f32) {
       // The bf16 copy goes into the gradient buffer's bytes (free until backward).
@@ -247,8 +253,8 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_ASSIGN_OR_RETURN(float* ln_f_grads, allocate_floats(device, held, ln_f_n));
     STRATA_ASSIGN_OR_RETURN(float* x, allocate_floats(device, held, rows * width));
     STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, held, rows * width));
-    STRATA_RETURN_IF_ERROR(upload(device, backend, embed, unit_values(layout.embed_unit())));
-    STRATA_RETURN_IF_ERROR(upload(device, backend, ln_f, unit_values(layout.ln_f_unit())));
+    STRATA_RETURN_IF_ERROR(init_unit(layout.embed_unit(), embed));
+    STRATA_RETURN_IF_ERROR(init_unit(layout.ln_f_unit(), ln_f));
     const float* wpe = embed + static_cast<uint64_t>(kc.vocab_size) * width;
     STRATA_ASSIGN_OR_RETURN(rates.fwd_embed_s,
                             timed(backend, [&] { return backend.embedding_forward(kc, shape, embed, wpe, x); }));
@@ -273,10 +279,11 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_ASSIGN_OR_RETURN(float* optim, allocate_floats(device, held, count * 3));
     STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, held, count));
     STRATA_ASSIGN_OR_RETURN(float* params, allocate_floats(device, held, count));
-    std::vector<float> optim_values = values_of(count * 3, 0.02f);
-    std::fill(optim_values.begin() + static_cast<int64_t>(count), optim_values.end(), 0.0f);
-    STRATA_RETURN_IF_ERROR(upload(device, backend, optim, optim_values));
-    STRATA_RETURN_IF_ERROR(upload(device, backend, grads, values_of(count, 1e-3f)));
+    STRATA_RETURN_IF_ERROR(fill_device(device, backend, optim, count * 3, [&](float* values) {
+      fill_values(values, count, 0.02f);
+      std::fill(values + count, values + 3 * count, 0.0f);
+    }));
+    STRATA_RETURN_IF_ERROR(init_values(grads, count, 1e-3f));
     kernels::AdamWConfig adamw{config.optimizer.lr, config.optimizer.beta1, config.optimizer.beta2,
                                config.optimizer.eps, config.optimizer.weight_decay};
     auto update = [&](int64_t t) {
@@ -296,17 +303,22 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_RETURN_IF_ERROR(timed(backend, [&] { return update(1); }).status());  // the first pays for TBB's threads
     STRATA_ASSIGN_OR_RETURN(double seconds, timed(backend, [&] { return update(2); }));
     rates.adamw_ns_per_element = seconds * 1e9 / static_cast<double>(count);
-  }
-  {  // Host work beside the kernels: a large memcpy (the CPU device's copies) and the store's
-     // checksum, both on host memory whatever the backend.
-    const uint64_t count = std::min<uint64_t>(layout.largest_unit_elements(), uint64_t{4} << 20);
-    std::vector<float> source = values_of(count * 3, 0.02f), target(count);
+    // Host work beside the kernels: a large memcpy (the CPU device's copies) and the store's
+    // checksum — on these buffers where they are host memory, else on host memory of the size.
+    std::vector<float> host_copy;
+    float* source = optim;
+    float* target = params;
+    if (!backend.is_host()) {
+      host_copy.resize(count * 4);
+      fill_values(host_copy.data(), count * 3, 0.02f);
+      source = host_copy.data();
+      target = host_copy.data() + count * 3;
+    }
     const uint64_t bytes = count * 4;
-    rates.copy_ns_per_byte =
-        seconds_of([&] { std::memcpy(target.data(), source.data(), bytes); }) * 1e9 / static_cast<double>(bytes);
+    rates.copy_ns_per_byte = seconds_of([&] { std::memcpy(target, source, bytes); }) * 1e9 / static_cast<double>(bytes);
     volatile uint64_t digest = 0;
     rates.hash_ns_per_byte =
-        seconds_of([&] { digest = XXH3_64bits(source.data(), count * 12); }) * 1e9 / static_cast<double>(count * 12);
+        seconds_of([&] { digest = XXH3_64bits(source, count * 12); }) * 1e9 / static_cast<double>(count * 12);
     (void)digest;
   }
   rates.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
