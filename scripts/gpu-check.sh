@@ -13,7 +13,7 @@
 # Tolerance of the cuda-vs-cpu weight comparison: after N steps the two runs differ only by
 # fp32 rounding in cuBLAS and in reduction order (AdamW itself is bit-exact across backends);
 # Adam amplifies that where a gradient is near zero, so the check is on the whole model:
-# ||w_cuda − w_cpu||₂ / ||w_cpu||₂ ≤ 1e-4 (max over tensors) and the final losses within 1e-3
+# ||w_cuda − w_cpu||₂ / ||w_cpu||₂ ≤ 1e-3 (max over tensors; a guess until a GPU run calibrates it) and the final losses within 1e-3
 # relative. A wrong kernel, a missed gradient or an unordered copy gives errors of 1e-2 and up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -136,13 +136,13 @@ for name in ("demo", "small"):
     loss_cpu = m_cpu["summary"]["last_loss"] if m_cpu else float("nan")
     loss_cuda = m_cuda["summary"]["last_loss"] if m_cuda else float("nan")
     loss_rel = abs(loss_cuda - loss_cpu) / abs(loss_cpu) if m_cpu and m_cuda else float("inf")
-    ok = worst <= 1e-4 and loss_rel <= 1e-3
+    ok = worst <= 1e-3 and loss_rel <= 1e-3
     failed |= not ok
     summary["compare"][name] = {"ok": ok, "max_tensor_rel_l2": worst, "worst_tensor": worst_name,
                                 "loss_cpu": loss_cpu, "loss_cuda": loss_cuda, "loss_rel": loss_rel,
                                 "tokens_per_s_cpu": m_cpu["summary"]["tokens_per_s"] if m_cpu else None,
                                 "tokens_per_s_cuda": m_cuda["summary"]["tokens_per_s"] if m_cuda else None,
-                                "tolerance": {"max_tensor_rel_l2": 1e-4, "loss_rel": 1e-3}}
+                                "tolerance": {"max_tensor_rel_l2": 1e-3, "loss_rel": 1e-3}}
 
 overlap_log = f"{out}/bench_overlap.log"
 if os.path.exists(overlap_log):
