@@ -100,10 +100,14 @@ void fill_values(float* values, uint64_t count, float scale) {
   for (uint64_t i = 0; i < count; ++i) values[i] = scale * static_cast<float>(static_cast<int64_t>(i % 97) - 48) / 48.0f;
 }
 
-Result<float*> allocate_floats(device::Device& device, std::vector<device::DeviceBuffer>& held, uint64_t count) {
+// Zeroed through the backend (device memory need not be host memory), waited for: on the CPU
+// this faults the pages in before anything is timed.
+Result<float*> allocate_floats(device::Device& device, kernels::ComputeBackend& backend,
+                               std::vector<device::DeviceBuffer>& held, uint64_t count) {
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer buffer, device.allocate(std::max<uint64_t>(count, 1) * 4));
   auto* data = static_cast<float*>(buffer.data());
-  std::memset(data, 0, count * 4);  // faults the pages in before anything is timed
+  STRATA_RETURN_IF_ERROR(backend.zero(data, count));
+  STRATA_RETURN_IF_ERROR(backend.synchronize());
   held.push_back(std::move(buffer));
   return data;
 }
@@ -153,9 +157,36 @@ StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& 
   return traffic;
 }
 
-Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayout& layout, device::Device& device) {
+// Enqueues `ops` on the backend and waits for them: the time of the ops themselves, whether the
+// backend runs them on the calling thread (CPU) or on a device stream (CUDA).
+template <typename Ops>
+Result<double> timed(kernels::ComputeBackend& backend, Ops&& ops) {
+  const auto start = Clock::now();
+  STRATA_RETURN_IF_ERROR(ops());
+  STRATA_RETURN_IF_ERROR(backend.synchronize());
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Fills `count` floats of the backend's device memory with `fill`: in place where that memory is
+// host memory (no second copy: the timing must not raise the run's RSS past its budgets),
+// through a host staging vector and a waited copy where it is not.
+template <typename Fill>
+Status fill_device(device::Device& device, kernels::ComputeBackend& backend, float* dst, uint64_t count, Fill&& fill) {
+  if (backend.is_host()) {
+    fill(dst);
+    return Status();
+  }
+  std::vector<float> staging(count);
+  fill(staging.data());
+  STRATA_RETURN_IF_ERROR(device.copy_to_device(backend.compute_stream(), dst, staging.data(), count * 4));
+  return device.synchronize(backend.compute_stream());
+}
+
+Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayout& layout, device::Device& device,
+                                     kernels::ComputeBackend& backend) {
   const auto start = Clock::now();
   ComputeRates rates;
+  rates.backend = backend.name();
   const gk::Config& kc = layout.kernel_config();
   const gk::BatchShape shape{config.batch_size, config.model.seq_len};
   const auto rows = static_cast<uint64_t>(shape.rows());
@@ -165,29 +196,36 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     tokens[i] = static_cast<int32_t>((i * 31) % static_cast<uint64_t>(kc.vocab_size));
     targets[i] = static_cast<int32_t>((i * 17 + 5) % static_cast<uint64_t>(kc.vocab_size));
   }
-  const uint64_t workspace_bytes = gk::workspace_size_bytes(kc, shape);
+  STRATA_RETURN_IF_ERROR(backend.begin_step(tokens.data(), targets.data(), shape.rows()));
+  const uint64_t workspace_bytes = backend.workspace_size_bytes(kc, shape);
+  auto init_unit = [&](size_t unit, float* dst) {
+    return fill_device(device, backend, dst, layout.units()[unit].element_count,
+                       [&](float* values) { layout.initialize_unit(unit, config.model.seed, values); });
+  };
+  auto init_values = [&](float* dst, uint64_t count, float scale) {
+    return fill_device(device, backend, dst, count, [&](float* values) { fill_values(values, count, scale); });
+  };
 
   {  // Phase 1: one block, forward and backward with recompute, and widening its weights.
     std::vector<device::DeviceBuffer> held;
     const Unit& block = layout.units()[layout.block_unit(0)];
     const uint64_t n = block.element_count;
-    STRATA_ASSIGN_OR_RETURN(float* workspace, allocate_floats(device, held, workspace_bytes / 4 + 1));
-    STRATA_ASSIGN_OR_RETURN(float* weights, allocate_floats(device, held, n));
-    STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, held, n));
-    STRATA_ASSIGN_OR_RETURN(float* x_in, allocate_floats(device, held, rows * width));
-    STRATA_ASSIGN_OR_RETURN(float* x_out, allocate_floats(device, held, rows * width));
-    STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, held, rows * width));
-    layout.initialize_unit(layout.block_unit(0), config.model.seed, weights);
-    fill_values(x_in, rows * width, 1.0f);
-    fill_values(d_x, rows * width, 1e-3f);
+    STRATA_ASSIGN_OR_RETURN(float* workspace, allocate_floats(device, backend, held, workspace_bytes / 4 + 1));
+    STRATA_ASSIGN_OR_RETURN(float* weights, allocate_floats(device, backend, held, n));
+    STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, backend, held, n));
+    STRATA_ASSIGN_OR_RETURN(float* x_in, allocate_floats(device, backend, held, rows * width));
+    STRATA_ASSIGN_OR_RETURN(float* x_out, allocate_floats(device, backend, held, rows * width));
+    STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, backend, held, rows * width));
+    STRATA_RETURN_IF_ERROR(init_unit(layout.block_unit(0), weights));
+    STRATA_RETURN_IF_ERROR(init_values(x_in, rows * width, 1.0f));
+    STRATA_RETURN_IF_ERROR(init_values(d_x, rows * width, 1e-3f));
     const gk::Workspace ws{workspace, workspace_bytes};
     if (config.precision != DType::f32) {
       // The bf16 copy goes into the gradient buffer's bytes (free until backward).
       auto* bits = reinterpret_cast<uint16_t*>(grads);
-      kernels::cast_fp32_to_bf16(std::span<const float>(weights, n), std::span<uint16_t>(bits, n));
-      rates.widen_ns_per_element =
-          seconds_of([&] { kernels::cast_bf16_to_fp32(std::span<const uint16_t>(bits, n), std::span<float>(weights, n)); }) *
-          1e9 / static_cast<double>(n);
+      STRATA_RETURN_IF_ERROR(backend.cast_fp32_to_bf16(weights, bits, n));
+      STRATA_ASSIGN_OR_RETURN(double seconds, timed(backend, [&] { return backend.cast_bf16_to_fp32(bits, weights, n); }));
+      rates.widen_ns_per_element = seconds * 1e9 / static_cast<double>(n);
     }
     const auto block_weights = gk::bind_block(kc, static_cast<const float*>(weights));
     // Blocks are most of a step: each is timed twice and the faster kept, so one
@@ -195,68 +233,96 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     rates.fwd_block_s = std::numeric_limits<double>::max();
     rates.bwd_block_s = std::numeric_limits<double>::max();
     for (int repeat = 0; repeat < 2; ++repeat) {
-      rates.fwd_block_s = std::min(rates.fwd_block_s, seconds_of([&] {
-        gk::block_forward(kc, shape, block_weights, x_in, x_out, ws);
+      STRATA_ASSIGN_OR_RETURN(double forward, timed(backend, [&] {
+        return backend.block_forward(kc, shape, block_weights, x_in, x_out, ws);
       }));
-      rates.bwd_block_s = std::min(rates.bwd_block_s, seconds_of([&] {
-        std::fill(grads, grads + n, 0.0f);
-        gk::block_backward(kc, shape, block_weights, x_in, d_x, d_x, gk::bind_block(kc, grads), ws, true);
-        (void)kernels::sum_squares(std::span<const float>(grads, n));
+      STRATA_ASSIGN_OR_RETURN(double backward, timed(backend, [&]() -> Status {
+        STRATA_RETURN_IF_ERROR(backend.zero(grads, n));
+        STRATA_RETURN_IF_ERROR(
+            backend.block_backward(kc, shape, block_weights, x_in, d_x, d_x, gk::bind_block(kc, grads), ws, true));
+        return backend.sum_squares(grads, n);
       }));
+      rates.fwd_block_s = std::min(rates.fwd_block_s, forward);
+      rates.bwd_block_s = std::min(rates.bwd_block_s, backward);
     }
   }
   {  // Phase 2: the embeddings and the head (LayerNorm, tied LM head, loss).
     std::vector<device::DeviceBuffer> held;
     const uint64_t embed_n = layout.units()[layout.embed_unit()].element_count;
     const uint64_t ln_f_n = layout.units()[layout.ln_f_unit()].element_count;
-    STRATA_ASSIGN_OR_RETURN(float* workspace, allocate_floats(device, held, workspace_bytes / 4 + 1));
-    STRATA_ASSIGN_OR_RETURN(float* embed, allocate_floats(device, held, embed_n));
-    STRATA_ASSIGN_OR_RETURN(float* embed_grads, allocate_floats(device, held, embed_n));
-    STRATA_ASSIGN_OR_RETURN(float* ln_f, allocate_floats(device, held, ln_f_n));
-    STRATA_ASSIGN_OR_RETURN(float* ln_f_grads, allocate_floats(device, held, ln_f_n));
-    STRATA_ASSIGN_OR_RETURN(float* x, allocate_floats(device, held, rows * width));
-    STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, held, rows * width));
-    layout.initialize_unit(layout.embed_unit(), config.model.seed, embed);
-    layout.initialize_unit(layout.ln_f_unit(), config.model.seed, ln_f);
+    STRATA_ASSIGN_OR_RETURN(float* workspace, allocate_floats(device, backend, held, workspace_bytes / 4 + 1));
+    STRATA_ASSIGN_OR_RETURN(float* embed, allocate_floats(device, backend, held, embed_n));
+    STRATA_ASSIGN_OR_RETURN(float* embed_grads, allocate_floats(device, backend, held, embed_n));
+    STRATA_ASSIGN_OR_RETURN(float* ln_f, allocate_floats(device, backend, held, ln_f_n));
+    STRATA_ASSIGN_OR_RETURN(float* ln_f_grads, allocate_floats(device, backend, held, ln_f_n));
+    STRATA_ASSIGN_OR_RETURN(float* x, allocate_floats(device, backend, held, rows * width));
+    STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, backend, held, rows * width));
+    STRATA_RETURN_IF_ERROR(init_unit(layout.embed_unit(), embed));
+    STRATA_RETURN_IF_ERROR(init_unit(layout.ln_f_unit(), ln_f));
     const float* wpe = embed + static_cast<uint64_t>(kc.vocab_size) * width;
-    rates.fwd_embed_s = seconds_of([&] { gk::embedding_forward(kc, shape, tokens.data(), embed, wpe, x); });
+    STRATA_ASSIGN_OR_RETURN(rates.fwd_embed_s,
+                            timed(backend, [&] { return backend.embedding_forward(kc, shape, embed, wpe, x); }));
     const gk::Workspace ws{workspace, workspace_bytes};
-    rates.head_s = seconds_of([&] {
-      std::fill(embed_grads, embed_grads + embed_n, 0.0f);
-      gk::head_forward_backward(kc, shape, gk::HeadWeights{ln_f, ln_f + width, embed}, x, targets.data(), d_x,
-                                gk::HeadGrads{ln_f_grads, ln_f_grads + width, embed_grads}, ws);
-      (void)kernels::sum_squares(std::span<const float>(ln_f_grads, ln_f_n));
-    });
-    rates.bwd_embed_s = seconds_of([&] {
-      gk::embedding_backward(kc, shape, tokens.data(), d_x, embed_grads, embed_grads + static_cast<uint64_t>(kc.vocab_size) * width);
-      (void)kernels::sum_squares(std::span<const float>(embed_grads, embed_n));
-    });
+    STRATA_ASSIGN_OR_RETURN(rates.head_s, timed(backend, [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_n));
+      STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, ln_f_n));
+      STRATA_RETURN_IF_ERROR(backend.head_forward_backward(kc, shape, gk::HeadWeights{ln_f, ln_f + width, embed}, x,
+                                                           d_x, gk::HeadGrads{ln_f_grads, ln_f_grads + width, embed_grads},
+                                                           ws));
+      return backend.sum_squares(ln_f_grads, ln_f_n);
+    }));
+    STRATA_ASSIGN_OR_RETURN(rates.bwd_embed_s, timed(backend, [&]() -> Status {
+      STRATA_RETURN_IF_ERROR(backend.embedding_backward(kc, shape, d_x, embed_grads,
+                                                        embed_grads + static_cast<uint64_t>(kc.vocab_size) * width));
+      return backend.sum_squares(embed_grads, embed_n);
+    }));
   }
-  {  // Phase 3: AdamW over one optimizer chunk (or less: the rate per element is what counts),
-     // a large memcpy (the CPU device's copies) and the store's checksum.
+  {  // Phase 3: AdamW over one optimizer chunk (or less: the rate per element is what counts).
     std::vector<device::DeviceBuffer> held;
     const uint64_t count = std::min<uint64_t>(layout.largest_unit_elements(), uint64_t{4} << 20);
-    STRATA_ASSIGN_OR_RETURN(float* optim, allocate_floats(device, held, count * 3));
-    STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, held, count));
-    STRATA_ASSIGN_OR_RETURN(float* params, allocate_floats(device, held, count));
-    fill_values(optim, count, 0.02f);
-    fill_values(grads, count, 1e-3f);
+    STRATA_ASSIGN_OR_RETURN(float* optim, allocate_floats(device, backend, held, count * 3));
+    STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, backend, held, count));
+    STRATA_ASSIGN_OR_RETURN(float* params, allocate_floats(device, backend, held, count));
+    STRATA_RETURN_IF_ERROR(fill_device(device, backend, optim, count * 3, [&](float* values) {
+      fill_values(values, count, 0.02f);
+      std::fill(values + count, values + 3 * count, 0.0f);
+    }));
+    STRATA_RETURN_IF_ERROR(init_values(grads, count, 1e-3f));
     kernels::AdamWConfig adamw{config.optimizer.lr, config.optimizer.beta1, config.optimizer.beta2,
                                config.optimizer.eps, config.optimizer.weight_decay};
-    kernels::ComputeCopy copy;
-    if (config.precision == DType::bf16)
-      copy = {DType::bf16, std::span<uint16_t>(reinterpret_cast<uint16_t*>(params), count)};
     auto update = [&](int64_t t) {
-      kernels::adamw_step(kernels::adamw_step_scalars(adamw, t, 1.0f), std::span<float>(optim, count),
-                          std::span<const float>(grads, count), std::span<float>(optim + count, count),
-                          std::span<float>(optim + 2 * count, count), copy);
+      kernels::AdamWChunk chunk;
+      chunk.scalars = kernels::adamw_step_scalars(adamw, t, 1.0f);
+      chunk.params = optim;
+      chunk.grads = grads;
+      chunk.exp_avg = optim + count;
+      chunk.exp_avg_sq = optim + 2 * count;
+      chunk.count = count;
+      if (config.precision == DType::bf16) {
+        chunk.copy_dtype = DType::bf16;
+        chunk.copy = reinterpret_cast<uint16_t*>(params);
+      }
+      return backend.adamw(chunk);
     };
-    update(1);  // the first call pays for TBB's threads
-    rates.adamw_ns_per_element = seconds_of([&] { update(2); }) * 1e9 / static_cast<double>(count);
+    STRATA_RETURN_IF_ERROR(timed(backend, [&] { return update(1); }).status());  // the first pays for TBB's threads
+    STRATA_ASSIGN_OR_RETURN(double seconds, timed(backend, [&] { return update(2); }));
+    rates.adamw_ns_per_element = seconds * 1e9 / static_cast<double>(count);
+    // Host work beside the kernels: a large memcpy (the CPU device's copies) and the store's
+    // checksum — on these buffers where they are host memory, else on host memory of the size.
+    std::vector<float> host_copy;
+    float* source = optim;
+    float* target = params;
+    if (!backend.is_host()) {
+      host_copy.resize(count * 4);
+      fill_values(host_copy.data(), count * 3, 0.02f);
+      source = host_copy.data();
+      target = host_copy.data() + count * 3;
+    }
     const uint64_t bytes = count * 4;
-    rates.copy_ns_per_byte = seconds_of([&] { std::memcpy(params, grads, bytes); }) * 1e9 / static_cast<double>(bytes);
+    rates.copy_ns_per_byte = seconds_of([&] { std::memcpy(target, source, bytes); }) * 1e9 / static_cast<double>(bytes);
     volatile uint64_t digest = 0;
-    rates.hash_ns_per_byte = seconds_of([&] { digest = XXH3_64bits(optim, count * 12); }) * 1e9 / static_cast<double>(count * 12);
+    rates.hash_ns_per_byte =
+        seconds_of([&] { digest = XXH3_64bits(source, count * 12); }) * 1e9 / static_cast<double>(count * 12);
     (void)digest;
   }
   rates.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -380,9 +446,14 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "");
   append_line(out, "predicted step time        {:8.2f} s  ({}-bound; {:.0f} tokens/s)", p.step_s, p.bound,
        static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len) / p.step_s);
-  if (config.device_kind != "cpu")
-    append_line(out, "note: the kernels were timed on the CPU device; `strata train` does not run device.kind: {} yet",
-                config.device_kind);
+  // What was measured and what assumed, when the kernels did not run where the config trains.
+  if (config.device_kind != rates.backend)
+    append_line(out, "note: device.kind is {} but the kernels were timed on the {} backend (no {} device here): the "
+                "compute figures are assumed from it, only the I/O figures{} apply to the run",
+                config.device_kind, rates.backend, config.device_kind, p.tuned ? " (measured by strata tune)" : "");
+  else if (rates.backend != "cpu")
+    append_line(out, "measured: the kernels on the {} backend and{} NVMe rates; assumed: host copies and checksums "
+                "overlap the device's compute", rates.backend, p.tuned ? " the tuned" : " untuned default");
   return out;
 }
 

@@ -30,6 +30,7 @@
 #include "engine/model_layout.h"
 #include "engine/train_config.h"
 #include "engine/train_plan.h"
+#include "kernels/backend.h"
 #include "memory/device/device.h"
 
 namespace strata {
@@ -53,12 +54,13 @@ struct ComputeRates {
   double copy_ns_per_byte = 0;              // memcpy between two large buffers
   double hash_ns_per_byte = 0;              // the store's XXH3 checksum
   double measure_seconds = 0;               // how long measuring took
+  std::string backend = "cpu";              // the backend the kernels ran on (backend.h name())
 };
 
-// Times the kernels on `device` (a CPU device; its free arena must hold one phase — a block's
-// fp32 weights, gradients and workspace, or the head's).
+// Times the kernels on `device` (its free arena must hold one phase — a block's fp32 weights,
+// gradients and workspace, or the head's). All kernels run through `backend` (kernels/backend.h), the one of `device`'s kind.
 [[nodiscard]] Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayout& layout,
-                                                   device::Device& device);
+                                                   device::Device& device, kernels::ComputeBackend& backend);
 
 struct StepPrediction {
   StepTraffic traffic;

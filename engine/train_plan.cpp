@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/size.h"
+#include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "memory/device/device.h"
 
@@ -112,7 +113,13 @@ uint64_t DeviceScratchSizes::total() const {
 DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout) {
   DeviceScratchSizes sizes;
   kernels::gpt2::BatchShape shape{config.batch_size, config.model.seq_len};
-  sizes.workspace_bytes = kernels::gpt2::workspace_size_bytes(layout.kernel_config(), shape);
+  // The backend's workspace for this device kind (CUDA's grows with T²) and the fixed buffers
+  // make_backend takes beside it, each rounded as the device rounds an allocation.
+  const device::Kind kind = config.device_kind == "cuda" ? device::Kind::cuda : device::Kind::cpu;
+  sizes.workspace_bytes = align_up(kernels::workspace_size_bytes(kind, layout.kernel_config(), shape),
+                                   device::kDeviceAlignmentBytes);
+  if (const uint64_t fixed = kernels::fixed_device_bytes(kind, shape); fixed > 0)
+    sizes.workspace_bytes += align_up(fixed, device::kDeviceAlignmentBytes);
   const uint64_t ln_f_elements = layout.units()[layout.ln_f_unit()].element_count;
   if (config.precision != DType::f32) {
     // One unit widened at a time, plus ln_f for the head (which also widens the embeddings).

@@ -24,6 +24,7 @@
 #include "engine/safetensors.h"
 #include "engine/step_model.h"
 #include "engine/train_plan.h"
+#include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
@@ -31,6 +32,7 @@
 #include "memory/host_arena.h"
 #include "memory/store.h"
 #include "scheduler/scheduler.h"
+#include "strata_build_config.h"
 
 namespace strata {
 namespace {
@@ -245,6 +247,13 @@ class Run {
   Run(const TrainConfig& config, const TrainOptions& options)
       : config_(config), options_(options), layout_(config.model),
         shape_{config.batch_size, config.model.seq_len} {}
+  // Ops still on the compute stream may hold scheduler callbacks (release_after): they finish
+  // before the scheduler and the buffers they name go away.
+  ~Run() {
+    if (backend_) (void)backend_->synchronize();
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 
   Result<TrainSummary> execute();
 
@@ -252,8 +261,9 @@ class Run {
   Status open_store(uint64_t& start_step);
   Status create_scheduler();
   Status run_step(uint64_t step, StepFigures& figures);
+  Status open_device();
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
-  const float* widen(const void* params, uint64_t element_count, float* scratch);
+  Result<const float*> widen(const void* params, uint64_t element_count, float* scratch);
   float* grads_of(size_t unit, const sch::StepBuffers& buffers);
   Status checkpoint(uint64_t step);
   Error step_failed(Error error, uint64_t step, bool committing) const;
@@ -268,6 +278,8 @@ class Run {
   std::unique_ptr<memory::Store> store_;
   std::unique_ptr<memory::HostArena> host_arena_;
   std::unique_ptr<device::Device> device_;
+  // Every op of a step goes through the backend of device_'s kind (kernels/backend.h).
+  std::unique_ptr<kernels::ComputeBackend> backend_;
   device::DeviceBuffer workspace_;
   device::DeviceBuffer weights_fp32_;
   // grads: device — the gradients, which then never leave the device (train_plan.h).
@@ -276,8 +288,6 @@ class Run {
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
-  double grad_sum_squares_ = 0.0;
-  double loss_ = 0.0;
   uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
 };
 
@@ -381,74 +391,67 @@ Status Run::create_scheduler() {
   return Status();
 }
 
-const float* Run::widen(const void* params, uint64_t element_count, float* scratch) {
+Result<const float*> Run::widen(const void* params, uint64_t element_count, float* scratch) {
   if (config_.precision == DType::f32) return static_cast<const float*>(params);
-  kernels::cast_bf16_to_fp32(std::span<const uint16_t>(static_cast<const uint16_t*>(params), element_count),
-                             std::span<float>(scratch, element_count));
-  return scratch;
+  STRATA_RETURN_IF_ERROR(backend_->cast_bf16_to_fp32(static_cast<const uint16_t*>(params), scratch, element_count));
+  return static_cast<const float*>(scratch);
 }
 
+// Enqueues the ops of one plan step on the backend's stream; nothing here waits for them.
 Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step) {
   const StepInfo& info = run_.steps[step_index];
   const gk::Config& kc = layout_.kernel_config();
   const Unit& unit = layout_.units()[info.unit];
   const UnitIds& ids = run_.units[info.unit];
+  kernels::ComputeBackend& backend = *backend_;
   auto f32 = [&](sch::TensorId id) { return static_cast<float*>(buffers.device_data(id)); };
   auto* scratch = static_cast<float*>(weights_fp32_.data());
   gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
 
   switch (info.kind) {
     case StepKind::fwd_embed: {
-      const float* embed = widen(buffers.device_data(ids.params), unit.element_count, scratch);
-      gk::embedding_forward(kc, shape_, tokens_.data(), embed, embed + kc.vocab_size * kc.n_embd,
-                            f32(run_.activations[0]));
-      return Status();
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(buffers.device_data(ids.params), unit.element_count, scratch));
+      return backend.embedding_forward(kc, shape_, embed, embed + kc.vocab_size * kc.n_embd,
+                                       f32(run_.activations[0]));
     }
     case StepKind::fwd_block: {
-      const float* weights = widen(buffers.device_data(ids.params), unit.element_count, scratch);
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(buffers.device_data(ids.params), unit.element_count, scratch));
       auto i = static_cast<size_t>(unit.block_index);
-      gk::block_forward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]),
-                        f32(run_.activations[i + 1]), workspace);
-      return Status();
+      return backend.block_forward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]),
+                                   f32(run_.activations[i + 1]), workspace);
     }
     case StepKind::head: {
       const UnitIds& embed_ids = run_.units[layout_.embed_unit()];
       const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
-      const float* ln_f = widen(buffers.device_data(ids.params), unit.element_count, scratch);
-      const float* embed = widen(buffers.device_data(embed_ids.params), embed_unit.element_count,
-                                 scratch + unit.element_count);
+      STRATA_ASSIGN_OR_RETURN(const float* ln_f, widen(buffers.device_data(ids.params), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(buffers.device_data(embed_ids.params), embed_unit.element_count,
+                                                        scratch + unit.element_count));
       float* ln_f_grads = grads_of(info.unit, buffers);
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
-      std::fill(ln_f_grads, ln_f_grads + unit.element_count, 0.0f);
-      std::fill(embed_grads, embed_grads + embed_unit.element_count, 0.0f);
+      STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
+      STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
       gk::HeadWeights weights{ln_f, ln_f + kc.n_embd, embed};
       gk::HeadGrads grads{ln_f_grads, ln_f_grads + kc.n_embd, embed_grads};
-      loss_ = gk::head_forward_backward(kc, shape_, weights, f32(run_.activations[kc.n_layer]), targets_.data(),
-                                        f32(run_.d_x), grads, workspace);
-      grad_sum_squares_ = kernels::sum_squares(std::span<const float>(ln_f_grads, unit.element_count));
-      if (!std::isfinite(loss_))
-        return make_error(ErrorKind::internal,
-                          fmt::format("step {}: the loss is {} — training diverged (lower optimizer.lr?); the last "
-                                      "commit (step {}) is intact",
-                                      step + 1, loss_, committed_step_));
-      return Status();
+      STRATA_RETURN_IF_ERROR(backend.head_forward_backward(kc, shape_, weights, f32(run_.activations[kc.n_layer]),
+                                                           f32(run_.d_x), grads, workspace));
+      return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
-      const float* weights = widen(buffers.device_data(ids.params), unit.element_count, scratch);
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(buffers.device_data(ids.params), unit.element_count, scratch));
       float* grads = grads_of(info.unit, buffers);
-      std::fill(grads, grads + unit.element_count, 0.0f);
+      STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
       auto i = static_cast<size_t>(unit.block_index);
       float* d_x = f32(run_.d_x);
-      gk::block_backward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]), d_x, d_x,
-                         gk::bind_block(kc, grads), workspace, /*recompute=*/true);
-      grad_sum_squares_ += kernels::sum_squares(std::span<const float>(grads, unit.element_count));
-      return Status();
+      STRATA_RETURN_IF_ERROR(backend.block_backward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]),
+                                                    d_x, d_x, gk::bind_block(kc, grads), workspace,
+                                                    /*recompute=*/true));
+      return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::bwd_embed: {
       float* grads = grads_of(info.unit, buffers);
-      gk::embedding_backward(kc, shape_, tokens_.data(), f32(run_.d_x), grads, grads + kc.vocab_size * kc.n_embd);
-      grad_sum_squares_ += kernels::sum_squares(std::span<const float>(grads, unit.element_count));
-      return Status();
+      STRATA_RETURN_IF_ERROR(
+          backend.embedding_backward(kc, shape_, f32(run_.d_x), grads, grads + kc.vocab_size * kc.n_embd));
+      return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::optimize: {
       // One optimizer chunk: elements [begin, begin + count) of the unit, packed
@@ -462,29 +465,36 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       float* exp_avg_sq = master + 2 * count;
       const float* grads = grads_of(info.unit, buffers);
       void* params = buffers.device_data(ids.params);
-      float grad_scale = 1.0f;
-      if (config_.optimizer.grad_clip > 0)
-        grad_scale = kernels::clip_coefficient(std::sqrt(grad_sum_squares_), config_.optimizer.grad_clip);
+      // The clip factor comes from the gradient norm on the stream: no host round trip.
+      const bool clip = config_.optimizer.grad_clip > 0;
+      if (clip) STRATA_RETURN_IF_ERROR(backend.clip_coefficient(config_.optimizer.grad_clip));
       kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
                                  config_.optimizer.eps, config_.optimizer.weight_decay};
       const auto t = static_cast<int64_t>(step + 1);
-      const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t, grad_scale);
+      const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
       adamw.weight_decay = 0.0;
-      const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t, grad_scale);
+      const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t);
       for (const UnitTensor& tensor : unit.tensors) {
         const uint64_t first = std::max(begin, tensor.offset_elements);
         const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
         if (first >= last) continue;
-        const uint64_t length = last - first;
         const uint64_t local = first - begin;  // within the chunk
-        kernels::ComputeCopy copy;
-        if (config_.precision == DType::bf16)
-          copy = {DType::bf16, std::span<uint16_t>(static_cast<uint16_t*>(params) + first, length)};
-        kernels::adamw_step(tensor.weight_decay ? decayed : undecayed, std::span<float>(master + local, length),
-                            std::span<const float>(grads + first, length), std::span<float>(exp_avg + local, length),
-                            std::span<float>(exp_avg_sq + local, length), copy);
+        kernels::AdamWChunk piece;
+        piece.scalars = tensor.weight_decay ? decayed : undecayed;
+        piece.use_clip_scale = clip;
+        piece.params = master + local;
+        piece.grads = grads + first;
+        piece.exp_avg = exp_avg + local;
+        piece.exp_avg_sq = exp_avg_sq + local;
+        piece.count = last - first;
+        if (config_.precision == DType::bf16) {
+          piece.copy_dtype = DType::bf16;
+          piece.copy = static_cast<uint16_t*>(params) + first;
+        }
+        STRATA_RETURN_IF_ERROR(backend.adamw(piece));
       }
-      if (config_.precision == DType::f32) std::memcpy(static_cast<float*>(params) + begin, master, count * 4);
+      if (config_.precision == DType::f32)
+        return backend.copy(static_cast<float*>(params) + begin, master, count * 4);
       return Status();
     }
   }
@@ -499,8 +509,12 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   return static_cast<float*>(block_grads_.data());
 }
 
+// One training step: every plan step's ops are enqueued on the backend's stream and its
+// tensors given back behind them (release_after); the loss and the gradient norm come back
+// once, at the end.
 Status Run::run_step(uint64_t step, StepFigures& figures) {
   data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
+  STRATA_RETURN_IF_ERROR(backend_->begin_step(tokens_.data(), targets_.data(), shape_.rows()));
   sch::Timeline* timeline = scheduler_->timeline();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
@@ -509,11 +523,19 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     const uint64_t end_ns = sch::Timeline::now_ns();
     figures.compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
     if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
-    Status released = scheduler_->release(index);
+    Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream())
+                                  : scheduler_->release(index);
     STRATA_RETURN_IF_ERROR(status);
     STRATA_RETURN_IF_ERROR(released);
   }
-  figures.loss = loss_;
+  STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
+  // A diverged step is never committed: the check comes before the checkpoint that follows.
+  if (!std::isfinite(scalars.loss))
+    return make_error(ErrorKind::internal,
+                      fmt::format("step {}: the loss is {} — training diverged (lower optimizer.lr?); the last "
+                                  "commit (step {}) is intact",
+                                  step + 1, scalars.loss, committed_step_));
+  figures.loss = scalars.loss;
   return Status();
 }
 
@@ -583,12 +605,21 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
   return Status();
 }
 
+// The device of `device.kind` and its compute backend. No GPU where cuda is asked for is the
+// user's configuration error (exit 2), said in one line before anything is created.
+Status Run::open_device() {
+  STRATA_ASSIGN_OR_RETURN(device::Kind kind, device::parse_kind(config_.device_kind));
+  if (kind == device::Kind::cuda && device::cuda_device_count() == 0)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'device.kind': no CUDA device {}; use kind: cpu", config_.source_path,
+                                  STRATA_HAVE_CUDA ? "is visible to this process (no GPU, or no driver)"
+                                                   : "support in this build (nvcc was not found at setup)"));
+  STRATA_ASSIGN_OR_RETURN(device_, device::make_device(kind, config_.device_memory_bytes));
+  STRATA_ASSIGN_OR_RETURN(backend_, kernels::make_backend(*device_, shape_));
+  return Status();
+}
+
 Result<TrainSummary> Run::execute() {
-  if (config_.device_kind == "cuda")
-    return make_error(ErrorKind::unsupported,
-                      fmt::format("{}: key 'device.kind': cuda training needs the CUDA block kernels wired into the "
-                                  "trainer, which this build does not do yet; use kind: cpu",
-                                  config_.source_path));
   run_ = build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
   STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
@@ -602,10 +633,10 @@ Result<TrainSummary> Run::execute() {
   arena_options.capacity_bytes = config_.host_memory_bytes;
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
-  STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, config_.device_memory_bytes));
+  STRATA_RETURN_IF_ERROR(open_device());
   // The prediction `strata plan` makes, timed on the still empty device arena.
   std::optional<StepPrediction> prediction;
-  if (Result<ComputeRates> rates = measure_compute(config_, layout_, *device_); rates.ok()) {
+  if (Result<ComputeRates> rates = measure_compute(config_, layout_, *device_, *backend_); rates.ok()) {
     prediction = predict_step(config_, layout_, run_, *rates);
     spdlog::info("predicted step: {:.2f} s ({}-bound: compute {:.2f} s, I/O floor {:.2f} s at {:.0f}/{:.0f} MB/s{}); "
                  "timing the kernels took {:.1f} s",
@@ -615,7 +646,7 @@ Result<TrainSummary> Run::execute() {
     spdlog::debug("no step prediction: {}", rates.error().to_string());
   }
   const DeviceScratchSizes scratch = device_scratch(config_, layout_);
-  STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(scratch.workspace_bytes));
+  STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(backend_->workspace_size_bytes(layout_.kernel_config(), shape_)));
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
   }

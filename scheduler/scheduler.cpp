@@ -846,13 +846,14 @@ Status Scheduler::release_after(size_t step, device::Stream& stream) {
     ++impl_->deferred_releases;
   }
   Status launched = impl_->device.launch(stream, [this, step] {
-    {
-      std::lock_guard lock(impl_->mutex);
-      --impl_->deferred_releases;
-    }
+    // Unpin first, then stop counting the release as deferred: the other order leaves a moment
+    // where the step is still held but no longer deferred, and an `acquire` checking its budget
+    // then refuses with a no_space that the release an instant later would have avoided.
     Status released = release(step);
     assert(released.ok());
     (void)released;
+    std::lock_guard lock(impl_->mutex);
+    --impl_->deferred_releases;
   });
   if (!launched.ok()) {
     std::lock_guard lock(impl_->mutex);

@@ -32,10 +32,18 @@ void add_plan_command(CLI::App& app, CliState& state) {
     TrainPlan run = build_train_plan(*config, layout);
     if (failed(check_budgets(*config, layout, run), state)) return;
     // The kernels are timed on a device of the run's budget, as the run would have it.
-    Result<std::unique_ptr<device::Device>> device = device::make_device(device::Kind::cpu, config->device_memory_bytes);
+    // On the config's device kind where this machine has one; otherwise on the CPU, and the plan
+    // says its compute figures are assumed from there.
+    const device::Kind kind = config->device_kind == "cuda" && device::cuda_device_count() > 0 ? device::Kind::cuda
+                                                                                                : device::Kind::cpu;
+    Result<std::unique_ptr<device::Device>> device = device::make_device(kind, config->device_memory_bytes);
     if (failed(device, state)) return;
-    spdlog::info("timing each kernel alone at {} × {} tokens", config->batch_size, config->model.seq_len);
-    Result<ComputeRates> rates = measure_compute(*config, layout, **device);
+    Result<std::unique_ptr<kernels::ComputeBackend>> backend =
+        kernels::make_backend(**device, kernels::gpt2::BatchShape{config->batch_size, config->model.seq_len});
+    if (failed(backend, state)) return;
+    spdlog::info("timing each kernel alone at {} × {} tokens on the {} backend", config->batch_size,
+                 config->model.seq_len, (*backend)->name());
+    Result<ComputeRates> rates = measure_compute(*config, layout, **device, **backend);
     if (failed(rates, state)) return;
     const StepPrediction prediction = predict_step(*config, layout, run, *rates);
     if (options->json)

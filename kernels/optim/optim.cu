@@ -32,7 +32,8 @@ template <typename Grad>
 __global__ void adamw_kernel(AdamWStepScalars scalars, float* __restrict__ params,
                              const Grad* __restrict__ grads, float* __restrict__ exp_avg,
                              float* __restrict__ exp_avg_sq, size_t count, DType copy_dtype,
-                             uint16_t* __restrict__ copy) {
+                             uint16_t* __restrict__ copy, const float* __restrict__ grad_scale) {
+  if (grad_scale != nullptr) scalars.grad_scale = *grad_scale;  // left on the stream by clip_coefficient
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     float p = params[i], m = exp_avg[i], v = exp_avg_sq[i];
@@ -46,6 +47,15 @@ __global__ void adamw_kernel(AdamWStepScalars scalars, float* __restrict__ param
       copy[i] = detail::fp32_to_fp16_bits(p);
     }
   }
+}
+
+// adamw.h's clip_coefficient(sqrt(sum), max_norm), operation for operation: the norm in double,
+// then fp32 as torch evaluates it (reciprocal of norm + 1e-6, times max_norm, clamped at 1).
+__global__ void clip_coefficient_kernel(const double* sum_squares, double max_norm, float* coefficient) {
+  const double total_norm = __dsqrt_rn(*sum_squares);
+  const float denom = __fadd_rn(__double2float_rn(total_norm), __double2float_rn(1e-6));
+  const float value = __fmul_rn(__fdiv_rn(1.0f, denom), __double2float_rn(max_norm));
+  *coefficient = value < 1.0f ? value : 1.0f;
 }
 
 // Casts: one functor per direction keeps the four launches one template.
@@ -128,7 +138,7 @@ Status adamw_step(const AdamWStepScalars& scalars, float* params, const float* g
                   float* exp_avg_sq, size_t count, DType copy_dtype, uint16_t* copy, cudaStream_t stream) {
   if (count == 0) return Status::ok_status();
   adamw_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream>>>(scalars, params, grads, exp_avg, exp_avg_sq,
-                                                                    count, copy_dtype, copy);
+                                                                    count, copy_dtype, copy, nullptr);
   return launch_status("adamw_kernel");
 }
 
@@ -137,8 +147,22 @@ Status adamw_step_bf16_grads(const AdamWStepScalars& scalars, float* params, con
                              uint16_t* copy, cudaStream_t stream) {
   if (count == 0) return Status::ok_status();
   adamw_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream>>>(scalars, params, grads_bf16, exp_avg,
-                                                                    exp_avg_sq, count, copy_dtype, copy);
+                                                                    exp_avg_sq, count, copy_dtype, copy, nullptr);
   return launch_status("adamw_kernel (bf16 grads)");
+}
+
+Status adamw_step_device_scale(const AdamWStepScalars& scalars, const float* grad_scale, float* params,
+                               const float* grads, float* exp_avg, float* exp_avg_sq, size_t count,
+                               DType copy_dtype, uint16_t* copy, cudaStream_t stream) {
+  if (count == 0) return Status::ok_status();
+  adamw_kernel<<<blocks_for(count), kThreadsPerBlock, 0, stream>>>(scalars, params, grads, exp_avg, exp_avg_sq,
+                                                                    count, copy_dtype, copy, grad_scale);
+  return launch_status("adamw_kernel (device grad scale)");
+}
+
+Status clip_coefficient(const double* sum_squares, double max_norm, float* coefficient, cudaStream_t stream) {
+  clip_coefficient_kernel<<<1, 1, 0, stream>>>(sum_squares, max_norm, coefficient);
+  return launch_status("clip_coefficient_kernel");
 }
 
 Status cast_fp32_to_bf16(const float* src, uint16_t* dst, size_t count, cudaStream_t stream) {

@@ -38,6 +38,17 @@ using detail::AdamWStepScalars;  // built on the host by adamw_step_scalars() (a
                                            float* exp_avg_sq, size_t count, DType copy_dtype,
                                            uint16_t* copy, cudaStream_t stream);
 
+// As adamw_step, but the gradient scale is read from `grad_scale` (one device float, e.g. what
+// clip_coefficient left there) when the kernel runs, instead of scalars.grad_scale: clipping
+// without a host round trip.
+[[nodiscard]] Status adamw_step_device_scale(const AdamWStepScalars& scalars, const float* grad_scale,
+                                             float* params, const float* grads, float* exp_avg,
+                                             float* exp_avg_sq, size_t count, DType copy_dtype,
+                                             uint16_t* copy, cudaStream_t stream);
+// adamw.h's clip_coefficient(sqrt(*sum_squares), max_norm) on the device, same bits, into
+// *coefficient (device memory).
+[[nodiscard]] Status clip_coefficient(const double* sum_squares, double max_norm, float* coefficient,
+                                      cudaStream_t stream);
 [[nodiscard]] Status cast_fp32_to_bf16(const float* src, uint16_t* dst, size_t count, cudaStream_t stream);
 [[nodiscard]] Status cast_bf16_to_fp32(const uint16_t* src, float* dst, size_t count, cudaStream_t stream);
 [[nodiscard]] Status cast_fp32_to_fp16(const float* src, uint16_t* dst, size_t count, cudaStream_t stream);

@@ -1,0 +1,149 @@
+// strata/kernels/backend.h — the compute-backend seam: every op the trainer, `strata plan`'s
+// compute timing and the op-parity tests run, behind one interface with a CPU and a CUDA
+// implementation. Nothing above this header calls kernels/gpt2 or kernels/optim directly.
+//
+// Contract
+// - What a backend is: the ops of one device (`device::Device`) running on that device's
+//   memory, in order, on one compute stream that the backend creates and owns. Chosen once from
+//   the device's kind by `make_backend`; callers never ask which one they hold.
+// - Memory: every pointer an op takes is memory of the backend's device — a `DeviceBuffer` of
+//   the device, or a tensor the scheduler handed out (`StepBuffers::device_data`). `is_host()`
+//   says whether that memory is also host memory (ggml's buffer-type `is_host`): true on the
+//   CPU backend, false on CUDA, where only the device may dereference it. The caller owns every
+//   buffer and keeps it alive and untouched until the stream has reached the op (ordering below).
+//   Ops allocate nothing. `make_backend` takes its few fixed buffers (CUDA: tokens, targets, the
+//   step scalars and the sum-of-squares scratch, `fixed_device_bytes`) from the device once.
+// - Ordering: ops are enqueued on `compute_stream()` and return without waiting; ops of one
+//   backend run in the order they were called. They are ordered with the scheduler's copies by
+//   events, never by a host wait: a step's tensors are on the device when `acquire` returns,
+//   and the caller gives them back with `Scheduler::release_after(step, compute_stream())`, so
+//   they are unpinned only once the stream has run the step's ops. The CPU backend runs each op
+//   on the calling thread before returning (its stream is then trivially past it — the
+//   cheapest correct order on a CPU, and the one that keeps its results bit-identical to the
+//   kernels called directly); the CUDA backend launches kernels on its cudaStream_t.
+// - The step and its scalars: `begin_step` gives the batch's tokens and targets (host memory,
+//   untouched until `end_step` returns) and clears the step's scalars; `head_forward_backward`
+//   puts the loss there, and every `sum_squares` adds to the step's gradient sum of squares.
+//   `end_step` waits for the stream once and returns both — the one host synchronisation of a
+//   step; nothing else in a step waits. `clip_coefficient` turns the sum so far into the
+//   gradient scale on the stream, and `adamw` with `use_clip_scale` reads it there, so clipping
+//   needs no host round trip either.
+// - Workspace: `workspace_size_bytes` says how much scratch the block and head ops need for a
+//   shape (CUDA's grows with T²: its attention keeps the [B, H, T, T] probabilities). One
+//   workspace serves every op; ops that share it are ordered by the stream.
+// - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h) and kernels/optim (adamw.h,
+//   cast.h) — bit-identical to calling them directly (tests/backend/test_backend_cpu.cpp). The
+//   CUDA backend is gpt2_cuda.h and optim_cuda.h: AdamW and the casts give the CPU's bits; the
+//   GPT-2 ops and the sum of squares agree to fp32 rounding (tests/backend/test_backend_ops.cpp
+//   states each op's tolerance).
+// - Errors: a failed launch comes back as a Status from the op that launched it; a fault while
+//   running surfaces at `end_step` / `synchronize`. Bad shapes and short workspaces are
+//   programmer errors and assert.
+// - Threads: one host thread drives a backend at a time. A backend must be destroyed before the
+//   device that made it; destroying it waits for its stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "kernels/gpt2/gpt2.h"
+#include "kernels/optim/elementwise.h"
+#include "memory/device/device.h"
+
+namespace strata::kernels {
+
+// What `end_step` brings back to the host: the step's mean loss and the sum of squares of every
+// gradient `sum_squares` saw since `begin_step`.
+struct StepScalars {
+  double loss = 0.0;
+  double grad_sum_squares = 0.0;
+};
+
+// One AdamW update of a contiguous chunk of parameters (adamw.h's semantics). `copy_dtype`
+// bf16 or f16 also writes the updated params, rounded, to `copy` (the fused low-precision
+// copy); f32 writes none. With `use_clip_scale` the gradient scale is the one the last
+// `clip_coefficient` left on the stream, not `scalars.grad_scale`.
+struct AdamWChunk {
+  detail::AdamWStepScalars scalars{};
+  bool use_clip_scale = false;
+  float* params = nullptr;  // fp32 master
+  const float* grads = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  uint64_t count = 0;
+  DType copy_dtype = DType::f32;
+  uint16_t* copy = nullptr;
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  ComputeBackend(const ComputeBackend&) = delete;
+  ComputeBackend& operator=(const ComputeBackend&) = delete;
+
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+  // Whether the memory the ops take is host memory (see the contract).
+  virtual bool is_host() const = 0;
+  // The stream the ops run on: hand it to Scheduler::release_after.
+  virtual device::Stream& compute_stream() = 0;
+  // Scratch the block and head ops need for shapes up to `max_shape`.
+  virtual size_t workspace_size_bytes(const gpt2::Config& config, const gpt2::BatchShape& max_shape) const = 0;
+
+  // --- the step ---
+  // The batch (rows = shape.rows() of each) for the embedding and head ops; clears the scalars.
+  [[nodiscard]] virtual Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) = 0;
+  // Waits for every op enqueued so far and returns the step's scalars (the one sync).
+  [[nodiscard]] virtual Result<StepScalars> end_step() = 0;
+  // Waits for every op enqueued so far (timing, tests).
+  [[nodiscard]] virtual Status synchronize() = 0;
+
+  // --- the model (gpt2.h's semantics; tokens and targets from begin_step) ---
+  [[nodiscard]] virtual Status embedding_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,
+                                                 const float* wte, const float* wpe, float* x0) = 0;
+  [[nodiscard]] virtual Status embedding_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
+                                                  const float* d_x0, float* d_wte, float* d_wpe) = 0;
+  [[nodiscard]] virtual Status block_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,
+                                             const gpt2::BlockWeights& weights, const float* x_in, float* x_out,
+                                             const gpt2::Workspace& workspace) = 0;
+  [[nodiscard]] virtual Status block_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
+                                              const gpt2::BlockWeights& weights, const float* x_in,
+                                              const float* d_out, float* d_in, const gpt2::BlockGrads& grads,
+                                              const gpt2::Workspace& workspace, bool recompute) = 0;
+  // The tied head and loss; the mean loss goes to the step's scalars.
+  [[nodiscard]] virtual Status head_forward_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
+                                                     const gpt2::HeadWeights& weights, const float* x_final,
+                                                     float* d_x_final, const gpt2::HeadGrads& grads,
+                                                     const gpt2::Workspace& workspace) = 0;
+
+  // --- elementwise and the optimizer ---
+  [[nodiscard]] virtual Status zero(float* values, uint64_t count) = 0;
+  [[nodiscard]] virtual Status copy(void* dst, const void* src, uint64_t size_bytes) = 0;
+  [[nodiscard]] virtual Status cast_bf16_to_fp32(const uint16_t* src, float* dst, uint64_t count) = 0;
+  [[nodiscard]] virtual Status cast_fp32_to_bf16(const float* src, uint16_t* dst, uint64_t count) = 0;
+  // Adds Σ x² (in double) to the step's gradient sum of squares. Call per tensor in a fixed
+  // order: the sum is deterministic for a fixed order.
+  [[nodiscard]] virtual Status sum_squares(const float* values, uint64_t count) = 0;
+  // torch's clip_grad_norm_ factor min(1, max_norm / (sqrt(sum) + 1e-6)) from the sum so far,
+  // kept on the stream for the next `adamw` calls with use_clip_scale.
+  [[nodiscard]] virtual Status clip_coefficient(double max_norm) = 0;
+  [[nodiscard]] virtual Status adamw(const AdamWChunk& chunk) = 0;
+
+ protected:
+  ComputeBackend() = default;
+};
+
+// The backend for `device`'s kind (cpu or cuda), sized for batches up to `max_shape`. It
+// creates its compute stream on the device and, on CUDA, takes `fixed_device_bytes` from the
+// device's budget. The device must outlive it.
+[[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device,
+                                                                   const gpt2::BatchShape& max_shape);
+
+// Sizes without a backend, for planning before any device exists: the workspace the kind's ops
+// need, and the bytes make_backend takes from the device besides it.
+size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
+uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
+
+}  // namespace strata::kernels

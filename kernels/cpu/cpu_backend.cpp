@@ -1,0 +1,126 @@
+// The CPU backend (backend.h): kernels/gpt2 and kernels/optim called on the calling thread, in
+// the order the trainer called them before the seam, so the results are the same bits. Each op
+// has run when it returns; the compute stream exists only so that callers can order the
+// scheduler's releases after "the ops so far" the same way on every backend.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/optim/adamw.h"
+#include "kernels/optim/cast.h"
+
+namespace strata::kernels {
+namespace {
+
+namespace gk = gpt2;
+
+class CpuBackend final : public ComputeBackend {
+ public:
+  CpuBackend(device::Device& device, device::Stream stream) : device_(device), stream_(std::move(stream)) {}
+
+  const char* name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+  device::Stream& compute_stream() override { return stream_; }
+  size_t workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) const override {
+    return gk::workspace_size_bytes(config, max_shape);
+  }
+
+  Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) override {
+    (void)rows;  // host memory: the kernels read the caller's arrays in place
+    tokens_ = tokens;
+    targets_ = targets;
+    scalars_ = StepScalars{};
+    clip_scale_ = 1.0f;
+    return Status();
+  }
+  // The ops have run; waiting for the stream lets the callbacks queued behind them (the
+  // scheduler's release_after) finish too, so the step is over in every sense when this returns.
+  Result<StepScalars> end_step() override {
+    STRATA_RETURN_IF_ERROR(device_.synchronize(stream_));
+    return scalars_;
+  }
+  Status synchronize() override { return device_.synchronize(stream_); }
+
+  Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte,
+                           const float* wpe, float* x0) override {
+    gk::embedding_forward(config, shape, tokens_, wte, wpe, x0);
+    return Status();
+  }
+  Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
+                            float* d_wpe) override {
+    gk::embedding_backward(config, shape, tokens_, d_x0, d_wte, d_wpe);
+    return Status();
+  }
+  Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
+                       const float* x_in, float* x_out, const gk::Workspace& workspace) override {
+    gk::block_forward(config, shape, weights, x_in, x_out, workspace);
+    return Status();
+  }
+  Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
+                        const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
+                        const gk::Workspace& workspace, bool recompute) override {
+    gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
+    return Status();
+  }
+  Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
+                               const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
+                               const gk::Workspace& workspace) override {
+    scalars_.loss = gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
+    return Status();
+  }
+
+  Status zero(float* values, uint64_t count) override {
+    std::fill(values, values + count, 0.0f);
+    return Status();
+  }
+  Status copy(void* dst, const void* src, uint64_t size_bytes) override {
+    std::memcpy(dst, src, size_bytes);
+    return Status();
+  }
+  Status cast_bf16_to_fp32(const uint16_t* src, float* dst, uint64_t count) override {
+    kernels::cast_bf16_to_fp32(std::span<const uint16_t>(src, count), std::span<float>(dst, count));
+    return Status();
+  }
+  Status cast_fp32_to_bf16(const float* src, uint16_t* dst, uint64_t count) override {
+    kernels::cast_fp32_to_bf16(std::span<const float>(src, count), std::span<uint16_t>(dst, count));
+    return Status();
+  }
+  Status sum_squares(const float* values, uint64_t count) override {
+    scalars_.grad_sum_squares += kernels::sum_squares(std::span<const float>(values, count));
+    return Status();
+  }
+  Status clip_coefficient(double max_norm) override {
+    clip_scale_ = kernels::clip_coefficient(std::sqrt(scalars_.grad_sum_squares), max_norm);
+    return Status();
+  }
+  Status adamw(const AdamWChunk& chunk) override {
+    detail::AdamWStepScalars scalars = chunk.scalars;
+    if (chunk.use_clip_scale) scalars.grad_scale = clip_scale_;
+    ComputeCopy copy;
+    if (chunk.copy_dtype != DType::f32) copy = {chunk.copy_dtype, std::span<uint16_t>(chunk.copy, chunk.count)};
+    kernels::adamw_step(scalars, std::span<float>(chunk.params, chunk.count),
+                        std::span<const float>(chunk.grads, chunk.count), std::span<float>(chunk.exp_avg, chunk.count),
+                        std::span<float>(chunk.exp_avg_sq, chunk.count), copy);
+    return Status();
+  }
+
+ private:
+  device::Device& device_;
+  device::Stream stream_;
+  const int32_t* tokens_ = nullptr;
+  const int32_t* targets_ = nullptr;
+  StepScalars scalars_;
+  float clip_scale_ = 1.0f;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ComputeBackend>> make_cpu_backend(device::Device& device) {
+  STRATA_ASSIGN_OR_RETURN(device::Stream stream, device.create_stream("compute"));
+  return std::unique_ptr<ComputeBackend>(std::make_unique<CpuBackend>(device, std::move(stream)));
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,23 @@
+// strata/kernels/cpu/cpu_backend.h — for backend.cpp only: the constructors behind make_backend.
+// Users include kernels/backend.h.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "strata_build_config.h"
+
+namespace strata::kernels {
+
+// The CPU backend on a CPU device (a compute stream of its own; no device memory taken).
+[[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_cpu_backend(device::Device& device);
+
+#if STRATA_HAVE_CUDA
+// kernels/cuda/cuda_backend.cpp: only in CUDA builds.
+[[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device,
+                                                                        const gpt2::BatchShape& max_shape);
+size_t cuda_workspace_size_bytes(const gpt2::Config& config, const gpt2::BatchShape& max_shape);
+uint64_t cuda_fixed_device_bytes(const gpt2::BatchShape& max_shape);
+#endif
+
+}  // namespace strata::kernels

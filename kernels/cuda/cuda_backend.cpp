@@ -1,0 +1,165 @@
+// The CUDA backend (backend.h): gpt2_cuda.h and optim_cuda.h launched on the backend's own
+// compute stream of a CUDA device. Nothing here waits for the device except end_step and
+// synchronize; the loss, the gradient sum of squares and the clip coefficient stay in one small
+// device block until end_step brings the first two back.
+#include <cassert>
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include "common/size.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/optim/optim_cuda.h"
+
+namespace strata::kernels {
+namespace {
+
+namespace gk = gpt2;
+
+// The fixed device block make_backend takes, laid out once:
+//   [0, 256)       StepSlots (the scalars of the step)
+//   [256, +4 KiB)  the sum-of-squares scratch (one double per block of the fixed grid)
+//   then           tokens, then targets (int32, max_shape.rows() each, 256-byte aligned)
+struct StepSlots {
+  double grad_sum_squares;
+  float loss;
+  float clip_scale;
+};
+constexpr uint64_t kSlotsBytes = 256;
+static_assert(sizeof(StepSlots) <= kSlotsBytes);
+constexpr uint64_t kSumSquaresOffset = kSlotsBytes;
+constexpr uint64_t kTokensOffset = kSumSquaresOffset + align_up(cuda::kCudaSumSquaresWorkspaceBytes, 256);
+
+uint64_t token_bytes(const gk::BatchShape& shape) {
+  return align_up(static_cast<uint64_t>(shape.rows()) * sizeof(int32_t), 256);
+}
+
+Status cuda_status(cudaError_t code, const char* op) {
+  if (code == cudaSuccess) return Status();
+  return make_error(ErrorKind::internal, fmt::format("{} failed: {}", op, cudaGetErrorString(code)));
+}
+
+class CudaBackend final : public ComputeBackend {
+ public:
+  CudaBackend(device::Device& device, device::Stream stream, gk::cuda::Context context, device::DeviceBuffer fixed,
+              gk::BatchShape max_shape)
+      : device_(device), stream_(std::move(stream)), context_(std::move(context)), fixed_(std::move(fixed)),
+        max_shape_(max_shape) {
+    auto* base = static_cast<char*>(fixed_.data());
+    slots_ = reinterpret_cast<StepSlots*>(base);
+    sum_squares_scratch_ = reinterpret_cast<double*>(base + kSumSquaresOffset);
+    tokens_ = reinterpret_cast<int32_t*>(base + kTokensOffset);
+    targets_ = reinterpret_cast<int32_t*>(base + kTokensOffset + token_bytes(max_shape));
+  }
+  ~CudaBackend() override { (void)device_.synchronize(stream_); }
+
+  const char* name() const override { return "cuda"; }
+  bool is_host() const override { return false; }
+  device::Stream& compute_stream() override { return stream_; }
+  size_t workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) const override {
+    return gk::cuda::workspace_size_bytes(config, max_shape);
+  }
+
+  Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) override {
+    assert(rows <= max_shape_.rows());
+    const uint64_t bytes = static_cast<uint64_t>(rows) * sizeof(int32_t);
+    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, bytes));
+    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, targets_, targets, bytes));
+    const StepSlots cleared{0.0, 0.0f, 1.0f};
+    return device_.copy_to_device(stream_, slots_, &cleared, sizeof cleared);
+  }
+  Result<StepScalars> end_step() override {
+    StepSlots host{};
+    STRATA_RETURN_IF_ERROR(device_.copy_to_host(stream_, &host, slots_, sizeof host));
+    STRATA_RETURN_IF_ERROR(device_.synchronize(stream_));
+    return StepScalars{host.loss, host.grad_sum_squares};
+  }
+  Status synchronize() override { return device_.synchronize(stream_); }
+
+  Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte, const float* wpe,
+                           float* x0) override {
+    return gk::cuda::embedding_forward(context_, config, shape, tokens_, wte, wpe, x0);
+  }
+  Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
+                            float* d_wpe) override {
+    return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe);
+  }
+  Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
+                       const float* x_in, float* x_out, const gk::Workspace& workspace) override {
+    return gk::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace);
+  }
+  Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
+                        const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
+                        const gk::Workspace& workspace, bool recompute) override {
+    return gk::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
+  }
+  Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
+                               const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
+                               const gk::Workspace& workspace) override {
+    return gk::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
+                                           &slots_->loss, workspace);
+  }
+
+  Status zero(float* values, uint64_t count) override {
+    return cuda_status(cudaMemsetAsync(values, 0, count * sizeof(float), stream()), "cudaMemsetAsync");
+  }
+  Status copy(void* dst, const void* src, uint64_t size_bytes) override {
+    return cuda_status(cudaMemcpyAsync(dst, src, size_bytes, cudaMemcpyDeviceToDevice, stream()), "cudaMemcpyAsync");
+  }
+  Status cast_bf16_to_fp32(const uint16_t* src, float* dst, uint64_t count) override {
+    return cuda::cast_bf16_to_fp32(src, dst, count, stream());
+  }
+  Status cast_fp32_to_bf16(const float* src, uint16_t* dst, uint64_t count) override {
+    return cuda::cast_fp32_to_bf16(src, dst, count, stream());
+  }
+  Status sum_squares(const float* values, uint64_t count) override {
+    return cuda::sum_squares(values, count, sum_squares_scratch_, &slots_->grad_sum_squares, /*accumulate=*/true,
+                             stream());
+  }
+  Status clip_coefficient(double max_norm) override {
+    return cuda::clip_coefficient(&slots_->grad_sum_squares, max_norm, &slots_->clip_scale, stream());
+  }
+  Status adamw(const AdamWChunk& c) override {
+    if (c.use_clip_scale)
+      return cuda::adamw_step_device_scale(c.scalars, &slots_->clip_scale, c.params, c.grads, c.exp_avg, c.exp_avg_sq,
+                                           c.count, c.copy_dtype, c.copy, stream());
+    return cuda::adamw_step(c.scalars, c.params, c.grads, c.exp_avg, c.exp_avg_sq, c.count, c.copy_dtype, c.copy,
+                            stream());
+  }
+
+ private:
+  cudaStream_t stream() const { return context_.stream(); }
+
+  device::Device& device_;
+  device::Stream stream_;
+  gk::cuda::Context context_;
+  device::DeviceBuffer fixed_;
+  gk::BatchShape max_shape_;
+  StepSlots* slots_ = nullptr;
+  double* sum_squares_scratch_ = nullptr;
+  int32_t* tokens_ = nullptr;
+  int32_t* targets_ = nullptr;
+};
+
+}  // namespace
+
+size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
+  return gk::cuda::workspace_size_bytes(config, max_shape);
+}
+
+uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
+  return kTokensOffset + 2 * token_bytes(max_shape);
+}
+
+Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const gk::BatchShape& max_shape) {
+  STRATA_ASSIGN_OR_RETURN(device::Stream stream, device.create_stream("compute"));
+  auto native = static_cast<cudaStream_t>(stream.native_handle());
+  STRATA_ASSIGN_OR_RETURN(gk::cuda::Context context, gk::cuda::Context::create(native));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer fixed, device.allocate(cuda_fixed_device_bytes(max_shape)));
+  return std::unique_ptr<ComputeBackend>(
+      std::make_unique<CudaBackend>(device, std::move(stream), std::move(context), std::move(fixed), max_shape));
+}
+
+}  // namespace strata::kernels

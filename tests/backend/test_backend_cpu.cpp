@@ -1,0 +1,162 @@
+// tests/backend/test_backend_cpu.cpp — proves the seam itself adds nothing on the CPU: every op
+// scenario of backend_harness.h run through the CPU backend (on a CPU device, through its
+// buffers and its stream) gives exactly the bytes that the kernels of kernels/gpt2 and
+// kernels/optim give when called directly on the same inputs. It also checks that `end_step`
+// returns the loss and the gradient sum of squares the kernels return, bit for bit, and that
+// the backend reports its memory as host memory.
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include <gtest/gtest.h>
+
+#include "kernels/optim/adamw.h"
+#include "kernels/optim/cast.h"
+#include "tests/backend/backend_harness.h"
+
+namespace strata::testing {
+namespace {
+
+// The same scenario computed with the kernels directly, on host vectors.
+OpOutputs run_direct(const std::string& name) {
+  const gk::Config c = small_config();
+  const gk::BatchShape s = small_shape();
+  const auto rows = static_cast<size_t>(s.rows());
+  const auto act = rows * static_cast<size_t>(c.n_embd);
+  const auto wte_n = static_cast<size_t>(c.vocab_size * c.n_embd);
+  const auto wpe_n = static_cast<size_t>(c.n_ctx * c.n_embd);
+  const auto block_n = static_cast<size_t>(gk::block_param_count(c));
+  const std::vector<int32_t> tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 11);
+  const std::vector<int32_t> targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 12);
+  std::vector<float> workspace(gk::workspace_size_bytes(c, s) / 4 + 16);
+  // The kernels want a 64-byte aligned workspace.
+  auto* aligned = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) / 64 * 64);
+  const gk::Workspace ws{aligned, gk::workspace_size_bytes(c, s)};
+  OpOutputs out;
+  if (name == "embedding_forward") {
+    auto wte = random_floats(wte_n, 0.1f, 1), wpe = random_floats(wpe_n, 0.1f, 2);
+    std::vector<float> x0(act);
+    gk::embedding_forward(c, s, tokens.data(), wte.data(), wpe.data(), x0.data());
+    out.tensors.push_back({"x0", x0});
+  } else if (name == "embedding_backward") {
+    auto d_x0 = random_floats(act, 0.1f, 3), d_wte = random_floats(wte_n, 0.1f, 4),
+         d_wpe = random_floats(wpe_n, 0.1f, 5);
+    gk::embedding_backward(c, s, tokens.data(), d_x0.data(), d_wte.data(), d_wpe.data());
+    out.tensors.push_back({"d_wte", d_wte});
+    out.tensors.push_back({"d_wpe", d_wpe});
+  } else if (name == "block_forward") {
+    auto w = block_weights(c, 6), x_in = random_floats(act, 1.0f, 7);
+    std::vector<float> x_out(act);
+    gk::block_forward(c, s, gk::bind_block(c, static_cast<const float*>(w.data())), x_in.data(), x_out.data(), ws);
+    out.tensors.push_back({"x_out", x_out});
+  } else if (name == "block_backward") {
+    auto w = block_weights(c, 6), x_in = random_floats(act, 1.0f, 7), d_x = random_floats(act, 0.01f, 8);
+    std::vector<float> grads(block_n);
+    gk::block_backward(c, s, gk::bind_block(c, static_cast<const float*>(w.data())), x_in.data(), d_x.data(),
+                       d_x.data(), gk::bind_block(c, grads.data()), ws, true);
+    out.grad_sum_squares = kernels::sum_squares(std::span<const float>(grads));
+    out.tensors.push_back({"d_in", d_x});
+    out.tensors.push_back({"grads", grads});
+  } else if (name == "head") {
+    auto ln_f = random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f), wte = random_floats(wte_n, 0.1f, 1),
+         x = random_floats(act, 1.0f, 10);
+    std::vector<float> d_x(act), ln_f_grads(2 * static_cast<size_t>(c.n_embd));
+    auto wte_grads = random_floats(wte_n, 0.1f, 14);
+    out.loss = gk::head_forward_backward(c, s, gk::HeadWeights{ln_f.data(), ln_f.data() + c.n_embd, wte.data()},
+                                         x.data(), targets.data(), d_x.data(),
+                                         gk::HeadGrads{ln_f_grads.data(), ln_f_grads.data() + c.n_embd, wte_grads.data()},
+                                         ws);
+    out.tensors.push_back({"d_x_final", d_x});
+    out.tensors.push_back({"d_ln_f", ln_f_grads});
+    out.tensors.push_back({"d_wte", wte_grads});
+  } else if (name == "zero_copy") {
+    auto a = random_floats(1000, 1.0f, 15), z = random_floats(1000, 1.0f, 16);
+    std::memcpy(z.data() + 10, a.data(), 500 * sizeof(float));
+    std::fill(a.begin() + 100, a.begin() + 400, 0.0f);
+    out.tensors.push_back({"zeroed", a});
+    out.tensors.push_back({"copied", z});
+  } else if (name == "casts") {
+    std::vector<float> values = random_floats(4099, 3.0f, 17);
+    values[0] = 1e-40f;
+    values[1] = 65504.0f;
+    out.bits.resize(values.size());
+    std::vector<float> back(values.size());
+    kernels::cast_fp32_to_bf16(values, out.bits);
+    kernels::cast_bf16_to_fp32(out.bits, back);
+    out.tensors.push_back({"widened", back});
+  } else if (name == "sum_squares") {
+    auto a = random_floats(100003, 1.0f, 18), z = random_floats(77, 2.0f, 19);
+    out.grad_sum_squares = kernels::sum_squares(std::span<const float>(a));
+    out.grad_sum_squares += kernels::sum_squares(std::span<const float>(z));
+  } else if (name == "adamw" || name == "adamw_clip") {
+    const size_t n = 5000;
+    const bool clip = name == "adamw_clip";
+    auto params = random_floats(n, 0.5f, 20), grads = random_floats(n, clip ? 3.0f : 0.01f, 21),
+         m = random_floats(n, 0.01f, 22), v = random_floats(n, 0.001f, 23, 0.001f);
+    kernels::AdamWStepScalars scalars{1.0f - 1e-4f, 0.9f, 0.1f, 0.95f, 0.05f, 0.3f, 1e-8f, -3.7e-3f, 1.0f};
+    if (clip) {
+      out.grad_sum_squares = kernels::sum_squares(std::span<const float>(grads));
+      scalars.grad_scale = kernels::clip_coefficient(std::sqrt(out.grad_sum_squares), 1.0);
+      EXPECT_LT(scalars.grad_scale, 1.0f);  // the scenario really clips
+    }
+    out.bits.resize(n);
+    kernels::adamw_step(scalars, params, grads, m, v, kernels::ComputeCopy{DType::bf16, out.bits});
+    out.tensors.push_back({"params", params});
+    out.tensors.push_back({"exp_avg", m});
+    out.tensors.push_back({"exp_avg_sq", v});
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class CpuSeam : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CpuSeam, BitIdenticalToTheKernelsCalledDirectly) {
+  auto env = BackendEnv::create(device::Kind::cpu);
+  ASSERT_NE(env, nullptr);
+  EXPECT_TRUE(env->backend().is_host());
+  EXPECT_STREQ(env->backend().name(), "cpu");
+  const OpOutputs seam = run_scenario(*env, GetParam());
+  const OpOutputs direct = run_direct(GetParam());
+  ASSERT_EQ(seam.tensors.size(), direct.tensors.size());
+  for (size_t i = 0; i < seam.tensors.size(); ++i) {
+    EXPECT_EQ(seam.tensors[i].first, direct.tensors[i].first);
+    EXPECT_TRUE(same_bits(seam.tensors[i].second, direct.tensors[i].second)) << seam.tensors[i].first;
+  }
+  EXPECT_EQ(seam.bits, direct.bits);
+  EXPECT_EQ(std::memcmp(&seam.loss, &direct.loss, sizeof(double)), 0) << seam.loss << " vs " << direct.loss;
+  EXPECT_EQ(std::memcmp(&seam.grad_sum_squares, &direct.grad_sum_squares, sizeof(double)), 0)
+      << seam.grad_sum_squares << " vs " << direct.grad_sum_squares;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, CpuSeam, ::testing::ValuesIn(kScenarios),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+// The scenarios must be able to fail: a changed input changes the bits the seam produces.
+TEST(CpuSeamSelfCheck, ADifferentInputGivesDifferentOutputs) {
+  auto env = BackendEnv::create(device::Kind::cpu);
+  ASSERT_NE(env, nullptr);
+  const OpOutputs forward = run_scenario(*env, "block_forward");
+  const OpOutputs embedding = run_scenario(*env, "embedding_forward");
+  ASSERT_EQ(forward.tensors[0].second.size(), embedding.tensors[0].second.size());
+  EXPECT_FALSE(same_bits(forward.tensors[0].second, embedding.tensors[0].second));
+  const OpOutputs head = run_scenario(*env, "head");
+  EXPECT_GT(head.loss, 1.0);  // ~ln(64) for near-uniform logits: the loss did come back
+}
+
+// Without clipping, end_step's sum of squares is exactly zero (cleared by begin_step).
+TEST(CpuSeamSelfCheck, BeginStepClearsTheScalars) {
+  auto env = BackendEnv::create(device::Kind::cpu);
+  ASSERT_NE(env, nullptr);
+  const OpOutputs first = run_scenario(*env, "sum_squares");
+  EXPECT_GT(first.grad_sum_squares, 0.0);
+  const OpOutputs second = run_scenario(*env, "zero_copy");
+  EXPECT_EQ(second.grad_sum_squares, 0.0);
+  EXPECT_EQ(second.loss, 0.0);
+}
+
+}  // namespace
+}  // namespace strata::testing

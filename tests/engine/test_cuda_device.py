@@ -1,0 +1,45 @@
+#!/usr/bin/python3
+# tests/engine/test_cuda_device.py — `device.kind: cuda` on a machine with no GPU (this build may
+# or may not have CUDA compiled): `strata train` refuses in ONE line that says "no CUDA device",
+# exits 2, and leaves no store behind; `strata plan` still plans, timing the kernels on the CPU
+# backend, and says that its compute figures are assumed from there. Where a GPU is visible the
+# test skips (77): scripts/gpu-check.sh trains on it instead.
+#
+# Usage: test_cuda_device.py STRATA_BINARY
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train import config, fail, STRATA  # noqa: E402
+
+
+def main():
+    if glob.glob("/dev/nvidia[0-9]*"):
+        print("a GPU is visible: scripts/gpu-check.sh covers device.kind: cuda here")
+        sys.exit(77)
+    scratch_root = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
+    os.makedirs(scratch_root, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="train-cuda-", dir=scratch_root)
+    path, cfg = config(folder, device={"kind": "cuda", "memory": "64MiB"})
+
+    train = subprocess.run([STRATA, "train", path, "--steps", "1"], capture_output=True, text=True, timeout=120)
+    lines = [line for line in train.stderr.splitlines() if line.strip()]
+    if train.returncode != 2:
+        fail(f"train with device.kind: cuda and no GPU exited {train.returncode}, not 2:\n{train.stderr}")
+    if len(lines) != 1 or "no CUDA device" not in lines[0] or "device.kind" not in lines[0]:
+        fail(f"expected one line naming device.kind and 'no CUDA device', got:\n{train.stderr}")
+    if os.path.exists(os.path.join(cfg["nvme"]["paths"][0], "store")):
+        fail("a refused cuda run left a store behind")
+
+    plan = subprocess.run([STRATA, "plan", path], capture_output=True, text=True, timeout=300)
+    if plan.returncode != 0:
+        fail(f"plan of a cuda config exited {plan.returncode}:\n{plan.stderr}")
+    if "timed on the cpu backend" not in plan.stdout or "assumed" not in plan.stdout:
+        fail(f"plan of a cuda config does not say its compute figures are assumed from the CPU:\n{plan.stdout}")
+    print("ok: cuda without a GPU is refused in one line (exit 2); plan says what it assumed")
+
+
+main()
