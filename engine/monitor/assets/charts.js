@@ -23,6 +23,7 @@ var StrataCharts = (function () {
   function formatNumber(v) {
     if (v === undefined || v === null || !isFinite(v)) return "–";
     var a = Math.abs(v);
+    if (a === 0) return "0";
     if (a !== 0 && (a >= 1e6 || a < 1e-3)) return v.toExponential(2);
     if (a >= 1000) return v.toFixed(0);
     if (a >= 10) return v.toFixed(1);
@@ -57,8 +58,7 @@ var StrataCharts = (function () {
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.fillStyle = "#ffffff";
     ctx.fillRect(0, 0, width, height);
-    var left = 68, right = 12, top = 10, bottom = 26;
-    var plotW = width - left - right, plotH = height - top - bottom;
+    var right = 12, top = 10, bottom = 26;
     var xMin = Infinity, xMax = -Infinity, yMin = Infinity, yMax = -Infinity, count = 0;
     spec.series.forEach(function (s) {
       s.points.forEach(function (p) {
@@ -71,7 +71,7 @@ var StrataCharts = (function () {
     ctx.font = "12px sans-serif";
     if (count === 0) {
       ctx.fillStyle = "#777";
-      ctx.fillText("waiting for the first step", left + 10, top + plotH / 2);
+      ctx.fillText("waiting for the first step", 20, height / 2);
       return 0;
     }
     if (spec.zero) yMin = Math.min(0, yMin);
@@ -79,15 +79,20 @@ var StrataCharts = (function () {
     if (xMax === xMin) { xMax += 1; }
     var pad = (yMax - yMin) * 0.05;
     yMax += pad; if (!(spec.zero && yMin === 0)) yMin -= pad;
+    // The left margin fits the widest y label, so no label is cut off.
+    var labels = [];
+    for (var t = 0; t <= 4; t++) labels.push(spec.format(yMin + (yMax - yMin) * t / 4));
+    var left = 12 + Math.max.apply(null, labels.map(function (l) { return ctx.measureText(l).width; }));
+    var plotW = width - left - right, plotH = height - top - bottom;
     function X(x) { return left + (x - xMin) / (xMax - xMin) * plotW; }
     function Y(y) { return top + plotH - (y - yMin) / (yMax - yMin) * plotH; }
     // grid and y labels
     ctx.strokeStyle = "#e4e4e4"; ctx.lineWidth = 1; ctx.fillStyle = "#555";
     ctx.textAlign = "right"; ctx.textBaseline = "middle";
     for (var i = 0; i <= 4; i++) {
-      var yv = yMin + (yMax - yMin) * i / 4, yp = Y(yv);
+      var yp = Y(yMin + (yMax - yMin) * i / 4);
       ctx.beginPath(); ctx.moveTo(left, yp); ctx.lineTo(left + plotW, yp); ctx.stroke();
-      ctx.fillText(spec.format(yv), left - 6, yp);
+      ctx.fillText(labels[i], left - 6, yp);
     }
     ctx.textAlign = "center"; ctx.textBaseline = "top";
     for (var j = 0; j <= 4; j++) {
