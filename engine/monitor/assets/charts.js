@@ -71,7 +71,7 @@ var StrataCharts = (function () {
     ctx.font = "12px sans-serif";
     if (count === 0) {
       ctx.fillStyle = "#777";
-      ctx.fillText("waiting for the first step", 20, height / 2);
+      ctx.fillText("no data yet", 20, height / 2);
       return 0;
     }
     if (spec.zero) yMin = Math.min(0, yMin);
