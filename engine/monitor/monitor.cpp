@@ -207,8 +207,8 @@ Result<ListenAddress> parse_listen_address(const std::string& text, const std::s
   for (char c : port_text) digits = digits && c >= '0' && c <= '9';
   if (!digits || std::stoi(port_text) > 65535)
     return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: '{}' is not HOST:PORT, :PORT or PORT (port 0..65535; 0 picks a free one)",
-                                  what, text));
+                      fmt::format("{}'{}' is not HOST:PORT, :PORT or PORT (port 0..65535; 0 picks a free one)",
+                                  what.empty() ? "" : what + ": ", text));
   address.port = std::stoi(port_text);
   return address;
 }

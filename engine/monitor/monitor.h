@@ -102,7 +102,7 @@ class RunMetrics {
 nlohmann::ordered_json step_json(const StepSample& sample);
 
 // "HOST:PORT", ":PORT" or "PORT" → host and port; a missing host is 127.0.0.1 (loopback
-// unless an address is given). `what` names the flag or key in the error.
+// unless an address is given). `what` names the flag in the error (empty: the caller names it).
 struct ListenAddress {
   std::string host;
   int port = 0;  // 0: the system picks a free port
