@@ -63,6 +63,9 @@ Result<std::unique_ptr<MonitorServer>> MonitorServer::start(const ListenAddress&
   httplib::Server& http = impl->http;
   // A scraper and a browser or two: two workers are plenty, and bound the threads we add.
   http.new_task_queue = [] { return new httplib::ThreadPool(2); };
+  // One request per connection: a browser polling over keep-alive would otherwise hold a
+  // worker between its polls, and two tabs would leave Prometheus waiting.
+  http.set_keep_alive_max_count(1);
   http.set_read_timeout(5, 0);
   http.set_write_timeout(5, 0);
   http.Get("/", [](const httplib::Request&, httplib::Response& response) {
