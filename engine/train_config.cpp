@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/monitor/monitor.h"
+
 namespace strata {
 
 static Result<Tier> parse_tier(ConfigNode& node, std::string_view key, Tier fallback) {
@@ -121,6 +123,15 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode monitor_node, root.child("monitor"));
+  STRATA_READ(config.monitor_serve, monitor_node.string("serve", std::string()));
+  STRATA_RETURN_IF_ERROR(monitor_node.finish());
+  if (!config.monitor_serve.empty()) {
+    if (Result<monitor::ListenAddress> address = monitor::parse_listen_address(config.monitor_serve, "");
+        !address.ok())
+      return monitor_node.error_at("serve", address.error().message);
+  }
 
   STRATA_RETURN_IF_ERROR(root.finish());
   return config;

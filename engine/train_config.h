@@ -76,6 +76,9 @@ struct TrainConfig {
   uint64_t checkpoint_every = 10;
   std::string sample_prompt = "The ";  // printed sample after training
   uint32_t sample_tokens = 0;          // 0: no sample
+  // monitor.serve: where `strata train` serves /metrics and the dashboard (HOST:PORT, :PORT or
+  // PORT; loopback unless a host is given); empty: not served. `--serve` overrides it.
+  std::string monitor_serve;
 };
 
 [[nodiscard]] Result<TrainConfig> load_train_config(const std::string& path);

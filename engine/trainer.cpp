@@ -21,6 +21,7 @@
 #include "common/size.h"
 #include "engine/data.h"
 #include "engine/model_layout.h"
+#include "engine/monitor/monitor.h"
 #include "engine/safetensors.h"
 #include "engine/step_model.h"
 #include "engine/train_plan.h"
@@ -240,7 +241,18 @@ struct StepFigures {
   double compute_seconds = 0.0;
   double stall_seconds = 0.0;
   uint64_t bytes[sch::kTierPairCount] = {};
+  uint64_t tier_bytes[monitor::kTierCount] = {};  // device, host, nvme in use at the step's end
+  bool committed = false;
 };
+
+// A step's figures as the live metrics take them (scheduler::TierPair order is the monitor's).
+monitor::StepSample monitor_sample(const StepFigures& f) {
+  static_assert(sch::kTierPairCount == monitor::kPairCount);
+  monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed};
+  std::copy(std::begin(f.bytes), std::end(f.bytes), sample.transfer_bytes);
+  std::copy(std::begin(f.tier_bytes), std::end(f.tier_bytes), sample.tier_bytes);
+  return sample;
+}
 
 class Run {
  public:
@@ -289,6 +301,10 @@ class Run {
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
   uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
+  // The store's size, sampled before the scheduler takes it and at each commit (on the I/O
+  // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
+  uint64_t nvme_used_bytes_ = 0;
+  uint64_t nvme_capacity_bytes_ = 0;
 };
 
 Status Run::open_store(uint64_t& start_step) {
@@ -555,7 +571,9 @@ Status Run::checkpoint(uint64_t step) {
       STRATA_RETURN_IF_ERROR(
           write_tensor(*store_, tensor.name, record->dtype, record->shape, host_data, tensor.size_bytes));
     }
-    return store_->commit(step, run_metadata(config_, step));
+    STRATA_RETURN_IF_ERROR(store_->commit(step, run_metadata(config_, step)));
+    nvme_used_bytes_ = store_->stats().used_bytes;
+    return Status();
   });
   for (const auto& entry : host_tensors) scheduler_->end_host_access(entry.first);
   return status;
@@ -594,8 +612,14 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
                      {"nvme_read_bytes", f.bytes[static_cast<size_t>(sch::TierPair::nvme_to_host)]},
                      {"nvme_write_bytes", f.bytes[static_cast<size_t>(sch::TierPair::host_to_nvme)]},
                      {"host_to_device_bytes", f.bytes[static_cast<size_t>(sch::TierPair::host_to_device)]},
-                     {"device_to_host_bytes", f.bytes[static_cast<size_t>(sch::TierPair::device_to_host)]}});
+                     {"device_to_host_bytes", f.bytes[static_cast<size_t>(sch::TierPair::device_to_host)]},
+                     {"device_bytes", f.tier_bytes[0]},
+                     {"host_bytes", f.tier_bytes[1]},
+                     {"nvme_bytes", f.tier_bytes[2]}});
   }
+  json["budgets"] = {{"device", config_.device_memory_bytes},
+                     {"host", config_.host_memory_bytes},
+                     {"nvme", nvme_capacity_bytes_}};
   json["steps"] = std::move(steps);
   json["summary"] = summary_json(summary);
   std::ofstream out(options_.metrics_path);
@@ -671,6 +695,9 @@ Result<TrainSummary> Run::execute() {
     }
     return summary;
   }
+  const memory::StoreStats store_stats = store_->stats();
+  nvme_used_bytes_ = store_stats.used_bytes;
+  nvme_capacity_bytes_ = store_stats.capacity_bytes;
   STRATA_RETURN_IF_ERROR(create_scheduler());
   tokens_.resize(static_cast<size_t>(shape_.rows()));
   targets_.resize(static_cast<size_t>(shape_.rows()));
@@ -683,6 +710,12 @@ Result<TrainSummary> Run::execute() {
   TrainSummary summary;
   summary.first_step = start_step;
   const uint64_t tokens_per_step = uint64_t{config_.batch_size} * config_.model.seq_len;
+  if (options_.monitor != nullptr) {
+    monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
+                          prediction ? prediction->step_s : 0.0,
+                          {config_.device_memory_bytes, config_.host_memory_bytes, nvme_capacity_bytes_}};
+    options_.monitor->begin(info);
+  }
   const auto run_start = Clock::now();
   sch::SchedulerStats previous = scheduler_->stats();
   for (uint64_t step = start_step; step < total_steps; ++step) {
@@ -700,6 +733,11 @@ Result<TrainSummary> Run::execute() {
     for (size_t pair = 0; pair < sch::kTierPairCount; ++pair)
       f.bytes[pair] = now.transfers[pair].bytes - previous.transfers[pair].bytes;
     previous = now;
+    f.tier_bytes[0] = device_->memory_stats().used_bytes;
+    f.tier_bytes[1] = host_arena_->stats().allocator.used_bytes;
+    f.tier_bytes[2] = nvme_used_bytes_;
+    f.committed = commit;
+    if (options_.monitor != nullptr) options_.monitor->record_step(monitor_sample(f));
     if (figures.empty()) summary.first_loss = f.loss;
     figures.push_back(f);
     if (options_.progress) {

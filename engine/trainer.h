@@ -34,6 +34,10 @@
 
 namespace strata {
 
+namespace monitor {
+class RunMetrics;
+}
+
 struct TrainOptions {
   int64_t steps = -1;          // < 0: the config's `steps` (a total, counting resumed ones)
   bool resume = false;         // continue from the store's last commit
@@ -42,6 +46,9 @@ struct TrainOptions {
   std::string export_path;     // safetensors of the final fp32 weights
   bool json = false;           // print the summary as one JSON object on stdout
   bool progress = true;        // one progress line per step on stderr
+  // Live metrics (engine/monitor/): when set, the run publishes its facts before the first
+  // step and one sample at the end of each step. Must outlive the call to train().
+  monitor::RunMetrics* monitor = nullptr;
 };
 
 struct TrainSummary {

@@ -7,8 +7,9 @@ packages=(
   build-essential pkg-config meson ninja-build
   liburing-dev libaio-dev libtbb-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libyaml-cpp-dev libcli11-dev libxxhash-dev
-  nlohmann-json3-dev libopenblas-dev
+  nlohmann-json3-dev libopenblas-dev libcpp-httplib-dev
   fio python3 python3-torch python3-numpy
+  prometheus chromium chromium-driver python3-selenium
 )
 
 missing=()

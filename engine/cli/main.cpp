@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   // commands (one line each, in the order `strata --help` lists them)
   strata::cli::add_train_command(app, state);
   strata::cli::add_plan_command(app, state);
+  strata::cli::add_report_command(app, state);
   strata::cli::add_tune_command(app, state);
   strata::cli::add_io_bench_command(app, state);
   strata::cli::add_store_command(app, state);

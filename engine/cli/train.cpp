@@ -2,10 +2,13 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "common/size.h"
 #include "engine/cli/commands.h"
+#include "engine/monitor/monitor.h"
+#include "engine/monitor/server.h"
 #include "engine/train_config.h"
 #include "engine/trainer.h"
 
@@ -27,6 +30,7 @@ void print_sample(const TrainConfig& config, CliState& state) {
 void add_train_command(CLI::App& app, CliState& state) {
   struct Options {
     std::string config_path;
+    std::string serve;  // overrides the config's monitor.serve
     TrainOptions train;
   };
   auto options = std::make_shared<Options>();
@@ -43,10 +47,27 @@ void add_train_command(CLI::App& app, CliState& state) {
   train->add_option("--metrics", options->train.metrics_path, "write per-step figures and the summary as JSON");
   train->add_option("--export", options->train.export_path, "write the final fp32 weights as safetensors");
   train->add_flag("--json", options->train.json, "print the summary as one JSON object on stdout");
+  train->add_option("--serve", options->serve,
+                    "serve Prometheus /metrics and a live dashboard at HOST:PORT (:PORT or PORT: 127.0.0.1; port 0 "
+                    "picks a free one); overrides the config's monitor.serve");
   train->callback([options, &state] {
     Result<TrainConfig> config = load_train_config(options->config_path);
     if (failed(config, state)) return;
+    // The server binds before any training work, so a port in use stops the run at once.
+    const std::string serve = options->serve.empty() ? config->monitor_serve : options->serve;
+    monitor::RunMetrics metrics;
+    std::unique_ptr<monitor::MonitorServer> server;
+    if (!serve.empty()) {
+      Result<monitor::ListenAddress> address = monitor::parse_listen_address(serve, "--serve");
+      if (failed(address, state)) return;
+      Result<std::unique_ptr<monitor::MonitorServer>> started = monitor::MonitorServer::start(*address, metrics);
+      if (failed(started, state)) return;
+      server = std::move(*started);
+      spdlog::info("serving metrics at {}metrics and the dashboard at {}", server->url(), server->url());
+      options->train.monitor = &metrics;
+    }
     Result<TrainSummary> summary = strata::train(*config, options->train);
+    metrics.finish(summary.status());
     if (failed(summary, state)) return;
     const TrainSummary& s = *summary;
     if (options->train.json) {
