@@ -379,6 +379,11 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
        format_size(host_homed));
   append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions: {})", format_size(nvme_homed),
        format_size(2 * nvme_homed));
+  if (config.device_kind == "cpu")
+    append_line(out, "  (CPU device: device memory is host memory — device.memory beyond the scratch and host.memory are "
+                     "one pool of {}, computed on in place, no host↔device copies)",
+                format_size(config.host_memory_bytes + config.device_memory_bytes -
+                            std::min(config.device_memory_bytes, scratch.total())));
   append_line(out, "");
   append_line(out, "bytes moved per step (a replay of the plan against the budgets):");
   append_line(out, "  nvme → host    {:>10}", format_size(p.traffic.nvme_read_bytes));

@@ -632,6 +632,8 @@ Result<TrainSummary> Run::execute() {
     device_.reset();
     STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, scratch_bytes));
     pool_bytes_ += config_.device_memory_bytes - std::min(config_.device_memory_bytes, scratch_bytes);
+    spdlog::info("cpu device: computing in place; device.memory beyond {} of scratch and host.memory are one pool of {}",
+                 format_size(scratch_bytes), format_size(pool_bytes_));
   }
   memory::HostArenaOptions arena_options;
   arena_options.capacity_bytes = pool_bytes_;
