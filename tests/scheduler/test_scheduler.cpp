@@ -4,7 +4,10 @@
 // follow Belady's rule on hand-built plans (and are not LRU); a step too big for a budget is
 // refused up front; an NVMe read error during prefetch is returned by the acquire that needs
 // the tensor, naming it, its file and offset. The NVMe cases run on a real store (O_DIRECT
-// files through the I/O engine); decision-only cases use an in-process backing.
+// files through the I/O engine); decision-only cases use an in-process backing. Also: the
+// random plans again computing in place (no device copies, no block changed under its NVMe
+// write); a failed create gives back its host blocks; many copies in flight do not deadlock
+// against the stream's completions (a watchdog turns a deadlock into a failure).
 #include <gtest/gtest.h>
 
 #include <algorithm>
