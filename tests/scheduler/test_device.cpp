@@ -5,11 +5,10 @@
 // the arena never hands out more than its budget.
 #include <gtest/gtest.h>
 
-#include <stdexcept>
-
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
