@@ -122,11 +122,32 @@ StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& 
   for (const sch::PlanTensor& tensor : plan.tensors())
     if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
   const uint64_t host_capacity = config.host_memory_bytes > host_homed_bytes ? config.host_memory_bytes - host_homed_bytes : 0;
+  StepTraffic traffic;
+  const uint64_t n = plan.step_count();
+  if (config.device_kind == "cpu") {
+    // The CPU device computes in place (scheduler: compute_in_place): one pool of host blocks,
+    // host.memory plus what device.memory leaves beside the scratch; NVMe reads and writes
+    // only, no host↔device copies. A written block goes to NVMe from where it lies.
+    TierReplay pool(plan, host_capacity + device_capacity, 4096);
+    for (uint64_t now = 0; now < 2 * n; ++now) {
+      const bool counted = now >= n;
+      const sch::PlanStep& step = plan.steps()[now % n];
+      const std::vector<sch::TensorId> tensors = plan.step_tensors(now % n);
+      for (sch::TensorId id : tensors) {
+        const sch::PlanTensor& tensor = plan.tensors()[id];
+        if (tensor.home != sch::Home::nvme || pool.holds(id)) continue;
+        const bool reads = std::find(step.reads.begin(), step.reads.end(), id) != step.reads.end();
+        if (reads && counted) traffic.nvme_read_bytes += tensor.size_bytes;
+        pool.insert(id, now, tensors);
+      }
+      for (sch::TensorId id : step.writes)
+        if (plan.tensors()[id].home == sch::Home::nvme && counted) traffic.nvme_write_bytes += plan.tensors()[id].size_bytes;
+    }
+    return traffic;
+  }
   TierReplay device_tier(plan, device_capacity, device::kDeviceAlignmentBytes);
   TierReplay host_tier(plan, host_capacity, 4096);  // staged copies of NVMe-homed tensors
 
-  StepTraffic traffic;
-  const uint64_t n = plan.step_count();
   for (uint64_t now = 0; now < 2 * n; ++now) {
     const bool counted = now >= n;  // the first pass warms the tiers
     const sch::PlanStep& step = plan.steps()[now % n];
@@ -424,6 +445,11 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
        format_size(host_homed));
   append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions: {})", format_size(nvme_homed),
        format_size(2 * nvme_homed));
+  if (config.device_kind == "cpu")
+    append_line(out, "  (CPU device: device memory is host memory — device.memory beyond the scratch and host.memory are "
+                     "one pool of {}, computed on in place, no host↔device copies)",
+                format_size(config.host_memory_bytes + config.device_memory_bytes -
+                            std::min(config.device_memory_bytes, scratch.total())));
   append_line(out, "");
   append_line(out, "bytes moved per step (a replay of the plan against the budgets):");
   append_line(out, "  nvme → host    {:>10}", format_size(p.traffic.nvme_read_bytes));

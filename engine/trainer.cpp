@@ -150,6 +150,15 @@ Status discard_uncommitted_store(const TrainConfig& config) {
 
 // --- fresh state ----------------------------------------------------------------------------
 
+// The CPU device region that holds the scratch buffers: each rounded to the device alignment.
+uint64_t cpu_scratch_region_bytes(const DeviceScratchSizes& scratch) {
+  uint64_t total = 0;
+  for (uint64_t bytes : {scratch.workspace_bytes, scratch.weights_fp32_bytes, scratch.block_grads_bytes,
+                         scratch.embed_grads_bytes, scratch.ln_f_grads_bytes})
+    total += align_up(bytes, device::kDeviceAlignmentBytes);
+  return total;
+}
+
 // One store transfer, waited for.
 Status write_tensor(memory::Store& store, const std::string& name, DType dtype, std::span<const int64_t> shape,
                     const void* data, uint64_t size_bytes) {
@@ -289,6 +298,7 @@ class Run {
   std::unique_ptr<TokenData> data_;
   std::unique_ptr<memory::Store> store_;
   std::unique_ptr<memory::HostArena> host_arena_;
+  uint64_t pool_bytes_ = 0;  // the scheduler's host budget: host.memory, plus device.memory on the CPU device
   std::unique_ptr<device::Device> device_;
   // Every op of a step goes through the backend of device_'s kind (kernels/backend.h).
   std::unique_ptr<kernels::ComputeBackend> backend_;
@@ -389,7 +399,9 @@ Status Run::open_store(uint64_t& start_step) {
 Status Run::create_scheduler() {
   STRATA_ASSIGN_OR_RETURN(backing_, sch::make_store_backing(*store_, run_.plan));
   sch::SchedulerOptions options;
-  options.host_budget_bytes = config_.host_memory_bytes;
+  options.host_budget_bytes = pool_bytes_;
+  // The CPU device computes on the host blocks where they lie (docs/scheduler.md).
+  options.compute_in_place = device_->kind() == device::Kind::cpu;
   options.trace_capacity_events = options_.trace_path.empty() ? 0 : 1 << 20;
   STRATA_ASSIGN_OR_RETURN(scheduler_, sch::Scheduler::create(run_.plan, *device_, *host_arena_, backing_.get(),
                                                              std::move(options)));
@@ -653,10 +665,6 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(check_init_file(config_, layout_));
   const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : config_.steps;
 
-  memory::HostArenaOptions arena_options;
-  arena_options.capacity_bytes = config_.host_memory_bytes;
-  STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
-  host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
   STRATA_RETURN_IF_ERROR(open_device());
   // The prediction `strata plan` makes, timed on the still empty device arena.
   std::optional<StepPrediction> prediction;
@@ -670,6 +678,24 @@ Result<TrainSummary> Run::execute() {
     spdlog::debug("no step prediction: {}", rates.error().to_string());
   }
   const DeviceScratchSizes scratch = device_scratch(config_, layout_);
+  // On the CPU device, device memory is host memory: the device region keeps only the
+  // kernels' scratch, and the rest of device.memory joins host.memory in one pool that the
+  // scheduler stages and computes in (check_budgets has made sure one step fits it).
+  pool_bytes_ = config_.host_memory_bytes;
+  if (device_->kind() == device::Kind::cpu) {
+    const uint64_t scratch_bytes = std::max<uint64_t>(cpu_scratch_region_bytes(scratch), device::kDeviceAlignmentBytes);
+    backend_.reset();  // it holds the device it was made for
+    device_.reset();
+    STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, scratch_bytes));
+    STRATA_ASSIGN_OR_RETURN(backend_, kernels::make_backend(*device_, shape_));
+    pool_bytes_ += config_.device_memory_bytes - std::min(config_.device_memory_bytes, scratch_bytes);
+    spdlog::info("cpu device: computing in place; device.memory beyond {} of scratch and host.memory are one pool of {}",
+                 format_size(scratch_bytes), format_size(pool_bytes_));
+  }
+  memory::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = pool_bytes_;
+  STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
+  host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
   STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(backend_->workspace_size_bytes(layout_.kernel_config(), shape_)));
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));

@@ -63,6 +63,16 @@ struct IoCommand {
   int64_t version = 0;
 };
 
+// A host↔device copy the pump decided on, to enqueue once it has let go of the lock.
+struct CopyCommand {
+  bool to_device;
+  TensorId tensor;
+  int64_t version;  // the version the destination will hold
+  void* device_data;
+  void* host_data;
+  uint64_t size_bytes;
+};
+
 struct StepTensor {
   TensorId tensor;
   bool reads;
@@ -118,6 +128,8 @@ struct Scheduler::Impl {
   uint32_t h2d_in_flight = 0, d2h_in_flight = 0;
   uint32_t io_in_flight = 0;           // queued for or running on the I/O thread
   std::deque<IoCommand> io_queue;
+  std::vector<CopyCommand> copy_queue;  // decided this pass, not yet enqueued (pump only)
+  std::vector<CopyCommand> copies_to_enqueue;  // the pump's, outside the lock
   std::optional<Error> sticky_error;   // a failed write-back or copy
   SchedulerStats stats;
   std::vector<Eviction> eviction_log;
@@ -156,10 +168,15 @@ struct Scheduler::Impl {
   }
 
   bool device_current(const Book& book, bool for_read) const {
+    // In place the host block is the compute copy; a block still being read from NVMe is not
+    // current yet (its host_version moves only when the read completes).
+    if (options.compute_in_place)
+      return book.host_allocated && (!for_read || book.host_version == book.version) && book.host_op != HostOp::reading;
     return book.device.valid() && book.device_version == book.version && book.device_op != DeviceOp::loading &&
            !(for_read && book.device_placeholder);
   }
   bool device_dirty(const Book& book) const {
+    if (options.compute_in_place) return false;  // there is no device copy
     if (!book.device.valid() || book.device_placeholder || book.device_op == DeviceOp::loading) return false;
     int64_t below = book.host_version;
     if (book.spec.home == Home::nvme) below = std::max(below, book.nvme_version);
@@ -202,6 +219,7 @@ struct Scheduler::Impl {
         if (!c.device.valid() || c.pins > 0 || c.device_op != DeviceOp::none) continue;
       } else {
         if (!c.host_allocated || c.spec.home != Home::nvme || c.host_op != HostOp::none) continue;
+        if (options.compute_in_place && c.pins > 0) continue;  // a held step computes on it
         // A copy on its way to NVMe (written back from the device, its write not yet issued)
         // stays until that write is done: dropping it because the device still holds the same
         // version only means copying it down again — at small host budgets that churned ~15×
@@ -212,9 +230,11 @@ struct Scheduler::Impl {
         // write-back needs a host block at that very use, and giving this one away first
         // would take one from a copy prefetched for a later step (which is then read twice):
         // it ranks by its next use like any other copy.
-        if (device_current(c, true) && !(c.spec.home == Home::nvme && next_use_writes(c, cursor_abs))) d += n();
+        if (!options.compute_in_place && device_current(c, true) && !(c.spec.home == Home::nvme && next_use_writes(c, cursor_abs))) d += n();
       }
-      if (d > need_distance || (need_distance == 0 && d == 0)) victims.emplace_back(d, static_cast<TensorId>(other));
+      // In place the cursor step's own blocks are never victims for it (see compact_for_cursor_step).
+      const bool own_as_last_resort = need_distance == 0 && d == 0 && !options.compute_in_place;
+      if (d > need_distance || own_as_last_resort) victims.emplace_back(d, static_cast<TensorId>(other));
     }
     std::stable_sort(victims.begin(), victims.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   }
@@ -311,19 +331,34 @@ struct Scheduler::Impl {
 
   // --- issuing work (under the lock; the work itself runs elsewhere) ---
 
+  // Copies are decided under the lock but enqueued outside it (`enqueue_copies`): a device
+  // stream's queue is bounded and its completion callbacks take this mutex, so enqueueing
+  // under it deadlocks once the queue fills (the CPU stream's ring holds 1024 tasks; three per
+  // copy).
   void issue_h2d(TensorId id) {
     Book& book = books[id];
     book.device_op = DeviceOp::loading;
     book.host_op = HostOp::h2d_source;
     ++h2d_in_flight;
-    const int64_t version = book.host_version;
-    Status status = device.launch(h2d, [this] {
+    copy_queue.push_back(CopyCommand{true, id, book.host_version, book.device.data(), book.host.data,
+                                     book.spec.size_bytes});
+  }
+
+  // Enqueues the copies decided in this pass; called by the pump with the lock released.
+  void enqueue_copy(const CopyCommand& copy) {
+    device::Stream& stream = copy.to_device ? h2d : d2h;
+    uint64_t& start_ns = copy.to_device ? h2d_start_ns : d2h_start_ns;
+    Status status = device.launch(stream, [this, &start_ns] {
       std::lock_guard lock(mutex);
-      h2d_start_ns = Timeline::now_ns();
+      start_ns = Timeline::now_ns();
     });
-    if (status.ok()) status = device.copy_to_device(h2d, book.device.data(), book.host.data, book.spec.size_bytes);
     if (status.ok())
-      status = device.launch(h2d, [this, id, version] {
+      status = copy.to_device ? device.copy_to_device(stream, copy.device_data, copy.host_data, copy.size_bytes)
+                              : device.copy_to_host(stream, copy.host_data, copy.device_data, copy.size_bytes);
+    const TensorId id = copy.tensor;
+    const int64_t version = copy.version;
+    if (status.ok() && copy.to_device)
+      status = device.launch(stream, [this, id, version] {
         const uint64_t end_ns = Timeline::now_ns();
         std::lock_guard lock(mutex);
         Book& done = books[id];
@@ -334,7 +369,21 @@ struct Scheduler::Impl {
         --h2d_in_flight;
         copy_finished(TierPair::host_to_device, TraceTrack::h2d, done, h2d_start_ns, end_ns);
       });
-    if (!status.ok()) fail_sticky(status.error());
+    else if (status.ok())
+      status = device.launch(stream, [this, id, version] {
+        const uint64_t end_ns = Timeline::now_ns();
+        std::lock_guard lock(mutex);
+        Book& done = books[id];
+        done.device_op = DeviceOp::none;
+        done.host_op = HostOp::none;
+        done.host_version = version;
+        --d2h_in_flight;
+        copy_finished(TierPair::device_to_host, TraceTrack::d2h, done, d2h_start_ns, end_ns);
+      });
+    if (!status.ok()) {
+      std::lock_guard lock(mutex);
+      fail_sticky(status.error());
+    }
   }
 
   // The books of a finished host↔device copy (under the lock): counts, trace, wake-ups.
@@ -354,24 +403,8 @@ struct Scheduler::Impl {
     book.device_op = DeviceOp::saving;
     book.host_op = HostOp::d2h_target;
     ++d2h_in_flight;
-    const int64_t version = book.device_version;
-    Status status = device.launch(d2h, [this] {
-      std::lock_guard lock(mutex);
-      d2h_start_ns = Timeline::now_ns();
-    });
-    if (status.ok()) status = device.copy_to_host(d2h, book.host.data, book.device.data(), book.spec.size_bytes);
-    if (status.ok())
-      status = device.launch(d2h, [this, id, version] {
-        const uint64_t end_ns = Timeline::now_ns();
-        std::lock_guard lock(mutex);
-        Book& done = books[id];
-        done.device_op = DeviceOp::none;
-        done.host_op = HostOp::none;
-        done.host_version = version;
-        --d2h_in_flight;
-        copy_finished(TierPair::device_to_host, TraceTrack::d2h, done, d2h_start_ns, end_ns);
-      });
-    if (!status.ok()) fail_sticky(status.error());
+    copy_queue.push_back(CopyCommand{false, id, book.device_version, book.device.data(), book.host.data,
+                                     book.spec.size_bytes});
   }
 
   void issue_io(TensorId id, bool is_write) {
@@ -393,8 +426,10 @@ struct Scheduler::Impl {
       Book& book = books[i];
       // While flushing, write-backs are the only need, so they may take any idle host block.
       if (device_dirty(book)) start_write_back(id, flushing ? 0 : distance(book, cursor_abs));
+      // In place, a block a held step may still be writing waits for the release.
       if (book.spec.home == Home::nvme && book.host_allocated && book.host_op == HostOp::none &&
-          book.host_version > book.nvme_version && io_in_flight < options.io_queue_tensors)
+          book.host_version > book.nvme_version && io_in_flight < options.io_queue_tensors &&
+          !(options.compute_in_place && book.write_pins > 0))
         issue_io(id, /*is_write=*/true);
     }
   }
@@ -455,6 +490,61 @@ struct Scheduler::Impl {
     }
   }
 
+  // In place there is one tier to fill: NVMe → host reads, walked in plan order as far as the
+  // host budget (less the host-homed tensors) reaches. The host block is what the step uses.
+  void prefetch_in_place() {
+    const uint64_t host_room = options.host_budget_bytes - host_home_bytes;
+    const uint64_t host_limit =
+        options.host_lookahead_bytes ? std::min(options.host_lookahead_bytes, host_room) : host_room;
+    uint64_t horizon_bytes = 0;
+    ++epoch;
+    for (uint64_t k = cursor_abs; k < cursor_abs + n(); ++k) {
+      const uint64_t d = k - cursor_abs;
+      for (const StepTensor& entry : step_tensors[k % n()]) {
+        if (seen_epoch[entry.tensor] == epoch) continue;
+        seen_epoch[entry.tensor] = epoch;
+        Book& book = books[entry.tensor];
+        if (book.spec.home != Home::nvme) continue;  // always resident
+        horizon_bytes += book.aligned_bytes;
+        if (horizon_bytes > host_limit && d > 0) return;
+        if (book.read_error || book.host_op != HostOp::none) continue;  // reported by acquire / in flight
+        if (!entry.reads) {
+          // Fully overwritten by its step: a block, no read. Its version stays "none" until
+          // the step is acquired, so nothing writes it back or reads from it before then.
+          if (book.host_allocated) continue;
+          if (!allocate_host(entry.tensor, d)) return compact_for_cursor_step(d);
+          book.host_version = kNoVersion;
+          continue;
+        }
+        if (book.host_allocated && book.host_version == book.version) continue;
+        if (io_in_flight >= options.io_queue_tensors) return;
+        if (!book.host_allocated && !allocate_host(entry.tensor, d)) return compact_for_cursor_step(d);
+        issue_io(entry.tensor, /*is_write=*/false);
+      }
+    }
+  }
+
+  // In place the cursor step needs all its blocks at once. When the arena (which does not move
+  // live blocks) is too fragmented to place one although the budget has room, and nothing in
+  // flight or pinned will free space by itself, every idle clean NVMe-homed block goes and the
+  // pass runs again: what is left are the host-homed blocks taken at create, so the step's
+  // blocks, allocated largest first, fit. Evicting the step's own blocks one at a time
+  // instead only moved the hole around (each pass took the block the previous one placed).
+  void compact_for_cursor_step(uint64_t need_distance) {
+    if (need_distance != 0 || io_in_flight > 0) return;
+    for (const Book& book : books)
+      if (book.pins > 0) return;
+    bool evicted = false;
+    for (size_t i = 0; i < books.size(); ++i) {
+      const Book& book = books[i];
+      if (book.spec.home == Home::nvme && book.host_allocated && book.host_op == HostOp::none && host_droppable(book)) {
+        evict(Tier::host, static_cast<TensorId>(i));
+        evicted = true;
+      }
+    }
+    if (evicted) work_pending = true;
+  }
+
   void pump_loop() {
     std::unique_lock lock(mutex);
     for (;;) {
@@ -462,7 +552,22 @@ struct Scheduler::Impl {
       if (stopping) return;
       work_pending = false;
       write_back();
-      prefetch();
+      if (options.compute_in_place) {
+        prefetch_in_place();
+        // A step whose last missing tensor was a write-only one is ready now, with no
+        // completion to say so.
+        ready_cv.notify_all();
+      } else {
+        prefetch();
+      }
+      if (copy_queue.empty()) continue;
+      // The books already say these copies are in flight, so nothing decided meanwhile
+      // touches their buffers; enqueue them with the lock released (see issue_h2d).
+      copies_to_enqueue.swap(copy_queue);
+      lock.unlock();
+      for (const CopyCommand& copy : copies_to_enqueue) enqueue_copy(copy);
+      copies_to_enqueue.clear();
+      lock.lock();
     }
   }
 
@@ -580,6 +685,8 @@ struct Scheduler::Impl {
       const Book& book = books[entry.tensor];
       if (!device_current(book, entry.reads)) return false;
       if (entry.writes && book.device_op != DeviceOp::none) return false;  // a d2h still reads it
+      // In place: a block on its way to NVMe is not written under the write (crash safety).
+      if (entry.writes && options.compute_in_place && book.host_op != HostOp::none) return false;
     }
     return true;
   }
@@ -631,16 +738,26 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   // Refuse up front a step that cannot fit a budget on its own.
   for (size_t step = 0; step < plan.step_count(); ++step) {
     const uint64_t device_bytes = plan.step_bytes(step, device_alignment);
-    if (device_bytes > device.budget_bytes())
+    if (!options.compute_in_place && device_bytes > device.budget_bytes())
       return make_error(ErrorKind::no_space,
                         fmt::format("plan step '{}' needs {} ({} bytes) on the device at once, but the device "
                                     "budget is {} ({} bytes)",
                                     plan.steps()[step].name, format_size(device_bytes), device_bytes,
                                     format_size(device.budget_bytes()), device.budget_bytes()));
-    uint64_t largest_nvme_bytes = 0;
+    uint64_t largest_nvme_bytes = 0, step_nvme_bytes = 0;
     for (TensorId id : plan.step_tensors(step))
-      if (plan.tensors()[id].home == Home::nvme)
-        largest_nvme_bytes = std::max(largest_nvme_bytes, align_up(plan.tensors()[id].size_bytes, host_alignment));
+      if (plan.tensors()[id].home == Home::nvme) {
+        const uint64_t bytes = align_up(plan.tensors()[id].size_bytes, std::max(device_alignment, host_alignment));
+        largest_nvme_bytes = std::max(largest_nvme_bytes, bytes);
+        step_nvme_bytes += bytes;
+      }
+    // In place every NVMe-homed tensor of the step is in host memory at once.
+    if (options.compute_in_place && host_home_bytes + step_nvme_bytes > options.host_budget_bytes)
+      return make_error(ErrorKind::no_space,
+                        fmt::format("plan step '{}' computes in place on {} of NVMe-homed tensors beside {} of "
+                                    "host-homed tensors, but the host budget (the one pool of a CPU device) is {}",
+                                    plan.steps()[step].name, format_size(step_nvme_bytes),
+                                    format_size(host_home_bytes), format_size(options.host_budget_bytes)));
     // Every NVMe-homed tensor passes through a host block on its way up or down.
     if (host_home_bytes + largest_nvme_bytes > options.host_budget_bytes)
       return make_error(ErrorKind::no_space,
@@ -666,7 +783,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
           largest_written_bytes = std::max(largest_written_bytes, align_up(s.plan.tensors()[id].size_bytes,
                                                                            std::max(device_alignment, host_alignment)));
     const uint64_t staging_bytes = s.options.host_budget_bytes - host_home_bytes;
-    if (2 * largest_written_bytes <= staging_bytes / 4) s.write_back_reserve_bytes = 2 * largest_written_bytes;
+    // In place a write-back needs no block of its own: the step's block goes to NVMe as it is.
+    if (!s.options.compute_in_place && 2 * largest_written_bytes <= staging_bytes / 4) s.write_back_reserve_bytes = 2 * largest_written_bytes;
   }
   s.books.resize(s.plan.tensors().size());
   s.seen_epoch.assign(s.books.size(), 0);
@@ -687,6 +805,17 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
                        return s.plan.tensors()[a.tensor].size_bytes > s.plan.tensors()[b.tensor].size_bytes;
                      });
   }
+  // Until the scheduler is handed out, a failure part-way gives back every host block taken
+  // (the arena outlives us: a leaked block would shrink it for good) and the registration.
+  bool registered_host = false;
+  auto undo = [&] {
+    for (Book& taken : s.books)
+      if (taken.host_allocated) {
+        host_arena.free(taken.host);
+        taken.host_allocated = false;
+      }
+    if (registered_host) device.unregister_host_memory(host_arena.base());
+  };
   for (size_t id = 0; id < s.books.size(); ++id) {
     Book& book = s.books[id];
     book.spec = s.plan.tensors()[id];
@@ -696,8 +825,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
     } else {
       Result<memory::HostBlock> block = host_arena.allocate(book.aligned_bytes);
       if (!block.ok()) {
-        for (Book& taken : s.books)
-          if (taken.host_allocated) host_arena.free(taken.host);
+        undo();
         return block.error();
       }
       book.host = *block;
@@ -720,9 +848,21 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   }
   // CUDA copies overlap only from pinned memory; the arena is pinned already when it came
   // from cudaHostAlloc, and registering it again is a no-op there.
-  STRATA_RETURN_IF_ERROR(device.register_host_memory(host_arena.base(), host_arena.capacity_bytes()));
-  STRATA_ASSIGN_OR_RETURN(s.h2d, device.create_stream("h2d"));
-  STRATA_ASSIGN_OR_RETURN(s.d2h, device.create_stream("d2h"));
+  if (Status pinned = device.register_host_memory(host_arena.base(), host_arena.capacity_bytes()); !pinned.ok()) {
+    undo();
+    return pinned.error();
+  }
+  registered_host = true;
+  for (auto [stream, name] : {std::pair{&s.h2d, "h2d"}, std::pair{&s.d2h, "d2h"}}) {
+    Result<device::Stream> created = device.create_stream(name);
+    if (!created.ok()) {
+      undo();
+      return created.error();
+    }
+    *stream = std::move(created).value();
+  }
+  s.copy_queue.reserve(2 * static_cast<size_t>(s.options.copies_in_flight));
+  s.copies_to_enqueue.reserve(s.copy_queue.capacity());
   s.pump_thread = std::thread([&s] { s.pump_loop(); });
   s.io_thread = std::thread([&s] { s.io_loop(); });
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(impl)));
@@ -763,18 +903,22 @@ Result<StepBuffers> Scheduler::acquire(size_t step) {
   // deferred release (release_after) is still to come and will unpin some of them.
   auto over_pinned = [&]() -> std::optional<Error> {
     if (s.deferred_releases > 0) return std::nullopt;
-    uint64_t pinned_bytes = 0;
+    // In place, pinned NVMe-homed blocks share the host budget with the host-homed tensors.
+    const bool in_place = s.options.compute_in_place;
+    uint64_t pinned_bytes = in_place ? s.host_home_bytes : 0;
     for (size_t id = 0; id < s.books.size(); ++id) {
+      if (in_place && s.books[id].spec.home != Home::nvme) continue;
       const bool in_step = std::any_of(s.step_tensors[step].begin(), s.step_tensors[step].end(),
                                        [&](const StepTensor& e) { return e.tensor == id; });
       if (in_step || s.books[id].pins > 0) pinned_bytes += s.books[id].aligned_bytes;
     }
-    if (pinned_bytes <= s.device.budget_bytes()) return std::nullopt;
+    const uint64_t budget_bytes = in_place ? s.options.host_budget_bytes : s.device.budget_bytes();
+    if (pinned_bytes <= budget_bytes) return std::nullopt;
     return make_error(ErrorKind::no_space,
                       fmt::format("step '{}' cannot be acquired while {} step(s) are held: together they need {} "
-                                  "on the device, whose budget is {}",
+                                  "{}, whose budget is {}",
                                   s.plan.steps()[step].name, s.held_steps.size(), format_size(pinned_bytes),
-                                  format_size(s.device.budget_bytes())));
+                                  in_place ? "in host memory" : "on the device", format_size(budget_bytes)));
   };
   if (std::optional<Error> error = over_pinned()) return *error;
   const uint64_t start_ns = Timeline::now_ns();
@@ -804,10 +948,14 @@ Result<StepBuffers> Scheduler::acquire(size_t step) {
     if (entry.writes) {
       ++book.write_pins;
       ++book.version;  // the copies below are now stale; the device copy is the newest
-      book.device_version = book.version;
-      book.device_placeholder = false;
+      if (s.options.compute_in_place) {
+        book.host_version = book.version;  // the host block is the compute copy
+      } else {
+        book.device_version = book.version;
+        book.device_placeholder = false;
+      }
     }
-    buffers.buffers_.emplace_back(entry.tensor, book.device.data());
+    buffers.buffers_.emplace_back(entry.tensor, s.options.compute_in_place ? book.host.data : book.device.data());
   }
   ++s.stats.steps_acquired;
   ++s.cursor_abs;

@@ -200,12 +200,20 @@ struct SchedulerOptions {
   uint32_t copies_in_flight = 8;               // per copy stream
   size_t trace_capacity_events = 0;            // 0: no timeline
   bool record_evictions = false;               // keep an Eviction log (tests)
+  // Compute in place (the CPU device, whose memory is host memory): a step's tensors are
+  // handed out as their pinned host blocks, used where they lie — no device copy and no copy
+  // stream traffic. The device arena is then left to the caller's scratch, and the host
+  // budget is the one pool that staging and compute share. Crash safety: a block being
+  // written to NVMe is never handed to a step that writes it until that write is done (the
+  // acquire waits; a step that only reads it may proceed).
+  bool compute_in_place = false;
   // Called under the scheduler's lock after every allocation in a tier with the bytes in use
   // and the budget: tests assert the budget at every allocation.
   std::function<void(Tier, uint64_t used_bytes, uint64_t budget_bytes)> on_allocate;
 };
 
-// Device addresses of one acquired step's tensors, valid until its release.
+// Device addresses of one acquired step's tensors, valid until its release (host addresses
+// when the scheduler computes in place).
 class StepBuffers {
  public:
   size_t step() const { return step_; }

@@ -1,6 +1,6 @@
 // `strata bench overlap` — proves the scheduler overlaps NVMe reads with compute. A synthetic
 // model of N layers lives in an NVMe store (written once); each step acquires one layer through
-// the scheduler (NVMe → pinned host → CPU device) and runs a real single-thread kernel over it,
+// the scheduler (NVMe → pinned host, computed in place on the CPU device) and runs a real single-thread kernel over it,
 // calibrated to the asked time per layer. Three ways, alternated, in one run: compute only
 // (data resident), I/O only (no compute) and both; medians of the repeats. overlap_efficiency =
 // max(compute, io) / both. The kernel's first pass checksums the layer, and every checksum is
@@ -89,6 +89,9 @@ Status run_overlap(const OverlapOptions& o) {
   layer_bytes = align_down(layer_bytes, 4096);
   if (o.layers == 0 || layer_bytes == 0 || o.repeats == 0)
     return make_error(ErrorKind::invalid_argument, "--layers, --layer-size and --repeats must be positive");
+  // The CPU device computes in place: its budget beyond the compute-only run's resident layer
+  // joins the host budget in one pool that the scheduler stages and computes in.
+  const uint64_t pool_bytes = host_budget + device_budget - std::min(device_budget, layer_bytes);
 
   // --- the model on NVMe, written once ---
   memory::StoreOptions store_options;
@@ -99,7 +102,7 @@ Status run_overlap(const OverlapOptions& o) {
   std::filesystem::remove_all(o.dir);
   std::vector<uint64_t> expected_checksums(o.layers);
   memory::HostArenaOptions arena_options;
-  arena_options.capacity_bytes = std::max(host_budget, layer_bytes) + (1 << 20);
+  arena_options.capacity_bytes = std::max(pool_bytes, layer_bytes) + (1 << 20);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   {
     STRATA_ASSIGN_OR_RETURN(memory::Store store,
@@ -123,7 +126,7 @@ Status run_overlap(const OverlapOptions& o) {
     scheduler::TensorId id = plan.add_tensor(fmt::format("layer{}.w", layer), layer_bytes);
     plan.add_step(fmt::format("forward.{}", layer), {id});
   }
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(device::Kind::cpu, device_budget));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(device::Kind::cpu, layer_bytes));
 
   // One measured iteration through a fresh scheduler (after one warm-up iteration, so the
   // pipeline is in its steady state across the iteration boundary).
@@ -131,7 +134,8 @@ Status run_overlap(const OverlapOptions& o) {
     STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(o.dir, store_options));
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<scheduler::NvmeBacking> backing, scheduler::make_store_backing(store, plan));
     scheduler::SchedulerOptions options;
-    options.host_budget_bytes = host_budget;
+    options.host_budget_bytes = pool_bytes;
+    options.compute_in_place = true;
     options.io_queue_tensors = 2;
     options.trace_capacity_events = trace ? 4096 : 0;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<scheduler::Scheduler> s,

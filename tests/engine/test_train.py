@@ -249,8 +249,10 @@ def case_budgets(folder):
     if summary["peak_rss_bytes"] > host + device + FIXED_OVERHEAD_BYTES:
         fail(f"peak RSS {summary['peak_rss_bytes']} exceeds budgets + fixed overhead "
              f"{host + device + FIXED_OVERHEAD_BYTES}")
-    if summary["device_high_water_bytes"] > device or summary["host_high_water_bytes"] > host:
-        fail("a tier went over its budget")
+    # On the CPU device the two budgets are one pool (the device region keeps only the kernels'
+    # scratch; the scheduler stages and computes in host blocks), so it is their sum that holds.
+    if summary["device_high_water_bytes"] + summary["host_high_water_bytes"] > host + device:
+        fail("the tiers together went over the pooled budget")
 
 
 def case_resume(folder):
@@ -321,8 +323,8 @@ def case_plan(folder):
     config too big for its budgets is refused like `strata train` refuses it, and nothing is
     written."""
     nvme = {"io": {"read": {"measured_MBps": 1000}, "write": {"measured_MBps": 500}}}
-    cfg_path, cfg = config(folder, model={"n_layer": 3, "seq_len": 32}, batch_size=4, steps=8, precision="bf16",
-                           checkpoint_every=100, device={"memory": "2MiB"}, host={"memory": "6MiB"},
+    cfg_path, cfg = config(folder, model={"n_layer": 5, "seq_len": 32}, batch_size=4, steps=8, precision="bf16",
+                           checkpoint_every=100, device={"memory": "2MiB"}, host={"memory": "2MiB"},
                            placement={"params": "nvme", "grads": "nvme", "optimizer": "nvme"})
     cfg["nvme"].update(nvme)
     with open(cfg_path, "w") as f:
@@ -338,9 +340,13 @@ def case_plan(folder):
         fail(f"I/O floor {plan['io_floor_s']} is not reads/1000 MB/s + writes/500 MB/s = {floor}")
     if not (plan["compute_s"] > 0 and plan["predicted_step_s"] >= max(plan["compute_s"], plan["io_floor_s"])):
         fail(f"the predicted step is not the longer of compute and I/O: {plan}")
-    # The device (2 MiB) holds less than the state (3 MiB): every step streams to it.
-    if plan["host_to_device_bytes"] == 0 or plan["nvme_write_bytes"] == 0:
-        fail(f"the replay moves nothing though the state is larger than the device: {plan}")
+    # The CPU device computes in place: its budgets are one pool (2 MiB device less the scratch,
+    # plus 2 MiB host), smaller than the state (5 MiB), so every step streams from NVMe — and
+    # nothing is copied between host and device.
+    if plan["nvme_read_bytes"] == 0 or plan["nvme_write_bytes"] == 0:
+        fail(f"the replay moves nothing though the state is larger than the pool: {plan}")
+    if plan["host_to_device_bytes"] != 0 or plan["device_to_host_bytes"] != 0:
+        fail(f"the replay copies between host and device on the CPU device: {plan}")
     text = strata("plan", cfg_path).stdout
     for needle in ("where the state lives", "bytes moved per step", "predicted step time", "(tuned)"):
         if needle not in text:
@@ -349,6 +355,11 @@ def case_plan(folder):
     metrics_path = os.path.join(folder, "metrics.json")
     strata("train", cfg_path, "--metrics", metrics_path)
     steady = json.load(open(metrics_path))["steps"][2:]
+    # NVMe reads are printed, not checked: the in-place scheduler re-reads what its compaction
+    # and write-back waits evict, about 2× what the Belady replay predicts (a known gap).
+    if "nvme_read_bytes" in steady[0]:
+        measured = sorted(step["nvme_read_bytes"] for step in steady)[len(steady) // 2]
+        print(f"nvme_read_bytes: predicted {plan['nvme_read_bytes']}, measured median {measured}")
     for key in ("nvme_write_bytes", "host_to_device_bytes", "device_to_host_bytes"):
         measured = sorted(step[key] for step in steady)[len(steady) // 2]
         print(f"{key}: predicted {plan[key]}, measured median {measured}")

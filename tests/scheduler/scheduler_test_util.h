@@ -21,7 +21,9 @@ using strata::testing::stamp;
 
 // The NVMe home kept in process memory: a test double for suites about decisions (eviction
 // order, budgets) where the disk would only add time. Each transfer really copies, at `wait`,
-// after an optional delay so transfers overlap the caller as disk I/O would.
+// after an optional delay so transfers overlap the caller as disk I/O would. A write also
+// snapshots its source at submit and counts, at wait, sources that changed in between (a
+// block modified under its NVMe write: a torn checkpoint on a real drive).
 class MemoryBacking final : public NvmeBacking {
  public:
   MemoryBacking(const AccessPlan& plan, std::chrono::microseconds delay) : delay_(delay) {
@@ -31,25 +33,31 @@ class MemoryBacking final : public NvmeBacking {
     }
   }
   Result<uint64_t> submit_read(TensorId tensor, const PlanTensor&, void* host_dst) override {
-    return add(Pending{tensor, host_dst, nullptr});
+    return add(Pending{tensor, host_dst, nullptr, {}});
   }
   Result<uint64_t> submit_write(TensorId tensor, const PlanTensor&, const void* host_src) override {
-    return add(Pending{tensor, nullptr, host_src});
+    Pending pending{tensor, nullptr, host_src, {}};
+    pending.snapshot.assign(static_cast<const unsigned char*>(host_src),
+                            static_cast<const unsigned char*>(host_src) + data_[tensor].size());
+    return add(std::move(pending));
   }
   Status wait(uint64_t ticket) override {
     Pending pending;
     {
       std::lock_guard lock(mutex_);
-      pending = pending_.at(ticket);
+      pending = std::move(pending_.at(ticket));
       pending_.erase(ticket);
     }
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
     std::vector<unsigned char>& home = data_[pending.tensor];
+    const bool changed = pending.read_into == nullptr &&
+                         std::memcmp(pending.snapshot.data(), pending.write_from, home.size()) != 0;
     if (pending.read_into != nullptr)
       std::memcpy(pending.read_into, home.data(), home.size());
     else
       std::memcpy(home.data(), pending.write_from, home.size());
     std::lock_guard lock(mutex_);
+    if (changed) ++unstable_writes_;
     (pending.read_into != nullptr ? reads_ : writes_) += 1;
     return Status();
   }
@@ -59,6 +67,11 @@ class MemoryBacking final : public NvmeBacking {
   uint64_t reads() const {
     std::lock_guard lock(mutex_);
     return reads_;
+  }
+  // Writes whose source changed between submit and wait.
+  uint64_t unstable_writes() const {
+    std::lock_guard lock(mutex_);
+    return unstable_writes_;
   }
   uint64_t writes() const {
     std::lock_guard lock(mutex_);
@@ -70,10 +83,11 @@ class MemoryBacking final : public NvmeBacking {
     TensorId tensor = 0;
     void* read_into = nullptr;
     const void* write_from = nullptr;
+    std::vector<unsigned char> snapshot;  // writes: the source as it was at submit
   };
   uint64_t add(Pending pending) {
     std::lock_guard lock(mutex_);
-    pending_[++next_ticket_] = pending;
+    pending_[++next_ticket_] = std::move(pending);
     return next_ticket_;
   }
   std::chrono::microseconds delay_;
@@ -81,7 +95,7 @@ class MemoryBacking final : public NvmeBacking {
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Pending> pending_;
   uint64_t next_ticket_ = 0;
-  uint64_t reads_ = 0, writes_ = 0;
+  uint64_t reads_ = 0, writes_ = 0, unstable_writes_ = 0;
 };
 
 }  // namespace strata::scheduler::testing

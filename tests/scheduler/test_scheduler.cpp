@@ -4,10 +4,18 @@
 // follow Belady's rule on hand-built plans (and are not LRU); a step too big for a budget is
 // refused up front; an NVMe read error during prefetch is returned by the acquire that needs
 // the tensor, naming it, its file and offset. The NVMe cases run on a real store (O_DIRECT
-// files through the I/O engine); decision-only cases use an in-process backing.
+// files through the I/O engine); decision-only cases use an in-process backing. Also: the
+// random plans again computing in place (no device copies, no block changed under its NVMe
+// write); a failed create gives back its host blocks; many copies in flight do not deadlock
+// against the stream's completions (a watchdog turns a deadlock into a failure).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -28,19 +36,32 @@ using testing::stamp;
 
 constexpr uint64_t kPage = 4096;
 
+// Set-up helpers return values, where gtest's ASSERT cannot be used: a failed Result ends the
+// test as a failure naming what failed (gtest reports the exception), never by dereferencing it.
+template <class T>
+T must(Result<T> result, const char* what) {
+  if (!result.ok()) {
+    ADD_FAILURE() << what << ": " << result.status().to_string();
+    throw std::runtime_error(what);
+  }
+  return std::move(result).value();
+}
+void must(const Status& status, const char* what) {
+  if (!status.ok()) {
+    ADD_FAILURE() << what << ": " << status.to_string();
+    throw std::runtime_error(what);
+  }
+}
+
 std::unique_ptr<device::Device> cpu_device(uint64_t budget_bytes) {
-  auto device = device::make_device(device::Kind::cpu, budget_bytes);
-  EXPECT_TRUE(device.ok()) << device.status().to_string();
-  return std::move(device).value();
+  return must(device::make_device(device::Kind::cpu, budget_bytes), "cpu device");
 }
 
 memory::HostArena host_arena(uint64_t capacity_bytes) {
   memory::HostArenaOptions options;
   options.capacity_bytes = capacity_bytes;
   options.try_cuda = false;
-  auto arena = memory::HostArena::create(options);
-  EXPECT_TRUE(arena.ok()) << arena.status().to_string();
-  return std::move(arena).value();
+  return must(memory::HostArena::create(options), "host arena");
 }
 
 io::EngineConfig engine_config() {
@@ -56,25 +77,23 @@ io::EngineConfig engine_config() {
 memory::Store make_store(const std::string& dir, const AccessPlan& plan, memory::StoreOptions options) {
   uint64_t total_bytes = 0;
   for (const PlanTensor& t : plan.tensors()) total_bytes += align_up(t.size_bytes, 1 << 20) * 3;
-  auto store = memory::Store::create(dir, {}, total_bytes, options);
-  EXPECT_TRUE(store.ok()) << store.status().to_string();
-  for (size_t id = 0; id < plan.tensors().size(); ++id) {
-    const PlanTensor& t = plan.tensors()[id];
-    if (t.home != Home::nvme) continue;
-    std::vector<unsigned char> bytes(t.size_bytes);
-    stamp(bytes.data(), bytes.size(), id, 0);
-    EXPECT_EQ(t.size_bytes % 2, 0u) << "store tensors here are f16";
-    const int64_t shape[] = {static_cast<int64_t>(t.size_bytes / 2)};
-    auto ticket = store->write_tensor_async(t.name, DType::f16, shape, bytes.data(), t.size_bytes);
-    EXPECT_TRUE(ticket.ok()) << ticket.status().to_string();
-    EXPECT_TRUE(store->wait(*ticket).ok());
+  {  // closed at the end of the block
+    memory::Store store = must(memory::Store::create(dir, {}, total_bytes, options), "store create");
+    for (size_t id = 0; id < plan.tensors().size(); ++id) {
+      const PlanTensor& t = plan.tensors()[id];
+      if (t.home != Home::nvme) continue;
+      std::vector<unsigned char> bytes(t.size_bytes);
+      stamp(bytes.data(), bytes.size(), id, 0);
+      EXPECT_EQ(t.size_bytes % 2, 0u) << "store tensors here are f16";
+      const int64_t shape[] = {static_cast<int64_t>(t.size_bytes / 2)};
+      memory::StoreTicket ticket =
+          must(store.write_tensor_async(t.name, DType::f16, shape, bytes.data(), t.size_bytes), "store write");
+      must(store.wait(ticket), "store write wait");
+    }
+    must(store.commit(0, {}), "store commit");
   }
-  EXPECT_TRUE(store->commit(0, {}).ok());
-  store = Result<memory::Store>(make_error(ErrorKind::internal, "closed"));  // close it
   // A fresh handle that has not submitted yet: its engine binds to the scheduler's I/O thread.
-  auto reopened = memory::Store::open(dir, std::move(options));
-  EXPECT_TRUE(reopened.ok()) << reopened.status().to_string();
-  return std::move(reopened).value();
+  return must(memory::Store::open(dir, std::move(options)), "store reopen");
 }
 
 // Runs `iterations` of `plan`: checks every tensor a step reads carries its newest stamp,
@@ -146,7 +165,7 @@ TEST(Scheduler, DeviceEvictionFollowsBelady) {
   options.host_budget_bytes = 16 * size_bytes;
   options.device_lookahead_bytes = size_bytes;
   options.record_evictions = true;
-  auto scheduler = Scheduler::create(plan, *device, arena, &backing, options).value();
+  auto scheduler = must(Scheduler::create(plan, *device, arena, &backing, options), "create");
   std::vector<uint64_t> versions(plan.tensors().size(), 0);
   const int iterations = 3;
   drive(*scheduler, plan, iterations, versions);
@@ -198,8 +217,10 @@ TEST(Scheduler, DeviceEvictionFollowsBelady) {
 }
 
 // Random plans, sizes, homes and budgets: the hook asserts both budgets at every allocation,
-// every read sees its newest stamp, and after flush every home copy holds the newest version.
-TEST(Scheduler, BudgetsHoldAndDataStaysExactUnderRandomPlans) {
+// every read sees its newest stamp, no block changes under its NVMe write, and after flush
+// every home copy holds the newest version. In place (the CPU device) the same, with no
+// host↔device copy at all.
+void run_random_plans(bool in_place) {
   for (uint32_t seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
@@ -227,7 +248,8 @@ TEST(Scheduler, BudgetsHoldAndDataStaysExactUnderRandomPlans) {
       if (t.home == Home::host) host_home_bytes += align_up(t.size_bytes, kPage);
     }
     const uint64_t device_budget = pick(max_step_bytes / kPage, total_bytes / kPage + 1) * kPage;
-    const uint64_t host_budget = host_home_bytes + pick(6, total_bytes / kPage + 2) * kPage;
+    uint64_t host_budget = host_home_bytes + pick(6, total_bytes / kPage + 2) * kPage;
+    if (in_place) host_budget = std::max(host_budget, host_home_bytes + max_step_bytes);
     auto device = cpu_device(device_budget);
     memory::HostArena arena = host_arena(host_budget + kPage);
     MemoryBacking backing(plan, std::chrono::microseconds(pick(0, 300)));
@@ -236,6 +258,7 @@ TEST(Scheduler, BudgetsHoldAndDataStaysExactUnderRandomPlans) {
     SchedulerOptions options;
     options.host_budget_bytes = host_budget;
     options.io_queue_tensors = static_cast<uint32_t>(pick(1, 4));
+    options.compute_in_place = in_place;
     options.on_allocate = [&](Tier tier, uint64_t used, uint64_t budget) {
       ++allocations;
       ASSERT_LE(used, budget) << (tier == Tier::device ? "device" : "host");
@@ -262,9 +285,21 @@ TEST(Scheduler, BudgetsHoldAndDataStaysExactUnderRandomPlans) {
     const SchedulerStats stats = scheduler.stats();
     EXPECT_LE(stats.device_high_water_bytes, device_budget);
     EXPECT_LE(stats.host_high_water_bytes, host_budget);
-    EXPECT_GT(allocations, 0u);
+    // In place only NVMe-homed tensors allocate (host-homed blocks are taken at create).
+    if (!in_place || host_home_bytes < total_bytes) {
+      EXPECT_GT(allocations, 0u);
+    }
+    EXPECT_EQ(backing.unstable_writes(), 0u) << "a block changed while it was being written to NVMe";
+    if (in_place) {
+      EXPECT_EQ(stats.transfers[static_cast<size_t>(TierPair::host_to_device)].bytes, 0u);
+      EXPECT_EQ(stats.transfers[static_cast<size_t>(TierPair::device_to_host)].bytes, 0u);
+      EXPECT_EQ(stats.device_high_water_bytes, 0u);
+    }
   }
 }
+
+TEST(Scheduler, BudgetsHoldAndDataStaysExactUnderRandomPlans) { run_random_plans(false); }
+TEST(Scheduler, ComputesInPlaceExactlyUnderRandomPlans) { run_random_plans(true); }
 
 // The real path: O_DIRECT store files → pinned arena → CPU device, then dirty tensors back
 // down to the store, re-read by a fresh store handle after commit.
@@ -281,7 +316,7 @@ TEST(Scheduler, StreamsFromTheStoreAndWritesBackBitExact) {
   store_options.engine = engine_config();
   store_options.max_extent_bytes = 256 * 1024;
   memory::Store store = make_store(dir.file("store"), plan, store_options);
-  auto backing = make_store_backing(store, plan).value();
+  auto backing = must(make_store_backing(store, plan), "make_store_backing");
   const uint64_t slot = align_up(layer_bytes, kPage);
   auto device = cpu_device(3 * slot + 64 * kPage);
   memory::HostArena arena = host_arena(4 * slot);
@@ -290,7 +325,7 @@ TEST(Scheduler, StreamsFromTheStoreAndWritesBackBitExact) {
   options.trace_capacity_events = 4096;
   std::vector<uint64_t> versions(plan.tensors().size(), 0);
   {
-    auto scheduler = Scheduler::create(plan, *device, arena, backing.get(), options).value();
+    auto scheduler = must(Scheduler::create(plan, *device, arena, backing.get(), options), "create");
     stamp(scheduler->begin_host_access(grads), 64 * kPage, grads, 0);
     scheduler->end_host_access(grads);
     drive(*scheduler, plan, 2, versions);
@@ -310,7 +345,7 @@ TEST(Scheduler, StreamsFromTheStoreAndWritesBackBitExact) {
   // A second handle reads what the first one wrote back, checksums verified by the store.
   memory::Store committed = std::move(store);  // closes the scheduler-era handle at scope end
   (void)committed;
-  memory::Store reopened = memory::Store::open(dir.file("store"), store_options).value();
+  memory::Store reopened = must(memory::Store::open(dir.file("store"), store_options), "open");
   std::vector<unsigned char> bytes(layer_bytes);
   for (TensorId id : layers) {
     auto ticket = reopened.read_tensor_async(plan.tensors()[id].name, bytes.data(), bytes.size());
@@ -332,8 +367,8 @@ TEST(Scheduler, ReleaseAfterWaitsForTheComputeStream) {
   MemoryBacking backing(plan, std::chrono::microseconds(100));
   SchedulerOptions options;
   options.host_budget_bytes = 8 * 32 * kPage;
-  auto scheduler = Scheduler::create(plan, *device, arena, &backing, options).value();
-  device::Stream compute = device->create_stream("compute").value();
+  auto scheduler = must(Scheduler::create(plan, *device, arena, &backing, options), "create");
+  device::Stream compute = must(device->create_stream("compute"), "create_stream");
   std::vector<uint64_t> versions(4, 0);
   for (int iteration = 0; iteration < 3; ++iteration)
     for (size_t step = 0; step < 4; ++step) {
@@ -374,18 +409,18 @@ TEST(Scheduler, ReadErrorSurfacesAtTheAcquireThatNeedsIt) {
     return io::make_fault_engine(config, faults);
   };
   memory::Store store = make_store(dir.file("store"), plan, store_options);
-  const memory::TensorRecord bad = store.find("layer4").value();
+  const memory::TensorRecord bad = store.find("layer4").value();  // an optional: throws (a failure) if absent
   io::FaultRules rules;
   rules.eio = io::FaultRules::Eio{};
   rules.eio->file_offset_bytes = bad.extents.front().offset_bytes + kPage;
   rules.eio->on_writes = false;
   faults->set_rules(rules);
-  auto backing = make_store_backing(store, plan).value();
+  auto backing = must(make_store_backing(store, plan), "make_store_backing");
   auto device = cpu_device(2 * layer_bytes);
   memory::HostArena arena = host_arena(8 * layer_bytes);
   SchedulerOptions options;
   options.host_budget_bytes = 8 * layer_bytes;  // the host lookahead reaches layer4 early
-  auto scheduler = Scheduler::create(plan, *device, arena, backing.get(), options).value();
+  auto scheduler = must(Scheduler::create(plan, *device, arena, backing.get(), options), "create");
   for (size_t step = 0; step < 4; ++step) {
     auto buffers = scheduler->acquire(step);
     ASSERT_TRUE(buffers.ok()) << "step " << step << ": " << buffers.status().to_string();
@@ -402,6 +437,109 @@ TEST(Scheduler, ReadErrorSurfacesAtTheAcquireThatNeedsIt) {
   EXPECT_NE(text.find("forward.4"), std::string::npos) << text;
   EXPECT_NE(text.find("offset"), std::string::npos) << text;
   EXPECT_GT(faults->counters().eio_injected, 0u);
+}
+
+// A device that cannot make streams: Scheduler::create fails after it has taken the host
+// blocks of host-homed tensors and registered the arena.
+struct TestRegion {
+  explicit TestRegion(uint64_t size_bytes) : region(size_bytes) {}
+  std::vector<char> region;
+};
+// TestRegion is the first base, so the region exists before Device records its address.
+class NoStreamDevice final : private TestRegion, public device::Device {
+ public:
+  explicit NoStreamDevice(uint64_t budget_bytes) : TestRegion(budget_bytes), Device(budget_bytes, region.data()) {}
+  device::Kind kind() const override { return device::Kind::cpu; }
+  std::string describe() const override { return "a device whose streams all fail"; }
+  Result<device::Stream> create_stream(std::string) override {
+    return make_error(ErrorKind::unsupported, "no streams on this test device");
+  }
+  Result<device::Event> create_event() override { return make_error(ErrorKind::unsupported, "no events"); }
+  Status record(device::Event&, device::Stream&) override { return Status(); }
+  Status wait(device::Event&) override { return Status(); }
+  Result<bool> query(device::Event&) override { return true; }
+  Status stream_wait(device::Stream&, device::Event&) override { return Status(); }
+  Status synchronize(device::Stream&) override { return Status(); }
+  Status copy_to_device(device::Stream&, void*, const void*, uint64_t) override { return Status(); }
+  Status copy_to_host(device::Stream&, void*, const void*, uint64_t) override { return Status(); }
+  Status launch(device::Stream&, std::function<void()>) override { return Status(); }
+  Status register_host_memory(void*, uint64_t) override {
+    ++registered;
+    return Status();
+  }
+  void unregister_host_memory(void*) override { --registered; }
+  int registered = 0;
+};
+
+// Before the fix, a create that failed after taking host-homed blocks left them allocated in
+// the caller's arena for good (and the arena registered with the device).
+TEST(Scheduler, FailedCreateGivesBackItsHostBlocks) {
+  AccessPlan plan;
+  TensorId grads = plan.add_tensor("grads", 16 * kPage, Home::host);
+  TensorId moments = plan.add_tensor("moments", 8 * kPage, Home::host);
+  plan.add_step("step", {grads, moments}, {grads});
+  NoStreamDevice device(64 * kPage);
+  memory::HostArena arena = host_arena(64 * kPage);
+  SchedulerOptions options;
+  options.host_budget_bytes = 64 * kPage;
+  auto scheduler = Scheduler::create(plan, device, arena, nullptr, options);
+  ASSERT_FALSE(scheduler.ok());
+  EXPECT_NE(scheduler.error().to_string().find("no streams"), std::string::npos) << scheduler.error().to_string();
+  EXPECT_EQ(arena.stats().allocator.used_bytes, 0u) << "host blocks leaked by a failed create";
+  EXPECT_EQ(arena.stats().allocator.live_block_count, 0u);
+  EXPECT_EQ(device.registered, 0) << "the arena stays registered after a failed create";
+}
+
+// Before the fix the pump enqueued copies while holding the scheduler's mutex, and the copy
+// stream's completion callbacks take that mutex: with more than 1024 / 3 copies decided in one
+// pass, the CPU stream's ring filled, the enqueue blocked, and acquire never returned. 400
+// host-homed tensors, one step reading all of them, 400 copies allowed in flight. The watchdog
+// turns a deadlock into a failed test instead of a hang until meson's timeout.
+TEST(Scheduler, ManyCopiesInFlightDoNotDeadlock) {
+  constexpr int kTensors = 400;
+  AccessPlan plan;
+  std::vector<TensorId> ids;
+  for (int i = 0; i < kTensors; ++i) ids.push_back(plan.add_tensor("t" + std::to_string(i), kPage, Home::host));
+  plan.add_step("all", ids);
+  plan.add_step("first", {ids[0]}, {ids[0]});
+  auto device = cpu_device(2 * kTensors * kPage);
+  memory::HostArena arena = host_arena(2 * kTensors * kPage);
+  SchedulerOptions options;
+  options.host_budget_bytes = 2 * kTensors * kPage;
+  options.copies_in_flight = kTensors;
+  // Before the fix the very first pump pass deadlocks, so the watchdog starts first.
+  struct Watchdog {
+    std::atomic<bool> done{false};
+    std::thread thread{[this] {
+      for (int i = 0; i < 600 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!done) {
+        std::fprintf(stderr, "ManyCopiesInFlightDoNotDeadlock: still waiting after 30 s (deadlock)\n");
+        std::_Exit(1);
+      }
+    }};
+    ~Watchdog() {
+      done = true;
+      thread.join();
+    }
+  } watchdog;
+  auto scheduler = must(Scheduler::create(plan, *device, arena, nullptr, options), "create");
+  for (int i = 0; i < kTensors; ++i) {
+    void* data = scheduler->begin_host_access(ids[i]);
+    stamp(data, kPage, ids[i], 7);
+    scheduler->end_host_access(ids[i]);
+  }
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    auto buffers = scheduler->acquire(0);
+    ASSERT_TRUE(buffers.ok()) << buffers.status().to_string();
+    for (int i = 0; i < kTensors; ++i)
+      ASSERT_TRUE(has_stamp(buffers->device_data(ids[i]), kPage, ids[i], i == 0 ? 7 + iteration : 7)) << i;
+    ASSERT_TRUE(scheduler->release(0).ok());
+    auto first = scheduler->acquire(1);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    stamp(first->device_data(ids[0]), kPage, ids[0], 8 + iteration);
+    ASSERT_TRUE(scheduler->release(1).ok());
+  }
+  ASSERT_TRUE(scheduler->flush().ok());
 }
 
 }  // namespace
