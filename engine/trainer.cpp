@@ -299,6 +299,7 @@ class Run {
   std::unique_ptr<memory::Store> store_;
   std::unique_ptr<memory::HostArena> host_arena_;
   uint64_t pool_bytes_ = 0;  // the scheduler's host budget: host.memory, plus device.memory on the CPU device
+  uint64_t device_budget_bytes_ = 0;  // device.memory, or only the kernels' scratch on the CPU device
   std::unique_ptr<device::Device> device_;
   // Every op of a step goes through the backend of device_'s kind (kernels/backend.h).
   std::unique_ptr<kernels::ComputeBackend> backend_;
@@ -629,8 +630,9 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
                      {"host_bytes", f.tier_bytes[1]},
                      {"nvme_bytes", f.tier_bytes[2]}});
   }
-  json["budgets"] = {{"device", config_.device_memory_bytes},
-                     {"host", config_.host_memory_bytes},
+  // The budgets as the run used them: on the CPU device, host is the one pool (see execute).
+  json["budgets"] = {{"device", device_budget_bytes_},
+                     {"host", pool_bytes_},
                      {"nvme", nvme_capacity_bytes_}};
   json["steps"] = std::move(steps);
   json["summary"] = summary_json(summary);
@@ -682,6 +684,7 @@ Result<TrainSummary> Run::execute() {
   // kernels' scratch, and the rest of device.memory joins host.memory in one pool that the
   // scheduler stages and computes in (check_budgets has made sure one step fits it).
   pool_bytes_ = config_.host_memory_bytes;
+  device_budget_bytes_ = config_.device_memory_bytes;
   if (device_->kind() == device::Kind::cpu) {
     const uint64_t scratch_bytes = std::max<uint64_t>(cpu_scratch_region_bytes(scratch), device::kDeviceAlignmentBytes);
     backend_.reset();  // it holds the device it was made for
@@ -689,6 +692,7 @@ Result<TrainSummary> Run::execute() {
     STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, scratch_bytes));
     STRATA_ASSIGN_OR_RETURN(backend_, kernels::make_backend(*device_, shape_));
     pool_bytes_ += config_.device_memory_bytes - std::min(config_.device_memory_bytes, scratch_bytes);
+    device_budget_bytes_ = scratch_bytes;
     spdlog::info("cpu device: computing in place; device.memory beyond {} of scratch and host.memory are one pool of {}",
                  format_size(scratch_bytes), format_size(pool_bytes_));
   }
@@ -739,7 +743,7 @@ Result<TrainSummary> Run::execute() {
   if (options_.monitor != nullptr) {
     monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
                           prediction ? prediction->step_s : 0.0,
-                          {config_.device_memory_bytes, config_.host_memory_bytes, nvme_capacity_bytes_}};
+                          {device_budget_bytes_, pool_bytes_, nvme_capacity_bytes_}};
     options_.monitor->begin(info);
   }
   const auto run_start = Clock::now();

@@ -48,13 +48,13 @@ def write_config(folder, steps, **extra):
     nvme = os.path.join(folder, "nvme")
     os.makedirs(nvme, exist_ok=True)
     cfg = {
-        "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 32, "init": "random"},
+        "model": {"n_layer": 8, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 32, "init": "random"},
         "data": {"path": CORPUS, "format": "text-bytes"},
         "batch_size": 4,
         "steps": steps,
         "precision": "fp32",
         "device": {"kind": "cpu", "memory": "2MiB"},
-        "host": {"memory": "2MiB"},
+        "host": {"memory": "4MiB"},
         "nvme": {"paths": [nvme]},
         "placement": {"params": "nvme", "grads": "host", "optimizer": "nvme"},
         "checkpoint_every": 5,
@@ -155,9 +155,13 @@ def case_metrics():
                 for name in ("strata_tier_bytes", "strata_tier_budget_bytes"):
                     if (name, f'{{tier="{tier}"}}') not in b:
                         fail(f"/metrics lacks {name}{{tier=\"{tier}\"}}")
-            if b[("strata_tier_budget_bytes", '{tier="device"}')] != 2 << 20:
-                fail("the device budget is not the config's 2 MiB")
-            if not 0 < b[("strata_tier_bytes", '{tier="host"}')] <= 2 << 20:
+            # On the CPU device, device.memory beyond the kernels' scratch joins host.memory in
+            # one pool (docs/train.md): the two budgets the run reports add up to the config's.
+            device_budget = b[("strata_tier_budget_bytes", '{tier="device"}')]
+            host_budget = b[("strata_tier_budget_bytes", '{tier="host"}')]
+            if device_budget + host_budget != (2 << 20) + (4 << 20) or not 0 < device_budget <= 2 << 20:
+                fail(f"budgets device {device_budget} + host {host_budget} are not the config's 2 + 4 MiB")
+            if not 0 < b[("strata_tier_bytes", '{tier="host"}')] <= host_budget:
                 fail("host occupancy is not within (0, budget]")
             for name, kind in types.items():
                 if kind == "counter" and not name.endswith("_total"):
