@@ -79,7 +79,7 @@ for name in demo small; do
 done
 
 # 4. The overlap benchmark (NVMe reads overlapping compute through the scheduler).
-run_stage bench_overlap 120 "$strata" bench overlap --dir "$out/overlap" --json
+run_stage bench_overlap 120 "$strata" bench overlap --device cuda --dir "$out/overlap" --json
 
 # 5. GPT-2 XL, two steps on cuda, with the plan's prediction for the same config.
 make_config xl cuda configs/gpt2-xl-offload.yaml
