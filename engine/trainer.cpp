@@ -309,7 +309,7 @@ class Run {
   std::vector<HostUpdateSlot> host_slots_;
   size_t next_host_slot_ = 0;
   std::optional<float> host_clip_scale_;  // this step's, once the norm came back
-  std::atomic<bool> host_update_failed_{false};  // the trainer's own copy: the store belongs to the I/O thread
+  std::atomic<bool> host_update_failed_{false};  // set by a host callback, read after end_step
 };
 
 Status Run::open_store(uint64_t& start_step) {
