@@ -433,6 +433,8 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   for (const KindBytes& kind : kinds_of(config, layout, run))
     append_line(out, "  {:<28} {:>7}  {:>10}{}", kind.kind, tier_name(kind.tier), format_size(kind.bytes),
                 kind.tier == Tier::device ? "  (one unit at a time: each is consumed by its update at once)" : "");
+  append_line(out, "  {:<28} {:>7}  ({})", "optimizer step runs on", optimizer_site_name(run.optimizer_site),
+              optimizer_site_reason(config));
   append_line(out, "");
   append_line(out, "what each tier holds:");
   uint64_t host_homed = 0, nvme_homed = 0;
@@ -491,6 +493,8 @@ nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& l
   return {{"config", config.source_path},
           {"parameters", layout.parameter_count()},
           {"placement", placement},
+          {"optimizer_site", optimizer_site_name(run.optimizer_site)},
+          {"optimizer_site_reason", optimizer_site_reason(config)},
           {"device_budget_bytes", config.device_memory_bytes},
           {"device_scratch_bytes", device_scratch(config, layout).total()},
           {"host_budget_bytes", config.host_memory_bytes},

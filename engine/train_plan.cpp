@@ -26,8 +26,29 @@ sch::Home home_of(Tier tier) { return tier == Tier::nvme ? sch::Home::nvme : sch
 
 }  // namespace
 
+const char* optimizer_site_name(OptimizerSite site) { return site == OptimizerSite::host ? "host" : "device"; }
+
+OptimizerSite optimizer_site(const TrainConfig& config) {
+  return config.device_kind == "cuda" && config.placement.optimizer == Tier::host ? OptimizerSite::host
+                                                                                   : OptimizerSite::device;
+}
+
+std::string optimizer_site_reason(const TrainConfig& config) {
+  if (config.device_kind != "cuda") return "the CPU backend updates the state in place";
+  switch (config.placement.optimizer) {
+    case Tier::device: return "CUDA AdamW on the device-homed state";
+    case Tier::host:
+      return config.optimizer.grad_clip > 0
+                 ? "CPU AdamW on the host-homed state, gradients device→host; after the global norm (grad_clip)"
+                 : "CPU AdamW on the host-homed state, gradients device→host, overlapped with the next backward";
+    case Tier::nvme: return "CUDA AdamW: NVMe-homed state is staged through the device (no NVMe→host-only step yet)";
+  }
+  return "";
+}
+
 TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout) {
   TrainPlan run;
+  run.optimizer_site = optimizer_site(config);
   const uint32_t param_bytes = dtype_size_bytes(config.precision);
   const bool scratch_grads = config.placement.grads == Tier::device;
   for (const Unit& unit : layout.units()) {
@@ -65,8 +86,10 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout)
       // The update rewrites P from the master weights. Split in chunks, each rewrites only its
       // own range, so P must also be read (loaded) for the rest to stay valid.
       const sch::TensorId params_read = ids.optim.size() > 1 ? ids.params : kNoTensor;
-      add(std::move(name), StepInfo{StepKind::optimize, unit, c}, {ids.grads, ids.optim[c].tensor, params_read},
-          {ids.optim[c].tensor, ids.params});
+      // On the host site the chunk stays in host memory: not a tensor of the device step.
+      const sch::TensorId optim = run.optimizer_site == OptimizerSite::host ? kNoTensor : ids.optim[c].tensor;
+      add(std::move(name), StepInfo{StepKind::optimize, unit, c, run.optimizer_site}, {ids.grads, optim, params_read},
+          {optim, ids.params});
     }
   };
   const size_t embed = layout.embed_unit();
@@ -134,6 +157,16 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
     sizes.ln_f_grads_bytes = ln_f_elements * 4;
   }
   return sizes;
+}
+
+uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
+  (void)layout;
+  if (run.optimizer_site != OptimizerSite::host) return 0;
+  uint64_t largest_chunk = 0;
+  for (const UnitIds& ids : run.units)
+    for (const OptimChunk& chunk : ids.optim) largest_chunk = std::max(largest_chunk, chunk.range.element_count);
+  const uint64_t slot = align_up(largest_chunk * 4, 4096) + align_up(largest_chunk * dtype_size_bytes(config.precision), 4096);
+  return 2 * slot;
 }
 
 Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {

@@ -17,6 +17,17 @@
 // clipping the bracketed updates follow their backward; with clipping every update waits
 // for the global norm after bwd.embed.
 //
+// Where each update runs (`OptimizerSite`, `optimizer_site`): on the device, by the device's
+// backend, with the chunk [master | m | v] acquired on the device — every CPU run (the CPU
+// backend IS the CPU: it updates the state in place) and CUDA with `placement.optimizer:
+// device`. On the host — CUDA with `placement.optimizer: host` — the chunk is not part of the
+// step at all (it never leaves host memory): the step holds G and P on the device, G's chunk
+// goes device→host into pinned staging, a CPU backend's AdamW updates master/m/v where they
+// live and writes the new P into staging, and that goes host→device into the step's P; the
+// scheduler writes P back to its home as after any step. CUDA with `placement.optimizer: nvme`
+// stays on the device for now: a host-site update needs the scheduler to stage a tensor
+// NVMe→host for a step without copying it to the device, which it cannot say yet.
+//
 // Pure data built from the config; any thread.
 #pragma once
 
@@ -36,10 +47,14 @@ inline constexpr scheduler::TensorId kNoTensor = std::numeric_limits<scheduler::
 
 enum class StepKind : uint8_t { fwd_embed, fwd_block, head, bwd_block, bwd_embed, optimize };
 
+enum class OptimizerSite : uint8_t { device, host };
+const char* optimizer_site_name(OptimizerSite site);  // "device", "host"
+
 struct StepInfo {
   StepKind kind;
   size_t unit;       // the unit the step works on (for head: ln_f)
   size_t chunk = 0;  // optimize: which optimizer chunk
+  OptimizerSite site = OptimizerSite::device;  // optimize: where the update runs
 };
 
 struct OptimChunk {
@@ -59,7 +74,12 @@ struct TrainPlan {
   std::vector<scheduler::TensorId> activations;  // A_0 … A_L (block inputs, and the head's input)
   scheduler::TensorId d_x = kNoTensor;           // the gradient flowing back through the blocks
   std::vector<StepInfo> steps;                   // parallel to plan.steps()
+  OptimizerSite optimizer_site = OptimizerSite::device;  // every optimize step's
 };
+
+// Where the config's updates run (see the top of this file), and why, in a few words.
+OptimizerSite optimizer_site(const TrainConfig& config);
+std::string optimizer_site_reason(const TrainConfig& config);
 
 // Store and plan tensor names.
 std::string params_name(const Unit& unit);
@@ -78,6 +98,11 @@ struct DeviceScratchSizes {
   uint64_t total() const;
 };
 DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout);
+
+// Pinned host memory the trainer holds outside the plan when updates run on the host: two
+// slots (one being updated by the CPU while the next chunk's gradients arrive), each the
+// largest chunk's gradients (fp32) and its new compute copy. 0 when they run on the device.
+uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run);
 
 // One step's working set plus the scratch must fit `device.memory`; host-homed state plus one
 // step's NVMe staging must fit `host.memory`. The error names the key and the size needed.

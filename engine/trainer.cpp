@@ -1,6 +1,7 @@
 #include "engine/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <cmath>
@@ -316,6 +317,26 @@ class Run {
   // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
   uint64_t nvme_used_bytes_ = 0;
   uint64_t nvme_capacity_bytes_ = 0;
+  // OptimizerSite::host (train_plan.h): a CPU backend runs the updates in host memory, ordered
+  // on `optimizer_stream_` of device_ (its host callbacks run them), so the compute stream goes
+  // on with the next backward meanwhile. Declared after scheduler_ so the stream, whose
+  // callbacks release the scheduler's steps, is drained before the scheduler goes.
+  struct HostUpdateSlot {
+    memory::HostBuffer grads;   // the chunk's gradients, fp32, device→host
+    memory::HostBuffer params;  // its new compute copy, host→device
+    device::Event free;         // recorded on the optimizer stream once the slot is consumed
+    bool used = false;
+  };
+  Status open_host_optimizer();
+  Status update_on_host(const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step);
+  std::unique_ptr<device::Device> host_device_;
+  std::unique_ptr<kernels::ComputeBackend> host_backend_;
+  device::Stream optimizer_stream_;
+  device::Event grads_ready_, updates_done_;
+  std::vector<HostUpdateSlot> host_slots_;
+  size_t next_host_slot_ = 0;
+  std::optional<float> host_clip_scale_;  // this step's, once the norm came back
+  std::atomic<bool> host_update_failed_{false};  // set by a host callback, read after end_step
 };
 
 Status Run::open_store(uint64_t& start_step) {
@@ -483,6 +504,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::optimize: {
+      if (info.site == OptimizerSite::host) return update_on_host(info, buffers, step);
       // One optimizer chunk: elements [begin, begin + count) of the unit, packed
       // [master | m | v]; the tensors of the unit that overlap it are updated piecewise, so
       // each keeps its own weight-decay rule.
@@ -530,6 +552,100 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
   return Status();
 }
 
+// The CPU backend, the optimizer stream and the staging slots of OptimizerSite::host; nothing
+// when updates run on the device.
+Status Run::open_host_optimizer() {
+  if (run_.optimizer_site != OptimizerSite::host) return Status();
+  STRATA_ASSIGN_OR_RETURN(host_device_, device::make_device(device::Kind::cpu, kMiB));
+  STRATA_ASSIGN_OR_RETURN(host_backend_, kernels::make_backend(*host_device_, gk::BatchShape{1, 1}));
+  STRATA_ASSIGN_OR_RETURN(optimizer_stream_, device_->create_stream("optimizer"));
+  STRATA_ASSIGN_OR_RETURN(grads_ready_, device_->create_event());
+  STRATA_ASSIGN_OR_RETURN(updates_done_, device_->create_event());
+  uint64_t largest_chunk = 0;
+  for (const UnitIds& ids : run_.units)
+    for (const OptimChunk& chunk : ids.optim) largest_chunk = std::max(largest_chunk, chunk.range.element_count);
+  for (int i = 0; i < 2; ++i) {
+    HostUpdateSlot slot;
+    STRATA_ASSIGN_OR_RETURN(slot.grads, memory::HostBuffer::allocate(*host_arena_, largest_chunk * 4));
+    STRATA_ASSIGN_OR_RETURN(slot.params, memory::HostBuffer::allocate(
+                                             *host_arena_, largest_chunk * dtype_size_bytes(config_.precision)));
+    STRATA_ASSIGN_OR_RETURN(slot.free, device_->create_event());
+    host_slots_.push_back(std::move(slot));
+  }
+  return Status();
+}
+
+// One optimizer chunk updated on the host (OptimizerSite::host): the chunk's gradients go
+// device→host behind the backward that made them, and the optimizer stream — which waits for
+// that copy, not the host — runs the CPU AdamW on master/m/v in their host home as a host
+// callback, then copies the new compute copy into the step's P. The compute stream is free to
+// run the next backward meanwhile; run_step makes it wait for the updates before the step ends.
+Status Run::update_on_host(const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step) {
+  const Unit& unit = layout_.units()[info.unit];
+  const UnitIds& ids = run_.units[info.unit];
+  const ElementRange range = ids.optim[info.chunk].range;
+  const uint64_t begin = range.begin_elements;
+  const uint64_t count = range.element_count;
+  const bool clip = config_.optimizer.grad_clip > 0;
+  if (clip && !host_clip_scale_) {
+    // The global norm, once per step, after the last backward and before the first update.
+    STRATA_ASSIGN_OR_RETURN(double sum_squares, backend_->grad_sum_squares_now());
+    host_clip_scale_ = kernels::clip_coefficient(std::sqrt(sum_squares), config_.optimizer.grad_clip);
+  }
+  // The chunk's home: host memory the scheduler never copies (it is in no step), whose block
+  // is fixed for the scheduler's life; only this stream touches it during a step.
+  const sch::TensorId optim_id = ids.optim[info.chunk].tensor;
+  auto* master = static_cast<float*>(scheduler_->begin_host_access(optim_id));
+  scheduler_->end_host_access(optim_id);
+
+  HostUpdateSlot& slot = host_slots_[next_host_slot_];
+  next_host_slot_ = (next_host_slot_ + 1) % host_slots_.size();
+  device::Stream& compute = backend_->compute_stream();
+  if (slot.used) STRATA_RETURN_IF_ERROR(device_->stream_wait(compute, slot.free));
+  slot.used = true;
+  auto* host_grads = reinterpret_cast<float*>(slot.grads.data());
+  STRATA_RETURN_IF_ERROR(device_->copy_to_host(compute, host_grads, grads_of(info.unit, buffers) + begin, count * 4));
+  STRATA_RETURN_IF_ERROR(device_->record(grads_ready_, compute));
+  STRATA_RETURN_IF_ERROR(device_->stream_wait(optimizer_stream_, grads_ready_));
+
+  kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
+                             config_.optimizer.eps, config_.optimizer.weight_decay};
+  const auto t = static_cast<int64_t>(step + 1);
+  kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
+  adamw.weight_decay = 0.0;
+  kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t);
+  if (clip) decayed.grad_scale = undecayed.grad_scale = *host_clip_scale_;
+  std::vector<kernels::AdamWChunk> pieces;
+  for (const UnitTensor& tensor : unit.tensors) {
+    const uint64_t first = std::max(begin, tensor.offset_elements);
+    const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
+    if (first >= last) continue;
+    const uint64_t local = first - begin;
+    kernels::AdamWChunk piece;
+    piece.scalars = tensor.weight_decay ? decayed : undecayed;
+    piece.params = master + local;
+    piece.grads = host_grads + local;
+    piece.exp_avg = master + count + local;
+    piece.exp_avg_sq = master + 2 * count + local;
+    piece.count = last - first;
+    if (config_.precision == DType::bf16) {
+      piece.copy_dtype = DType::bf16;
+      piece.copy = reinterpret_cast<uint16_t*>(slot.params.data()) + local;
+    }
+    pieces.push_back(piece);
+  }
+  STRATA_RETURN_IF_ERROR(device_->launch(optimizer_stream_, [this, pieces = std::move(pieces)] {
+    for (const kernels::AdamWChunk& piece : pieces)
+      if (!host_backend_->adamw(piece).ok()) host_update_failed_ = true;
+  }));
+  // fp32: the master IS the new compute copy; bf16: the rounded copy the update wrote.
+  const uint32_t param_bytes = dtype_size_bytes(config_.precision);
+  const void* new_params = config_.precision == DType::f32 ? static_cast<const void*>(master) : slot.params.data();
+  auto* device_params = static_cast<std::byte*>(buffers.device_data(ids.params)) + begin * param_bytes;
+  STRATA_RETURN_IF_ERROR(device_->copy_to_device(optimizer_stream_, device_params, new_params, count * param_bytes));
+  return device_->record(slot.free, optimizer_stream_);
+}
+
 float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   const sch::TensorId id = run_.units[unit].grads;
   if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
@@ -544,6 +660,7 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
 Status Run::run_step(uint64_t step, StepFigures& figures) {
   data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
   STRATA_RETURN_IF_ERROR(backend_->begin_step(tokens_.data(), targets_.data(), shape_.rows()));
+  host_clip_scale_.reset();
   sch::Timeline* timeline = scheduler_->timeline();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
@@ -552,12 +669,25 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     const uint64_t end_ns = sch::Timeline::now_ns();
     figures.compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
     if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
-    Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream())
-                                  : scheduler_->release(index);
+    // A host-site update's step is done once the optimizer stream has copied its P back.
+    const StepInfo& info = run_.steps[index];
+    device::Stream& done_on = info.kind == StepKind::optimize && info.site == OptimizerSite::host
+                                  ? optimizer_stream_
+                                  : backend_->compute_stream();
+    Status released = status.ok() ? scheduler_->release_after(index, done_on) : scheduler_->release(index);
     STRATA_RETURN_IF_ERROR(status);
     STRATA_RETURN_IF_ERROR(released);
   }
+  if (run_.optimizer_site == OptimizerSite::host) {
+    // The step ends when the host updates have: the compute stream waits for them (no host
+    // wait), so end_step's one sync covers them and the next step's compute follows them.
+    STRATA_RETURN_IF_ERROR(device_->record(updates_done_, optimizer_stream_));
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(backend_->compute_stream(), updates_done_));
+  }
   STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
+  host_clip_scale_.reset();
+  if (host_update_failed_)
+    return make_error(ErrorKind::internal, fmt::format("step {}: a host AdamW update failed", step + 1));
   // A diverged step is never committed: the check comes before the checkpoint that follows.
   if (!std::isfinite(scalars.loss))
     return make_error(ErrorKind::internal,
@@ -697,7 +827,8 @@ Result<TrainSummary> Run::execute() {
                  format_size(scratch_bytes), format_size(pool_bytes_));
   }
   memory::HostArenaOptions arena_options;
-  arena_options.capacity_bytes = pool_bytes_;
+  // Host-site updates stage outside the scheduler's budget (host_optimizer_staging_bytes).
+  arena_options.capacity_bytes = pool_bytes_ + host_optimizer_staging_bytes(config_, layout_, run_);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
   STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(backend_->workspace_size_bytes(layout_.kernel_config(), shape_)));
@@ -729,6 +860,7 @@ Result<TrainSummary> Run::execute() {
   nvme_used_bytes_ = store_stats.used_bytes;
   nvme_capacity_bytes_ = store_stats.capacity_bytes;
   STRATA_RETURN_IF_ERROR(create_scheduler());
+  STRATA_RETURN_IF_ERROR(open_host_optimizer());
   tokens_.resize(static_cast<size_t>(shape_.rows()));
   targets_.resize(static_cast<size_t>(shape_.rows()));
 

@@ -99,6 +99,10 @@ class ComputeBackend {
   [[nodiscard]] virtual Result<StepScalars> end_step() = 0;
   // Waits for every op enqueued so far (timing, tests).
   [[nodiscard]] virtual Status synchronize() = 0;
+  // Waits for every op enqueued so far and returns the gradient sum of squares so far: the
+  // global norm for updates that run on the host (engine/train_plan.h, OptimizerSite::host)
+  // with clipping — a second wait in such a step, after the last backward, before any update.
+  [[nodiscard]] virtual Result<double> grad_sum_squares_now() = 0;
 
   // --- the model (gpt2.h's semantics; tokens and targets from begin_step) ---
   [[nodiscard]] virtual Status embedding_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,

@@ -54,7 +54,7 @@ strata="$root/build-gpu/strata"
 # 2. Every CUDA suite, and the seam's CPU test beside them.
 run_stage cuda_suites 120 meson test -C build-gpu --print-errorlogs gpt2_cuda optim_cuda cuda_device backend_ops backend_cpu
 
-# 3. The same training on cpu and on cuda, weights compared.
+# 3. The same training on cpu and on cuda, weights compared (hostopt*: the CPU AdamW on cuda).
 cfg_dir="$out/configs"
 mkdir -p "$cfg_dir"
 make_config() {  # make_config NAME KIND SOURCE_YAML SED_EXPR...
@@ -70,8 +70,17 @@ for kind in cpu cuda; do
   make_config small "$kind" configs/demo.yaml -e 's/precision: bf16/precision: fp32/' \
     -e 's/placement: {[^}]*}/placement: {params: host, grads: device, optimizer: nvme}/' \
     -e 's/grad_clip: 1.0/grad_clip: 0/' -e 's/memory: 16MiB/memory: 64MiB/' -e 's/memory: 24MiB/memory: 96MiB/'
+  # hostopt: optimizer state homed on host — on cuda the CPU AdamW updates it (train_plan.h's
+  # OptimizerSite::host), with clipping (updates after the global norm); hostopt_overlap: the
+  # same without clipping and with gradients on the device, so each update overlaps the next
+  # backward. On cpu both are the ordinary in-place path: the reference.
+  make_config hostopt "$kind" configs/demo.yaml \
+    -e 's/placement: {[^}]*}/placement: {params: nvme, grads: host, optimizer: host}/' -e 's/memory: 24MiB/memory: 96MiB/'
+  make_config hostopt_overlap "$kind" configs/demo.yaml \
+    -e 's/placement: {[^}]*}/placement: {params: host, grads: device, optimizer: host}/' \
+    -e 's/grad_clip: 1.0/grad_clip: 0/' -e 's/memory: 16MiB/memory: 64MiB/' -e 's/memory: 24MiB/memory: 96MiB/'
 done
-for name in demo small; do
+for name in demo small hostopt hostopt_overlap; do
   for kind in cpu cuda; do
     run_stage "train_${name}_$kind" 120 "$strata" train "$cfg_dir/$name-$kind.yaml" --steps 20 \
       --export "$out/$name-$kind.safetensors" --metrics "$out/$name-$kind.metrics.json"
@@ -79,7 +88,7 @@ for name in demo small; do
 done
 
 # 4. The overlap benchmark (NVMe reads overlapping compute through the scheduler).
-run_stage bench_overlap 120 "$strata" bench overlap --dir "$out/overlap" --json
+run_stage bench_overlap 120 "$strata" bench overlap --device cuda --dir "$out/overlap" --json
 
 # 5. GPT-2 XL, two steps on cuda, with the plan's prediction for the same config.
 make_config xl cuda configs/gpt2-xl-offload.yaml
@@ -119,7 +128,7 @@ def tensors(path):
     return result
 
 summary = {"stages": stages, "compare": {}}
-for name in ("demo", "small"):
+for name in ("demo", "small", "hostopt", "hostopt_overlap"):
     cpu_path, cuda_path = f"{out}/{name}-cpu.safetensors", f"{out}/{name}-cuda.safetensors"
     if not (os.path.exists(cpu_path) and os.path.exists(cuda_path)):
         summary["compare"][name] = {"ok": False, "why": "a run did not export"}

@@ -1,14 +1,22 @@
 // `strata bench overlap` — proves the scheduler overlaps NVMe reads with compute. A synthetic
-// model of N layers lives in an NVMe store (written once); each step acquires one layer through
-// the scheduler (NVMe → pinned host, computed in place on the CPU device) and runs a real single-thread kernel over it,
-// calibrated to the asked time per layer. Three ways, alternated, in one run: compute only
-// (data resident), I/O only (no compute) and both; medians of the repeats. overlap_efficiency =
-// max(compute, io) / both. The kernel's first pass checksums the layer, and every checksum is
-// checked against the one computed when the layer was written, after the timed window.
+// model of N layers of fp32 values lives in an NVMe store (written once); each step acquires one
+// layer through the scheduler (NVMe → pinned host, computed in place on the CPU device; on to the
+// device on CUDA) and runs real backend ops on it:
+// k passes of the compute backend's sum of squares (kernels/backend.h) on the backend's compute
+// stream, the layer given back with `release_after` as the trainer does, k calibrated to the
+// asked time per layer. The sums come back to the host once per pass over the model (`end_step`,
+// one sync). Three ways, alternated, in one run: compute only (data resident), I/O only (no
+// compute) and both; medians of the repeats. overlap_efficiency = max(compute, io) / both. After
+// each timed window every pass's sum is checked against the one a CPU backend computed when the
+// layers were written: bit-exact on the CPU backend (the same kernel, the same order of
+// additions), within 1e-6 relative on CUDA (its reduction order differs).
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +26,7 @@
 #include "common/size.h"
 #include "engine/cli/commands.h"
 #include "io/io.h"
+#include "kernels/backend.h"
 #include "memory/device/device.h"
 #include "memory/host_arena.h"
 #include "memory/store.h"
@@ -35,38 +44,64 @@ struct OverlapOptions {
   std::string device_budget = "256MiB";
   std::string host_budget = "256MiB";
   std::string trace;
+  std::string device = "cpu";
   uint32_t repeats = 3;
   bool json = false;
 };
 
 uint64_t now_ns() { return scheduler::Timeline::now_ns(); }
 
-uint64_t layer_word(uint64_t layer, uint64_t word) { return (layer << 40) ^ (word * 0x9e3779b97f4a7c15ull); }
-
-// One pass: a checksum of the words plus enough arithmetic that the pass is memory- and
-// ALU-bound like a real layer. `words` may be a prefix (the fractional last pass).
-uint64_t kernel_pass(const uint64_t* data, uint64_t words) {
-  uint64_t sum = 0, mix = 1;
-  for (uint64_t i = 0; i < words; ++i) {
-    sum += data[i];
-    mix = mix * 6364136223846793005ull + (data[i] | 1);
-  }
-  return sum ^ (mix & 0);  // mix keeps the loop honest; the checksum is the plain sum
+// Word `index` of layer `layer`: finite fp32 values in [-1, 1) that differ between layers, so a
+// layer served in another's place changes the sums.
+float layer_value(uint64_t layer, uint64_t index) {
+  const uint64_t mixed = (layer + 1) * 0x9e3779b97f4a7c15ull ^ (index * 0xbf58476d1ce4e5b9ull);
+  return static_cast<float>(static_cast<int64_t>((mixed >> 40) & 0xffff) - 0x8000) / 32768.0f;
 }
 
-// Runs the kernel for `passes` (fractional) over the layer; returns the first pass's checksum.
-uint64_t compute(const void* data, uint64_t size_bytes, double passes) {
-  const auto* words = static_cast<const uint64_t*>(data);
-  const uint64_t word_count = size_bytes / 8;
-  uint64_t checksum = kernel_pass(words, word_count);
-  volatile uint64_t sink = 0;
-  double left = passes - 1.0;
-  while (left > 0) {
-    const uint64_t n = left >= 1.0 ? word_count : static_cast<uint64_t>(left * static_cast<double>(word_count));
-    sink = sink + kernel_pass(words, n);
-    left -= 1.0;
+// How `passes` (fractional) sums of squares over a layer split: whole passes,
+// then one over the first `eighths`/8 of it (eighths, so that the sums to check against can be
+// taken once, when the layers are written).
+constexpr uint32_t kFractions = 8;
+struct Passes {
+  uint64_t whole = 0;
+  uint32_t eighths = 0;
+  double count() const { return static_cast<double>(whole) + eighths / double(kFractions); }
+};
+Passes split_passes(double passes) {
+  Passes p;
+  p.whole = static_cast<uint64_t>(passes);
+  p.eighths = static_cast<uint32_t>(std::lround((passes - static_cast<double>(p.whole)) * kFractions));
+  if (p.eighths == kFractions) p = {p.whole + 1, 0};
+  return p;
+}
+uint64_t prefix_count(uint64_t count, uint32_t eighths) { return count / kFractions * eighths; }
+
+// One layer's compute: the passes, enqueued on the backend's stream (nothing waits here).
+Status enqueue_layer(kernels::ComputeBackend& backend, const void* data, uint64_t count, const Passes& passes) {
+  const auto* values = static_cast<const float*>(data);
+  for (uint64_t pass = 0; pass < passes.whole; ++pass) STRATA_RETURN_IF_ERROR(backend.sum_squares(values, count));
+  if (passes.eighths > 0) STRATA_RETURN_IF_ERROR(backend.sum_squares(values, prefix_count(count, passes.eighths)));
+  return Status();
+}
+
+// What a pass over `layers` (in order) must sum to, from each layer's sums taken when it was
+// written; the additions are the backend's own (one double accumulator, in call order).
+// `sums[layer][j]` is the sum over the first j/8 of the layer (j = 8: all of it).
+using LayerSums = std::vector<std::array<double, kFractions + 1>>;
+double expected_pass_sum(const LayerSums& sums, const std::vector<uint32_t>& layers, const Passes& passes) {
+  double total = 0;
+  for (uint32_t layer : layers) {
+    for (uint64_t pass = 0; pass < passes.whole; ++pass) total += sums[layer][kFractions];
+    if (passes.eighths > 0) total += sums[layer][passes.eighths];
   }
-  return checksum;
+  return total;
+}
+
+// Whether a pass's sum is the expected one: bit-exact where the backend is the CPU kernel that
+// took the reference sums, within fp32-reduction-order rounding elsewhere.
+bool sum_matches(const kernels::ComputeBackend& backend, double got, double expected) {
+  if (std::string_view(backend.name()) == "cpu") return got == expected;
+  return std::abs(got - expected) <= 1e-6 * std::abs(expected);
 }
 
 struct RunResult {
@@ -86,12 +121,28 @@ Status run_overlap(const OverlapOptions& o) {
   STRATA_ASSIGN_OR_RETURN(uint64_t layer_bytes, parse_size(o.layer_size));
   STRATA_ASSIGN_OR_RETURN(uint64_t device_budget, parse_size(o.device_budget));
   STRATA_ASSIGN_OR_RETURN(uint64_t host_budget, parse_size(o.host_budget));
+  STRATA_ASSIGN_OR_RETURN(device::Kind device_kind, device::parse_kind(o.device));
   layer_bytes = align_down(layer_bytes, 4096);
   if (o.layers == 0 || layer_bytes == 0 || o.repeats == 0)
     return make_error(ErrorKind::invalid_argument, "--layers, --layer-size and --repeats must be positive");
+  const uint64_t layer_values = layer_bytes / sizeof(float);
   // The CPU device computes in place: its budget beyond the compute-only run's resident layer
   // joins the host budget in one pool that the scheduler stages and computes in.
-  const uint64_t pool_bytes = host_budget + device_budget - std::min(device_budget, layer_bytes);
+  const bool in_place = device_kind == device::Kind::cpu;
+  const uint64_t pool_bytes =
+      in_place ? host_budget + device_budget - std::min(device_budget, layer_bytes) : host_budget;
+
+  // The device and its backend first: `--device cuda` without a GPU stops here, before any
+  // NVMe work. The backend runs no model op, so the smallest batch sizes its fixed buffers.
+  const kernels::gpt2::BatchShape no_batch{1, 1};
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device,
+                          device::make_device(device_kind, in_place ? layer_bytes : device_budget));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend, kernels::make_backend(*device, no_batch));
+  // The reference sums come from a CPU backend over the host copy of each layer as it is written.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> reference_device,
+                          device::make_device(device::Kind::cpu, 1 << 20));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> reference,
+                          kernels::make_backend(*reference_device, no_batch));
 
   // --- the model on NVMe, written once ---
   memory::StoreOptions store_options;
@@ -100,7 +151,7 @@ Status run_overlap(const OverlapOptions& o) {
   store_options.engine.queue_depth = 32;
   store_options.engine.block_size_bytes = 1 << 20;
   std::filesystem::remove_all(o.dir);
-  std::vector<uint64_t> expected_checksums(o.layers);
+  LayerSums layer_sums(o.layers);
   memory::HostArenaOptions arena_options;
   arena_options.capacity_bytes = std::max(pool_bytes, layer_bytes) + (1 << 20);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
@@ -109,11 +160,16 @@ Status run_overlap(const OverlapOptions& o) {
                             memory::Store::create(o.dir, {}, o.layers * (layer_bytes + (16 << 20)) + (64 << 20),
                                                   store_options));
     STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging, memory::HostBuffer::allocate(arena, layer_bytes));
-    auto* words = reinterpret_cast<uint64_t*>(staging.data());
+    auto* values = reinterpret_cast<float*>(staging.data());
     for (uint32_t layer = 0; layer < o.layers; ++layer) {
-      for (uint64_t w = 0; w < layer_bytes / 8; ++w) words[w] = layer_word(layer, w);
-      expected_checksums[layer] = kernel_pass(words, layer_bytes / 8);
-      const int64_t shape[] = {static_cast<int64_t>(layer_bytes / 4)};
+      for (uint64_t i = 0; i < layer_values; ++i) values[i] = layer_value(layer, i);
+      for (uint32_t j = 1; j <= kFractions; ++j) {
+        STRATA_RETURN_IF_ERROR(reference->begin_step(nullptr, nullptr, 0));
+        STRATA_RETURN_IF_ERROR(reference->sum_squares(values, prefix_count(layer_values, j)));
+        STRATA_ASSIGN_OR_RETURN(kernels::StepScalars sums, reference->end_step());
+        layer_sums[layer][j] = sums.grad_sum_squares;
+      }
+      const int64_t shape[] = {static_cast<int64_t>(layer_values)};
       STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
                               store.write_tensor_async(fmt::format("layer{}.w", layer), DType::f32, shape,
                                                        staging.data(), layer_bytes));
@@ -122,42 +178,54 @@ Status run_overlap(const OverlapOptions& o) {
     STRATA_RETURN_IF_ERROR(store.commit(0, {}));
   }
   scheduler::AccessPlan plan;
+  std::vector<uint32_t> model_order(o.layers);
   for (uint32_t layer = 0; layer < o.layers; ++layer) {
     scheduler::TensorId id = plan.add_tensor(fmt::format("layer{}.w", layer), layer_bytes);
     plan.add_step(fmt::format("forward.{}", layer), {id});
+    model_order[layer] = layer;
   }
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(device::Kind::cpu, layer_bytes));
 
   // One measured iteration through a fresh scheduler (after one warm-up iteration, so the
-  // pipeline is in its steady state across the iteration boundary).
-  auto scheduled_run = [&](double passes, bool trace) -> Result<RunResult> {
+  // pipeline is in its steady state across the iteration boundary). Each iteration is one
+  // backend step: its sums come back once, at its end, and are checked after the timed window.
+  auto scheduled_run = [&](const Passes& passes, bool trace) -> Result<RunResult> {
     STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(o.dir, store_options));
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<scheduler::NvmeBacking> backing, scheduler::make_store_backing(store, plan));
     scheduler::SchedulerOptions options;
     options.host_budget_bytes = pool_bytes;
-    options.compute_in_place = true;
+    options.compute_in_place = in_place;
     options.io_queue_tensors = 2;
     options.trace_capacity_events = trace ? 4096 : 0;
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<scheduler::Scheduler> s,
                             scheduler::Scheduler::create(plan, *device, arena, backing.get(), options));
+    const bool computes = passes.count() > 0;
     RunResult result;
     scheduler::SchedulerStats before;
     uint64_t start_ns = 0;
+    std::vector<double> pass_sums;
     for (int iteration = 0; iteration < 2; ++iteration) {
       if (iteration == 1) {
         before = s->stats();
         start_ns = now_ns();
       }
+      if (computes) STRATA_RETURN_IF_ERROR(backend->begin_step(nullptr, nullptr, 0));
       for (uint32_t layer = 0; layer < o.layers; ++layer) {
         STRATA_ASSIGN_OR_RETURN(scheduler::StepBuffers buffers, s->acquire(layer));
-        if (passes > 0) {
-          const uint64_t compute_start_ns = now_ns();
-          const uint64_t checksum = compute(buffers.device_data(layer), layer_bytes, passes);
-          if (checksum != expected_checksums[layer]) result.checksums_ok = false;
-          if (s->timeline())
-            s->timeline()->record(scheduler::TraceTrack::compute, fmt::format("layer{}", layer), compute_start_ns, now_ns());
+        if (!computes) {
+          STRATA_RETURN_IF_ERROR(s->release(layer));
+          continue;
         }
-        STRATA_RETURN_IF_ERROR(s->release(layer));
+        const uint64_t compute_start_ns = now_ns();
+        Status status = enqueue_layer(*backend, buffers.device_data(layer), layer_values, passes);
+        if (s->timeline())
+          s->timeline()->record(scheduler::TraceTrack::compute, fmt::format("layer{}", layer), compute_start_ns, now_ns());
+        Status released = status.ok() ? s->release_after(layer, backend->compute_stream()) : s->release(layer);
+        STRATA_RETURN_IF_ERROR(status);
+        STRATA_RETURN_IF_ERROR(released);
+      }
+      if (computes) {
+        STRATA_ASSIGN_OR_RETURN(kernels::StepScalars sums, backend->end_step());
+        pass_sums.push_back(sums.grad_sum_squares);
       }
     }
     result.seconds = static_cast<double>(now_ns() - start_ns) / 1e9;
@@ -167,41 +235,53 @@ Status run_overlap(const OverlapOptions& o) {
     const auto& reads_before = before.transfers[static_cast<size_t>(scheduler::TierPair::nvme_to_host)];
     result.bytes_read = reads_after.bytes - reads_before.bytes;
     result.read_busy_seconds = static_cast<double>(reads_after.busy_ns - reads_before.busy_ns) / 1e9;
+    const double expected = expected_pass_sum(layer_sums, model_order, passes);
+    for (double sum : pass_sums) result.checksums_ok &= sum_matches(*backend, sum, expected);
     if (trace && !o.trace.empty()) STRATA_RETURN_IF_ERROR(s->timeline()->write_json(o.trace));
     return result;
   };
-  // Compute only: the same kernel over one resident device buffer per layer.
+  // Compute only: the same ops over one resident device buffer holding layer 0, one step per
+  // pass over the model.
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer resident, device->allocate(layer_bytes));
   {
-    auto* words = static_cast<uint64_t*>(resident.data());
-    for (uint64_t w = 0; w < layer_bytes / 8; ++w) words[w] = layer_word(0, w);
+    STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging, memory::HostBuffer::allocate(arena, layer_bytes));
+    auto* values = reinterpret_cast<float*>(staging.data());
+    for (uint64_t i = 0; i < layer_values; ++i) values[i] = layer_value(0, i);
+    STRATA_RETURN_IF_ERROR(device->copy_to_device(backend->compute_stream(), resident.data(), staging.data(), layer_bytes));
+    STRATA_RETURN_IF_ERROR(backend->synchronize());
   }
-  auto compute_run = [&](double passes) {
+  const std::vector<uint32_t> layer0_only(o.layers, 0);
+  auto compute_run = [&](const Passes& passes) -> Result<std::pair<double, bool>> {
     const uint64_t start_ns = now_ns();
-    bool ok = true;
+    STRATA_RETURN_IF_ERROR(backend->begin_step(nullptr, nullptr, 0));
     for (uint32_t layer = 0; layer < o.layers; ++layer)
-      ok &= compute(resident.data(), layer_bytes, passes) == expected_checksums[0];
-    return std::pair<double, bool>(static_cast<double>(now_ns() - start_ns) / 1e9, ok);
+      STRATA_RETURN_IF_ERROR(enqueue_layer(*backend, resident.data(), layer_values, passes));
+    STRATA_ASSIGN_OR_RETURN(kernels::StepScalars sums, backend->end_step());
+    const double seconds = static_cast<double>(now_ns() - start_ns) / 1e9;
+    return std::pair<double, bool>(
+        seconds, sum_matches(*backend, sums.grad_sum_squares, expected_pass_sum(layer_sums, layer0_only, passes)));
   };
 
-  // Calibration: seconds per kernel pass, and the I/O time per layer when compute is "auto".
-  const double pass_seconds = compute_run(1.0).first / o.layers;
+  // Calibration: seconds per pass, and the I/O time per layer when compute is "auto".
+  STRATA_ASSIGN_OR_RETURN(auto one_pass, compute_run(Passes{1, 0}));
+  const double pass_seconds = one_pass.first / o.layers;
   double compute_ms = o.compute_ms;
   if (compute_ms <= 0) {
-    STRATA_ASSIGN_OR_RETURN(RunResult probe, scheduled_run(0, false));
+    STRATA_ASSIGN_OR_RETURN(RunResult probe, scheduled_run(Passes{}, false));
     compute_ms = o.compute_ratio * probe.seconds * 1e3 / o.layers;
   }
-  const double passes = std::max(1.0, compute_ms / 1e3 / pass_seconds);
-  spdlog::info("overlap: {} layers of {}, compute {:.1f} ms/layer ({:.2f} kernel passes), device {} host {}",
-               o.layers, format_size(layer_bytes), compute_ms, passes, format_size(device_budget), format_size(host_budget));
+  const Passes passes = split_passes(std::max(1.0, compute_ms / 1e3 / pass_seconds));
+  spdlog::info("overlap: {} layers of {} on {}, compute {:.1f} ms/layer ({:.3f} sum-of-squares passes), device {} host {}",
+               o.layers, format_size(layer_bytes), backend->name(), compute_ms, passes.count(),
+               format_size(device_budget), format_size(host_budget));
 
   std::vector<double> compute_s, io_s, both_s, stall_s, io_gbps;
   bool data_ok = true;
   for (uint32_t r = 0; r < o.repeats; ++r) {
-    auto [c, ok] = compute_run(passes);
-    compute_s.push_back(c);
-    data_ok &= ok;
-    STRATA_ASSIGN_OR_RETURN(RunResult io_only, scheduled_run(0, false));
+    STRATA_ASSIGN_OR_RETURN(auto compute_only, compute_run(passes));
+    compute_s.push_back(compute_only.first);
+    data_ok &= compute_only.second;
+    STRATA_ASSIGN_OR_RETURN(RunResult io_only, scheduled_run(Passes{}, false));
     io_s.push_back(io_only.seconds);
     io_gbps.push_back(static_cast<double>(io_only.bytes_read) / io_only.seconds / 1e9);
     STRATA_ASSIGN_OR_RETURN(RunResult both, scheduled_run(passes, r + 1 == o.repeats));
@@ -212,7 +292,8 @@ Status run_overlap(const OverlapOptions& o) {
       spdlog::warn("overlap: only {} read from NVMe in the measured iteration (budgets hold part of the model)",
                    format_size(both.bytes_read));
   }
-  if (!data_ok) return make_error(ErrorKind::corrupt, "overlap: a layer's checksum did not match what was written");
+  if (!data_ok) return make_error(ErrorKind::corrupt,
+                      "overlap: a pass's sum of squares did not match the layers as written");
   const double compute_seconds = median(compute_s), io_seconds = median(io_s), step_seconds = median(both_s);
   const double stall_seconds = median(stall_s);
   const double efficiency = std::max(compute_seconds, io_seconds) / step_seconds;
@@ -221,6 +302,8 @@ Status run_overlap(const OverlapOptions& o) {
     nlohmann::json out = {{"layers", o.layers},
                           {"layer_bytes", layer_bytes},
                           {"compute_ms_per_layer", compute_ms},
+                          {"backend", backend->name()},
+                          {"compute_passes_per_layer", passes.count()},
                           {"device_budget_bytes", device_budget},
                           {"host_budget_bytes", host_budget},
                           {"repeats", o.repeats},
@@ -235,8 +318,9 @@ Status run_overlap(const OverlapOptions& o) {
                           {"data_verified", data_ok}};
     fmt::print("{}\n", out.dump());
   } else {
-    fmt::print("overlap: {} layers × {} from {}, compute {:.1f} ms/layer, medians of {}\n", o.layers,
-               format_size(layer_bytes), o.dir, compute_ms, o.repeats);
+    fmt::print("overlap: {} layers × {} from {}, compute {:.1f} ms/layer ({:.3f} sum-of-squares passes on {}), "
+               "medians of {}\n",
+               o.layers, format_size(layer_bytes), o.dir, compute_ms, passes.count(), backend->name(), o.repeats);
     fmt::print("  compute only  {:8.3f} s\n", compute_seconds);
     fmt::print("  I/O only      {:8.3f} s   {:.2f} GB/s from NVMe\n", io_seconds, median(io_gbps));
     fmt::print("  both          {:8.3f} s   {:.2f} GB/s, stall {:.3f} s ({:.1f}% of the step)\n", step_seconds,
@@ -252,7 +336,8 @@ Status run_overlap(const OverlapOptions& o) {
 void add_bench_overlap_command(CLI::App& bench, CliState& state) {
   auto options = std::make_shared<OverlapOptions>();
   CLI::App* command = bench.add_subcommand(
-      "overlap", "stream N layers from NVMe through the scheduler while a CPU kernel computes: compute only, I/O only, both");
+      "overlap", "stream N layers from NVMe through the scheduler while the compute backend works on each: compute only, I/O "
+      "only, both");
   command->add_option("--layers", options->layers, "layers in the synthetic model")->capture_default_str();
   command->add_option("--layer-size", options->layer_size, "bytes per layer")->capture_default_str();
   command->add_option("--compute-ms", options->compute_ms,
@@ -261,7 +346,9 @@ void add_bench_overlap_command(CLI::App& bench, CliState& state) {
   command->add_option("--compute-ratio", options->compute_ratio, "compute / I/O time when --compute-ms is 0")
       ->capture_default_str();
   command->add_option("--dir", options->dir, "scratch store directory (removed after)")->capture_default_str();
-  command->add_option("--device-budget", options->device_budget, "CPU device arena")->capture_default_str();
+  command->add_option("--device", options->device, "device kind the backend computes on: cpu or cuda")
+      ->capture_default_str();
+  command->add_option("--device-budget", options->device_budget, "device memory budget")->capture_default_str();
   command->add_option("--host-budget", options->host_budget, "pinned host budget (below the model: data streams)")
       ->capture_default_str();
   command->add_option("--repeats", options->repeats, "alternated repetitions (medians reported)")->capture_default_str();

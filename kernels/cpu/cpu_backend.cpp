@@ -43,6 +43,7 @@ class CpuBackend final : public ComputeBackend {
     return scalars_;
   }
   Status synchronize() override { return device_.synchronize(stream_); }
+  Result<double> grad_sum_squares_now() override { return scalars_.grad_sum_squares; }
 
   Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte,
                            const float* wpe, float* x0) override {

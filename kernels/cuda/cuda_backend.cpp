@@ -77,6 +77,12 @@ class CudaBackend final : public ComputeBackend {
     return StepScalars{host.loss, host.grad_sum_squares};
   }
   Status synchronize() override { return device_.synchronize(stream_); }
+  Result<double> grad_sum_squares_now() override {
+    StepSlots host{};
+    STRATA_RETURN_IF_ERROR(device_.copy_to_host(stream_, &host, slots_, sizeof host));
+    STRATA_RETURN_IF_ERROR(device_.synchronize(stream_));
+    return host.grad_sum_squares;
+  }
 
   Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte, const float* wpe,
                            float* x0) override {

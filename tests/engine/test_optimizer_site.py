@@ -1,0 +1,56 @@
+#!/usr/bin/python3
+# tests/engine/test_optimizer_site.py — where each optimizer step runs (engine/train_plan.h's
+# OptimizerSite), through `strata plan --json`, which plans a cuda config on any machine: only
+# `device.kind: cuda` with `placement.optimizer: host` runs the update on the host (CPU AdamW);
+# every CPU config, and cuda with the state on the device or NVMe, updates on the device. And the
+# decision is real, not a label: on the host site the optimizer state is no longer part of the
+# device steps, so the plan's replay (device budget below the state, so it streams) writes back
+# fewer device→host bytes per step than the same placement on the CPU device, by at least the
+# optimizer state the device no longer updates.
+#
+# Usage: test_optimizer_site.py STRATA_BINARY
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_train import config, fail, STRATA  # noqa: E402
+
+
+def plan(folder, kind, optimizer):
+    sub = os.path.join(folder, f"{kind}-{optimizer}")
+    os.makedirs(sub, exist_ok=True)
+    path, _ = config(sub, device={"kind": kind, "memory": "3MiB"}, host={"memory": "64MiB"},
+                     placement={"params": "host", "grads": "host", "optimizer": optimizer})
+    result = subprocess.run([STRATA, "plan", path, "--json"], capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        fail(f"strata plan ({kind}, optimizer: {optimizer}) exited {result.returncode}:\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def main():
+    scratch_root = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
+    os.makedirs(scratch_root, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="optimizer-site-", dir=scratch_root)
+    plans = {}
+    for kind in ("cpu", "cuda"):
+        for optimizer in ("host", "nvme"):
+            plans[(kind, optimizer)] = p = plan(folder, kind, optimizer)
+            want = "host" if (kind, optimizer) == ("cuda", "host") else "device"
+            if p.get("optimizer_site") != want:
+                fail(f"{kind} with optimizer: {optimizer}: optimizer_site is {p.get('optimizer_site')!r}, "
+                     f"expected {want!r} ({p.get('optimizer_site_reason')})")
+    cpu, cuda = plans[("cpu", "host")], plans[("cuda", "host")]
+    optim_bytes = cpu["placement"]["optimizer (master, m, v)"]["bytes"]
+    shipped_less = cpu["device_to_host_bytes"] - cuda["device_to_host_bytes"]
+    if shipped_less < optim_bytes:
+        fail(f"the host site should keep the {optim_bytes} bytes of optimizer state off the device, but the plan moves "
+             f"only {shipped_less} fewer bytes device→host ({cpu['device_to_host_bytes']} on cpu, "
+             f"{cuda['device_to_host_bytes']} on cuda)")
+    print(f"ok: only cuda + optimizer: host updates on the host; it moves {shipped_less} fewer bytes device→host "
+          f"per step (optimizer state {optim_bytes})")
+
+
+main()
