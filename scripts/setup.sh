@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libyaml-cpp-dev libcli11-dev libxxhash-dev
   nlohmann-json3-dev libopenblas-dev
   fio python3 python3-torch python3-numpy
+  clang libfuzzer-14-dev
 )
 
 missing=()
