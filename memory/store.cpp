@@ -665,6 +665,8 @@ Result<Store> Store::open(const std::string& dir, StoreOptions options) {
     if (error.errno_value == ENOENT) {
       error.kind = ErrorKind::not_found;
       error.message = "no store here (manifest.json is missing)";
+    } else if (error.kind == ErrorKind::corrupt) {
+      return corrupt_manifest(impl->manifest_path(), error.message);
     }
     return error;
   }

@@ -8,15 +8,6 @@
 #include "engine/cli/commands.h"
 #include "strata_build_config.h"
 
-namespace strata::cli {
-
-int report_error(const Error& error) {
-  spdlog::error("{}", error.to_string());
-  return error.kind == ErrorKind::invalid_argument ? 2 : 1;
-}
-
-}  // namespace strata::cli
-
 int main(int argc, char** argv) {
   CLI::App app{
       "strata — keeps a model's training state across VRAM, pinned host RAM and NVMe, and\n"

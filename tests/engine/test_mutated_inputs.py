@@ -103,13 +103,13 @@ def main():
             f.write(struct.pack("<4000H", *[rng.randrange(256) for _ in range(4000)]))
         cfg_path, cfg = config(folder, steps=2, data={"path": tokens, "format": "tokens-u16"},
                                model={"n_layer": 1, "n_head": 2, "n_embd": 32, "seq_len": 8})
-        strata("train", cfg_path, "--log-level", "warn")
+        strata("--log-level", "warn", "train", cfg_path)
         nvme = cfg["nvme"]["paths"][0]
         store = os.path.join(nvme, "store")
         data_file = os.path.join(nvme, "strata.data")
         store_paths = [store, data_file]
         init = os.path.join(folder, "init.safetensors")
-        strata("store", "export", store, init, "--log-level", "warn")
+        strata("--log-level", "warn", "store", "export", store, init)
         pristine_manifest = open(os.path.join(store, "manifest.json"), "rb").read()
         pristine_data = open(data_file, "rb").read()
 
@@ -138,7 +138,7 @@ def main():
             path = os.path.join(folder, f"mutant-{i}.yaml")
             with open(path, "wb") as f:
                 f.write(mutant)
-            record(f"config ({how})", *run_checked(f"config ({how})", ["train", path], folder, store_paths))
+            record(f"config ({how})", *run_checked(f"config ({how})", ["train", path, "--resume"], folder, store_paths))
             os.remove(path)
             restore_store()
 
@@ -176,7 +176,7 @@ def main():
             else:
                 value, how = retype(rng, json.loads(json.dumps(manifest)))
                 mutant = json.dumps(value).encode()
-            command = [["store", "verify", store], ["store", "inspect", store], ["train", cfg_path]][i % 3]
+            command = [["store", "verify", store], ["store", "inspect", store], ["train", cfg_path, "--resume"]][i % 3]
             with open(os.path.join(store, "manifest.json"), "wb") as f:
                 f.write(mutant)
             what = f"manifest ({how}) → {command[0]} {command[1]}"
@@ -188,7 +188,7 @@ def main():
             f.write(pristine_data)
         with open(os.path.join(store, "manifest.json"), "w") as f:
             json.dump(evil, f)
-        code, line = run_checked("manifest naming a file outside the store", ["train", cfg_path], folder, store_paths)
+        code, line = run_checked("manifest naming a file outside the store", ["train", cfg_path, "--resume"], folder, store_paths)
         record("manifest naming a file outside the store", code, line)
         if code == 0 or "outside the store folder" not in line:
             fail(f"a manifest naming {evil['files'][0]} was not refused: exit {code}: {line}")
@@ -201,7 +201,7 @@ def main():
             mutant, how = mutate_bytes(rng, pristine_tokens)
             with open(tokens, "wb") as f:
                 f.write(mutant)
-            record(f"data ({how})", *run_checked(f"data ({how})", ["train", cfg_path], folder,
+            record(f"data ({how})", *run_checked(f"data ({how})", ["train", cfg_path, "--resume"], folder,
                                                  store_paths + [tokens]))
             restore_store()
         with open(tokens, "wb") as f:

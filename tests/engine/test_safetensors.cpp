@@ -99,13 +99,13 @@ TEST(Safetensors, ElementCountSaturatesInsteadOfWrapping) {
   EXPECT_EQ(entry.element_count(), 77u);
 }
 
-// batch_size 65536 × seq_len 65536 (both accepted by the config) is 2^32 tokens: the old
-// 32-bit index `row * window_tokens` wrapped to 0 at the last row and overwrote row 0.
+// Today's bounds (batch_size and seq_len at most 65536) keep the largest index at exactly
+// 2^32 - 1, one short of wrapping a 32-bit product: the index is 64-bit so that any wider bound
+// cannot wrap it onto row 0. Row 65536 of a 65536-token window starts at 2^32 (0 in 32 bits).
 TEST(TokenData, RowOffsetIsSixtyFourBit) {
   EXPECT_EQ(TokenData::row_offset(65535, 65536), uint64_t{65535} * 65536);
-  EXPECT_EQ(TokenData::row_offset(65536 - 1, 65536) + 65536, uint64_t{1} << 32);
-  const uint32_t row = 65535, window = 65536;
-  EXPECT_NE(TokenData::row_offset(row, window), uint64_t{static_cast<uint32_t>(row * window)});
+  EXPECT_EQ(TokenData::row_offset(65536, 65536), uint64_t{1} << 32);
+  EXPECT_EQ(TokenData::row_offset(UINT32_MAX, UINT32_MAX), uint64_t{UINT32_MAX} * UINT32_MAX);
 }
 
 TEST(Narrow, AllFitIntRefusesNegativeAndHugeSizes) {
