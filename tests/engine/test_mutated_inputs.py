@@ -194,6 +194,24 @@ def main():
             fail(f"a manifest naming {evil['files'][0]} was not refused: exit {code}: {line}")
         restore_store()
 
+        # Metadata the trainer reads back as numbers (model shape, chunk size): not numbers, or
+        # a shape no config could give (n_head 0 divided the layout by zero; "x" made std::stoul
+        # throw through main). Export and resume refuse them with one line.
+        for key, bad in [("model.n_head", "0"), ("model.n_layer", "x"), ("model.n_embd", "99999999999999999999"),
+                         ("optim_chunk_elements", "-5")]:
+            tampered = json.loads(json.dumps(manifest))
+            tampered["metadata"][key] = bad
+            with open(os.path.join(store, "manifest.json"), "w") as f:
+                json.dump(tampered, f)
+            for command in (["store", "export", store, os.path.join(folder, "export-out.safetensors")],
+                            ["train", cfg_path, "--resume"]):
+                what = f"metadata {key} = {bad!r} → {command[0]} {command[1]}"
+                code, line = run_checked(what, command, folder, store_paths + [os.path.join(folder, "export-out.safetensors")])
+                record(what, code, line)
+                if code == 0 or key not in line:
+                    fail(f"{what}: expected a refusal naming {key}, got exit {code}: {line}")
+            restore_store()
+
         # 4. The data file (tokens-u16): flipped bits make tokens outside the vocabulary; a
         #    truncation makes it too short or odd-sized.
         pristine_tokens = open(tokens, "rb").read()
