@@ -1,6 +1,12 @@
 #include "common/config_reader.h"
 
+#include <cerrno>
 #include <filesystem>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
@@ -41,16 +47,42 @@ static Result<ConfigNode> top_level(YAML::Node node, const std::string& source_n
 }
 
 Result<ConfigNode> ConfigNode::load_file(const std::string& path) {
-  try {
-    YAML::Node node = YAML::LoadFile(path);
-    return top_level(node, path, [](std::unique_ptr<YAML::Node> n, std::string name) {
-      return ConfigNode(std::move(n), std::move(name), "");
-    });
-  } catch (const YAML::BadFile&) {
-    return make_errno_error(ENOENT, "open config", path);
-  } catch (const YAML::Exception& e) {
-    return make_error(ErrorKind::invalid_argument, fmt::format("{}: not valid YAML: {}", path, e.what()));
+  // A config names other files (nvme.io_file): a FIFO or /dev/zero there would block or read
+  // forever, so only a regular file of at most kMaxConfigBytes is read, whole, up front.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return make_errno_error(errno, "open config", path);
+  struct stat info {};
+  std::string text;
+  Status status;
+  if (::fstat(fd, &info) != 0) {
+    status = make_errno_error(errno, "stat config", path);
+  } else if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) > kMaxConfigBytes) {
+    status = make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: {}", path, S_ISREG(info.st_mode)
+                                                        ? fmt::format("{} bytes, over the {} a config may hold",
+                                                                      info.st_size, kMaxConfigBytes)
+                                                        : std::string("not a regular file")));
+  } else {
+    char chunk[16384];
+    for (;;) {
+      const ssize_t got = ::read(fd, chunk, sizeof chunk);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) {
+        status = make_errno_error(errno, "read config", path);
+        break;
+      }
+      if (got == 0) break;
+      text.append(chunk, static_cast<size_t>(got));
+      if (text.size() > kMaxConfigBytes) {
+        status = make_error(ErrorKind::invalid_argument, fmt::format("{}: grew past {} bytes while read", path,
+                                                                     kMaxConfigBytes));
+        break;
+      }
+    }
   }
+  ::close(fd);
+  if (!status.ok()) return status.error();
+  return load_string(text, path);
 }
 
 Result<ConfigNode> ConfigNode::load_string(const std::string& text, const std::string& source_name) {

@@ -27,7 +27,9 @@ namespace strata {
 
 class ConfigNode {
  public:
-  // Parses a YAML file / text; the top level must be a mapping.
+  // Parses a YAML file / text; the top level must be a mapping. A file must be a regular file
+  // of at most kMaxConfigBytes (anything else is refused before it is read).
+  static constexpr uint64_t kMaxConfigBytes = 16u << 20;
   [[nodiscard]] static Result<ConfigNode> load_file(const std::string& path);
   [[nodiscard]] static Result<ConfigNode> load_string(const std::string& text,
                                                       const std::string& source_name);

@@ -93,9 +93,11 @@ void TokenData::fill_batch(uint64_t step, uint32_t batch_size, int32_t* inputs,
   const uint64_t window_count = token_count_ - window_tokens_ - 1;
   for (uint32_t row = 0; row < batch_size; ++row) {
     uint64_t start = ((step * batch_size + row) * window_tokens_) % window_count;
+    int32_t* row_inputs = inputs + row_offset(row, window_tokens_);
+    int32_t* row_targets = targets + row_offset(row, window_tokens_);
     for (uint32_t t = 0; t < window_tokens_; ++t) {
-      inputs[row * window_tokens_ + t] = static_cast<int32_t>(token(start + t));
-      targets[row * window_tokens_ + t] = static_cast<int32_t>(token(start + t + 1));
+      row_inputs[t] = static_cast<int32_t>(token(start + t));
+      row_targets[t] = static_cast<int32_t>(token(start + t + 1));
     }
   }
 }

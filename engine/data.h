@@ -31,6 +31,11 @@ class TokenData {
   uint32_t token(uint64_t index) const;
   // inputs/targets: batch_size × window_tokens ids each, row-major.
   void fill_batch(uint64_t step, uint32_t batch_size, int32_t* inputs, int32_t* targets) const;
+  // Where row `row`'s tokens start in a batch: 64-bit, since batch_size × seq_len reaches
+  // 2^32 within the accepted config range (a 32-bit product would wrap and overwrite row 0).
+  static constexpr uint64_t row_offset(uint32_t row, uint32_t window_tokens) {
+    return uint64_t{row} * window_tokens;
+  }
 
  private:
   TokenData() = default;

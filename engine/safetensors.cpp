@@ -14,7 +14,13 @@ namespace strata {
 
 uint64_t SafetensorsEntry::element_count() const {
   uint64_t count = 1;
-  for (int64_t dim : shape) count *= static_cast<uint64_t>(dim);
+  for (int64_t dim : shape) {
+    // Saturates instead of wrapping: a shape whose product overflows can never match a
+    // real byte range, so the reader's size check refuses it (a wrapped product could match).
+    if (dim < 0) return UINT64_MAX;
+    if (dim != 0 && count > UINT64_MAX / static_cast<uint64_t>(dim)) return UINT64_MAX;
+    count *= static_cast<uint64_t>(dim);
+  }
   return count;
 }
 
@@ -97,18 +103,34 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets"))
       return corrupt(fmt::format("entry '{}' lacks dtype, shape or data_offsets", name));
+    // Every field is checked for its JSON type before it is read: a header is untrusted
+    // input, and a wrong type must be a refusal naming the entry, not an exception.
+    const auto& dtype_json = value["dtype"];
+    const auto& shape_json = value["shape"];
+    const auto& offsets = value["data_offsets"];
+    if (!dtype_json.is_string()) return corrupt(fmt::format("entry '{}': dtype is not a string", name));
+    if (!shape_json.is_array() || shape_json.size() > 8)
+      return corrupt(fmt::format("entry '{}': shape is not an array of at most 8 dimensions", name));
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned())
+      return corrupt(fmt::format("entry '{}': data_offsets is not two unsigned integers", name));
     SafetensorsEntry entry;
     entry.name = name;
-    Result<DType> dtype = parse_dtype(value["dtype"].get<std::string>());
+    Result<DType> dtype = parse_dtype(dtype_json.get<std::string>());
     if (!dtype.ok()) return corrupt(fmt::format("entry '{}': {}", name, dtype.error().message));
     entry.dtype = *dtype;
-    for (const auto& dim : value["shape"]) entry.shape.push_back(dim.get<int64_t>());
-    const auto& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2) return corrupt(fmt::format("entry '{}': bad data_offsets", name));
+    for (const auto& dim : shape_json) {
+      // Unsigned and below 2^62: a negative or huge dimension is a corrupt header.
+      if (!dim.is_number_unsigned() || dim.get<uint64_t>() > (uint64_t{1} << 62))
+        return corrupt(fmt::format("entry '{}': shape holds a dimension that is not a non-negative integer", name));
+      entry.shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
+    }
     entry.begin_bytes = offsets[0].get<uint64_t>();
     entry.end_bytes = offsets[1].get<uint64_t>();
+    const uint64_t elements = entry.element_count();
+    const uint64_t element_bytes = dtype_size_bytes(entry.dtype);
     if (entry.end_bytes < entry.begin_bytes || entry.end_bytes > data_bytes ||
-        entry.size_bytes() != entry.element_count() * dtype_size_bytes(entry.dtype))
+        elements > data_bytes / element_bytes || entry.size_bytes() != elements * element_bytes)
       return corrupt(fmt::format("entry '{}': data_offsets disagree with shape and dtype or the file size", name));
     reader.entries_.emplace(name, std::move(entry));
   }

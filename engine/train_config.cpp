@@ -40,8 +40,11 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     return model.error_at("n_embd", fmt::format("{} is not divisible by model.n_head = {}", m.n_embd, m.n_head));
   if (m.init != "random") {
     m.init = model.resolve_path(m.init);
-    if (!std::filesystem::exists(m.init))
-      return model.error_at("init", fmt::format("'{}' does not exist; use random or a GPT-2 .safetensors file", m.init));
+    std::error_code exists_error;  // EACCES on a parent folder, ENAMETOOLONG...: also "cannot use it"
+    if (!std::filesystem::exists(m.init, exists_error))
+      return model.error_at("init", fmt::format("'{}' {}; use random or a GPT-2 .safetensors file", m.init,
+                                                exists_error ? "cannot be reached: " + exists_error.message()
+                                                             : std::string("does not exist")));
   }
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode data, root.child("data", true));
@@ -102,7 +105,8 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.nvme_paths, nvme.string_list("paths", std::vector<std::string>{}));
   for (std::string& nvme_path : config.nvme_paths) {
     nvme_path = nvme.resolve_path(nvme_path);
-    if (!std::filesystem::is_directory(nvme_path))
+    std::error_code directory_error;
+    if (!std::filesystem::is_directory(nvme_path, directory_error))
       return nvme.error_at("paths", fmt::format("'{}' is not an existing directory; create it or list another", nvme_path));
   }
   // The io: section `strata tune` writes: inline under nvme.io, or the file itself.

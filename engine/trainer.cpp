@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -65,14 +66,33 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
           {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}};
 }
 
-// The optimizer chunk size a store was written with (stores from before chunks: one chunk
-// per unit of any size, which is what a huge chunk size describes).
-uint64_t optim_chunk_elements_of(const std::map<std::string, std::string>& metadata) {
-  auto found = metadata.find("optim_chunk_elements");
-  return found == metadata.end() ? std::numeric_limits<uint64_t>::max() : std::stoull(found->second);
+// Store metadata is read back from a manifest, which is untrusted input: numbers are parsed
+// whole, without exceptions, and bounded; a bad one is an error naming the key and the store.
+Result<uint64_t> metadata_number(const std::map<std::string, std::string>& metadata, const std::string& key,
+                                 uint64_t min, uint64_t max, const std::string& dir) {
+  auto found = metadata.find(key);
+  uint64_t value = 0;
+  const char* begin = found == metadata.end() ? nullptr : found->second.data();
+  const char* end = begin == nullptr ? nullptr : begin + found->second.size();
+  auto [stop, error] = begin == nullptr ? std::from_chars_result{nullptr, std::errc::invalid_argument}
+                                        : std::from_chars(begin, end, value);
+  if (error != std::errc() || stop != end || value < min || value > max)
+    return make_error(ErrorKind::corrupt,
+                      fmt::format("store {}: metadata '{}' is {}, not a whole number in [{}, {}]", dir, key,
+                                  found == metadata.end() ? "missing" : "'" + found->second + "'", min, max));
+  return value;
 }
 
-// The model shape a store was trained with, from its committed metadata.
+// The optimizer chunk size a store was written with (stores from before chunks: one chunk
+// per unit of any size, which is what a huge chunk size describes).
+Result<uint64_t> optim_chunk_elements_of(const std::map<std::string, std::string>& metadata, const std::string& dir) {
+  if (metadata.count("optim_chunk_elements") == 0) return std::numeric_limits<uint64_t>::max();
+  return metadata_number(metadata, "optim_chunk_elements", 1, std::numeric_limits<uint64_t>::max(), dir);
+}
+
+// The model shape a store was trained with, from its committed metadata, held to the same
+// bounds as a config's model: section (train_config.cpp), so a layout is never built from
+// a shape a config could not give (n_head 0, n_embd not divisible by n_head...).
 Result<ModelConfig> model_from_metadata(const std::map<std::string, std::string>& metadata,
                                         const std::string& dir) {
   auto it = metadata.find("format");
@@ -80,15 +100,14 @@ Result<ModelConfig> model_from_metadata(const std::map<std::string, std::string>
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("store {} holds no committed strata training run", dir));
   ModelConfig model;
-  auto number = [&](const char* key) -> uint32_t {
-    auto found = metadata.find(key);
-    return found == metadata.end() ? 0 : static_cast<uint32_t>(std::stoul(found->second));
-  };
-  model.n_layer = number("model.n_layer");
-  model.n_head = number("model.n_head");
-  model.n_embd = number("model.n_embd");
-  model.vocab_size = number("model.vocab_size");
-  model.seq_len = number("model.seq_len");
+  STRATA_ASSIGN_OR_RETURN(model.n_layer, metadata_number(metadata, "model.n_layer", 1, 1024, dir));
+  STRATA_ASSIGN_OR_RETURN(model.n_head, metadata_number(metadata, "model.n_head", 1, 1024, dir));
+  STRATA_ASSIGN_OR_RETURN(model.n_embd, metadata_number(metadata, "model.n_embd", 8, 65536, dir));
+  STRATA_ASSIGN_OR_RETURN(model.vocab_size, metadata_number(metadata, "model.vocab_size", 2, 1 << 20, dir));
+  STRATA_ASSIGN_OR_RETURN(model.seq_len, metadata_number(metadata, "model.seq_len", 1, 1 << 16, dir));
+  if (model.n_embd % model.n_head != 0)
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_embd {} is not divisible by "
+                                                      "model.n_head {}", dir, model.n_embd, model.n_head));
   return model;
 }
 
@@ -103,6 +122,10 @@ memory::StoreOptions store_options(const TrainConfig& config) {
   // Reads dominate a step; the read settings get the deeper queue when they differ.
   options.engine.queue_depth = std::max(config.io.read.queue_depth, config.io.write.queue_depth);
   options.engine.block_size_bytes = std::max(config.io.read.block_size_bytes, config.io.write.block_size_bytes);
+  // The data files this config puts outside the store folder (create_store below): a
+  // manifest naming any other outside path is refused (memory/store.h).
+  for (const std::string& path : config.nvme_paths)
+    options.external_data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
   return options;
 }
 
@@ -111,7 +134,7 @@ uint64_t peak_rss_bytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "VmHWM:  1234 kB"
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;  // "VmHWM:  1234 kB"
   return 0;
 }
 
@@ -341,7 +364,9 @@ class Run {
 
 Status Run::open_store(uint64_t& start_step) {
   const std::string dir = store_dir_of(config_);
-  bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName);
+  std::error_code exists_error;
+  bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error);
+  if (exists_error) return make_errno_error(exists_error.value(), "stat", dir + "/" + memory::kStoreManifestName);
   if (exists) {
     STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options(config_)));
     store_ = std::make_unique<memory::Store>(std::move(store));
@@ -372,7 +397,7 @@ Status Run::open_store(uint64_t& start_step) {
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{} was trained with another precision; --resume needs precision: {}", dir,
                                     precision == store_->committed_metadata().end() ? "?" : precision->second));
-    const uint64_t stored_chunk = optim_chunk_elements_of(store_->committed_metadata());
+    STRATA_ASSIGN_OR_RETURN(const uint64_t stored_chunk, optim_chunk_elements_of(store_->committed_metadata(), dir));
     if (stored_chunk != config_.optimizer.chunk_elements)
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{}: key 'optimizer.chunk_elements': {} keeps optimizer state in chunks of {} "
@@ -1007,7 +1032,7 @@ Status export_store_weights(const std::string& store_dir, const std::string& out
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"strata_step", std::to_string(store.committed_step())}};
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
-  const uint64_t chunk_elements = optim_chunk_elements_of(store.committed_metadata());
+  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
   std::vector<float> master(layout.largest_unit_elements());
   std::vector<float> staging;
   for (const Unit& unit : layout.units()) {
@@ -1032,7 +1057,7 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
   // Sampling holds the fp32 weights in RAM: one position at a time, no KV cache, so only
   // for models that fit (the demo's). The window slides over the last seq_len tokens.
   std::vector<std::vector<float>> weights(layout.units().size());
-  const uint64_t chunk_elements = optim_chunk_elements_of(store.committed_metadata());
+  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), dir));
   std::vector<float> staging;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     weights[u].resize(layout.units()[u].element_count);

@@ -43,9 +43,15 @@ uint64_t now_ns() {
 
 std::string hex64(uint64_t value) { return fmt::format("{:016x}", value); }
 
+// Saturates at UINT64_MAX (a negative or overflowing shape): that never equals a real size,
+// so a tampered shape whose product would wrap cannot pass the size check.
 uint64_t shape_elements(std::span<const int64_t> shape) {
   uint64_t count = 1;
-  for (int64_t dim : shape) count *= static_cast<uint64_t>(dim);
+  for (int64_t dim : shape) {
+    if (dim < 0) return UINT64_MAX;
+    if (dim != 0 && count > UINT64_MAX / static_cast<uint64_t>(dim)) return UINT64_MAX;
+    count *= static_cast<uint64_t>(dim);
+  }
   return count;
 }
 
@@ -88,10 +94,24 @@ class Fd {
   return Status();
 }
 
-[[nodiscard]] Result<std::string> read_small_file(const fs::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+// Reads a whole file of at most `max_bytes` (a regular file: a FIFO or device would block
+// or never end); a larger one is refused before anything is read.
+[[nodiscard]] Result<std::string> read_small_file(const fs::path& path, uint64_t max_bytes) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     Error error = make_errno_error(errno, "open", path.string());
+    return error;
+  }
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) return make_errno_error(errno, "stat", path.string());
+  if (!S_ISREG(info.st_mode) || static_cast<uint64_t>(info.st_size) > max_bytes) {
+    Error error = make_error(ErrorKind::corrupt,
+                             S_ISREG(info.st_mode)
+                                 ? "file is " + std::to_string(info.st_size) + " bytes, over the limit of " +
+                                       std::to_string(max_bytes) + " for it"
+                                 : std::string("not a regular file"));
+    error.op = "open";
+    error.path = path.string();
     return error;
   }
   std::string text;
@@ -104,6 +124,12 @@ class Fd {
     }
     if (n == 0) break;
     text.append(chunk, static_cast<size_t>(n));
+    if (text.size() > max_bytes) {  // grew while being read
+      Error error = make_error(ErrorKind::corrupt, "file grew past the limit of " + std::to_string(max_bytes));
+      error.op = "read";
+      error.path = path.string();
+      return error;
+    }
   }
   return text;
 }
@@ -407,6 +433,37 @@ struct Store::Impl {
     return fsync_dir(dir);
   }
 
+  // Where a data file the manifest names lives. The manifest is untrusted: a plain name is a
+  // file in the store folder; an absolute path must be normalized and, for a writable open,
+  // one the caller's configuration names; either must already be a regular file. Anything
+  // else (a '/' or '..' in a relative name, a symlink to a device...) is refused.
+  [[nodiscard]] Result<std::string> resolve_data_path(const std::string& named) const {
+    const fs::path path(named);
+    fs::path resolved;
+    if (path.is_absolute()) {
+      if (path.lexically_normal() != path || !path.has_filename())
+        return corrupt_manifest(manifest_path(), "data file '" + named + "' is not a normalized absolute path");
+      if (!options.read_only) {
+        bool listed = false;
+        for (const std::string& allowed : options.external_data_paths)
+          listed = listed || fs::absolute(allowed).lexically_normal() == path;
+        if (!listed)
+          return corrupt_manifest(manifest_path(), "data file '" + named +
+                                                       "' lies outside the store folder and is not one of the "
+                                                       "configured data paths");
+      }
+      resolved = path;
+    } else {
+      if (named.empty() || named.find('/') != std::string::npos || named == "." || named == "..")
+        return corrupt_manifest(manifest_path(), "data file '" + named + "' is not a plain file name in the store folder");
+      resolved = dir / path;
+    }
+    struct stat info {};
+    if (::stat(resolved.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
+      return corrupt_manifest(manifest_path(), "data file '" + resolved.string() + "' is not a regular file");
+    return resolved.string();
+  }
+
   // Parses and validates a manifest; fills this Impl's committed state. Writes nothing.
   [[nodiscard]] Status load_manifest(const std::string& text, std::vector<std::string>& data_paths,
                                      uint64_t& stripe_bytes) {
@@ -450,7 +507,8 @@ struct Store::Impl {
         for (int64_t dim : record.shape) {
           if (dim < 0) return corrupt_manifest(path, "tensor '" + name + "' has a negative dimension");
         }
-        if (shape_elements(record.shape) * dtype_size_bytes(record.dtype) != record.size_bytes) {
+        const uint64_t elements = shape_elements(record.shape);
+        if (elements > UINT64_MAX / 4 || elements * dtype_size_bytes(record.dtype) != record.size_bytes) {
           return corrupt_manifest(path, "tensor '" + name + "': size does not match dtype and shape");
         }
         uint64_t total = 0;
@@ -465,6 +523,8 @@ struct Store::Impl {
             return corrupt_manifest(path, "tensor '" + name + "' has a malformed checksum '" + sum + "'");
           }
           if (extent.length_bytes == 0) return corrupt_manifest(path, "tensor '" + name + "' has an empty extent");
+          if (extent.length_bytes > capacity_bytes || extent.offset_bytes > capacity_bytes - extent.length_bytes)
+            return corrupt_manifest(path, "tensor '" + name + "' has an extent outside the store's capacity");
           total += extent.length_bytes;
           record.extents.push_back(extent);
         }
@@ -599,12 +659,14 @@ Result<Store> Store::open(const std::string& dir, StoreOptions options) {
   impl->dir = fs::absolute(dir);
   impl->dir_text = impl->dir.string();
   impl->options = std::move(options);
-  Result<std::string> text = read_small_file(impl->manifest_path());
+  Result<std::string> text = read_small_file(impl->manifest_path(), kMaxManifestBytes);
   if (!text.ok()) {
     Error error = text.error();
     if (error.errno_value == ENOENT) {
       error.kind = ErrorKind::not_found;
       error.message = "no store here (manifest.json is missing)";
+    } else if (error.kind == ErrorKind::corrupt) {
+      return corrupt_manifest(impl->manifest_path(), error.message);
     }
     return error;
   }
@@ -615,7 +677,9 @@ Result<Store> Store::open(const std::string& dir, StoreOptions options) {
 
   std::vector<std::string> paths;
   for (const std::string& path : manifest_paths) {
-    paths.push_back(fs::path(path).is_absolute() ? path : (impl->dir / path).string());
+    Result<std::string> resolved = impl->resolve_data_path(path);
+    if (!resolved.ok()) return resolved.error();
+    paths.push_back(*resolved);
   }
   io::OpenOptions open_options;
   open_options.create = false;
@@ -658,7 +722,8 @@ Result<StoreTicket> Store::write_tensor_async(std::string_view name, DType dtype
   for (int64_t dim : shape) {
     if (dim < 0) return make_error(ErrorKind::invalid_argument, "tensor '" + std::string(name) + "' has a negative dimension");
   }
-  if (shape_elements(shape) * dtype_size_bytes(dtype) != size_bytes || size_bytes == 0) {
+  const uint64_t elements = shape_elements(shape);
+  if (elements > UINT64_MAX / 4 || elements * dtype_size_bytes(dtype) != size_bytes || size_bytes == 0) {
     return make_error(ErrorKind::invalid_argument,
                       "tensor '" + std::string(name) + "': " + std::to_string(size_bytes) +
                           " bytes do not match its dtype and shape (or are 0)");
@@ -932,7 +997,7 @@ StoreStats Store::stats() const {
 }
 
 Result<std::string> read_manifest_text(const std::string& dir) {
-  return read_small_file(fs::path(dir) / kStoreManifestName);
+  return read_small_file(fs::path(dir) / kStoreManifestName, kMaxManifestBytes);
 }
 
 }  // namespace strata::memory

@@ -27,7 +27,10 @@
 // Refusal: `open` refuses — with a clear message and without writing anything — a
 // directory whose manifest does not parse, has another format version, or whose data files
 // are missing or shorter than the manifest says. `create` refuses a directory or data path
-// that already holds a store (nothing is overwritten).
+// that already holds a store (nothing is overwritten). A manifest names each data file either
+// by a plain file name (in the store folder) or by a normalized absolute path; a relative
+// name with a '/' or '..', an absolute path not in `external_data_paths` (writable opens), a
+// data file that is not a regular file, or a manifest over kMaxManifestBytes is refused.
 //
 // Async I/O and buffer lifetimes: `write_tensor_async` / `read_tensor_async` submit every
 // extent to the engine and return a ticket at once; the caller's buffer must stay valid (and,
@@ -59,6 +62,9 @@ namespace strata::memory {
 
 inline constexpr int kStoreFormatVersion = 1;
 inline constexpr const char* kStoreManifestName = "manifest.json";
+// A manifest holds a few hundred bytes per extent: 256 MiB is ~10^6 extents (16 TiB of state at
+// the default 16 MiB extents). Anything larger is refused before it is read into memory.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 
 using EngineFactory = std::function<Result<std::unique_ptr<io::Engine>>(const io::EngineConfig&)>;
 
@@ -69,6 +75,11 @@ struct StoreOptions {
   uint64_t max_extent_bytes = 16 << 20;    // tensors are cut into extents of at most this
   bool allow_buffered_fallback = true;     // filesystems without O_DIRECT, with a warning
   bool read_only = false;                  // open only: inspect / verify; writes assert
+  // open, writable: the absolute data-file paths the caller's own configuration names (one
+  // per NVMe drive). A manifest is untrusted input: a writable open refuses one that names a
+  // data file outside the store folder unless it is listed here, so a tampered manifest can
+  // never make strata write anywhere else. Read-only opens write nothing and accept them.
+  std::vector<std::string> external_data_paths;
 };
 
 struct Extent {

@@ -10,6 +10,8 @@ packages=(
   nlohmann-json3-dev libopenblas-dev libcpp-httplib-dev
   fio python3 python3-torch python3-numpy
   prometheus chromium chromium-driver python3-selenium
+
+  clang libfuzzer-14-dev
 )
 
 missing=()

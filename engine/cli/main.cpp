@@ -1,20 +1,12 @@
 // strata — the command-line entry point: parses the subcommand, sets up logging, runs it.
 #include <cstdio>
+#include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "common/log.h"
 #include "engine/cli/commands.h"
 #include "strata_build_config.h"
-
-namespace strata::cli {
-
-int report_error(const Error& error) {
-  spdlog::error("{}", error.to_string());
-  return error.kind == ErrorKind::invalid_argument ? 2 : 1;
-}
-
-}  // namespace strata::cli
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -46,6 +38,17 @@ int main(int argc, char** argv) {
   strata::cli::add_store_command(app, state);
   strata::cli::add_bench_overlap_command(*bench, state);
   strata::cli::add_bench_adam_command(*bench, state);
-  CLI11_PARSE(app, argc, argv);
+  // The last resort: every error is meant to come back as a Status, but an exception that
+  // escapes anyway (a library's, a bad_alloc) still ends as one line and exit 1, never as
+  // std::terminate's abort and core dump.
+  try {
+    CLI11_PARSE(app, argc, argv);
+  } catch (const std::exception& e) {
+    spdlog::error("internal error (please report it): {}", e.what());
+    return 1;
+  } catch (...) {
+    spdlog::error("internal error (please report it): an unknown exception");
+    return 1;
+  }
   return state.exit_code;
 }

@@ -39,7 +39,17 @@ Result<Store> open_for_reading(const std::string& dir) {
   // Any backend this machine has; reading a store does not depend on the one that wrote it.
   const std::vector<io::Backend> backends = io::available_backends();
   if (!backends.empty()) options.engine.backend = backends.front();
-  return Store::open(dir, options);
+  Result<Store> opened = Store::open(dir, options);
+  // `strata train` keeps its store one level down, in <nvme path>/store: given the NVMe path
+  // itself, open the store there (and say so) rather than answer "no store here".
+  const std::string nested = (std::filesystem::path(dir) / "store").string();
+  std::error_code ignored;
+  if (!opened.ok() && opened.error().kind == ErrorKind::not_found &&
+      std::filesystem::exists(std::filesystem::path(nested) / memory::kStoreManifestName, ignored)) {
+    spdlog::info("{} holds no store itself; using the store in {}", dir, nested);
+    return Store::open(nested, options);
+  }
+  return opened;
 }
 
 // ---- inspect -------------------------------------------------------------------------------
@@ -302,7 +312,7 @@ int run_bench(const BenchOptions& cli) {
   }
   const auto recorded = store.committed_metadata().find("bench_window");
   const uint64_t written_window =
-      recorded == store.committed_metadata().end() ? window : std::stoull(recorded->second);
+      recorded == store.committed_metadata().end() ? window : std::strtoull(recorded->second.c_str(), nullptr, 10);
   // Data check after the timed window: every tensor read back (checksums verified) and
   // compared word by word with its stamp.
   uint64_t checked = 0;

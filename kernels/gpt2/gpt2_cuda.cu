@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/narrow.h"
 #include "kernels/gpt2/gpt2_math.h"
 
 namespace strata::kernels::gpt2::cuda {
@@ -293,6 +294,9 @@ __global__ void embedding_backward_wpe_kernel(const float* d_x0, int64_t batch, 
 Status gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) {
+  // cuBLAS takes int: a size past INT_MAX would wrap silently into a wrong-memory access.
+  if (!all_fit_int({m, n, k, lda, ldb, ldc}))
+    return make_error(ErrorKind::invalid_argument, "cuBLAS sgemm: a dimension or leading dimension exceeds INT_MAX");
   const float one = 1.0f;
   const cublasStatus_t code = cublasSgemm(
       ctx.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -307,6 +311,9 @@ Status gemm_batched(const Context& ctx, bool trans_a, bool trans_b, int64_t m, i
                     int64_t k, const float* a, int64_t lda, int64_t stride_a, const float* b,
                     int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
                     int64_t stride_c, int64_t count) {
+  if (!all_fit_int({m, n, k, lda, ldb, ldc, count}))
+    return make_error(ErrorKind::invalid_argument,
+                      "cuBLAS sgemm strided batched: a dimension, leading dimension or count exceeds INT_MAX");
   const float one = 1.0f;
   const cublasStatus_t code = cublasSgemmStridedBatched(
       ctx.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,

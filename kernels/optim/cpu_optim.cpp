@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <cpuid.h>
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
@@ -27,8 +29,11 @@ CpuIsa detect_cpu_isa() {
   // Computed once; __builtin_cpu_supports reads cpuid (and the OS's xsave state for AVX).
   static const CpuIsa detected = [] {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+    // F16C from cpuid leaf 1 directly: clang's __builtin_cpu_supports does not know "f16c"
+    // (the fuzz build compiles this with clang).
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     return avx2 ? CpuIsa::avx2 : CpuIsa::scalar;
   }();
   return detected;

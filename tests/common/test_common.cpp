@@ -1,10 +1,16 @@
 // Proves the foundation's input handling: sizes parse in every documented form and reject
 // everything else, and the strict config reader names the key, the file and what is
 // accepted for unknown keys, wrong types and out-of-range values.
+#include <fstream>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "common/config_reader.h"
 #include "common/size.h"
+#include "tests/support/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -99,6 +105,30 @@ TEST(ConfigReader, MissingRequiredKeyAndBadYamlAreErrors) {
   auto no_file = ConfigNode::load_file("/nonexistent/strata.yaml");
   ASSERT_FALSE(no_file.ok());
   EXPECT_EQ(no_file.error().kind, ErrorKind::not_found);
+}
+
+// Issue 12: a config names other files (nvme.io_file). A FIFO there blocked yaml-cpp's read
+// forever (this test hung before the fix), /dev/zero read without end; both are refused now,
+// as is a regular file over kMaxConfigBytes, with one error naming the path.
+TEST(ConfigReader, LoadFileRefusesNonRegularAndHugeFiles) {
+  strata::testing::TempDir temp;
+  const std::string fifo = temp.file("io.yaml");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero")}) {
+    auto loaded = ConfigNode::load_file(path);
+    ASSERT_FALSE(loaded.ok()) << path;
+    EXPECT_NE(loaded.error().to_string().find("not a regular file"), std::string::npos) << loaded.error().to_string();
+  }
+  const std::string huge = temp.file("huge.yaml");
+  { std::ofstream out(huge); out << "a: 1\n"; }
+  ASSERT_EQ(::truncate(huge.c_str(), static_cast<off_t>(ConfigNode::kMaxConfigBytes + 1)), 0);
+  auto loaded = ConfigNode::load_file(huge);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.error().to_string().find(huge), std::string::npos) << loaded.error().to_string();
+  // A regular file within the limit still reads.
+  const std::string fine = temp.file("fine.yaml");
+  { std::ofstream out(fine); out << "a: 1\n"; }
+  EXPECT_TRUE(ConfigNode::load_file(fine).ok());
 }
 
 TEST(ErrorText, NamesOpPathOffsetLengthAndTensor) {

@@ -411,7 +411,9 @@ TEST_P(FaultTest, EnospcFailsCleanlyAndKeepsEarlierData) {
   EXPECT_EQ(status.error().kind, ErrorKind::no_space) << status.to_string();
   EXPECT_EQ(status.error().errno_value, ENOSPC);
   EXPECT_EQ(status.error().path, dir_.file("f.strata"));
-  EXPECT_GE(status.error().offset_bytes, 0u);
+  // The failing write lies in the 2 MiB appended at kSize (an unsigned >= 0 could not fail).
+  EXPECT_GE(status.error().offset_bytes, kSize);
+  EXPECT_LT(status.error().offset_bytes, 2 * kSize);
   EXPECT_GT(plan_->counters().enospc_injected, 0u);
   // What was written before the disk "filled" reads back exactly.
   plan_->set_rules(FaultRules{});

@@ -142,6 +142,8 @@ TEST(Store, StripedOverTwoFilesRoundTrips) {
   const std::string dir = temp.file("store");
   StoreOptions options = test_store_options();
   options.stripe_bytes = 64 * 1024;
+  // Data files outside the store folder: a writable open accepts them only when listed.
+  options.external_data_paths = {temp.file("a.strata"), temp.file("b.strata")};
   const std::vector<int64_t> shape{300001};
   AlignedBuffer data(300001 * 2);
   fill_pattern(data.data, data.size, 3, 9);
@@ -393,6 +395,73 @@ TEST_F(ManifestRefusal, OtherFormatVersion) {
   other.replace(at, 19, "\"format_version\": 2");
   replace_manifest(other);
   expect_refused(ErrorKind::unsupported, "format version 2");
+}
+
+// Issue 12: a manifest is untrusted input. One that names a data file by '..', by a relative
+// path with a folder, or by an absolute path the caller did not configure would make a
+// writable open write outside the store folder: refused, with every file unchanged. Before the
+// fix each of these opened (the first two failed only if the file was missing; the absolute
+// one opened a file outside the store for writing).
+TEST_F(ManifestRefusal, DataFilesOutsideTheStoreFolder) {
+  const std::string outside = temp_.file("outside.strata");
+  ASSERT_TRUE(std::filesystem::copy_file(dir_ + "/data.strata", outside));
+  ASSERT_EQ(::mkdir((dir_ + "/sub").c_str(), 0700), 0);
+  ASSERT_TRUE(std::filesystem::copy_file(dir_ + "/data.strata", dir_ + "/sub/data.strata"));
+  const size_t at = manifest_.find("\"data.strata\"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string outside_before = slurp(outside);
+  for (const std::string& named : {std::string("../outside.strata"), std::string("sub/data.strata"), outside,
+                                   dir_ + "/../outside.strata"}) {
+    std::string tampered = manifest_;
+    tampered.replace(at, 13, "\"" + named + "\"");
+    replace_manifest(tampered);
+    expect_refused(ErrorKind::corrupt, "data file");
+  }
+  EXPECT_EQ(slurp(outside), outside_before);
+  // The same absolute path, listed by the caller, opens (how `strata train` keeps one data
+  // file per NVMe drive); read-only opens write nothing and accept it too.
+  std::string tampered = manifest_;
+  tampered.replace(at, 13, "\"" + outside + "\"");
+  replace_manifest(tampered);
+  StoreOptions listed = test_store_options();
+  listed.external_data_paths = {outside};
+  Result<Store> opened = Store::open(dir_, listed);
+  EXPECT_TRUE(opened.ok()) << opened.error().to_string();
+  StoreOptions read_only = test_store_options();
+  read_only.read_only = true;
+  EXPECT_TRUE(Store::open(dir_, read_only).ok());
+}
+
+// A manifest that is not a regular file (a FIFO would block the read forever: a hang before
+// the fix) or is over kMaxManifestBytes (read whole into memory before the fix) is refused.
+TEST_F(ManifestRefusal, NotARegularFileOrTooLarge) {
+  const std::string manifest_path = dir_ + "/manifest.json";
+  ASSERT_EQ(::truncate(manifest_path.c_str(), static_cast<off_t>(kMaxManifestBytes + 1)), 0);
+  Result<Store> huge = Store::open(dir_, test_store_options());
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.error().kind, ErrorKind::corrupt);
+  EXPECT_NE(huge.error().to_string().find("over the limit"), std::string::npos) << huge.error().to_string();
+  EXPECT_NE(huge.error().to_string().find("nothing was changed"), std::string::npos) << huge.error().to_string();
+  EXPECT_EQ(std::filesystem::file_size(manifest_path), kMaxManifestBytes + 1);
+  ASSERT_EQ(::unlink(manifest_path.c_str()), 0);
+  ASSERT_EQ(::mkfifo(manifest_path.c_str(), 0600), 0);
+  Result<Store> store = Store::open(dir_, test_store_options());
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.error().to_string().find("not a regular file"), std::string::npos) << store.error().to_string();
+  EXPECT_EQ(slurp(dir_ + "/data.strata"), data_);
+}
+
+// A shape whose element count overflows 64 bits used to wrap: [5000, 2^62 + 1] counts
+// 5000·2^62 + 5000 ≡ 5000 (mod 2^64) elements, so it matched the 20000 bytes recorded and
+// opened. The count saturates now, and the shape is refused.
+TEST_F(ManifestRefusal, ShapeWhoseProductOverflows) {
+  std::string tampered = manifest_;
+  const size_t begin = tampered.find("\"shape\": [");
+  ASSERT_NE(begin, std::string::npos);
+  const size_t end = tampered.find(']', begin);
+  tampered.replace(begin, end + 1 - begin, "\"shape\": [5000, 4611686018427387905]");
+  replace_manifest(tampered);
+  expect_refused(ErrorKind::corrupt, "size does not match");
 }
 
 TEST_F(ManifestRefusal, TruncatedDataFile) {

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds strata twice more, instrumented, and runs the suites that can show a bug under each
+# (scripts/test.sh calls this; README "Sanitizers" says why these suites):
+#   build-asan/  gcc, AddressSanitizer + UndefinedBehaviorSanitizer, any finding fatal:
+#                every C++ suite except the CPU-kernel numerics (gpt2, optim), plus the
+#                fuzz replays and `strata train` refusing bad input through the sanitized binary;
+#   build-tsan/  gcc, ThreadSanitizer: the threaded suites — io, scheduler (device, scheduler),
+#                memory (the store), and `strata train` end to end.
+# Usage: scripts/sanitize.sh [asan|tsan]...   (default: both). Exit status: any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kinds=("$@")
+[ ${#kinds[@]} -eq 0 ] && kinds=(asan tsan)
+
+# Fatal on the first report, with a stack; LeakSanitizer on (ASan's default on Linux).
+export ASAN_OPTIONS="abort_on_error=1:halt_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp"
+
+status=0
+for kind in "${kinds[@]}"; do
+  case "$kind" in
+    asan)
+      dir=build-asan
+      options=(-Db_sanitize=address,undefined -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all)
+      suites=(--suite common --suite io --suite memory --suite scheduler --suite fuzz)
+      named=(engine_safetensors train_bad_input train_mutated) ;;
+    tsan)
+      dir=build-tsan
+      options=(-Db_sanitize=thread)
+      suites=(--suite io --suite memory --suite scheduler)
+      named=(train_offload train_mutated) ;;
+    *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
+  esac
+  if [ ! -f "$dir/build.ninja" ]; then
+    # -Db_lundef=false: the sanitizer runtimes resolve some symbols only at load time.
+    meson setup "$dir" -Dcuda=disabled -Db_lundef=false "${options[@]}" >/dev/null
+  fi
+  # Only what the selected tests run (their executables and the binaries they are given), not
+  # the numerics suites and benchmarks: an instrumented build of everything costs CI minutes.
+  mapfile -t targets < <(meson introspect "$dir" --tests | /usr/bin/python3 -c '
+import json, os, sys
+build = os.path.realpath(sys.argv[1])
+wanted_suites = {s for s in sys.argv[2].split()}
+wanted_names = set(sys.argv[3].split())
+out = set()
+for test in json.load(sys.stdin):
+    suites = {s.split(":")[-1] for s in test["suite"]}
+    if test["name"] in wanted_names or suites & wanted_suites:
+        for part in test["cmd"]:
+            real = os.path.realpath(os.path.join(build, part))
+            if real.startswith(build + os.sep):
+                out.add(os.path.relpath(real, build))
+print("\n".join(sorted(out)))' "$dir" "$(printf '%s\n' "${suites[@]}" | grep -v -- --suite | tr '\n' ' ')" "${named[*]}")
+  ninja -C "$dir" "${targets[@]}"
+  rm -f "$dir"/meson-logs/testlog*.json
+  start=$(date +%s)
+  # Two runs (meson selects by suite or by name, not both); each leaves its own log, which
+  # scripts/test.sh counts in its closing line.
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-suites "${suites[@]}" || status=1
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-named "${named[@]}" || status=1
+  echo "sanitize.sh: $kind suites took $(( $(date +%s) - start )) s"
+done
+exit $status
