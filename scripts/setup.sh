@@ -10,7 +10,6 @@ packages=(
   nlohmann-json3-dev libopenblas-dev libcpp-httplib-dev
   fio python3 python3-torch python3-numpy
   prometheus chromium chromium-driver python3-selenium
-
   clang libfuzzer-14-dev
 )
 
