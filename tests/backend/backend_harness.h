@@ -42,6 +42,29 @@ inline std::vector<int32_t> random_tokens(size_t count, int32_t vocab, uint32_t 
   return values;
 }
 
+// The shape, element counts and token batch every scenario shares, so that the direct run and
+// each backend's run draw the same inputs.
+struct Scenario {
+  gk::Config c;
+  gk::BatchShape s;
+  size_t rows, act, wte_n, wpe_n, block_n;
+  std::vector<int32_t> tokens, targets;
+};
+inline Scenario make_scenario() {
+  const gk::Config c = small_config();
+  const gk::BatchShape s = small_shape();
+  const auto rows = static_cast<size_t>(s.rows());
+  return Scenario{c,
+                  s,
+                  rows,
+                  rows * static_cast<size_t>(c.n_embd),
+                  static_cast<size_t>(c.vocab_size * c.n_embd),
+                  static_cast<size_t>(c.n_ctx * c.n_embd),
+                  static_cast<size_t>(gk::block_param_count(c)),
+                  random_tokens(rows, static_cast<int32_t>(c.vocab_size), 11),
+                  random_tokens(rows, static_cast<int32_t>(c.vocab_size), 12)};
+}
+
 // One block's weights: LayerNorm gains near 1, everything else small.
 inline std::vector<float> block_weights(const gk::Config& config, uint32_t seed) {
   std::vector<float> values = random_floats(static_cast<size_t>(gk::block_param_count(config)), 0.05f, seed);
@@ -137,16 +160,9 @@ inline const char* const kScenarios[] = {"embedding_forward", "embedding_backwar
                                          "adamw_clip"};
 
 inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
-  const gk::Config c = small_config();
-  const gk::BatchShape s = small_shape();
+  const Scenario scenario = make_scenario();
+  const auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   kernels::ComputeBackend& b = env.backend();
-  const auto rows = static_cast<size_t>(s.rows());
-  const auto act = rows * static_cast<size_t>(c.n_embd);
-  const auto wte_n = static_cast<size_t>(c.vocab_size * c.n_embd);
-  const auto wpe_n = static_cast<size_t>(c.n_ctx * c.n_embd);
-  const auto block_n = static_cast<size_t>(gk::block_param_count(c));
-  const std::vector<int32_t> tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 11);
-  const std::vector<int32_t> targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 12);
   EXPECT_TRUE(b.begin_step(tokens.data(), targets.data(), s.rows()).ok());
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };

@@ -19,15 +19,8 @@ namespace {
 
 // The same scenario computed with the kernels directly, on host vectors.
 OpOutputs run_direct(const std::string& name) {
-  const gk::Config c = small_config();
-  const gk::BatchShape s = small_shape();
-  const auto rows = static_cast<size_t>(s.rows());
-  const auto act = rows * static_cast<size_t>(c.n_embd);
-  const auto wte_n = static_cast<size_t>(c.vocab_size * c.n_embd);
-  const auto wpe_n = static_cast<size_t>(c.n_ctx * c.n_embd);
-  const auto block_n = static_cast<size_t>(gk::block_param_count(c));
-  const std::vector<int32_t> tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 11);
-  const std::vector<int32_t> targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 12);
+  const Scenario scenario = make_scenario();
+  const auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   std::vector<float> workspace(gk::workspace_size_bytes(c, s) / 4 + 16);
   // The kernels want a 64-byte aligned workspace.
   auto* aligned = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) / 64 * 64);
