@@ -103,10 +103,11 @@ class CpuEvent final : public EventBackend {
     return ++recorded_;
   }
   void complete(uint64_t sequence) {
-    {
-      std::lock_guard lock(mutex_);
-      if (sequence > completed_) completed_ = sequence;
-    }
+    // Notify under the lock: a waiter that sees the new count may destroy the event at once,
+    // and a notify after the unlock would then touch a freed condition variable (ThreadSanitizer
+    // caught exactly that in the device suite).
+    std::lock_guard lock(mutex_);
+    if (sequence > completed_) completed_ = sequence;
     cv_.notify_all();
   }
   uint64_t recorded() {
