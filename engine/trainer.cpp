@@ -174,15 +174,6 @@ Status discard_uncommitted_store(const TrainConfig& config) {
 
 // --- fresh state ----------------------------------------------------------------------------
 
-// The CPU device region that holds the scratch buffers: each rounded to the device alignment.
-uint64_t cpu_scratch_region_bytes(const DeviceScratchSizes& scratch) {
-  uint64_t total = 0;
-  for (uint64_t bytes : {scratch.workspace_bytes, scratch.weights_fp32_bytes, scratch.block_grads_bytes,
-                         scratch.embed_grads_bytes, scratch.ln_f_grads_bytes})
-    total += align_up(bytes, device::kDeviceAlignmentBytes);
-  return total;
-}
-
 // One store transfer, waited for.
 Status write_tensor(memory::Store& store, const std::string& name, DType dtype, std::span<const int64_t> shape,
                     const void* data, uint64_t size_bytes) {
@@ -352,6 +343,8 @@ class Run {
   };
   Status open_host_optimizer();
   Status update_on_host(const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step);
+  std::vector<kernels::AdamWChunk> adamw_pieces(const Unit& unit, uint64_t begin, uint64_t count, uint64_t step,
+                                                float* master, const float* grads, uint16_t* copy) const;
   std::unique_ptr<device::Device> host_device_;
   std::unique_ptr<kernels::ComputeBackend> host_backend_;
   device::Stream optimizer_stream_;
@@ -530,43 +523,19 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
     }
     case StepKind::optimize: {
       if (info.site == OptimizerSite::host) return update_on_host(info, buffers, step);
-      // One optimizer chunk: elements [begin, begin + count) of the unit, packed
-      // [master | m | v]; the tensors of the unit that overlap it are updated piecewise, so
-      // each keeps its own weight-decay rule.
+      // One optimizer chunk, packed [master | m | v], updated piecewise (adamw_pieces).
       const ElementRange range = ids.optim[info.chunk].range;
       const uint64_t begin = range.begin_elements;
       const uint64_t count = range.element_count;
       float* master = f32(ids.optim[info.chunk].tensor);
-      float* exp_avg = master + count;
-      float* exp_avg_sq = master + 2 * count;
       const float* grads = grads_of(info.unit, buffers);
       void* params = buffers.device_data(ids.params);
       // The clip factor comes from the gradient norm on the stream: no host round trip.
       const bool clip = config_.optimizer.grad_clip > 0;
       if (clip) STRATA_RETURN_IF_ERROR(backend.clip_coefficient(config_.optimizer.grad_clip));
-      kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
-                                 config_.optimizer.eps, config_.optimizer.weight_decay};
-      const auto t = static_cast<int64_t>(step + 1);
-      const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
-      adamw.weight_decay = 0.0;
-      const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t);
-      for (const UnitTensor& tensor : unit.tensors) {
-        const uint64_t first = std::max(begin, tensor.offset_elements);
-        const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
-        if (first >= last) continue;
-        const uint64_t local = first - begin;  // within the chunk
-        kernels::AdamWChunk piece;
-        piece.scalars = tensor.weight_decay ? decayed : undecayed;
+      uint16_t* copy = config_.precision == DType::bf16 ? static_cast<uint16_t*>(params) + begin : nullptr;
+      for (kernels::AdamWChunk& piece : adamw_pieces(unit, begin, count, step, master, grads + begin, copy)) {
         piece.use_clip_scale = clip;
-        piece.params = master + local;
-        piece.grads = grads + first;
-        piece.exp_avg = exp_avg + local;
-        piece.exp_avg_sq = exp_avg_sq + local;
-        piece.count = last - first;
-        if (config_.precision == DType::bf16) {
-          piece.copy_dtype = DType::bf16;
-          piece.copy = static_cast<uint16_t*>(params) + first;
-        }
         STRATA_RETURN_IF_ERROR(backend.adamw(piece));
       }
       if (config_.precision == DType::f32)
@@ -575,6 +544,40 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
     }
   }
   return Status();
+}
+
+// The AdamW work of one optimizer chunk, elements [begin, begin + count) of `unit`, on either
+// site: one piece per unit tensor overlapping the chunk, each with its own weight-decay rule.
+// `master` is the chunk's packed [master | m | v]; `grads` and `copy` (bf16 compute copy, or
+// null) point at the chunk's first element.
+std::vector<kernels::AdamWChunk> Run::adamw_pieces(const Unit& unit, uint64_t begin, uint64_t count, uint64_t step,
+                                                   float* master, const float* grads, uint16_t* copy) const {
+  kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
+                             config_.optimizer.eps, config_.optimizer.weight_decay};
+  const auto t = static_cast<int64_t>(step + 1);
+  const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
+  adamw.weight_decay = 0.0;
+  const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t);
+  std::vector<kernels::AdamWChunk> pieces;
+  for (const UnitTensor& tensor : unit.tensors) {
+    const uint64_t first = std::max(begin, tensor.offset_elements);
+    const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
+    if (first >= last) continue;
+    const uint64_t local = first - begin;  // within the chunk
+    kernels::AdamWChunk piece;
+    piece.scalars = tensor.weight_decay ? decayed : undecayed;
+    piece.params = master + local;
+    piece.grads = grads + local;
+    piece.exp_avg = master + count + local;
+    piece.exp_avg_sq = master + 2 * count + local;
+    piece.count = last - first;
+    if (copy != nullptr) {
+      piece.copy_dtype = DType::bf16;
+      piece.copy = copy + local;
+    }
+    pieces.push_back(piece);
+  }
+  return pieces;
 }
 
 // The CPU backend, the optimizer stream and the staging slots of OptimizerSite::host; nothing
@@ -633,32 +636,10 @@ Status Run::update_on_host(const StepInfo& info, const sch::StepBuffers& buffers
   STRATA_RETURN_IF_ERROR(device_->record(grads_ready_, compute));
   STRATA_RETURN_IF_ERROR(device_->stream_wait(optimizer_stream_, grads_ready_));
 
-  kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
-                             config_.optimizer.eps, config_.optimizer.weight_decay};
-  const auto t = static_cast<int64_t>(step + 1);
-  kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
-  adamw.weight_decay = 0.0;
-  kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t);
-  if (clip) decayed.grad_scale = undecayed.grad_scale = *host_clip_scale_;
-  std::vector<kernels::AdamWChunk> pieces;
-  for (const UnitTensor& tensor : unit.tensors) {
-    const uint64_t first = std::max(begin, tensor.offset_elements);
-    const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
-    if (first >= last) continue;
-    const uint64_t local = first - begin;
-    kernels::AdamWChunk piece;
-    piece.scalars = tensor.weight_decay ? decayed : undecayed;
-    piece.params = master + local;
-    piece.grads = host_grads + local;
-    piece.exp_avg = master + count + local;
-    piece.exp_avg_sq = master + 2 * count + local;
-    piece.count = last - first;
-    if (config_.precision == DType::bf16) {
-      piece.copy_dtype = DType::bf16;
-      piece.copy = reinterpret_cast<uint16_t*>(slot.params.data()) + local;
-    }
-    pieces.push_back(piece);
-  }
+  uint16_t* copy = config_.precision == DType::bf16 ? reinterpret_cast<uint16_t*>(slot.params.data()) : nullptr;
+  std::vector<kernels::AdamWChunk> pieces = adamw_pieces(unit, begin, count, step, master, host_grads, copy);
+  if (clip)
+    for (kernels::AdamWChunk& piece : pieces) piece.scalars.grad_scale = *host_clip_scale_;
   STRATA_RETURN_IF_ERROR(device_->launch(optimizer_stream_, [this, pieces = std::move(pieces)] {
     for (const kernels::AdamWChunk& piece : pieces)
       if (!host_backend_->adamw(piece).ok()) host_update_failed_ = true;
@@ -841,7 +822,7 @@ Result<TrainSummary> Run::execute() {
   pool_bytes_ = config_.host_memory_bytes;
   device_budget_bytes_ = config_.device_memory_bytes;
   if (device_->kind() == device::Kind::cpu) {
-    const uint64_t scratch_bytes = std::max<uint64_t>(cpu_scratch_region_bytes(scratch), device::kDeviceAlignmentBytes);
+    const uint64_t scratch_bytes = std::max<uint64_t>(scratch.total(), device::kDeviceAlignmentBytes);
     backend_.reset();  // it holds the device it was made for
     device_.reset();
     STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, scratch_bytes));
