@@ -27,6 +27,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode model, root.child("model", true));
   ModelConfig& m = config.model;
+  STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama"}, std::string("gpt2")));
   STRATA_READ(m.n_layer, model.integer("n_layer", std::nullopt, 1, 1024));
   STRATA_READ(m.n_head, model.integer("n_head", std::nullopt, 1, 1024));
   STRATA_READ(m.n_embd, model.integer("n_embd", std::nullopt, 8, 65536));
@@ -35,9 +36,42 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(m.init, model.string("init", std::string("random")));
   STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
   STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
+  if (m.arch == "llama") {
+    STRATA_READ(m.n_kv_head, model.integer("n_kv_head", 0, 0, 1024));
+    STRATA_READ(m.head_dim, model.integer("head_dim", 0, 0, 4096));
+    STRATA_READ(m.intermediate_size, model.integer("intermediate_size", std::nullopt, 1, 1 << 20));
+    STRATA_READ(m.rope_theta, model.number("rope_theta", 10000.0, 1.0, 1.0e12));
+    STRATA_READ(m.norm_eps, model.number("norm_eps", 1.0e-5, 0.0, 1.0));
+    STRATA_READ(m.tie_word_embeddings, model.boolean("tie_word_embeddings", true));
+    if (model.has("rope_scaling")) {
+      STRATA_ASSIGN_OR_RETURN(ConfigNode scaling, model.child("rope_scaling"));
+      RopeScaling& r = m.rope_scaling;
+      STRATA_READ(r.type, scaling.choice("type", {"llama3"}, std::nullopt));
+      STRATA_READ(r.factor, scaling.number("factor", std::nullopt, 1.0, 1.0e6));
+      STRATA_READ(r.low_freq_factor, scaling.number("low_freq_factor", 1.0, 1.0e-6, 1.0e6));
+      STRATA_READ(r.high_freq_factor, scaling.number("high_freq_factor", 4.0, 1.0e-6, 1.0e6));
+      STRATA_READ(r.original_max_position_embeddings,
+                  scaling.integer("original_max_position_embeddings", 8192, 1, 1 << 24));
+      STRATA_RETURN_IF_ERROR(scaling.finish());
+      if (r.high_freq_factor <= r.low_freq_factor)
+        return scaling.error_at("high_freq_factor", fmt::format("{} must exceed low_freq_factor = {}",
+                                                                r.high_freq_factor, r.low_freq_factor));
+    }
+  }
   STRATA_RETURN_IF_ERROR(model.finish());
-  if (m.n_embd % m.n_head != 0)
+  if (m.arch == "gpt2" && m.n_embd % m.n_head != 0)
     return model.error_at("n_embd", fmt::format("{} is not divisible by model.n_head = {}", m.n_embd, m.n_head));
+  if (m.arch == "llama") {
+    if (m.n_kv_head != 0 && m.n_head % m.n_kv_head != 0)
+      return model.error_at("n_kv_head", fmt::format("{} does not divide model.n_head = {}", m.n_kv_head, m.n_head));
+    if (m.head_dim == 0 && m.n_embd % m.n_head != 0)
+      return model.error_at("n_embd", fmt::format("{} is not divisible by model.n_head = {} (or give model.head_dim)",
+                                                  m.n_embd, m.n_head));
+    if (m.head_size() % 2 != 0)
+      return model.error_at("head_dim", fmt::format("{} is odd; rotary embeddings rotate pairs", m.head_size()));
+  }
+  // The keys are read and checked; the Llama definition itself (issue 14) is not wired in yet.
+  if (m.arch == "llama") return model.error_at("arch", "llama is not trained by this build yet; use gpt2");
   if (m.init != "random") {
     m.init = model.resolve_path(m.init);
     std::error_code exists_error;  // EACCES on a parent folder, ENAMETOOLONG...: also "cannot use it"

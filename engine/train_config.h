@@ -25,7 +25,21 @@ namespace strata {
 using memory::Tier;
 using memory::tier_name;
 
+// Llama 3's `rope_scaling` (rope_type "llama3"): long wavelengths divided by `factor`, short
+// ones kept, a smooth blend between (Hugging Face's _compute_llama3_parameters).
+struct RopeScaling {
+  std::string type;  // "" (none) or "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  uint32_t original_max_position_embeddings = 8192;
+};
+
+// The architecture and shape. GPT-2 reads n_layer, n_head, n_embd, vocab_size, seq_len; Llama
+// (Llama 2/3, Mistral, Qwen share the shape) also reads the keys below the line. Names follow
+// the YAML keys; the Hugging Face config.json names are in docs/models.md.
 struct ModelConfig {
+  std::string arch = "gpt2";  // gpt2 | llama
   uint32_t n_layer = 6;
   uint32_t n_head = 6;
   uint32_t n_embd = 384;
@@ -35,6 +49,17 @@ struct ModelConfig {
   uint64_t seed = 1;
   // GPT-2's initializer range: N(0, 0.02), residual projections scaled by 1/sqrt(2·n_layer).
   double init_std = 0.02;
+  // --- Llama ---
+  uint32_t n_kv_head = 0;          // num_key_value_heads (grouped-query attention); 0: n_head
+  uint32_t head_dim = 0;           // 0: n_embd / n_head
+  uint32_t intermediate_size = 0;  // the SwiGLU MLP's width
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double norm_eps = 1.0e-5;        // rms_norm_eps (GPT-2's LayerNorm keeps its 1e-5)
+  bool tie_word_embeddings = true; // lm_head shares embed_tokens
+
+  uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
+  uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }
 };
 
 struct OptimizerConfig {
