@@ -7,6 +7,9 @@
 // spdlog on stderr.
 #pragma once
 
+#include <string>
+#include <string_view>
+
 #include <CLI/CLI.hpp>
 
 #include "common/status.h"
@@ -19,6 +22,10 @@ struct CliState {
 
 // Reports an error as one line on stderr and returns the exit code it maps to.
 int report_error(const Error& error);
+// `text` with every control character written as an escape (\n, \x01): an error quotes what
+// it was given (a key, a path, a tensor name), and a newline in a mutated input must not turn
+// the one-line error into two.
+std::string one_line(std::string_view text);
 
 // True when `status` is an error: reported, and the exit code set. For callbacks that stop at
 // the first failure: `if (failed(status, state)) return;`.

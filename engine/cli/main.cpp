@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   try {
     CLI11_PARSE(app, argc, argv);
   } catch (const std::exception& e) {
-    spdlog::error("internal error (please report it): {}", e.what());
+    spdlog::error("internal error (please report it): {}", strata::cli::one_line(e.what()));
     return 1;
   } catch (...) {
     spdlog::error("internal error (please report it): an unknown exception");

@@ -219,6 +219,8 @@ def case_bad_input(folder):
         ("unknown key", {"optimiser": {"lr": 1}}, "optimiser"),
         ("value out of range", {"batch_size": 0}, "batch_size"),
         ("gradients on the device with clipping", {"placement": {"grads": "device"}}, "grad_clip"),
+        # An error quotes the key it was given; a newline in it must stay on the one line.
+        ("unknown key with a newline", {"device": {"mem\nory": 1}}, "mem\\nory"),
     ]
     for what, overrides, needle in cases:
         run_dir = os.path.join(folder, what.replace(" ", "-"))
