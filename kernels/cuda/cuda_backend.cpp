@@ -41,6 +41,10 @@ Status cuda_status(cudaError_t code, const char* op) {
   return make_error(ErrorKind::internal, fmt::format("{} failed: {}", op, cudaGetErrorString(code)));
 }
 
+Status no_llama() {
+  return make_error(ErrorKind::unsupported, "the Llama ops have no CUDA kernels in this build yet; use device.kind: cpu");
+}
+
 class CudaBackend final : public ComputeBackend {
  public:
   CudaBackend(device::Device& device, device::Stream stream, gk::cuda::Context context, device::DeviceBuffer fixed,
@@ -108,6 +112,30 @@ class CudaBackend final : public ComputeBackend {
                                            &slots_->loss, workspace);
   }
 
+  // Llama has no CUDA twin yet (issue 14): its ops refuse with one line instead of running
+  // anything, and the trainer reports that line.
+  size_t llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) const override {
+    return cuda_llama_workspace_size_bytes(config, max_shape);
+  }
+  Status llama_embedding_forward(const llama::Config&, const gk::BatchShape&, const float*, float*) override {
+    return no_llama();
+  }
+  Status llama_embedding_backward(const llama::Config&, const gk::BatchShape&, const float*, float*) override {
+    return no_llama();
+  }
+  Status llama_block_forward(const llama::Config&, const gk::BatchShape&, const llama::BlockWeights&, const float*,
+                             float*, const gk::Workspace&) override {
+    return no_llama();
+  }
+  Status llama_block_backward(const llama::Config&, const gk::BatchShape&, const llama::BlockWeights&, const float*,
+                              const float*, float*, const llama::BlockGrads&, const gk::Workspace&, bool) override {
+    return no_llama();
+  }
+  Status llama_head_forward_backward(const llama::Config&, const gk::BatchShape&, const llama::HeadWeights&,
+                                     const float*, float*, const llama::HeadGrads&, const gk::Workspace&) override {
+    return no_llama();
+  }
+
   Status zero(float* values, uint64_t count) override {
     return cuda_status(cudaMemsetAsync(values, 0, count * sizeof(float), stream()), "cudaMemsetAsync");
   }
@@ -153,6 +181,10 @@ class CudaBackend final : public ComputeBackend {
 
 size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
   return gk::cuda::workspace_size_bytes(config, max_shape);
+}
+
+size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) {
+  return llama::workspace_size_bytes(config, max_shape);
 }
 
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
