@@ -421,8 +421,13 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   std::string out;
   const DeviceScratchSizes scratch = device_scratch(config, layout);
   const auto parameters = static_cast<double>(layout.parameter_count());
-  append_line(out, "{}: GPT-2, {} layers × {} wide, {} heads, vocab {}: {} parameters; {} tokens per step ({} × {})",
-       config.source_path, config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.vocab_size,
+  const ModelConfig& m = config.model;
+  const std::string heads = m.arch == "llama" ? fmt::format("{} heads ({} k/v) of {}, MLP {}, {} head", m.n_head,
+                                                            m.kv_heads(), m.head_size(), m.intermediate_size,
+                                                            m.tie_word_embeddings ? "tied" : "untied")
+                                              : fmt::format("{} heads", m.n_head);
+  append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({} × {})",
+       config.source_path, m.arch == "llama" ? "Llama" : "GPT-2", m.n_layer, m.n_embd, heads, m.vocab_size,
        parameters >= 1e9 ? fmt::format("{:.2f} B", parameters * 1e-9) : fmt::format("{:.1f} M", parameters * 1e-6),
        uint64_t{config.batch_size} * config.model.seq_len, config.batch_size, config.model.seq_len);
   append_line(out, "");
