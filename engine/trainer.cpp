@@ -66,17 +66,7 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
 // whole, without exceptions, and bounded; a bad one is an error naming the key and the store.
 Result<uint64_t> metadata_number(const std::map<std::string, std::string>& metadata, const std::string& key,
                                  uint64_t min, uint64_t max, const std::string& dir) {
-  auto found = metadata.find(key);
-  uint64_t value = 0;
-  const char* begin = found == metadata.end() ? nullptr : found->second.data();
-  const char* end = begin == nullptr ? nullptr : begin + found->second.size();
-  auto [stop, error] = begin == nullptr ? std::from_chars_result{nullptr, std::errc::invalid_argument}
-                                        : std::from_chars(begin, end, value);
-  if (error != std::errc() || stop != end || value < min || value > max)
-    return make_error(ErrorKind::corrupt,
-                      fmt::format("store {}: metadata '{}' is {}, not a whole number in [{}, {}]", dir, key,
-                                  found == metadata.end() ? "missing" : "'" + found->second + "'", min, max));
-  return value;
+  return models::metadata_integer(metadata, key, min, max, dir);
 }
 
 // The optimizer chunk size a store was written with (stores from before chunks: one chunk

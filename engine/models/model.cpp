@@ -254,9 +254,10 @@ class Llama final : public ModelDefinition {
   lk::Config kc_;
 };
 
-// Store metadata numbers, parsed whole and bounded.
-Result<uint64_t> read_integer(const std::map<std::string, std::string>& metadata, const std::string& key,
-                              uint64_t min, uint64_t max, const std::string& dir) {
+}  // namespace
+
+Result<uint64_t> metadata_integer(const std::map<std::string, std::string>& metadata, const std::string& key,
+                                  uint64_t min, uint64_t max, const std::string& dir) {
   auto found = metadata.find(key);
   uint64_t value = 0;
   const char* begin = found == metadata.end() ? nullptr : found->second.data();
@@ -269,6 +270,8 @@ Result<uint64_t> read_integer(const std::map<std::string, std::string>& metadata
                                   found == metadata.end() ? "missing" : "'" + found->second + "'", min, max));
   return value;
 }
+
+namespace {
 
 Result<double> read_number(const std::map<std::string, std::string>& metadata, const std::string& key, double min,
                            double max, const std::string& dir) {
@@ -326,23 +329,23 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
   if (model.arch != "gpt2" && model.arch != "llama")
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.arch' is '{}', not gpt2 or llama",
                                                       dir, model.arch));
-  STRATA_ASSIGN_OR_RETURN(model.n_layer, read_integer(metadata, "model.n_layer", 1, 1024, dir));
-  STRATA_ASSIGN_OR_RETURN(model.n_head, read_integer(metadata, "model.n_head", 1, 1024, dir));
-  STRATA_ASSIGN_OR_RETURN(model.n_embd, read_integer(metadata, "model.n_embd", 8, 65536, dir));
-  STRATA_ASSIGN_OR_RETURN(model.vocab_size, read_integer(metadata, "model.vocab_size", 2, 1 << 20, dir));
-  STRATA_ASSIGN_OR_RETURN(model.seq_len, read_integer(metadata, "model.seq_len", 1, 1 << 16, dir));
+  STRATA_ASSIGN_OR_RETURN(model.n_layer, metadata_integer(metadata, "model.n_layer", 1, 1024, dir));
+  STRATA_ASSIGN_OR_RETURN(model.n_head, metadata_integer(metadata, "model.n_head", 1, 1024, dir));
+  STRATA_ASSIGN_OR_RETURN(model.n_embd, metadata_integer(metadata, "model.n_embd", 8, 65536, dir));
+  STRATA_ASSIGN_OR_RETURN(model.vocab_size, metadata_integer(metadata, "model.vocab_size", 2, 1 << 20, dir));
+  STRATA_ASSIGN_OR_RETURN(model.seq_len, metadata_integer(metadata, "model.seq_len", 1, 1 << 16, dir));
   if (model.arch == "gpt2") {
     if (model.n_embd % model.n_head != 0)
       return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_embd {} is not divisible by "
                                                         "model.n_head {}", dir, model.n_embd, model.n_head));
     return model;
   }
-  STRATA_ASSIGN_OR_RETURN(model.n_kv_head, read_integer(metadata, "model.n_kv_head", 1, model.n_head, dir));
-  STRATA_ASSIGN_OR_RETURN(model.head_dim, read_integer(metadata, "model.head_dim", 2, 4096, dir));
-  STRATA_ASSIGN_OR_RETURN(model.intermediate_size, read_integer(metadata, "model.intermediate_size", 1, 1 << 20, dir));
+  STRATA_ASSIGN_OR_RETURN(model.n_kv_head, metadata_integer(metadata, "model.n_kv_head", 1, model.n_head, dir));
+  STRATA_ASSIGN_OR_RETURN(model.head_dim, metadata_integer(metadata, "model.head_dim", 2, 4096, dir));
+  STRATA_ASSIGN_OR_RETURN(model.intermediate_size, metadata_integer(metadata, "model.intermediate_size", 1, 1 << 20, dir));
   STRATA_ASSIGN_OR_RETURN(model.rope_theta, read_number(metadata, "model.rope_theta", 1.0, 1.0e12, dir));
   STRATA_ASSIGN_OR_RETURN(model.norm_eps, read_number(metadata, "model.norm_eps", 0.0, 1.0, dir));
-  STRATA_ASSIGN_OR_RETURN(const uint64_t tied, read_integer(metadata, "model.tie_word_embeddings", 0, 1, dir));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t tied, metadata_integer(metadata, "model.tie_word_embeddings", 0, 1, dir));
   model.tie_word_embeddings = tied == 1;
   if (model.n_head % model.n_kv_head != 0 || model.head_dim % 2 != 0)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_kv_head {} / model.head_dim {} do "
@@ -360,7 +363,7 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
     STRATA_ASSIGN_OR_RETURN(r.high_freq_factor,
                             read_number(metadata, "model.rope_scaling.high_freq_factor", 1e-6, 1e6, dir));
     STRATA_ASSIGN_OR_RETURN(r.original_max_position_embeddings,
-                            read_integer(metadata, "model.rope_scaling.original_max_position_embeddings", 1, 1 << 24, dir));
+                            metadata_integer(metadata, "model.rope_scaling.original_max_position_embeddings", 1, 1 << 24, dir));
     if (r.high_freq_factor <= r.low_freq_factor)
       return make_error(ErrorKind::corrupt,
                         fmt::format("store {}: metadata model.rope_scaling.high_freq_factor {} is not above "

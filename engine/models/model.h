@@ -134,6 +134,11 @@ std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& 
 std::map<std::string, std::string> store_metadata(const ModelConfig& model);
 [[nodiscard]] Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::string>& metadata,
                                                             const std::string& dir);
+// A whole number in [min, max] under `key` of untrusted store metadata; missing, malformed or out
+// of range is an error naming the key and `dir`.
+[[nodiscard]] Result<uint64_t> metadata_integer(const std::map<std::string, std::string>& metadata,
+                                                const std::string& key, uint64_t min, uint64_t max,
+                                                const std::string& dir);
 // The first shape key (as store_metadata names it) whose value differs; none when the two
 // configs build the same model.
 std::optional<std::string> first_shape_difference(const ModelConfig& a, const ModelConfig& b);

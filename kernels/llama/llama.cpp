@@ -7,11 +7,11 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 #include <vector>
 
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/gpt2/gpt2_math.h"
+#include "kernels/llama/llama_math.h"
 
 namespace strata::kernels::llama {
 
@@ -67,25 +67,7 @@ template BlockTensors<const float> bind_block(const Config&, const float*);
 template BlockTensors<float> bind_block(const Config&, float*);
 
 void rope_inverse_frequencies(const Config& config, double* inv_freq) {
-  const int64_t half = config.head_dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / static_cast<double>(config.head_dim));
-    if (config.rope_factor > 0.0) {
-      // Hugging Face's _compute_llama3_parameters.
-      const double old_len = config.rope_original_max_positions;
-      const double low_wavelen = old_len / config.rope_low_freq_factor;
-      const double high_wavelen = old_len / config.rope_high_freq_factor;
-      const double wavelen = 2.0 * std::numbers::pi / f;
-      if (wavelen > low_wavelen) {
-        f /= config.rope_factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_len / wavelen - config.rope_low_freq_factor) /
-                              (config.rope_high_freq_factor - config.rope_low_freq_factor);
-        f = (1.0 - smooth) * f / config.rope_factor + smooth * f;
-      }
-    }
-    inv_freq[i] = f;
-  }
+  for (int64_t i = 0; i < config.head_dim / 2; ++i) inv_freq[i] = rope_inverse_frequency(config, i);
 }
 
 namespace {
@@ -282,8 +264,6 @@ void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t
   });
 }
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
                         float* x_out, const BlockLayout& ws) {
   const int64_t n = shape.rows();
@@ -317,7 +297,7 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   const int64_t hidden = n * inter;
   for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
     const int64_t end = std::min(hidden, chunk * 1024 + 1024);
-    for (int64_t i = chunk * 1024; i < end; ++i) ws.act[i] = ws.gate[i] * sigmoid(ws.gate[i]) * ws.up[i];
+    for (int64_t i = chunk * 1024; i < end; ++i) ws.act[i] = ws.gate[i] * silu_sigmoid(ws.gate[i]) * ws.up[i];
   });
   if (x_out != nullptr) linear_forward(ws.act, w.down_proj, ws.h, n, inter, c, x_out);
 }
@@ -393,7 +373,7 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
     const int64_t end = std::min(hidden, chunk * 1024 + 1024);
     for (int64_t i = chunk * 1024; i < end; ++i) {
       const float x = ws.gate[i];
-      const float s = sigmoid(x);
+      const float s = silu_sigmoid(x);
       const float da = d_act[i];
       ws.gate[i] = da * ws.up[i] * (s * (1.0f + x * (1.0f - s)));
       ws.up[i] = da * x * s;
