@@ -20,12 +20,8 @@ except ImportError as error:
     sys.exit(77)
 
 
-def read_raw(path, dtype, count):
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    tensor = torch.frombuffer(data, dtype=dtype)
-    assert tensor.numel() == count, (path, tensor.numel(), count)
-    return tensor.clone()
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2"))
+from gpt2_reference import read_raw  # noqa: E402  (raw little-endian files, as the C++ tests write them)
 
 
 def rms_norm(x, weight, eps):

@@ -20,11 +20,14 @@
 #include <gtest/gtest.h>
 
 #include "kernels/llama/llama.h"
+#include "tests/support/reference_files.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
 
 namespace lk = strata::kernels::llama;
+using strata::testing::read_f64;
+using strata::testing::relative_error;
 using strata::testing::TempDir;
 
 constexpr double kMaxRelativeError = 1e-5;
@@ -162,17 +165,13 @@ class TinyLlama {
       list << t.name;
       for (int64_t d : t.shape) list << ' ' << d;
       list << '\n';
-      write_raw(folder / (t.name + ".f32"), params_.data() + t.offset, t.numel * 4);
+      strata::testing::write_raw((folder / (t.name + ".f32")).string(), params_.data() + t.offset, t.numel);
     }
-    write_raw(folder / "tokens.i32", tokens_.data(), tokens_.size() * 4);
-    write_raw(folder / "targets.i32", targets_.data(), targets_.size() * 4);
+    strata::testing::write_raw((folder / "tokens.i32").string(), tokens_.data(), tokens_.size());
+    strata::testing::write_raw((folder / "targets.i32").string(), targets_.data(), targets_.size());
   }
 
  private:
-  static void write_raw(const std::filesystem::path& path, const void* data, size_t bytes) {
-    std::ofstream out(path, std::ios::binary);
-    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-  }
   lk::Config config_;
   lk::BatchShape shape_;
   std::vector<Tensor> tensors_;
@@ -180,24 +179,6 @@ class TinyLlama {
   std::vector<float> params_;
   std::vector<int32_t> tokens_, targets_;
 };
-
-std::vector<double> read_f64(const std::string& path, size_t count) {
-  std::vector<double> values(count);
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * 8));
-  EXPECT_TRUE(in.good() && in.gcount() == static_cast<std::streamsize>(count * 8)) << path;
-  return values;
-}
-
-double relative_error(const float* ours, const std::vector<double>& reference) {
-  double max_diff = 0.0;
-  double max_ref = 0.0;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - reference[i]));
-    max_ref = std::max(max_ref, std::abs(reference[i]));
-  }
-  return max_ref == 0.0 ? max_diff : max_diff / max_ref;
-}
 
 constexpr uint32_t kSeed = 4242;
 
