@@ -208,17 +208,18 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
   const auto start = Clock::now();
   ComputeRates rates;
   rates.backend = backend.name();
-  const gk::Config& kc = layout.kernel_config();
+  const models::ModelDefinition& model = layout.definition();
   const gk::BatchShape shape{config.batch_size, config.model.seq_len};
   const auto rows = static_cast<uint64_t>(shape.rows());
-  const auto width = static_cast<uint64_t>(kc.n_embd);
+  const auto width = static_cast<uint64_t>(model.n_embd());
+  const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
   std::vector<int32_t> tokens(rows), targets(rows);
   for (uint64_t i = 0; i < rows; ++i) {
-    tokens[i] = static_cast<int32_t>((i * 31) % static_cast<uint64_t>(kc.vocab_size));
-    targets[i] = static_cast<int32_t>((i * 17 + 5) % static_cast<uint64_t>(kc.vocab_size));
+    tokens[i] = static_cast<int32_t>((i * 31) % vocab);
+    targets[i] = static_cast<int32_t>((i * 17 + 5) % vocab);
   }
   STRATA_RETURN_IF_ERROR(backend.begin_step(tokens.data(), targets.data(), shape.rows()));
-  const uint64_t workspace_bytes = backend.workspace_size_bytes(kc, shape);
+  const uint64_t workspace_bytes = model.workspace_size_bytes(backend, shape);
   auto init_unit = [&](size_t unit, float* dst) {
     return fill_device(device, backend, dst, layout.units()[unit].element_count,
                        [&](float* values) { layout.initialize_unit(unit, config.model.seed, values); });
@@ -248,19 +249,18 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
       STRATA_ASSIGN_OR_RETURN(double seconds, timed(backend, [&] { return backend.cast_bf16_to_fp32(bits, weights, n); }));
       rates.widen_ns_per_element = seconds * 1e9 / static_cast<double>(n);
     }
-    const auto block_weights = gk::bind_block(kc, static_cast<const float*>(weights));
     // Blocks are most of a step: each is timed twice and the faster kept, so one
     // interruption on a shared machine does not skew the whole prediction.
     rates.fwd_block_s = std::numeric_limits<double>::max();
     rates.bwd_block_s = std::numeric_limits<double>::max();
     for (int repeat = 0; repeat < 2; ++repeat) {
       STRATA_ASSIGN_OR_RETURN(double forward, timed(backend, [&] {
-        return backend.block_forward(kc, shape, block_weights, x_in, x_out, ws);
+        return model.block_forward(backend, shape, weights, x_in, x_out, ws);
       }));
       STRATA_ASSIGN_OR_RETURN(double backward, timed(backend, [&]() -> Status {
         STRATA_RETURN_IF_ERROR(backend.zero(grads, n));
         STRATA_RETURN_IF_ERROR(
-            backend.block_backward(kc, shape, block_weights, x_in, d_x, d_x, gk::bind_block(kc, grads), ws, true));
+            model.block_backward(backend, shape, weights, x_in, d_x, d_x, grads, ws, true));
         return backend.sum_squares(grads, n);
       }));
       rates.fwd_block_s = std::min(rates.fwd_block_s, forward);
@@ -280,21 +280,18 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_ASSIGN_OR_RETURN(float* d_x, allocate_floats(device, backend, held, rows * width));
     STRATA_RETURN_IF_ERROR(init_unit(layout.embed_unit(), embed));
     STRATA_RETURN_IF_ERROR(init_unit(layout.ln_f_unit(), ln_f));
-    const float* wpe = embed + static_cast<uint64_t>(kc.vocab_size) * width;
     STRATA_ASSIGN_OR_RETURN(rates.fwd_embed_s,
-                            timed(backend, [&] { return backend.embedding_forward(kc, shape, embed, wpe, x); }));
+                            timed(backend, [&] { return model.embedding_forward(backend, shape, embed, x); }));
     const gk::Workspace ws{workspace, workspace_bytes};
     STRATA_ASSIGN_OR_RETURN(rates.head_s, timed(backend, [&]() -> Status {
       STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_n));
       STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, ln_f_n));
-      STRATA_RETURN_IF_ERROR(backend.head_forward_backward(kc, shape, gk::HeadWeights{ln_f, ln_f + width, embed}, x,
-                                                           d_x, gk::HeadGrads{ln_f_grads, ln_f_grads + width, embed_grads},
-                                                           ws));
+      STRATA_RETURN_IF_ERROR(
+          model.head_forward_backward(backend, shape, ln_f, embed, x, d_x, ln_f_grads, embed_grads, ws));
       return backend.sum_squares(ln_f_grads, ln_f_n);
     }));
     STRATA_ASSIGN_OR_RETURN(rates.bwd_embed_s, timed(backend, [&]() -> Status {
-      STRATA_RETURN_IF_ERROR(backend.embedding_backward(kc, shape, d_x, embed_grads,
-                                                        embed_grads + static_cast<uint64_t>(kc.vocab_size) * width));
+      STRATA_RETURN_IF_ERROR(model.embedding_backward(backend, shape, d_x, embed_grads));
       return backend.sum_squares(embed_grads, embed_n);
     }));
   }
@@ -424,8 +421,13 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   std::string out;
   const DeviceScratchSizes scratch = device_scratch(config, layout);
   const auto parameters = static_cast<double>(layout.parameter_count());
-  append_line(out, "{}: GPT-2, {} layers × {} wide, {} heads, vocab {}: {} parameters; {} tokens per step ({} × {})",
-       config.source_path, config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.vocab_size,
+  const ModelConfig& m = config.model;
+  const std::string heads = m.arch == "llama" ? fmt::format("{} heads ({} k/v) of {}, MLP {}, {} head", m.n_head,
+                                                            m.kv_heads(), m.head_size(), m.intermediate_size,
+                                                            m.tie_word_embeddings ? "tied" : "untied")
+                                              : fmt::format("{} heads", m.n_head);
+  append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({} × {})",
+       config.source_path, m.arch == "llama" ? "Llama" : "GPT-2", m.n_layer, m.n_embd, heads, m.vocab_size,
        parameters >= 1e9 ? fmt::format("{:.2f} B", parameters * 1e-9) : fmt::format("{:.1f} M", parameters * 1e-6),
        uint64_t{config.batch_size} * config.model.seq_len, config.batch_size, config.model.seq_len);
   append_line(out, "");

@@ -70,8 +70,6 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     if (m.head_size() % 2 != 0)
       return model.error_at("head_dim", fmt::format("{} is odd; rotary embeddings rotate pairs", m.head_size()));
   }
-  // The keys are read and checked; the Llama definition itself (issue 14) is not wired in yet.
-  if (m.arch == "llama") return model.error_at("arch", "llama is not trained by this build yet; use gpt2");
   if (m.init != "random") {
     m.init = model.resolve_path(m.init);
     std::error_code exists_error;  // EACCES on a parent folder, ENAMETOOLONG...: also "cannot use it"

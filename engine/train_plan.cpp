@@ -139,7 +139,7 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
   // The backend's workspace for this device kind (CUDA's grows with T²) and the fixed buffers
   // make_backend takes beside it, each rounded as the device rounds an allocation.
   const device::Kind kind = config.device_kind == "cuda" ? device::Kind::cuda : device::Kind::cpu;
-  sizes.workspace_bytes = align_up(kernels::workspace_size_bytes(kind, layout.kernel_config(), shape),
+  sizes.workspace_bytes = align_up(layout.definition().workspace_size_bytes(kind, shape),
                                    device::kDeviceAlignmentBytes);
   if (const uint64_t fixed = kernels::fixed_device_bytes(kind, shape); fixed > 0)
     sizes.workspace_bytes += align_up(fixed, device::kDeviceAlignmentBytes);
@@ -150,7 +150,7 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
   }
   if (config.placement.grads == Tier::device) {
     uint64_t largest_block = 0;
-    for (int64_t i = 0; i < layout.kernel_config().n_layer; ++i)
+    for (int64_t i = 0; i < layout.n_layer(); ++i)
       largest_block = std::max(largest_block, layout.units()[layout.block_unit(i)].element_count);
     sizes.block_grads_bytes = largest_block * 4;
     sizes.embed_grads_bytes = layout.units()[layout.embed_unit()].element_count * 4;

@@ -54,33 +54,19 @@ std::string store_dir_of(const TrainConfig& config) {
 }
 
 std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint64_t step) {
-  const ModelConfig& m = config.model;
-  return {{"format", kRunFormat},
-          {"step", std::to_string(step)},
-          {"model.n_layer", std::to_string(m.n_layer)},
-          {"model.n_head", std::to_string(m.n_head)},
-          {"model.n_embd", std::to_string(m.n_embd)},
-          {"model.vocab_size", std::to_string(m.vocab_size)},
-          {"model.seq_len", std::to_string(m.seq_len)},
-          {"precision", dtype_name(config.precision)},
-          {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}};
+  std::map<std::string, std::string> metadata = models::store_metadata(config.model);
+  metadata.insert({{"format", kRunFormat},
+                   {"step", std::to_string(step)},
+                   {"precision", dtype_name(config.precision)},
+                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
+  return metadata;
 }
 
 // Store metadata is read back from a manifest, which is untrusted input: numbers are parsed
 // whole, without exceptions, and bounded; a bad one is an error naming the key and the store.
 Result<uint64_t> metadata_number(const std::map<std::string, std::string>& metadata, const std::string& key,
                                  uint64_t min, uint64_t max, const std::string& dir) {
-  auto found = metadata.find(key);
-  uint64_t value = 0;
-  const char* begin = found == metadata.end() ? nullptr : found->second.data();
-  const char* end = begin == nullptr ? nullptr : begin + found->second.size();
-  auto [stop, error] = begin == nullptr ? std::from_chars_result{nullptr, std::errc::invalid_argument}
-                                        : std::from_chars(begin, end, value);
-  if (error != std::errc() || stop != end || value < min || value > max)
-    return make_error(ErrorKind::corrupt,
-                      fmt::format("store {}: metadata '{}' is {}, not a whole number in [{}, {}]", dir, key,
-                                  found == metadata.end() ? "missing" : "'" + found->second + "'", min, max));
-  return value;
+  return models::metadata_integer(metadata, key, min, max, dir);
 }
 
 // The optimizer chunk size a store was written with (stores from before chunks: one chunk
@@ -90,30 +76,16 @@ Result<uint64_t> optim_chunk_elements_of(const std::map<std::string, std::string
   return metadata_number(metadata, "optim_chunk_elements", 1, std::numeric_limits<uint64_t>::max(), dir);
 }
 
-// The model shape a store was trained with, from its committed metadata, held to the same
-// bounds as a config's model: section (train_config.cpp), so a layout is never built from
-// a shape a config could not give (n_head 0, n_embd not divisible by n_head...).
+// The model a store was trained with, from its committed metadata (model.h's shape keys, held
+// to the same bounds as a config's model: section, so a layout is never built from a shape a
+// config could not give).
 Result<ModelConfig> model_from_metadata(const std::map<std::string, std::string>& metadata,
                                         const std::string& dir) {
   auto it = metadata.find("format");
   if (it == metadata.end() || it->second != kRunFormat)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("store {} holds no committed strata training run", dir));
-  ModelConfig model;
-  STRATA_ASSIGN_OR_RETURN(model.n_layer, metadata_number(metadata, "model.n_layer", 1, 1024, dir));
-  STRATA_ASSIGN_OR_RETURN(model.n_head, metadata_number(metadata, "model.n_head", 1, 1024, dir));
-  STRATA_ASSIGN_OR_RETURN(model.n_embd, metadata_number(metadata, "model.n_embd", 8, 65536, dir));
-  STRATA_ASSIGN_OR_RETURN(model.vocab_size, metadata_number(metadata, "model.vocab_size", 2, 1 << 20, dir));
-  STRATA_ASSIGN_OR_RETURN(model.seq_len, metadata_number(metadata, "model.seq_len", 1, 1 << 16, dir));
-  if (model.n_embd % model.n_head != 0)
-    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_embd {} is not divisible by "
-                                                      "model.n_head {}", dir, model.n_embd, model.n_head));
-  return model;
-}
-
-bool same_model_shape(const ModelConfig& a, const ModelConfig& b) {
-  return a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_embd == b.n_embd &&
-         a.vocab_size == b.vocab_size && a.seq_len == b.seq_len;
+  return models::model_from_store_metadata(metadata, dir);
 }
 
 memory::StoreOptions store_options(const TrainConfig& config) {
@@ -379,12 +351,20 @@ Status Run::open_store(uint64_t& start_step) {
                         fmt::format("{} already holds a run committed at step {}; pass --resume to continue it, or "
                                     "remove that directory to start over",
                                     dir, store_->committed_step()));
-    if (!same_model_shape(stored, config_.model))
+    if (std::optional<std::string> key = models::first_shape_difference(stored, config_.model)) {
+      const auto stored_keys = models::store_metadata(stored);
+      const auto config_keys = models::store_metadata(config_.model);
+      auto value = [](const std::map<std::string, std::string>& keys, const std::string& k) {
+        auto found = keys.find(k);
+        return found == keys.end() ? std::string("(absent)") : found->second;
+      };
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{} holds a model of {} layers × {} wide (vocab {}, seq {}), not the one {} "
-                                    "describes; --resume needs the same model shape",
+                                    "describes: key '{}' is {} in the store and {} in the config; --resume needs "
+                                    "the same model shape",
                                     dir, stored.n_layer, stored.n_embd, stored.vocab_size, stored.seq_len,
-                                    config_.source_path));
+                                    config_.source_path, *key, value(stored_keys, *key), value(config_keys, *key)));
+    }
     auto precision = store_->committed_metadata().find("precision");
     if (precision == store_->committed_metadata().end() || precision->second != dtype_name(config_.precision))
       return make_error(ErrorKind::invalid_argument,
@@ -468,7 +448,7 @@ Result<const float*> Run::widen(const void* params, uint64_t element_count, floa
 // Enqueues the ops of one plan step on the backend's stream; nothing here waits for them.
 Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step) {
   const StepInfo& info = run_.steps[step_index];
-  const gk::Config& kc = layout_.kernel_config();
+  const models::ModelDefinition& model = layout_.definition();
   const Unit& unit = layout_.units()[info.unit];
   const UnitIds& ids = run_.units[info.unit];
   kernels::ComputeBackend& backend = *backend_;
@@ -479,13 +459,12 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
   switch (info.kind) {
     case StepKind::fwd_embed: {
       STRATA_ASSIGN_OR_RETURN(const float* embed, widen(buffers.device_data(ids.params), unit.element_count, scratch));
-      return backend.embedding_forward(kc, shape_, embed, embed + kc.vocab_size * kc.n_embd,
-                                       f32(run_.activations[0]));
+      return model.embedding_forward(backend, shape_, embed, f32(run_.activations[0]));
     }
     case StepKind::fwd_block: {
       STRATA_ASSIGN_OR_RETURN(const float* weights, widen(buffers.device_data(ids.params), unit.element_count, scratch));
       auto i = static_cast<size_t>(unit.block_index);
-      return backend.block_forward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]),
+      return model.block_forward(backend, shape_, weights, f32(run_.activations[i]),
                                    f32(run_.activations[i + 1]), workspace);
     }
     case StepKind::head: {
@@ -498,10 +477,9 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
       STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
       STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
-      gk::HeadWeights weights{ln_f, ln_f + kc.n_embd, embed};
-      gk::HeadGrads grads{ln_f_grads, ln_f_grads + kc.n_embd, embed_grads};
-      STRATA_RETURN_IF_ERROR(backend.head_forward_backward(kc, shape_, weights, f32(run_.activations[kc.n_layer]),
-                                                           f32(run_.d_x), grads, workspace));
+      STRATA_RETURN_IF_ERROR(model.head_forward_backward(backend, shape_, ln_f, embed,
+                                                         f32(run_.activations[static_cast<size_t>(model.n_layer())]),
+                                                         f32(run_.d_x), ln_f_grads, embed_grads, workspace));
       return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
@@ -510,15 +488,15 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
       auto i = static_cast<size_t>(unit.block_index);
       float* d_x = f32(run_.d_x);
-      STRATA_RETURN_IF_ERROR(backend.block_backward(kc, shape_, gk::bind_block(kc, weights), f32(run_.activations[i]),
-                                                    d_x, d_x, gk::bind_block(kc, grads), workspace,
+      STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape_, weights, f32(run_.activations[i]),
+                                                  d_x, d_x, grads, workspace,
                                                     /*recompute=*/true));
       return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::bwd_embed: {
       float* grads = grads_of(info.unit, buffers);
       STRATA_RETURN_IF_ERROR(
-          backend.embedding_backward(kc, shape_, f32(run_.d_x), grads, grads + kc.vocab_size * kc.n_embd));
+          model.embedding_backward(backend, shape_, f32(run_.d_x), grads));
       return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::optimize: {
@@ -837,7 +815,7 @@ Result<TrainSummary> Run::execute() {
   arena_options.capacity_bytes = pool_bytes_ + host_optimizer_staging_bytes(config_, layout_, run_);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   host_arena_ = std::make_unique<memory::HostArena>(std::move(arena));
-  STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(backend_->workspace_size_bytes(layout_.kernel_config(), shape_)));
+  STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(layout_.definition().workspace_size_bytes(*backend_, shape_)));
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
   }
@@ -1034,7 +1012,7 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
   STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
   STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), dir));
   ModelLayout layout(model);
-  const gk::Config& kc = layout.kernel_config();
+  const models::ModelDefinition& definition = layout.definition();
   // Sampling holds the fp32 weights in RAM: one position at a time, no KV cache, so only
   // for models that fit (the demo's). The window slides over the last seq_len tokens.
   std::vector<std::vector<float>> weights(layout.units().size());
@@ -1053,10 +1031,11 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
   if (context.empty()) context.push_back('\n');
   std::mt19937_64 rng(seed);
   std::string out;
-  const int64_t max_t = kc.n_ctx;
-  std::vector<float> x_a(static_cast<size_t>(max_t * kc.n_embd)), x_b(x_a.size()), logits(static_cast<size_t>(kc.vocab_size));
+  const int64_t max_t = model.seq_len;
+  std::vector<float> x_a(static_cast<size_t>(max_t * model.n_embd)), x_b(x_a.size()),
+      logits(static_cast<size_t>(model.vocab_size));
   // The kernels want a 64-byte aligned workspace; one, sized for the longest window.
-  const size_t workspace_bytes = align_up(gk::workspace_size_bytes(kc, gk::BatchShape{1, max_t}), 64);
+  const size_t workspace_bytes = align_up(definition.host_workspace_size_bytes(gk::BatchShape{1, max_t}), 64);
   std::unique_ptr<float, decltype(&std::free)> workspace_storage(
       static_cast<float*>(std::aligned_alloc(64, workspace_bytes)), &std::free);
   if (!workspace_storage) return make_error(ErrorKind::no_space, "cannot allocate the sampling workspace");
@@ -1066,14 +1045,13 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
     gk::BatchShape shape{1, t};
     std::vector<int32_t> window(context.end() - t, context.end());
     const float* embed = weights[layout.embed_unit()].data();
-    gk::embedding_forward(kc, shape, window.data(), embed, embed + kc.vocab_size * kc.n_embd, x_a.data());
-    for (int64_t i = 0; i < kc.n_layer; ++i) {
-      gk::block_forward(kc, shape, gk::bind_block(kc, static_cast<const float*>(weights[layout.block_unit(i)].data())),
-                        x_a.data(), x_b.data(), workspace);
+    definition.host_embedding_forward(shape, window.data(), embed, x_a.data());
+    for (int64_t i = 0; i < definition.n_layer(); ++i) {
+      definition.host_block_forward(shape, weights[layout.block_unit(i)].data(), x_a.data(), x_b.data(), workspace);
       std::swap(x_a, x_b);
     }
     const float* ln_f = weights[layout.ln_f_unit()].data();
-    gk::head_forward(kc, shape, gk::HeadWeights{ln_f, ln_f + kc.n_embd, embed}, x_a.data(), logits.data(), workspace);
+    definition.host_head_forward(shape, ln_f, embed, x_a.data(), logits.data(), workspace);
     int32_t next = 0;
     if (temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());

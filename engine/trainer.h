@@ -1,5 +1,6 @@
-// strata/engine/trainer.h — `strata train`: fine-tunes a GPT-2 whose training state lives
-// across the device, pinned host memory and the NVMe store.
+// strata/engine/trainer.h — `strata train`: fine-tunes a model (a definition: GPT-2 or Llama,
+// engine/models/model.h) whose training state lives across the device, pinned host memory and
+// the NVMe store. Nothing here names a model: units, tensors and ops come from the definition.
 //
 // How a step runs. The model is cut into units (engine/model_layout.h); each unit has a
 // compute copy P (bf16 or fp32), a gradient G (fp32) and optimizer state O (fp32 master,
@@ -82,8 +83,9 @@ nlohmann::ordered_json summary_json(const TrainSummary& summary);
 // Trains; returns the summary, or the first error (nothing committed is lost on error).
 [[nodiscard]] Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options);
 
-// Writes the committed fp32 master weights of the store in `store_dir` as safetensors with
-// Hugging Face's GPT-2 names (no `transformer.` prefix; the LM head is tied to wte).
+// Writes the committed fp32 master weights of the store in `store_dir` as safetensors under the
+// definition's Hugging Face names (GPT-2: without `transformer.`; Llama: HF's exactly, no
+// `lm_head.weight` when tied).
 [[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path);
 
 // Samples `tokens` tokens after `prompt` from the committed weights (text-bytes vocabularies

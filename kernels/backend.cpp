@@ -28,6 +28,14 @@ size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const
   return gpt2::workspace_size_bytes(config, max_shape);
 }
 
+size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape) {
+#if STRATA_HAVE_CUDA
+  if (kind == device::Kind::cuda) return cuda_llama_workspace_size_bytes(config, max_shape);
+#endif
+  (void)kind;
+  return llama::workspace_size_bytes(config, max_shape);
+}
+
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
   if (kind == device::Kind::cuda) return cuda_fixed_device_bytes(max_shape);

@@ -31,7 +31,9 @@
 // - Workspace: `workspace_size_bytes` says how much scratch the block and head ops need for a
 //   shape (CUDA's grows with T²: its attention keeps the [B, H, T, T] probabilities). One
 //   workspace serves every op; ops that share it are ordered by the stream.
-// - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h) and kernels/optim (adamw.h,
+// - Models: GPT-2's ops (gpt2.h) and Llama's (llama.h, the `llama_` ops); a model definition
+//   (engine/models/model.h) picks its own, so callers above it never name a model.
+// - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama and kernels/optim (adamw.h,
 //   cast.h) — bit-identical to calling them directly (tests/backend/test_backend_cpu.cpp). The
 //   CUDA backend is gpt2_cuda.h and optim_cuda.h: AdamW and the casts give the CPU's bits; the
 //   GPT-2 ops and the sum of squares agree to fp32 rounding (tests/backend/test_backend_ops.cpp
@@ -50,6 +52,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/gpt2/gpt2.h"
+#include "kernels/llama/llama.h"
 #include "kernels/optim/elementwise.h"
 #include "memory/device/device.h"
 
@@ -122,6 +125,25 @@ class ComputeBackend {
                                                      float* d_x_final, const gpt2::HeadGrads& grads,
                                                      const gpt2::Workspace& workspace) = 0;
 
+  // --- Llama (llama.h's semantics; tokens and targets from begin_step) ---
+  virtual size_t llama_workspace_size_bytes(const llama::Config& config, const gpt2::BatchShape& max_shape) const = 0;
+  [[nodiscard]] virtual Status llama_embedding_forward(const llama::Config& config, const gpt2::BatchShape& shape,
+                                                       const float* embed, float* x0) = 0;
+  [[nodiscard]] virtual Status llama_embedding_backward(const llama::Config& config, const gpt2::BatchShape& shape,
+                                                        const float* d_x0, float* d_embed) = 0;
+  [[nodiscard]] virtual Status llama_block_forward(const llama::Config& config, const gpt2::BatchShape& shape,
+                                                   const llama::BlockWeights& weights, const float* x_in, float* x_out,
+                                                   const gpt2::Workspace& workspace) = 0;
+  [[nodiscard]] virtual Status llama_block_backward(const llama::Config& config, const gpt2::BatchShape& shape,
+                                                    const llama::BlockWeights& weights, const float* x_in,
+                                                    const float* d_out, float* d_in, const llama::BlockGrads& grads,
+                                                    const gpt2::Workspace& workspace, bool recompute) = 0;
+  // Final RMSNorm, head (tied or not) and loss; the mean loss goes to the step's scalars.
+  [[nodiscard]] virtual Status llama_head_forward_backward(const llama::Config& config, const gpt2::BatchShape& shape,
+                                                           const llama::HeadWeights& weights, const float* x_final,
+                                                           float* d_x_final, const llama::HeadGrads& grads,
+                                                           const gpt2::Workspace& workspace) = 0;
+
   // --- elementwise and the optimizer ---
   [[nodiscard]] virtual Status zero(float* values, uint64_t count) = 0;
   [[nodiscard]] virtual Status copy(void* dst, const void* src, uint64_t size_bytes) = 0;
@@ -148,6 +170,7 @@ class ComputeBackend {
 // Sizes without a backend, for planning before any device exists: the workspace the kind's ops
 // need, and the bytes make_backend takes from the device besides it.
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
+size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
 
 }  // namespace strata::kernels

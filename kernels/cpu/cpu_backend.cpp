@@ -73,6 +73,38 @@ class CpuBackend final : public ComputeBackend {
     return Status();
   }
 
+  size_t llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) const override {
+    return llama::workspace_size_bytes(config, max_shape);
+  }
+  Status llama_embedding_forward(const llama::Config& config, const gk::BatchShape& shape, const float* embed,
+                                 float* x0) override {
+    llama::embedding_forward(config, shape, tokens_, embed, x0);
+    return Status();
+  }
+  Status llama_embedding_backward(const llama::Config& config, const gk::BatchShape& shape, const float* d_x0,
+                                  float* d_embed) override {
+    llama::embedding_backward(config, shape, tokens_, d_x0, d_embed);
+    return Status();
+  }
+  Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
+                             const llama::BlockWeights& weights, const float* x_in, float* x_out,
+                             const gk::Workspace& workspace) override {
+    llama::block_forward(config, shape, weights, x_in, x_out, workspace);
+    return Status();
+  }
+  Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
+                              const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
+                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
+    llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
+    return Status();
+  }
+  Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
+                                     const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
+                                     const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
+    scalars_.loss = llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
+    return Status();
+  }
+
   Status zero(float* values, uint64_t count) override {
     std::fill(values, values + count, 0.0f);
     return Status();

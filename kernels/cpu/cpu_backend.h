@@ -17,6 +17,7 @@ namespace strata::kernels {
 [[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device,
                                                                         const gpt2::BatchShape& max_shape);
 size_t cuda_workspace_size_bytes(const gpt2::Config& config, const gpt2::BatchShape& max_shape);
+size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t cuda_fixed_device_bytes(const gpt2::BatchShape& max_shape);
 #endif
 

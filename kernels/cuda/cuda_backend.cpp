@@ -1,4 +1,4 @@
-// The CUDA backend (backend.h): gpt2_cuda.h and optim_cuda.h launched on the backend's own
+// The CUDA backend (backend.h): gpt2_cuda.h, llama_cuda.h and optim_cuda.h launched on the backend's own
 // compute stream of a CUDA device. Nothing here waits for the device except end_step and
 // synchronize; the loss, the gradient sum of squares and the clip coefficient stay in one small
 // device block until end_step brings the first two back.
@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/llama/llama_cuda.h"
 #include "kernels/optim/optim_cuda.h"
 
 namespace strata::kernels {
@@ -108,6 +109,35 @@ class CudaBackend final : public ComputeBackend {
                                            &slots_->loss, workspace);
   }
 
+  size_t llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) const override {
+    return cuda_llama_workspace_size_bytes(config, max_shape);
+  }
+  Status llama_embedding_forward(const llama::Config& config, const gk::BatchShape& shape, const float* embed,
+                                 float* x0) override {
+    return llama::cuda::embedding_forward(context_, config, shape, tokens_, embed, x0);
+  }
+  Status llama_embedding_backward(const llama::Config& config, const gk::BatchShape& shape, const float* d_x0,
+                                  float* d_embed) override {
+    return llama::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_embed);
+  }
+  Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
+                             const llama::BlockWeights& weights, const float* x_in, float* x_out,
+                             const gk::Workspace& workspace) override {
+    return llama::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace);
+  }
+  Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
+                              const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
+                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
+    return llama::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace,
+                                       recompute);
+  }
+  Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
+                                     const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
+                                     const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
+    return llama::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
+                                              &slots_->loss, workspace);
+  }
+
   Status zero(float* values, uint64_t count) override {
     return cuda_status(cudaMemsetAsync(values, 0, count * sizeof(float), stream()), "cudaMemsetAsync");
   }
@@ -153,6 +183,10 @@ class CudaBackend final : public ComputeBackend {
 
 size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
   return gk::cuda::workspace_size_bytes(config, max_shape);
+}
+
+size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) {
+  return llama::cuda::workspace_size_bytes(config, max_shape);
 }
 
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {

@@ -11,6 +11,7 @@
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
+#include "kernels/cpu/cpu_math.h"
 #include "kernels/gpt2/gpt2_math.h"
 
 namespace strata::kernels::gpt2 {
@@ -101,6 +102,13 @@ template BlockTensors<float> bind_block(const Config&, float*);
 
 namespace {
 
+using cpu_math::column_sums_accumulate;
+using cpu_math::for_rows;
+using cpu_math::kColumnBlock;
+using cpu_math::kRowGrain;
+using cpu_math::pin_blas_to_one_thread;
+using cpu_math::sgemm;
+
 // ---------------------------------------------------------------------------------------------
 // Workspace layout: one description shared by the sizing functions and the entry points, so
 // the two can never disagree.
@@ -175,12 +183,6 @@ HeadLayout head_layout(const Config& config, float* base) {
   return layout;
 }
 
-// The tiles must not fan out again inside OpenBLAS. Called by every entry point on the caller's
-// thread before any TBB task runs; strata uses BLAS nowhere else, so owning the setting is safe.
-void pin_blas_to_one_thread() {
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-}
-
 // Every entry point starts here: checks the shape, and pins BLAS to one thread.
 void begin_entry_point(const Config& config, const BatchShape& shape) {
   pin_blas_to_one_thread();
@@ -200,66 +202,6 @@ void check_workspace(const Workspace& workspace, size_t needed_bytes) {
 // ---------------------------------------------------------------------------------------------
 // Building blocks
 // ---------------------------------------------------------------------------------------------
-
-// Rows per TBB task for row-wise work; big enough to amortize scheduling, small enough to
-// balance two cores on short batches.
-constexpr int64_t kRowGrain = 8;
-// Columns per task for column sums: 16 floats = one cache line, so tasks never share a line.
-constexpr int64_t kColumnBlock = 16;
-
-template <typename Body>
-void for_rows(int64_t count, int64_t grain, const Body& body) {
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t i = range.begin(); i != range.end(); ++i) body(i);
-                    });
-}
-
-// Output tiles of one sgemm call. OpenBLAS 0.3.21's own threading changes which partial
-// products meet in which order with its thread count (measured: thousands of elements of a
-// 256×384×128 product differ between 1 and 2 threads), so the kernels run OpenBLAS
-// single-threaded and split every product into these fixed tiles across TBB tasks instead:
-// each output element is computed by one call over the full K, the same way whatever the thread
-// count. 256×512 tiles keep a single-threaded call at full speed (measured on a 2-core Haswell:
-// tiled 46-48 GFLOP/s vs OpenBLAS's own 2 threads 47-50 GFLOP/s for 1024×2304×768).
-constexpr int64_t kGemmTileM = 256;
-constexpr int64_t kGemmTileN = 512;
-
-// C[M,N] = op(A)·op(B) + beta·C, all row-major, tiled over TBB.
-void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int64_t tiles_m = (m + kGemmTileM - 1) / kGemmTileM;
-  const int64_t tiles_n = (n + kGemmTileN - 1) / kGemmTileN;
-  for_rows(tiles_m * tiles_n, 1, [&](int64_t tile) {
-    const int64_t m0 = tile / tiles_n * kGemmTileM;
-    const int64_t n0 = tile % tiles_n * kGemmTileN;
-    const int64_t rows = std::min(kGemmTileM, m - m0);
-    const int64_t cols = std::min(kGemmTileN, n - n0);
-    const float* a_tile = trans_a ? a + m0 : a + m0 * lda;  // op(A) rows m0..
-    const float* b_tile = trans_b ? b + n0 * ldb : b + n0;  // op(B) columns n0..
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(rows),
-                static_cast<blasint>(cols), static_cast<blasint>(k), 1.0f, a_tile,
-                static_cast<blasint>(lda), b_tile, static_cast<blasint>(ldb), beta,
-                c + m0 * ldc + n0, static_cast<blasint>(ldc));
-  });
-}
-
-// out[j] += Σ_r in[r, j] over all rows in row order; tasks own disjoint column blocks, so the
-// sum for a column is always formed the same way. Double accumulators: B·T can be thousands.
-void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* out) {
-  const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-  for_rows(blocks, 1, [&](int64_t block) {
-    const int64_t c0 = block * kColumnBlock;
-    const int64_t width = std::min(kColumnBlock, cols - c0);
-    double acc[kColumnBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = in + r * cols + c0;
-      for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < width; ++j) out[c0 + j] += static_cast<float>(acc[j]);
-  });
-}
 
 // y = x @ W + b (+ residual when given): rows start as b (+ residual), then sgemm adds x @ W.
 void linear_forward(const float* x, const float* weight, const float* bias, const float* residual,
@@ -348,96 +290,42 @@ void layernorm_backward(const float* dy, const float* x, const float* mean, cons
   });
 }
 
-// Views of one (batch, head) inside the fused qkv rows.
-struct HeadSlice {
-  int64_t t_len, head_dim, row_stride;  // row_stride = 3C
-  const float* q;  // q of row i at q + i·row_stride
-  const float* k;
-  const float* v;
-};
-
-HeadSlice head_slice(const Config& config, const BatchShape& shape, const float* qkv,
-                     int64_t b, int64_t h) {
+// One (batch, head) inside the fused qkv rows: q, k and v share the row stride 3C.
+cpu_math::AttentionHead head_slice(const Config& config, const BatchShape& shape, const float* qkv, int64_t b,
+                                   int64_t h) {
   const int64_t c = config.n_embd;
   const int64_t hd = config.head_dim();
   const float* base = qkv + b * shape.seq_len * 3 * c + h * hd;
-  return {shape.seq_len, hd, 3 * c, base, base + c, base + 2 * c};
-}
-
-// key_t[d, j] = k_j[d]: lets the score row be built by axpy over j (vectorizes without
-// reassociating any sum).
-void transpose_head(const float* src, int64_t row_stride, int64_t t_len, int64_t head_dim,
-                    float* dst) {
-  for (int64_t j = 0; j < t_len; ++j) {
-    for (int64_t d = 0; d < head_dim; ++d) dst[d * t_len + j] = src[j * row_stride + d];
-  }
-}
-
-// p[0..i] = softmax over j ≤ i of scale·(q_i · k_j); returns nothing, p holds probabilities.
-void causal_probabilities(const HeadSlice& s, const float* key_t, int64_t i, float scale,
-                          float* p) {
-  const int64_t count = i + 1;
-  std::fill(p, p + count, 0.0f);
-  const float* q_row = s.q + i * s.row_stride;
-  for (int64_t d = 0; d < s.head_dim; ++d) axpy(q_row[d], key_t + d * s.t_len, p, count);
-  softmax_scaled_inplace(p, count, scale);
+  return {shape.seq_len, hd, base, 3 * c, base + c, base + 2 * c, 3 * c};
 }
 
 // att rows of (b, h): att_i = Σ_{j≤i} p_ij v_j.
 void attention_forward_head(const Config& config, const BatchShape& shape, const float* qkv,
                             int64_t b, int64_t h, float* key_t, float* p, float* att) {
-  const HeadSlice s = head_slice(config, shape, qkv, b, h);
+  const cpu_math::AttentionHead s = head_slice(config, shape, qkv, b, h);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  transpose_head(s.k, s.row_stride, s.t_len, s.head_dim, key_t);
   const int64_t c = config.n_embd;
-  for (int64_t i = 0; i < s.t_len; ++i) {
-    causal_probabilities(s, key_t, i, scale, p);
-    float* out = att + (b * s.t_len + i) * c + h * s.head_dim;
-    std::fill(out, out + s.head_dim, 0.0f);
-    for (int64_t j = 0; j <= i; ++j) axpy(p[j], s.v + j * s.row_stride, out, s.head_dim);
-  }
+  cpu_math::attention_forward_head(s, scale, key_t, p, att + b * s.t_len * c + h * s.head_dim, c);
 }
 
-// Gradients of (b, h)'s q, k, v slices of d_qkv from d_att. Recomputes each probability row
-// from q and k (no [T, T] matrix is stored), then:
-//   dp_j = d_att_i · v_j;  ds_j = p_j (dp_j − Σ_j p_j dp_j)·scale
-//   dq_i = Σ_j ds_j k_j;   dk_j += ds_j q_i;   dv_j += p_j d_att_i
-// All of (b, h)'s outputs belong to this task, and i runs in order, so the sums are fixed.
+// Gradients of (b, h)'s q, k, v slices of d_qkv from d_att. All of (b, h)'s outputs belong to
+// this task, and i runs in order, so the sums are fixed.
 void attention_backward_head(const Config& config, const BatchShape& shape, const float* qkv,
                              const float* d_att, int64_t b, int64_t h, float* key_t,
                              float* value_t, float* p, float* dp, float* d_qkv) {
-  const HeadSlice s = head_slice(config, shape, qkv, b, h);
-  const HeadSlice ds = head_slice(config, shape, d_qkv, b, h);
+  const cpu_math::AttentionHead s = head_slice(config, shape, qkv, b, h);
+  const cpu_math::AttentionHead ds = head_slice(config, shape, d_qkv, b, h);
   float* dq = const_cast<float*>(ds.q);
   float* dk = const_cast<float*>(ds.k);
   float* dv = const_cast<float*>(ds.v);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t c = config.n_embd;
-  transpose_head(s.k, s.row_stride, s.t_len, s.head_dim, key_t);
-  transpose_head(s.v, s.row_stride, s.t_len, s.head_dim, value_t);
   for (int64_t j = 0; j < s.t_len; ++j) {
-    std::fill(dk + j * s.row_stride, dk + j * s.row_stride + s.head_dim, 0.0f);
-    std::fill(dv + j * s.row_stride, dv + j * s.row_stride + s.head_dim, 0.0f);
+    std::fill(dk + j * s.kv_stride, dk + j * s.kv_stride + s.head_dim, 0.0f);
+    std::fill(dv + j * s.kv_stride, dv + j * s.kv_stride + s.head_dim, 0.0f);
   }
-  for (int64_t i = 0; i < s.t_len; ++i) {
-    const int64_t count = i + 1;
-    causal_probabilities(s, key_t, i, scale, p);
-    const float* d_out = d_att + (b * s.t_len + i) * c + h * s.head_dim;
-    std::fill(dp, dp + count, 0.0f);
-    for (int64_t d = 0; d < s.head_dim; ++d) axpy(d_out[d], value_t + d * s.t_len, dp, count);
-    double p_dot_dp = 0.0;
-    for (int64_t j = 0; j < count; ++j) p_dot_dp += static_cast<double>(p[j]) * dp[j];
-    const float mean_dp = static_cast<float>(p_dot_dp);
-    float* dq_row = dq + i * s.row_stride;
-    std::fill(dq_row, dq_row + s.head_dim, 0.0f);
-    const float* q_row = s.q + i * s.row_stride;
-    for (int64_t j = 0; j < count; ++j) {
-      const float dscore = p[j] * (dp[j] - mean_dp) * scale;
-      axpy(dscore, s.k + j * s.row_stride, dq_row, s.head_dim);
-      axpy(dscore, q_row, dk + j * s.row_stride, s.head_dim);
-      axpy(p[j], d_out, dv + j * s.row_stride, s.head_dim);
-    }
-  }
+  cpu_math::attention_backward_head(s, scale, d_att + b * s.t_len * c + h * s.head_dim, c, key_t, value_t, p, dp, dq,
+                                    s.q_stride, dk, dv);
 }
 
 void attention_forward(const Config& config, const BatchShape& shape, const BlockLayout& ws) {

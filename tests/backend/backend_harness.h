@@ -14,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
+#include "kernels/llama/llama.h"
 #include "memory/device/device.h"
 
 namespace strata::testing {
@@ -129,6 +130,11 @@ class BackendEnv {
     EXPECT_TRUE(device_->copy_to_host(backend_->compute_stream(), values.data(), data, count * sizeof(T)).ok());
     EXPECT_TRUE(device_->synchronize(backend_->compute_stream()).ok());
     return values;
+  }
+  // A workspace for `config`'s ops at small_shape (the Llama scenarios).
+  gk::Workspace workspace_for(size_t size_bytes) {
+    float* data = zeros<float>(size_bytes / 4 + 1);
+    return gk::Workspace{data, size_bytes};
   }
   gk::Workspace workspace() {
     if (workspace_ == nullptr)
@@ -264,6 +270,98 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
     out.bits = env.download(copy, n);
   } else {
     ADD_FAILURE() << "unknown scenario " << name;
+  }
+  auto scalars = b.end_step();
+  EXPECT_TRUE(scalars.ok());
+  if (scalars.ok()) {
+    out.loss = scalars->loss;
+    out.grad_sum_squares = scalars->grad_sum_squares;
+  }
+  return out;
+}
+
+// --- Llama (llama.h through the backend's llama_ ops) ---------------------------------------
+// 4 query heads over 2 k/v heads, head_dim 8 (≠ n_embd / n_head), llama3 rope scaling, untied.
+inline kernels::llama::Config small_llama_config() {
+  kernels::llama::Config c;
+  c.n_layer = 1;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.head_dim = 8;
+  c.n_embd = 24;
+  c.intermediate_size = 40;
+  c.vocab_size = 64;
+  c.n_ctx = 16;
+  c.rope_factor = 8.0;
+  c.rope_original_max_positions = 16.0;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+inline const char* const kLlamaScenarios[] = {"llama_embedding", "llama_block_forward", "llama_block_backward",
+                                              "llama_head"};
+
+inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
+  namespace lk = kernels::llama;
+  const lk::Config c = small_llama_config();
+  const gk::BatchShape s = small_shape();
+  const auto rows = static_cast<size_t>(s.rows());
+  const size_t act = rows * static_cast<size_t>(c.n_embd);
+  const size_t table = static_cast<size_t>(c.vocab_size * c.n_embd);
+  const auto block_n = static_cast<size_t>(lk::block_param_count(c));
+  const auto tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 21);
+  const auto targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 22);
+  kernels::ComputeBackend& b = env.backend();
+  EXPECT_TRUE(b.begin_step(tokens.data(), targets.data(), s.rows()).ok());
+  const gk::Workspace ws = env.workspace_for(b.llama_workspace_size_bytes(c, s));
+  OpOutputs out;
+  auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
+  // Block weights: matrices N(0, 0.1), the two RMSNorm weights around 1.
+  std::vector<float> weights = random_floats(block_n, 0.1f, 23);
+  const auto specs = lk::block_param_specs(c);
+  size_t offset = 0;
+  for (const auto& spec : specs) {
+    if (spec.rank == 1)
+      for (int64_t j = 0; j < spec.numel(); ++j) weights[offset + static_cast<size_t>(j)] += 1.0f;
+    offset += static_cast<size_t>(spec.numel());
+  }
+  if (name == "llama_embedding") {
+    float* embed = env.upload(random_floats(table, 0.1f, 24));
+    float* x0 = env.zeros<float>(act);
+    float* d_x0 = env.upload(random_floats(act, 0.1f, 25));
+    float* d_embed = env.upload(random_floats(table, 0.1f, 26));
+    expect_ok(b.llama_embedding_forward(c, s, embed, x0));
+    expect_ok(b.llama_embedding_backward(c, s, d_x0, d_embed));
+    out.tensors.push_back({"x0", env.download(x0, act)});
+    out.tensors.push_back({"d_embed", env.download(d_embed, table)});
+  } else if (name == "llama_block_forward") {
+    float* w = env.upload(weights);
+    float* x_in = env.upload(random_floats(act, 1.0f, 27));
+    float* x_out = env.zeros<float>(act);
+    expect_ok(b.llama_block_forward(c, s, lk::bind_block(c, static_cast<const float*>(w)), x_in, x_out, ws));
+    out.tensors.push_back({"x_out", env.download(x_out, act)});
+  } else if (name == "llama_block_backward") {
+    float* w = env.upload(weights);
+    float* x_in = env.upload(random_floats(act, 1.0f, 27));
+    float* d_x = env.upload(random_floats(act, 0.01f, 28));
+    float* grads = env.zeros<float>(block_n);
+    expect_ok(b.llama_block_backward(c, s, lk::bind_block(c, static_cast<const float*>(w)), x_in, d_x, d_x,
+                                     lk::bind_block(c, grads), ws, /*recompute=*/true));
+    expect_ok(b.sum_squares(grads, block_n));
+    out.tensors.push_back({"d_in", env.download(d_x, act)});
+    out.tensors.push_back({"grads", env.download(grads, block_n)});
+  } else if (name == "llama_head") {
+    float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 29, 1.0f));
+    float* lm_head = env.upload(random_floats(table, 0.1f, 30));
+    float* x = env.upload(random_floats(act, 1.0f, 31));
+    float* d_x = env.zeros<float>(act);
+    float* d_norm = env.zeros<float>(static_cast<size_t>(c.n_embd));
+    float* d_lm_head = env.upload(random_floats(table, 0.1f, 32));  // accumulated into
+    expect_ok(b.llama_head_forward_backward(c, s, lk::HeadWeights{norm, lm_head}, x, d_x,
+                                            lk::HeadGrads{d_norm, d_lm_head}, ws));
+    out.tensors.push_back({"d_x_final", env.download(d_x, act)});
+    out.tensors.push_back({"d_norm", env.download(d_norm, static_cast<size_t>(c.n_embd))});
+    out.tensors.push_back({"d_lm_head", env.download(d_lm_head, table)});
   }
   auto scalars = b.end_step();
   EXPECT_TRUE(scalars.ok());

@@ -15,42 +15,20 @@
 #include <gtest/gtest.h>
 
 #include "tests/gpt2/gpt2_test_model.h"
+#include "tests/support/reference_files.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
 
 using strata::testing::BackwardMode;
+using strata::testing::read_f64;
+using strata::testing::relative_error;
+using strata::testing::write_raw;
 using strata::testing::TempDir;
 using strata::testing::TinyGpt2;
 namespace g2 = strata::kernels::gpt2;
 
 constexpr double kMaxRelativeError = 1e-5;
-
-template <typename T>
-void write_raw(const std::string& path, const T* data, size_t count) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(count * sizeof(T)));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::vector<double> read_f64(const std::string& path, size_t count) {
-  std::vector<double> values(count);
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(count * 8));
-  EXPECT_TRUE(in.good() && in.gcount() == static_cast<std::streamsize>(count * 8)) << path;
-  return values;
-}
-
-// max|a − b| / max|b|; a tensor whose reference is all zero must match exactly.
-double relative_error(const float* ours, const std::vector<double>& reference) {
-  double max_diff = 0.0;
-  double max_ref = 0.0;
-  for (size_t i = 0; i < reference.size(); ++i) {
-    max_diff = std::max(max_diff, std::abs(static_cast<double>(ours[i]) - reference[i]));
-    max_ref = std::max(max_ref, std::abs(reference[i]));
-  }
-  return max_ref == 0.0 ? max_diff : max_diff / max_ref;
-}
 
 struct Case {
   const char* name;

@@ -1,0 +1,71 @@
+// strata/kernels/cpu/cpu_math.h — the CPU building blocks every model's kernels share: the
+// fixed-tile GEMM, column sums, row loops and one causal attention head. Internal to kernels/
+// (gpt2.cpp and llama.cpp); callers use a model's header (gpt2.h, llama.h).
+//
+// Contract
+// - Determinism: everything here gives the same bits whatever the TBB thread count. The GEMM
+//   runs OpenBLAS single-threaded on fixed 256×512 output tiles (one call over the full K per
+//   element; see gpt2.h for the measurement behind it); column sums run one column block per
+//   task over the rows in order; attention heads reduce inside one task.
+// - pin_blas_to_one_thread() must have run on the calling thread before any of it (every model
+//   entry point calls it first).
+// - Pointers are row-major fp32 host memory owned by the caller; nothing allocates.
+#pragma once
+
+#include <cstdint>
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+namespace strata::kernels::cpu_math {
+
+// Rows per TBB task for row-wise work; big enough to amortize scheduling, small enough to
+// balance two cores on short batches.
+inline constexpr int64_t kRowGrain = 8;
+// Columns per task for column sums: 16 floats = one cache line, so tasks never share a line.
+inline constexpr int64_t kColumnBlock = 16;
+
+template <typename Body>
+void for_rows(int64_t count, int64_t grain, const Body& body) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain), [&](const tbb::blocked_range<int64_t>& range) {
+    for (int64_t i = range.begin(); i != range.end(); ++i) body(i);
+  });
+}
+
+// OpenBLAS single-threaded (process-wide; strata does no other BLAS work).
+void pin_blas_to_one_thread();
+
+// C[M,N] = op(A)·op(B) + beta·C, all row-major, tiled over TBB in fixed tiles.
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc);
+
+// out[j] += Σ_r in[r, j] over all rows in row order, summed in double.
+void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* out);
+
+// One (batch, head) of causal attention: row i of q, k, v at q + i·q_stride (etc.), head_dim
+// floats each. Grouped-query attention points several query heads at one k/v head.
+struct AttentionHead {
+  int64_t t_len = 0;
+  int64_t head_dim = 0;
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t kv_stride = 0;
+};
+
+// out row i (at out + i·out_stride) = Σ_{j≤i} softmax_j(scale·q_i·k_j) v_j. Scratch: key_t
+// [head_dim, t_len], p [t_len].
+void attention_forward_head(const AttentionHead& s, float scale, float* key_t, float* p, float* out,
+                            int64_t out_stride);
+
+// Gradients of one head from d_out (rows at d_out + i·out_stride): dq rows (dq_stride)
+// OVERWRITTEN; dk, dv rows (kv_stride, like k and v) ACCUMULATED, so the query heads of one
+// k/v group add up in the order the caller runs them (the caller zeroes them first).
+// Recomputes each probability row from q and k; no [T, T] matrix is kept. Scratch: key_t and
+// value_t [head_dim, t_len], p and dp [t_len].
+void attention_backward_head(const AttentionHead& s, float scale, const float* d_out, int64_t out_stride,
+                             float* key_t, float* value_t, float* p, float* dp, float* dq, int64_t dq_stride, float* dk,
+                             float* dv);
+
+}  // namespace strata::kernels::cpu_math

@@ -1,0 +1,490 @@
+// kernels/llama/llama.cpp — the CPU Llama: the shared fixed-tile GEMM and attention head of
+// kernels/cpu/cpu_math.h, with RMSNorm, RoPE and SwiGLU here. Every parallel loop writes
+// disjoint outputs and every reduction runs in one task in a fixed order (llama.h).
+#include "kernels/llama/llama.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_math.h"
+#include "kernels/gpt2/gpt2_math.h"
+#include "kernels/llama/llama_math.h"
+
+namespace strata::kernels::llama {
+
+using cpu_math::column_sums_accumulate;
+using cpu_math::for_rows;
+using cpu_math::kColumnBlock;
+using cpu_math::kRowGrain;
+using cpu_math::sgemm;
+using gpt2::kHeadChunkRows;
+
+std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config) {
+  const int64_t c = config.n_embd;
+  const int64_t i = config.intermediate_size;
+  return {{
+      {"input_layernorm.weight", {c, 0}, 1, false},
+      {"self_attn.q_proj.weight", {config.q_width(), c}, 2, true},
+      {"self_attn.k_proj.weight", {config.kv_width(), c}, 2, true},
+      {"self_attn.v_proj.weight", {config.kv_width(), c}, 2, true},
+      {"self_attn.o_proj.weight", {c, config.q_width()}, 2, true},
+      {"post_attention_layernorm.weight", {c, 0}, 1, false},
+      {"mlp.gate_proj.weight", {i, c}, 2, true},
+      {"mlp.up_proj.weight", {i, c}, 2, true},
+      {"mlp.down_proj.weight", {c, i}, 2, true},
+  }};
+}
+
+std::string block_param_name(int64_t layer, std::string_view name_suffix) {
+  std::string name = "model.layers." + std::to_string(layer) + ".";
+  name.append(name_suffix);
+  return name;
+}
+
+int64_t block_param_count(const Config& config) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : block_param_specs(config)) total += spec.numel();
+  return total;
+}
+
+template <typename T>
+BlockTensors<T> bind_block(const Config& config, T* base) {
+  const auto specs = block_param_specs(config);
+  BlockTensors<T> t;
+  T** members[kBlockParamCount] = {&t.input_layernorm, &t.q_proj,    &t.k_proj,  &t.v_proj,   &t.o_proj,
+                                   &t.post_attention_layernorm, &t.gate_proj, &t.up_proj, &t.down_proj};
+  for (int i = 0; i < kBlockParamCount; ++i) {
+    *members[i] = base;
+    base += specs[i].numel();
+  }
+  return t;
+}
+
+template BlockTensors<const float> bind_block(const Config&, const float*);
+template BlockTensors<float> bind_block(const Config&, float*);
+
+void rope_inverse_frequencies(const Config& config, double* inv_freq) {
+  for (int64_t i = 0; i < config.head_dim / 2; ++i) inv_freq[i] = rope_inverse_frequency(config, i);
+}
+
+namespace {
+
+using Carver = gpt2::WorkspaceCarver;
+
+// What block_forward leaves behind and block_backward reads (N = B·T rows).
+struct BlockLayout {
+  float* n1;      // [N, C]  rms_1 output
+  float* rstd1;   // [N]
+  float* q;       // [N, H·D] after RoPE
+  float* k;       // [N, KV·D] after RoPE
+  float* v;       // [N, KV·D]
+  float* att;     // [N, H·D] attention output before o_proj
+  float* h;       // [N, C]  residual stream after attention
+  float* n2;      // [N, C]
+  float* rstd2;   // [N]
+  float* gate;    // [N, I]
+  float* up;      // [N, I]
+  float* act;     // [N, I]  silu(gate)·up
+  float* dq;      // [N, H·D]  backward only
+  float* dk;      // [N, KV·D]
+  float* dv;      // [N, KV·D]
+  float* cos;     // [T, D/2]
+  float* sin;     // [T, D/2]
+  float* key_t;   // [B, H, D, T]
+  float* value_t; // [B, H, D, T]
+  float* rows;    // [B, H, 2, T]
+  size_t size_bytes;
+};
+
+BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t bh = shape.batch * config.n_head;
+  Carver carve(base);
+  BlockLayout l{};
+  l.n1 = carve.take(n * c);
+  l.rstd1 = carve.take(n);
+  l.q = carve.take(n * config.q_width());
+  l.k = carve.take(n * config.kv_width());
+  l.v = carve.take(n * config.kv_width());
+  l.att = carve.take(n * config.q_width());
+  l.h = carve.take(n * c);
+  l.n2 = carve.take(n * c);
+  l.rstd2 = carve.take(n);
+  l.gate = carve.take(n * config.intermediate_size);
+  l.up = carve.take(n * config.intermediate_size);
+  l.act = carve.take(n * config.intermediate_size);
+  l.dq = carve.take(n * config.q_width());
+  l.dk = carve.take(n * config.kv_width());
+  l.dv = carve.take(n * config.kv_width());
+  l.cos = carve.take(shape.seq_len * config.head_dim / 2);
+  l.sin = carve.take(shape.seq_len * config.head_dim / 2);
+  l.key_t = carve.take(bh * config.head_dim * shape.seq_len);
+  l.value_t = carve.take(bh * config.head_dim * shape.seq_len);
+  l.rows = carve.take(bh * 2 * shape.seq_len);
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+struct HeadLayout {
+  float* normed;    // [R, C]
+  float* rstd;      // [R]
+  float* logits;    // [R, vocab]; becomes dLoss/dlogits in place
+  float* d_normed;  // [R, C]
+  float* row_loss;  // [R]
+  size_t size_bytes;
+};
+
+HeadLayout head_layout(const Config& config, float* base) {
+  const int64_t r = kHeadChunkRows;
+  Carver carve(base);
+  HeadLayout l{};
+  l.normed = carve.take(r * config.n_embd);
+  l.rstd = carve.take(r);
+  l.logits = carve.take(r * config.vocab_size);
+  l.d_normed = carve.take(r * config.n_embd);
+  l.row_loss = carve.take(r);
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+void begin_entry_point(const Config& config, const BatchShape& shape) {
+  cpu_math::pin_blas_to_one_thread();
+  assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
+  assert(config.head_dim % 2 == 0);
+  assert(shape.batch > 0 && shape.seq_len > 0 && shape.seq_len <= config.n_ctx);
+  (void)config;
+  (void)shape;
+}
+
+void check_workspace(const Workspace& workspace, size_t needed_bytes) {
+  assert(workspace.data != nullptr && workspace.size_bytes >= needed_bytes);
+  assert(reinterpret_cast<uintptr_t>(workspace.data) % 64 == 0);
+  (void)workspace;
+  (void)needed_bytes;
+}
+
+// y = x · Wᵀ (+ residual when given), W [out, in] as nn.Linear stores it.
+void linear_forward(const float* x, const float* weight, const float* residual, int64_t rows, int64_t in, int64_t out,
+                    float* y) {
+  if (residual != nullptr) std::memcpy(y, residual, static_cast<size_t>(rows * out) * sizeof(float));
+  sgemm(false, true, rows, out, in, x, in, weight, in, residual != nullptr ? 1.0f : 0.0f, y, out);
+}
+
+// dW += dyᵀ · x; dx = dy · W (beta 0) or dx += dy · W (accumulate).
+void linear_backward(const float* x, const float* weight, const float* dy, int64_t rows, int64_t in, int64_t out,
+                     float* dx, bool accumulate, float* d_weight) {
+  sgemm(true, false, out, in, rows, dy, out, x, in, 1.0f, d_weight, in);
+  if (dx != nullptr) sgemm(false, false, rows, in, out, dy, out, weight, in, accumulate ? 1.0f : 0.0f, dx, in);
+}
+
+// y = w · x · rstd per row, rstd = 1/sqrt(mean(x²) + eps) with the mean in double. x rows are
+// x_stride floats apart (the head picks the last position of each sequence).
+void rmsnorm_forward(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t c, double eps,
+                     float* y, float* rstd) {
+  for_rows(rows, kRowGrain, [&](int64_t r) {
+    const float* x_row = x + r * x_stride;
+    double sq = 0.0;
+    for (int64_t j = 0; j < c; ++j) sq += static_cast<double>(x_row[j]) * x_row[j];
+    const auto rs = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(c) + eps));
+    float* y_row = y + r * c;
+    for (int64_t j = 0; j < c; ++j) y_row[j] = weight[j] * (x_row[j] * rs);
+    rstd[r] = rs;
+  });
+}
+
+// g = dy·w; dx (+)= rstd·g − x·rstd³·mean(g·x); dw += Σ_rows dy·x·rstd.
+void rmsnorm_backward(const float* dy, const float* x, const float* rstd, const float* weight, int64_t rows, int64_t c,
+                      float* dx, bool accumulate, float* d_weight) {
+  for_rows(rows, kRowGrain, [&](int64_t r) {
+    const float* dy_row = dy + r * c;
+    const float* x_row = x + r * c;
+    const float rs = rstd[r];
+    double dot = 0.0;
+    for (int64_t j = 0; j < c; ++j) dot += static_cast<double>(dy_row[j] * weight[j]) * x_row[j];
+    const auto coef = static_cast<float>(dot / static_cast<double>(c) * rs * rs * rs);
+    float* dx_row = dx + r * c;
+    for (int64_t j = 0; j < c; ++j) {
+      const float g = rs * (dy_row[j] * weight[j]) - x_row[j] * coef;
+      dx_row[j] = accumulate ? dx_row[j] + g : g;
+    }
+  });
+  const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
+  for_rows(blocks, 1, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock;
+    const int64_t width = std::min(kColumnBlock, c - c0);
+    double acc[kColumnBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dy_row = dy + r * c + c0;
+      const float* x_row = x + r * c + c0;
+      for (int64_t j = 0; j < width; ++j) acc[j] += static_cast<double>(dy_row[j]) * (x_row[j] * rstd[r]);
+    }
+    for (int64_t j = 0; j < width; ++j) d_weight[c0 + j] += static_cast<float>(acc[j]);
+  });
+}
+
+// cos/sin [T, D/2] of pos·inv_freq, in double then rounded.
+void rope_tables(const Config& config, int64_t t_len, float* cos_table, float* sin_table) {
+  const int64_t half = config.head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  rope_inverse_frequencies(config, inv_freq.data());
+  for (int64_t t = 0; t < t_len; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
+      cos_table[t * half + i] = static_cast<float>(std::cos(angle));
+      sin_table[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+// rotate_half RoPE on every head of [N, heads·D] rows in place; `inverse` applies the
+// transpose (the backward: the rotation by −angle).
+void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t heads, const float* cos_table,
+                const float* sin_table, bool inverse) {
+  const int64_t d = config.head_dim;
+  const int64_t half = d / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+  for_rows(shape.rows(), kRowGrain, [&](int64_t r) {
+    const int64_t t = r % shape.seq_len;
+    const float* c_row = cos_table + t * half;
+    const float* s_row = sin_table + t * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * d;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = v[i];
+        const float b = v[i + half];
+        const float s = sign * s_row[i];
+        v[i] = a * c_row[i] - b * s;
+        v[i + half] = b * c_row[i] + a * s;
+      }
+    }
+  });
+}
+
+void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
+                        float* x_out, const BlockLayout& ws) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  rmsnorm_forward(x_in, c, w.input_layernorm, n, c, config.norm_eps, ws.n1, ws.rstd1);
+  linear_forward(ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q);
+  linear_forward(ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k);
+  linear_forward(ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v);
+  rope_tables(config, shape.seq_len, ws.cos, ws.sin);
+  rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
+  rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
+  const int64_t t = shape.seq_len;
+  const int64_t d = config.head_dim;
+  const int64_t group = config.n_head / config.n_kv_head;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for_rows(shape.batch * config.n_head, 1, [&](int64_t bh) {
+    const int64_t b = bh / config.n_head;
+    const int64_t h = bh % config.n_head;
+    const int64_t kv = h / group;
+    const cpu_math::AttentionHead s{t, d, ws.q + b * t * config.q_width() + h * d, config.q_width(),
+                                    ws.k + b * t * config.kv_width() + kv * d, ws.v + b * t * config.kv_width() + kv * d,
+                                    config.kv_width()};
+    cpu_math::attention_forward_head(s, scale, ws.key_t + bh * d * t, ws.rows + bh * 2 * t,
+                                     ws.att + b * t * config.q_width() + h * d, config.q_width());
+  });
+  linear_forward(ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h);
+  rmsnorm_forward(ws.h, c, w.post_attention_layernorm, n, c, config.norm_eps, ws.n2, ws.rstd2);
+  linear_forward(ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate);
+  linear_forward(ws.n2, w.up_proj, nullptr, n, c, inter, ws.up);
+  const int64_t hidden = n * inter;
+  for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
+    const int64_t end = std::min(hidden, chunk * 1024 + 1024);
+    for (int64_t i = chunk * 1024; i < end; ++i) ws.act[i] = ws.gate[i] * silu_sigmoid(ws.gate[i]) * ws.up[i];
+  });
+  if (x_out != nullptr) linear_forward(ws.act, w.down_proj, ws.h, n, inter, c, x_out);
+}
+
+}  // namespace
+
+size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return block_layout(config, max_shape, nullptr).size_bytes;
+}
+size_t head_workspace_size_bytes(const Config& config, const BatchShape& /*max_shape*/) {
+  return head_layout(config, nullptr).size_bytes;
+}
+size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return std::max(block_workspace_size_bytes(config, max_shape), head_workspace_size_bytes(config, max_shape));
+}
+
+void embedding_forward(const Config& config, const BatchShape& shape, const int32_t* tokens, const float* embed,
+                       float* x0) {
+  begin_entry_point(config, shape);
+  const int64_t c = config.n_embd;
+  for_rows(shape.rows(), kRowGrain, [&](int64_t r) {
+    const int32_t token = tokens[r];
+    assert(token >= 0 && token < config.vocab_size);
+    std::memcpy(x0 + r * c, embed + static_cast<int64_t>(token) * c, static_cast<size_t>(c) * sizeof(float));
+  });
+}
+
+void embedding_backward(const Config& config, const BatchShape& shape, const int32_t* tokens, const float* d_x0,
+                        float* d_embed) {
+  begin_entry_point(config, shape);
+  const int64_t c = config.n_embd;
+  const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
+  // Column blocks per task, rows in order: repeated tokens add up in one fixed order.
+  for_rows(blocks, 1, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock;
+    const int64_t width = std::min(kColumnBlock, c - c0);
+    for (int64_t r = 0; r < shape.rows(); ++r) {
+      const float* g = d_x0 + r * c + c0;
+      float* row = d_embed + static_cast<int64_t>(tokens[r]) * c + c0;
+      for (int64_t j = 0; j < width; ++j) row[j] += g[j];
+    }
+  });
+}
+
+void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
+                   float* x_out, const Workspace& workspace) {
+  begin_entry_point(config, shape);
+  assert(x_out != nullptr && x_out != x_in);
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  block_forward_into(config, shape, weights, x_in, x_out, ws);
+}
+
+void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
+                    const float* d_out, float* d_in, const BlockGrads& g, const Workspace& workspace, bool recompute) {
+  begin_entry_point(config, shape);
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws);
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+
+  // MLP: x_out = h + act·Wdᵀ. d_act overwrites act once dWd has read it.
+  sgemm(true, false, c, inter, n, d_out, c, ws.act, inter, 1.0f, g.down_proj, inter);
+  float* d_act = ws.act;
+  sgemm(false, false, n, inter, c, d_out, c, w.down_proj, inter, 0.0f, d_act, inter);
+  // act = silu(gate)·up: gate and up become their own gradients in place.
+  const int64_t hidden = n * inter;
+  for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
+    const int64_t end = std::min(hidden, chunk * 1024 + 1024);
+    for (int64_t i = chunk * 1024; i < end; ++i) {
+      const float x = ws.gate[i];
+      const float s = silu_sigmoid(x);
+      const float da = d_act[i];
+      ws.gate[i] = da * ws.up[i] * (s * (1.0f + x * (1.0f - s)));
+      ws.up[i] = da * x * s;
+    }
+  });
+  // d_n2 overwrites n2 once dWg and dWu have read it (RMSNorm's backward reads h, not n2).
+  sgemm(true, false, inter, c, n, ws.gate, inter, ws.n2, c, 1.0f, g.gate_proj, c);
+  sgemm(true, false, inter, c, n, ws.up, inter, ws.n2, c, 1.0f, g.up_proj, c);
+  float* d_n2 = ws.n2;
+  sgemm(false, false, n, c, inter, ws.gate, inter, w.gate_proj, c, 0.0f, d_n2, c);
+  sgemm(false, false, n, c, inter, ws.up, inter, w.up_proj, c, 1.0f, d_n2, c);
+  // d_h = d_out (residual) + RMSNorm-2 backward, built in d_in.
+  if (d_in != d_out) std::memcpy(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float));
+  rmsnorm_backward(d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, c, d_in, true, g.post_attention_layernorm);
+
+  // Attention: h = x_in + att·Woᵀ. d_att overwrites att once dWo has read it.
+  float* d_att = ws.att;
+  sgemm(true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw);
+  sgemm(false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw);
+  const int64_t t = shape.seq_len;
+  const int64_t d = config.head_dim;
+  const int64_t group = config.n_head / config.n_kv_head;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // One task per (batch, k/v head): its query heads add into dk and dv in head order.
+  for_rows(shape.batch * config.n_kv_head, 1, [&](int64_t bkv) {
+    const int64_t b = bkv / config.n_kv_head;
+    const int64_t kv = bkv % config.n_kv_head;
+    float* dk = ws.dk + b * t * kvw + kv * d;
+    float* dv = ws.dv + b * t * kvw + kv * d;
+    for (int64_t j = 0; j < t; ++j) {
+      std::fill(dk + j * kvw, dk + j * kvw + d, 0.0f);
+      std::fill(dv + j * kvw, dv + j * kvw + d, 0.0f);
+    }
+    for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+      const int64_t bh = b * config.n_head + h;
+      const cpu_math::AttentionHead s{t, d, ws.q + b * t * qw + h * d, qw, ws.k + b * t * kvw + kv * d,
+                                      ws.v + b * t * kvw + kv * d, kvw};
+      float* rows = ws.rows + bh * 2 * t;
+      cpu_math::attention_backward_head(s, scale, d_att + b * t * qw + h * d, qw, ws.key_t + bh * d * t,
+                                        ws.value_t + bh * d * t, rows, rows + t, ws.dq + b * t * qw + h * d, qw, dk, dv);
+    }
+  });
+  // Back through RoPE (its transpose) to the projections' outputs.
+  rope_apply(config, shape, ws.dq, config.n_head, ws.cos, ws.sin, true);
+  rope_apply(config, shape, ws.dk, config.n_kv_head, ws.cos, ws.sin, true);
+  linear_backward(ws.n1, w.q_proj, ws.dq, n, c, qw, nullptr, false, g.q_proj);
+  linear_backward(ws.n1, w.k_proj, ws.dk, n, c, kvw, nullptr, false, g.k_proj);
+  linear_backward(ws.n1, w.v_proj, ws.dv, n, c, kvw, nullptr, false, g.v_proj);
+  // d_n1 overwrites n1 once the three weight gradients have read it.
+  float* d_n1_out = ws.n1;
+  sgemm(false, false, n, c, qw, ws.dq, qw, w.q_proj, c, 0.0f, d_n1_out, c);
+  sgemm(false, false, n, c, kvw, ws.dk, kvw, w.k_proj, c, 1.0f, d_n1_out, c);
+  sgemm(false, false, n, c, kvw, ws.dv, kvw, w.v_proj, c, 1.0f, d_n1_out, c);
+  rmsnorm_backward(d_n1_out, x_in, ws.rstd1, w.input_layernorm, n, c, d_in, true, g.input_layernorm);
+}
+
+namespace {
+
+float head_run(const Config& config, const BatchShape& shape, const HeadWeights& w, const float* x_final,
+               const int32_t* targets, float* d_x_final, const HeadGrads* grads, const Workspace& workspace) {
+  begin_entry_point(config, shape);
+  const HeadLayout ws = head_layout(config, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t vocab = config.vocab_size;
+  const float inv_rows = 1.0f / static_cast<float>(n);
+  double loss_sum = 0.0;
+  for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, n - r0);
+    const float* x = x_final + r0 * c;
+    rmsnorm_forward(x, c, w.norm_weight, rows, c, config.norm_eps, ws.normed, ws.rstd);
+    sgemm(false, true, rows, vocab, c, ws.normed, c, w.lm_head, c, 0.0f, ws.logits, vocab);
+    for_rows(rows, 1, [&](int64_t r) {
+      const int32_t target = targets[r0 + r];
+      assert(target >= 0 && target < vocab);
+      ws.row_loss[r] = gpt2::cross_entropy_row(ws.logits + r * vocab, vocab, target, grads != nullptr, inv_rows);
+    });
+    for (int64_t r = 0; r < rows; ++r) loss_sum += ws.row_loss[r];
+    if (grads == nullptr) continue;
+    sgemm(false, false, rows, c, vocab, ws.logits, vocab, w.lm_head, c, 0.0f, ws.d_normed, c);
+    sgemm(true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads->d_lm_head, c);
+    // d(norm weight) needs dy·x·rstd, which is what rmsnorm_backward forms from x and rstd.
+    rmsnorm_backward(ws.d_normed, x, ws.rstd, w.norm_weight, rows, c, d_x_final + r0 * c, false, grads->d_norm_weight);
+  }
+  return static_cast<float>(loss_sum / static_cast<double>(n));
+}
+
+}  // namespace
+
+float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
+                            const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
+                            const Workspace& workspace) {
+  assert(d_x_final != nullptr && grads.d_lm_head != nullptr);
+  return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace);
+}
+
+void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& w, const float* x_final,
+                  float* logits, const Workspace& workspace) {
+  begin_entry_point(config, shape);
+  const HeadLayout ws = head_layout(config, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const int64_t c = config.n_embd;
+  const int64_t stride = shape.seq_len * c;
+  for (int64_t b0 = 0; b0 < shape.batch; b0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, shape.batch - b0);
+    rmsnorm_forward(x_final + b0 * stride + (shape.seq_len - 1) * c, stride, w.norm_weight, rows, c, config.norm_eps,
+                    ws.normed, ws.rstd);
+    sgemm(false, true, rows, config.vocab_size, c, ws.normed, c, w.lm_head, c, 0.0f, logits + b0 * config.vocab_size,
+          config.vocab_size);
+  }
+}
+
+}  // namespace strata::kernels::llama

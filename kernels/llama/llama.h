@@ -1,0 +1,131 @@
+// strata/kernels/llama/llama.h — Llama forward and backward on the CPU, one block at a time.
+//
+// Contract (the same shape as gpt2.h; what differs is said here)
+// - Math: exactly Hugging Face's LlamaForCausalLM in fp32 with no dropout and no biases.
+//   x0 = embed_tokens[token]; each block is pre-norm:
+//     h  = x + o_proj(attention(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1))),  n1 = rms_1(x)
+//     x' = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                       n2 = rms_2(h)
+//   then model.norm; logits = norm(x) @ Wᵀ with W = lm_head, or embed_tokens when tied; loss =
+//   mean cross-entropy over the B·T positions.
+//   RMSNorm: w · x · rsqrt(mean(x²) + eps) (the mean of squares in double; HF computes it in
+//   fp32). RoPE: HF's rotate_half convention — pair (i, i + D/2) rotated by angle pos·inv_freq_i,
+//   inv_freq_i = theta^(−2i/D), with the `llama3` rope_scaling form when given (long wavelengths
+//   divided by `factor`, short kept, a smooth blend between). Grouped-query attention: query head
+//   h reads k/v head h / (n_head / n_kv_head) (HF's repeat_kv); scores scaled by 1/sqrt(head_dim);
+//   head_dim independent of n_embd / n_head.
+// - Layout: every tensor fp32 row-major in Hugging Face's layout: nn.Linear weights [out, in]
+//   (y = x · Wᵀ, a transposed GEMM). A block's tensors, in canonical order (BlockTensors'
+//   members): input_layernorm [C], q_proj [H·D, C], k_proj [KV·D, C], v_proj [KV·D, C],
+//   o_proj [C, H·D], post_attention_layernorm [C], gate_proj [I, C], up_proj [I, C],
+//   down_proj [C, I]. Names: block_param_name.
+// - Ownership, gradients (ACCUMULATED into weight grads, OVERWRITTEN for activation grads),
+//   threads (TBB fan-out; OpenBLAS pinned to one thread; fixed GEMM tiles) and determinism
+//   (bit-identical run after run whatever the thread count) exactly as gpt2.h says.
+// - Precision: fp32 storage and products; RMSNorm statistics, softmax / cross-entropy sums and
+//   column sums in double. Checked against a float64 PyTorch implementation of HF's semantics
+//   (tests/llama): loss and every gradient within 1e-5 relative.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/gpt2/gpt2.h"
+
+namespace strata::kernels::llama {
+
+using gpt2::BatchShape;
+using gpt2::ParamSpec;
+using gpt2::Workspace;
+
+struct Config {
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;          // divides n_head
+  int64_t head_dim = 0;           // even (RoPE rotates pairs)
+  int64_t n_embd = 0;             // C
+  int64_t intermediate_size = 0;  // I
+  int64_t vocab_size = 0;
+  int64_t n_ctx = 0;              // longest sequence (RoPE needs no table of it)
+  double rope_theta = 10000.0;
+  // llama3 rope_scaling; factor 0: none.
+  double rope_factor = 0.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  double rope_original_max_positions = 8192.0;
+  double norm_eps = 1e-5;
+  bool tie_word_embeddings = true;
+  int64_t q_width() const { return n_head * head_dim; }
+  int64_t kv_width() const { return n_kv_head * head_dim; }
+};
+
+inline constexpr int kBlockParamCount = 9;
+// A block's tensors in canonical order, with suffixes after "model.layers.{i}.".
+std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config);
+// "model.layers.{layer}.{suffix}".
+std::string block_param_name(int64_t layer, std::string_view name_suffix);
+int64_t block_param_count(const Config& config);
+
+template <typename T>
+struct BlockTensors {
+  T* input_layernorm = nullptr;           // [C]
+  T* q_proj = nullptr;                    // [H·D, C]
+  T* k_proj = nullptr;                    // [KV·D, C]
+  T* v_proj = nullptr;                    // [KV·D, C]
+  T* o_proj = nullptr;                    // [C, H·D]
+  T* post_attention_layernorm = nullptr;  // [C]
+  T* gate_proj = nullptr;                 // [I, C]
+  T* up_proj = nullptr;                   // [I, C]
+  T* down_proj = nullptr;                 // [C, I]
+};
+using BlockWeights = BlockTensors<const float>;
+using BlockGrads = BlockTensors<float>;
+
+// A block packed back to back in canonical order from `base`.
+template <typename T>
+BlockTensors<T> bind_block(const Config& config, T* base);
+
+// model.norm and the output projection ([vocab, C]: lm_head, or embed_tokens when tied).
+struct HeadWeights {
+  const float* norm_weight = nullptr;
+  const float* lm_head = nullptr;
+};
+struct HeadGrads {
+  float* d_norm_weight = nullptr;  // accumulated
+  float* d_lm_head = nullptr;      // accumulated
+};
+
+// Bytes of workspace for shapes up to `max_shape`: the block ops, the head, and one that serves both.
+size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
+size_t head_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
+size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
+
+// x0[r, :] = embed[tokens[r], :]; tokens in [0, vocab) (asserted).
+void embedding_forward(const Config& config, const BatchShape& shape, const int32_t* tokens, const float* embed,
+                       float* x0);
+// d_embed[tokens[r], :] += d_x0[r, :] in row order.
+void embedding_backward(const Config& config, const BatchShape& shape, const int32_t* tokens, const float* d_x0,
+                        float* d_embed);
+
+// As gpt2::block_forward / block_backward (x_out must not alias x_in; d_in may alias d_out).
+void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
+                   float* x_out, const Workspace& workspace);
+void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
+                    const float* d_out, float* d_in, const BlockGrads& grads, const Workspace& workspace,
+                    bool recompute = true);
+
+// Final RMSNorm, logits and mean cross-entropy; writes d_x_final, accumulates the head grads.
+float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
+                            const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
+                            const Workspace& workspace);
+// For sampling: logits [batch, vocab] of the last position of each sequence.
+void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& weights, const float* x_final,
+                  float* logits, const Workspace& workspace);
+
+// RoPE's inverse frequencies (head_dim / 2 of them), llama3 scaling applied: the CPU and CUDA
+// kernels both take them from here.
+void rope_inverse_frequencies(const Config& config, double* inv_freq);
+
+}  // namespace strata::kernels::llama

@@ -1,0 +1,413 @@
+// kernels/llama/llama_cuda.cu — the CUDA Llama: cuBLAS for the products (cuda_common.cuh's
+// sgemm, shared with GPT-2's twin), small kernels for RMSNorm, RoPE, SwiGLU and the embedding.
+// Mirrors llama.cpp step for step and buffer for buffer.
+#include "kernels/llama/llama_cuda.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/llama/llama_math.h"
+
+namespace strata::kernels::llama::cuda {
+namespace {
+
+using gpt2::WorkspaceCarver;
+using gpt2::kHeadChunkRows;
+using gpt2::cuda::blocks_for;
+using gpt2::cuda::check_launch;
+using gpt2::cuda::cuda_error;
+using gpt2::cuda::gemm;
+using gpt2::cuda::gemm_batched;
+using gpt2::cuda::kThreads;
+using gpt2::cuda::kWarpsPerBlock;
+using gpt2::cuda::warp_sum;
+
+__global__ void embedding_forward_kernel(const int32_t* tokens, const float* embed, int64_t rows, int64_t c,
+                                         float* x0) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * c) return;
+  x0[i] = embed[static_cast<int64_t>(tokens[i / c]) * c + i % c];
+}
+
+// One thread per column walks the rows in order (repeated tokens add in row order).
+__global__ void embedding_backward_kernel(const int32_t* tokens, const float* d_x0, int64_t rows, int64_t c,
+                                          float* d_embed) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  for (int64_t r = 0; r < rows; ++r) d_embed[static_cast<int64_t>(tokens[r]) * c + j] += d_x0[r * c + j];
+}
+
+// One warp per row: y = w·x·rstd, the sum of squares in double.
+__global__ void rmsnorm_forward_kernel(const float* x, int64_t x_stride, const float* w, int64_t rows, int64_t c,
+                                       double eps, float* y, float* rstd) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* x_row = x + row * x_stride;
+  double sq = 0.0;
+  for (int64_t j = lane; j < c; j += 32) sq += static_cast<double>(x_row[j]) * x_row[j];
+  const auto rs = static_cast<float>(1.0 / sqrt(warp_sum(sq) / static_cast<double>(c) + eps));
+  float* y_row = y + row * c;
+  for (int64_t j = lane; j < c; j += 32) y_row[j] = w[j] * (x_row[j] * rs);
+  if (lane == 0) rstd[row] = rs;
+}
+
+// dx (+)= rstd·(dy·w) − x·rstd³·mean(dy·w·x); one warp per row.
+__global__ void rmsnorm_backward_dx_kernel(const float* dy, const float* x, const float* rstd, const float* w,
+                                           int64_t rows, int64_t c, float* dx, bool accumulate) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float* dy_row = dy + row * c;
+  const float* x_row = x + row * c;
+  const float rs = rstd[row];
+  double dot = 0.0;
+  for (int64_t j = lane; j < c; j += 32) dot += static_cast<double>(dy_row[j] * w[j]) * x_row[j];
+  const auto coef = static_cast<float>(warp_sum(dot) / static_cast<double>(c) * rs * rs * rs);
+  float* dx_row = dx + row * c;
+  for (int64_t j = lane; j < c; j += 32) {
+    const float g = rs * (dy_row[j] * w[j]) - x_row[j] * coef;
+    dx_row[j] = accumulate ? dx_row[j] + g : g;
+  }
+}
+
+// dw[j] += Σ_r dy·x·rstd; one thread per column walking the rows in order.
+__global__ void rmsnorm_backward_w_kernel(const float* dy, const float* x, const float* rstd, int64_t rows, int64_t c,
+                                          float* dw) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  double acc = 0.0;
+  for (int64_t r = 0; r < rows; ++r) acc += static_cast<double>(dy[r * c + j]) * (x[r * c + j] * rstd[r]);
+  dw[j] += static_cast<float>(acc);
+}
+
+// rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; `sign` −1
+// applies the transpose (the backward).
+__global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t heads, float sign) {
+  const int64_t half = config.head_dim / 2;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * heads * half) return;
+  const int64_t pair = i % half;
+  const int64_t row_head = i / half;
+  const int64_t t = (row_head / heads) % t_len;
+  const double angle = static_cast<double>(t) * rope_inverse_frequency(config, pair);
+  const auto c = static_cast<float>(cos(angle));
+  const float s = sign * static_cast<float>(sin(angle));
+  float* v = x + row_head * config.head_dim;
+  const float a = v[pair];
+  const float b = v[pair + half];
+  v[pair] = a * c - b * s;
+  v[pair + half] = b * c + a * s;
+}
+
+__global__ void swiglu_forward_kernel(const float* gate, const float* up, float* act, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) act[i] = gate[i] * silu_sigmoid(gate[i]) * up[i];
+}
+
+// gate and up become their gradients in place.
+__global__ void swiglu_backward_kernel(const float* d_act, float* gate, float* up, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float x = gate[i];
+  const float s = silu_sigmoid(x);
+  const float da = d_act[i];
+  gate[i] = da * up[i] * (s * (1.0f + x * (1.0f - s)));
+  up[i] = da * x * s;
+}
+
+struct BlockLayout {
+  float *n1, *rstd1, *q, *k, *v, *att, *h, *n2, *rstd2, *gate, *up, *act, *dq, *dk, *dv;
+  float* probs;    // [B, H, T, T]
+  float* d_probs;  // [B, H, T, T]
+  size_t size_bytes;
+};
+
+BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t scores = shape.batch * config.n_head * shape.seq_len * shape.seq_len;
+  WorkspaceCarver carve(base);
+  BlockLayout l{};
+  l.n1 = carve.take(n * c);
+  l.rstd1 = carve.take(n);
+  l.q = carve.take(n * config.q_width());
+  l.k = carve.take(n * config.kv_width());
+  l.v = carve.take(n * config.kv_width());
+  l.att = carve.take(n * config.q_width());
+  l.h = carve.take(n * c);
+  l.n2 = carve.take(n * c);
+  l.rstd2 = carve.take(n);
+  l.gate = carve.take(n * config.intermediate_size);
+  l.up = carve.take(n * config.intermediate_size);
+  l.act = carve.take(n * config.intermediate_size);
+  l.dq = carve.take(n * config.q_width());
+  l.dk = carve.take(n * config.kv_width());
+  l.dv = carve.take(n * config.kv_width());
+  l.probs = carve.take(scores);
+  l.d_probs = carve.take(scores);
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+struct HeadLayout {
+  float *normed, *rstd, *logits, *d_normed, *row_loss;
+  size_t size_bytes;
+};
+
+HeadLayout head_layout(const Config& config, const BatchShape& shape, float* base) {
+  const int64_t r = kHeadChunkRows;
+  WorkspaceCarver carve(base);
+  HeadLayout l{};
+  l.normed = carve.take(r * config.n_embd);
+  l.rstd = carve.take(r);
+  l.logits = carve.take(r * config.vocab_size);
+  l.d_normed = carve.take(r * config.n_embd);
+  l.row_loss = carve.take(shape.rows());
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+void check_call(const Config& config, const BatchShape& shape, const Workspace* workspace, size_t needed_bytes) {
+  assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
+  assert(shape.batch > 0 && shape.seq_len > 0 && shape.seq_len <= config.n_ctx);
+  assert(workspace == nullptr || (workspace->data != nullptr && workspace->size_bytes >= needed_bytes &&
+                                  reinterpret_cast<uintptr_t>(workspace->data) % 256 == 0));
+  (void)config;
+  (void)shape;
+  (void)workspace;
+  (void)needed_bytes;
+}
+
+// y = x·Wᵀ (+ residual), W [out, in].
+Status linear_forward(const Context& ctx, const float* x, const float* w, const float* residual, int64_t rows,
+                      int64_t in, int64_t out, float* y) {
+  if (residual != nullptr) {
+    const cudaError_t code = cudaMemcpyAsync(y, residual, static_cast<size_t>(rows * out) * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, ctx.stream());
+    if (code != cudaSuccess) return cuda_error("memcpy residual", code);
+  }
+  return gemm(ctx, false, true, rows, out, in, x, in, w, in, residual != nullptr ? 1.0f : 0.0f, y, out);
+}
+
+Status rmsnorm_forward(const Context& ctx, const Config& config, const float* x, int64_t x_stride, const float* w,
+                       int64_t rows, float* y, float* rstd) {
+  STRATA_CUDA_LAUNCH(rmsnorm_forward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(), x, x_stride,
+                     w, rows, config.n_embd, config.norm_eps, y, rstd);
+  return Status();
+}
+
+Status rmsnorm_backward(const Context& ctx, const Config& config, const float* dy, const float* x, const float* rstd,
+                        const float* w, int64_t rows, float* dx, bool accumulate, float* dw) {
+  const int64_t c = config.n_embd;
+  STRATA_CUDA_LAUNCH(rmsnorm_backward_dx_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(), dy, x,
+                     rstd, w, rows, c, dx, accumulate);
+  STRATA_CUDA_LAUNCH(rmsnorm_backward_w_kernel, blocks_for(c), kThreads, ctx.stream(), dy, x, rstd, rows, c, dw);
+  return Status();
+}
+
+Status rope(const Context& ctx, const Config& config, const BatchShape& shape, float* x, int64_t heads, bool inverse) {
+  const int64_t count = shape.rows() * heads * (config.head_dim / 2);
+  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(count), kThreads, ctx.stream(), config, x, shape.rows(), shape.seq_len,
+                     heads, inverse ? -1.0f : 1.0f);
+  return Status();
+}
+
+// Per batch row and k/v head: its `group` query heads in one strided-batched product each
+// (the k/v operand's batch stride 0 — HF's repeat_kv without the copy).
+Status attention_forward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockLayout& ws) {
+  const int64_t t = shape.seq_len;
+  const int64_t d = config.head_dim;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+  const int64_t group = config.n_head / config.n_kv_head;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t kv = 0; kv < config.n_kv_head; ++kv) {
+      const int64_t h0 = kv * group;
+      STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, true, t, t, d, ws.q + b * t * qw + h0 * d, qw, d,
+                                          ws.k + b * t * kvw + kv * d, kvw, 0, 0.0f,
+                                          ws.probs + (b * config.n_head + h0) * t * t, t, t * t, group));
+    }
+  }
+  const int64_t rows = shape.batch * config.n_head * t;
+  STRATA_CUDA_LAUNCH(gpt2::cuda::causal_softmax_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
+                     ws.probs, t, rows, 1.0f / std::sqrt(static_cast<float>(d)));
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t kv = 0; kv < config.n_kv_head; ++kv) {
+      const int64_t h0 = kv * group;
+      STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, false, t, d, t, ws.probs + (b * config.n_head + h0) * t * t, t,
+                                          t * t, ws.v + b * t * kvw + kv * d, kvw, 0, 0.0f,
+                                          ws.att + b * t * qw + h0 * d, qw, d, group));
+    }
+  }
+  return Status();
+}
+
+Status attention_backward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockLayout& ws,
+                          const float* d_att) {
+  const int64_t t = shape.seq_len;
+  const int64_t d = config.head_dim;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+  const int64_t group = config.n_head / config.n_kv_head;
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t kv = 0; kv < config.n_kv_head; ++kv) {
+      const int64_t h0 = kv * group;
+      // dP = dAtt·Vᵀ
+      STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, true, t, t, d, d_att + b * t * qw + h0 * d, qw, d,
+                                          ws.v + b * t * kvw + kv * d, kvw, 0, 0.0f,
+                                          ws.d_probs + (b * config.n_head + h0) * t * t, t, t * t, group));
+    }
+  }
+  const int64_t rows = shape.batch * config.n_head * t;
+  STRATA_CUDA_LAUNCH(gpt2::cuda::softmax_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
+                     ws.probs, ws.d_probs, t, rows, 1.0f / std::sqrt(static_cast<float>(d)));
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t kv = 0; kv < config.n_kv_head; ++kv) {
+      const int64_t h0 = kv * group;
+      const float* ds = ws.d_probs + (b * config.n_head + h0) * t * t;
+      const float* p = ws.probs + (b * config.n_head + h0) * t * t;
+      // dQ = dS·K for the group's heads at once.
+      STRATA_RETURN_IF_ERROR(gemm_batched(ctx, false, false, t, d, t, ds, t, t * t, ws.k + b * t * kvw + kv * d, kvw,
+                                          0, 0.0f, ws.dq + b * t * qw + h0 * d, qw, d, group));
+      // dK = Σ_h dS_hᵀ·Q_h, dV = Σ_h P_hᵀ·dAtt_h, heads added in order.
+      for (int64_t g = 0; g < group; ++g) {
+        const float beta = g == 0 ? 0.0f : 1.0f;
+        const int64_t h = h0 + g;
+        STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, t, d, t, ds + g * t * t, t, ws.q + b * t * qw + h * d, qw, beta,
+                                    ws.dk + b * t * kvw + kv * d, kvw));
+        STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, t, d, t, p + g * t * t, t, d_att + b * t * qw + h * d, qw, beta,
+                                    ws.dv + b * t * kvw + kv * d, kvw));
+      }
+    }
+  }
+  return Status();
+}
+
+Status block_forward_into(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& w,
+                          const float* x_in, float* x_out, const BlockLayout& ws) {
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x_in, c, w.input_layernorm, n, ws.n1, ws.rstd1));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.q, config.n_head, false));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.k, config.n_kv_head, false));
+  STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h));
+  STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, n, ws.n2, ws.rstd2));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.up_proj, nullptr, n, c, inter, ws.up));
+  STRATA_CUDA_LAUNCH(swiglu_forward_kernel, blocks_for(n * inter), kThreads, ctx.stream(), ws.gate, ws.up, ws.act,
+                     n * inter);
+  if (x_out != nullptr) STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.act, w.down_proj, ws.h, n, inter, c, x_out));
+  return Status();
+}
+
+}  // namespace
+
+size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
+  return std::max(block_layout(config, max_shape, nullptr).size_bytes,
+                  head_layout(config, max_shape, nullptr).size_bytes);
+}
+
+Status embedding_forward(const Context& ctx, const Config& config, const BatchShape& shape, const int32_t* tokens,
+                         const float* embed, float* x0) {
+  check_call(config, shape, nullptr, 0);
+  STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(shape.rows() * config.n_embd), kThreads, ctx.stream(),
+                     tokens, embed, shape.rows(), config.n_embd, x0);
+  return Status();
+}
+
+Status embedding_backward(const Context& ctx, const Config& config, const BatchShape& shape, const int32_t* tokens,
+                          const float* d_x0, float* d_embed) {
+  check_call(config, shape, nullptr, 0);
+  STRATA_CUDA_LAUNCH(embedding_backward_kernel, blocks_for(config.n_embd), kThreads, ctx.stream(), tokens, d_x0,
+                     shape.rows(), config.n_embd, d_embed);
+  return Status();
+}
+
+Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& weights,
+                     const float* x_in, float* x_out, const Workspace& workspace) {
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  assert(x_out != nullptr && x_out != x_in);
+  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws);
+}
+
+Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& w,
+                      const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
+                      const Workspace& workspace, bool recompute) {
+  const BlockLayout ws = block_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  if (recompute) STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws));
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+  // The same order and buffer reuse as the CPU block_backward (llama.cpp).
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, inter, n, d_out, c, ws.act, inter, 1.0f, g.down_proj, inter));
+  float* d_act = ws.act;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, inter, c, d_out, c, w.down_proj, inter, 0.0f, d_act, inter));
+  STRATA_CUDA_LAUNCH(swiglu_backward_kernel, blocks_for(n * inter), kThreads, ctx.stream(), d_act, ws.gate, ws.up,
+                     n * inter);
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, inter, c, n, ws.gate, inter, ws.n2, c, 1.0f, g.gate_proj, c));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, inter, c, n, ws.up, inter, ws.n2, c, 1.0f, g.up_proj, c));
+  float* d_n2 = ws.n2;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, inter, ws.gate, inter, w.gate_proj, c, 0.0f, d_n2, c));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, inter, ws.up, inter, w.up_proj, c, 1.0f, d_n2, c));
+  if (d_in != d_out) {
+    const cudaError_t code = cudaMemcpyAsync(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, ctx.stream());
+    if (code != cudaSuccess) return cuda_error("memcpy d_out → d_in", code);
+  }
+  STRATA_RETURN_IF_ERROR(
+      rmsnorm_backward(ctx, config, d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, d_in, true,
+                       g.post_attention_layernorm));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw));
+  float* d_att = ws.att;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw));
+  STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dq, config.n_head, true));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dk, config.n_kv_head, true));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, qw, c, n, ws.dq, qw, ws.n1, c, 1.0f, g.q_proj, c));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, kvw, c, n, ws.dk, kvw, ws.n1, c, 1.0f, g.k_proj, c));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, kvw, c, n, ws.dv, kvw, ws.n1, c, 1.0f, g.v_proj, c));
+  float* d_n1 = ws.n1;
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, qw, ws.dq, qw, w.q_proj, c, 0.0f, d_n1, c));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, kvw, ws.dk, kvw, w.k_proj, c, 1.0f, d_n1, c));
+  STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, kvw, ws.dv, kvw, w.v_proj, c, 1.0f, d_n1, c));
+  return rmsnorm_backward(ctx, config, d_n1, x_in, ws.rstd1, w.input_layernorm, n, d_in, true, g.input_layernorm);
+}
+
+Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
+                             const HeadWeights& w, const float* x_final, const int32_t* targets, float* d_x_final,
+                             const HeadGrads& grads, float* loss, const Workspace& workspace) {
+  const HeadLayout ws = head_layout(config, shape, workspace.data);
+  check_call(config, shape, &workspace, ws.size_bytes);
+  const int64_t n = shape.rows();
+  const int64_t c = config.n_embd;
+  const int64_t vocab = config.vocab_size;
+  for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
+    const int64_t rows = std::min(kHeadChunkRows, n - r0);
+    const float* x = x_final + r0 * c;
+    STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x, c, w.norm_weight, rows, ws.normed, ws.rstd));
+    STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, rows, vocab, c, ws.normed, c, w.lm_head, c, 0.0f, ws.logits, vocab));
+    STRATA_CUDA_LAUNCH(gpt2::cuda::cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, ctx.stream(),
+                       ws.logits, vocab, targets + r0, true, 1.0f / static_cast<float>(n), ws.row_loss + r0);
+    STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.lm_head, c, 0.0f, ws.d_normed, c));
+    STRATA_RETURN_IF_ERROR(
+        gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads.d_lm_head, c));
+    STRATA_RETURN_IF_ERROR(rmsnorm_backward(ctx, config, ws.d_normed, x, ws.rstd, w.norm_weight, rows,
+                                            d_x_final + r0 * c, false, grads.d_norm_weight));
+  }
+  STRATA_CUDA_LAUNCH(gpt2::cuda::mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss);
+  return Status();
+}
+
+}  // namespace strata::kernels::llama::cuda

@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+# tests/llama/llama_reference.py — an independent PyTorch float64 Llama with Hugging Face
+# LlamaForCausalLM's semantics, for tests/llama/test_llama_torch.cpp: RMSNorm computed as
+# x·rsqrt(mean(x²) + eps) times the weight, rotary embeddings in the rotate_half convention
+# (cos/sin of cat(freqs, freqs)) with the llama3 rope_scaling form, repeat_kv for grouped-query
+# attention, SwiGLU MLP down(silu(gate(x)) * up(x)), nn.Linear weights [out, in], no biases, a
+# tied or untied lm_head. Written from the HF semantics, not from strata's kernels.
+#
+# Usage: llama_reference.py DIR [DIR ...]. Each DIR holds config.txt ("key value" lines),
+# tensors.txt ("name dim0 [dim1]"), <name>.f32, tokens.i32, targets.i32; writes out/loss.f64,
+# out/<name>.grad.f64 and out/logits_last.f64. Exit 77 when torch cannot be imported.
+import math
+import os
+import sys
+
+try:
+    import torch
+except ImportError as error:
+    print(f"SKIP: PyTorch is not importable by {sys.executable} ({error})", file=sys.stderr)
+    sys.exit(77)
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2"))
+from gpt2_reference import read_raw  # noqa: E402  (raw little-endian files, as the C++ tests write them)
+
+
+def rms_norm(x, weight, eps):
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def inverse_frequencies(cfg):
+    dim = int(cfg["head_dim"])
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    factor = cfg["rope_factor"]
+    if factor > 0:
+        low, high, old = cfg["rope_low"], cfg["rope_high"], cfg["rope_original"]
+        low_wavelen = old / low
+        high_wavelen = old / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def repeat_kv(x, n_rep):
+    b, kv, t, d = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None, :, :].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d)
+
+
+def block(p, i, x, cfg, cos, sin):
+    pre = f"model.layers.{i}."
+    b, t, _ = x.shape
+    nh, nkv, hd = int(cfg["n_head"]), int(cfg["n_kv_head"]), int(cfg["head_dim"])
+    h = rms_norm(x, p[pre + "input_layernorm.weight"], cfg["norm_eps"])
+    q = torch.nn.functional.linear(h, p[pre + "self_attn.q_proj.weight"]).view(b, t, nh, hd).transpose(1, 2)
+    k = torch.nn.functional.linear(h, p[pre + "self_attn.k_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+    v = torch.nn.functional.linear(h, p[pre + "self_attn.v_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    k = repeat_kv(k, nh // nkv)
+    v = repeat_kv(v, nh // nkv)
+    scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd)
+    causal = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
+    probs = torch.softmax(scores + causal, dim=-1)
+    att = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, nh * hd)
+    x = x + torch.nn.functional.linear(att, p[pre + "self_attn.o_proj.weight"])
+    h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg["norm_eps"])
+    gate = torch.nn.functional.linear(h, p[pre + "mlp.gate_proj.weight"])
+    up = torch.nn.functional.linear(h, p[pre + "mlp.up_proj.weight"])
+    return x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, p[pre + "mlp.down_proj.weight"])
+
+
+def run_reference(folder):
+    cfg = {}
+    with open(os.path.join(folder, "config.txt")) as f:
+        for line in f:
+            key, value = line.split()
+            cfg[key] = float(value)
+    params = {}
+    with open(os.path.join(folder, "tensors.txt")) as f:
+        for line in f:
+            name, *dims = line.split()
+            shape = tuple(int(d) for d in dims)
+            raw = read_raw(os.path.join(folder, name + ".f32"), torch.float32, math.prod(shape))
+            params[name] = raw.view(shape).double().requires_grad_(True)
+    batch, seq, vocab = int(cfg["batch"]), int(cfg["seq_len"]), int(cfg["vocab_size"])
+    tokens = read_raw(os.path.join(folder, "tokens.i32"), torch.int32, batch * seq).long().view(batch, seq)
+    targets = read_raw(os.path.join(folder, "targets.i32"), torch.int32, batch * seq).long().view(batch, seq)
+
+    inv_freq = inverse_frequencies(cfg)
+    freqs = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+
+    x = params["model.embed_tokens.weight"][tokens]
+    for i in range(int(cfg["n_layer"])):
+        x = block(params, i, x, cfg, cos, sin)
+    x = rms_norm(x, params["model.norm.weight"], cfg["norm_eps"])
+    head = params["model.embed_tokens.weight"] if cfg["tied"] else params["lm_head.weight"]
+    logits = torch.nn.functional.linear(x, head)
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+    loss.backward()
+
+    out = os.path.join(folder, "out")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "loss.f64"), "wb") as f:
+        f.write(torch.tensor([loss.item()], dtype=torch.float64).numpy().tobytes())
+    with open(os.path.join(out, "logits_last.f64"), "wb") as f:
+        f.write(logits[:, -1, :].detach().contiguous().numpy().tobytes())
+    for name, tensor in params.items():
+        with open(os.path.join(out, name + ".grad.f64"), "wb") as f:
+            f.write(tensor.grad.detach().contiguous().numpy().tobytes())
+    print(f"{folder}: reference loss {loss.item():.10f}")
+
+
+if __name__ == "__main__":
+    for folder in sys.argv[1:]:
+        run_reference(folder)
