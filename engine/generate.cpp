@@ -172,9 +172,12 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   if (budget_bytes < scratch_bytes + largest_step_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: host.memory + device.memory = {} cannot hold generation's scratch ({}: the KV "
-                                  "cache {}, activations, workspace) and its largest step ({})",
+                                  "cache {}, an fp32 copy of the largest unit {}{}, activations, workspace) and its "
+                                  "largest step ({})",
                                   config.source_path, format_size(budget_bytes), format_size(scratch_bytes),
-                                  format_size(kv_bytes), format_size(largest_step_bytes)));
+                                  format_size(kv_bytes), format_size(widen_bytes),
+                                  widen_bytes > 0 ? " (the weights are bf16; fp32 weights need none)" : "",
+                                  format_size(largest_step_bytes)));
   const uint64_t pool_bytes = budget_bytes - scratch_bytes;
 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, scratch_bytes));
