@@ -157,14 +157,23 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   // The fixed scratch, on the device (on the CPU device: host memory out of the same budgets).
   const uint64_t kv_bytes = uint64_t(kc.n_layer) * 2 * uint64_t(n_ctx) * uint64_t(c) * 4;
   const uint64_t activation_bytes = uint64_t(max_rows) * uint64_t(c) * 4;
-  const uint64_t embed_elements = layout.units()[layout.embed_unit()].element_count;
-  const uint64_t widen_bytes = *precision == DType::f32 ? 0 : layout.largest_unit_elements() * 4;
+  // bf16 weights are widened to fp32 for the kernels: a block whole, but the embedding (GPT-2's
+  // is the largest unit by far) only where it is read — the new tokens' rows and the position
+  // table for the embedding, kHeadChunkRows-row pieces of wte for the head — so the scratch is
+  // a block's size, not the vocabulary's.
+  constexpr int64_t kHeadChunkRows = 4096;
+  const uint64_t block_elements = layout.units()[layout.block_unit(0)].element_count;
+  const uint64_t embed_piece_elements =
+      uint64_t(std::min<int64_t>(kHeadChunkRows, kc.vocab_size) + n_ctx + max_rows) * uint64_t(c);
+  const uint64_t widen_bytes = *precision == DType::f32 ? 0 : std::max(block_elements, embed_piece_elements) * 4;
+  const uint64_t token_ids_bytes = uint64_t(max_rows) * 4;
   const uint64_t ln_f_widen_bytes = *precision == DType::f32 ? 0 : uint64_t(2 * c) * 4;
   const uint64_t workspace_bytes = gk::decode_workspace_size_bytes(kc, max_rows, n_ctx);
   const uint64_t logits_bytes = uint64_t(kc.vocab_size) * 4;
   const uint64_t scratch_bytes = uint64_t(kc.n_layer) * 2 * device_bytes(uint64_t(n_ctx) * uint64_t(c) * 4) +
                                  2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
-                                 device_bytes(ln_f_widen_bytes) + device_bytes(workspace_bytes) + device_bytes(logits_bytes);
+                                 device_bytes(ln_f_widen_bytes) + device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
+                                 device_bytes(token_ids_bytes);
   uint64_t largest_step_bytes = 0;
   for (size_t s = 0; s < plan.step_count(); ++s)
     largest_step_bytes = std::max(largest_step_bytes, plan.step_bytes(s, 4096));
@@ -172,7 +181,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   if (budget_bytes < scratch_bytes + largest_step_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: host.memory + device.memory = {} cannot hold generation's scratch ({}: the KV "
-                                  "cache {}, an fp32 copy of the largest unit {}{}, activations, workspace) and its "
+                                  "cache {}, fp32 widening {}{}, activations, workspace) and its "
                                   "largest step ({})",
                                   config.source_path, format_size(budget_bytes), format_size(scratch_bytes),
                                   format_size(kv_bytes), format_size(widen_bytes),
@@ -198,6 +207,9 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer ln_f_buffer, device->allocate(std::max<uint64_t>(ln_f_widen_bytes, 1)));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer workspace_buffer, device->allocate(workspace_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer logits_buffer, device->allocate(logits_bytes));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer token_ids_buffer, device->allocate(token_ids_bytes));
+  auto* row_ids = reinterpret_cast<int32_t*>(token_ids_buffer.data());  // 0, 1, 2...: rows of a widened piece
+  for (int64_t r = 0; r < max_rows; ++r) row_ids[r] = static_cast<int32_t>(r);
   auto* x_a = reinterpret_cast<float*>(x_a_buffer.data());
   auto* x_b = reinterpret_cast<float*>(x_b_buffer.data());
   const gk::Workspace workspace{reinterpret_cast<float*>(workspace_buffer.data()), workspace_bytes};
@@ -227,10 +239,24 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     for (size_t s = 0; s < plan.step_count(); ++s) {
       STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler->acquire(s));
       Status status;
-      if (s == 0) {
-        Result<const float*> embed = widen(buffers.device_data(ids[layout.embed_unit()]), embed_elements, widen_scratch);
-        status = embed.ok() ? backend->embedding_decode(kc, past, rows, tokens, *embed, *embed + kc.vocab_size * c, x_a)
-                            : embed.status();
+      const bool uses_embed = s == 0 || s + 1 == plan.step_count();
+      void* embed_params = uses_embed ? buffers.device_data(ids[layout.embed_unit()]) : nullptr;
+      if (s == 0 && *precision == DType::f32) {
+        const auto* embed = static_cast<const float*>(embed_params);
+        status = backend->embedding_decode(kc, past, rows, tokens, embed, embed + kc.vocab_size * c, x_a);
+      } else if (s == 0) {
+        // The new tokens' wte rows, widened in order, then the position table: the embedding of
+        // row r is piece row r (ids 0…rows−1) plus position past + r.
+        const auto* bits = static_cast<const uint16_t*>(embed_params);
+        float* token_rows = widen_scratch;
+        float* positions = widen_scratch + uint64_t(max_rows) * uint64_t(c);
+        for (int64_t r = 0; r < rows && status.ok(); ++r)
+          status = backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c));
+        if (status.ok())
+          status = backend->cast_bf16_to_fp32(bits + kc.vocab_size * c, positions, uint64_t(n_ctx) * uint64_t(c));
+        gk::Config piece = kc;
+        piece.vocab_size = rows;
+        if (status.ok()) status = backend->embedding_decode(piece, past, rows, row_ids, token_rows, positions, x_a);
       } else if (s + 1 < plan.step_count()) {
         const size_t unit = layout.block_unit(static_cast<int64_t>(s) - 1);
         Result<const float*> weights =
@@ -240,12 +266,24 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                               : weights.status();
         std::swap(x_a, x_b);
       } else {
-        Result<const float*> embed = widen(buffers.device_data(ids[layout.embed_unit()]), embed_elements, widen_scratch);
         Result<const float*> ln_f = widen(buffers.device_data(ids[layout.ln_f_unit()]), uint64_t(2 * c), ln_f_scratch);
-        status = !embed.ok() ? embed.status()
-                 : !ln_f.ok() ? ln_f.status()
-                              : backend->head_logits(kc, rows, gk::HeadWeights{*ln_f, *ln_f + c, *embed},
-                                                     x_a, logits, workspace);
+        if (!ln_f.ok()) {
+          status = ln_f.status();
+        } else if (*precision == DType::f32) {
+          status = backend->head_logits(kc, rows, gk::HeadWeights{*ln_f, *ln_f + c, static_cast<const float*>(embed_params)},
+                                        x_a, logits, workspace);
+        } else {
+          // The logits kHeadChunkRows vocabulary rows at a time, each piece of wte widened first.
+          const auto* bits = static_cast<const uint16_t*>(embed_params);
+          for (int64_t r0 = 0; r0 < kc.vocab_size && status.ok(); r0 += kHeadChunkRows) {
+            gk::Config piece = kc;
+            piece.vocab_size = std::min(kHeadChunkRows, kc.vocab_size - r0);
+            status = backend->cast_bf16_to_fp32(bits + r0 * c, widen_scratch, uint64_t(piece.vocab_size) * uint64_t(c));
+            if (status.ok())
+              status = backend->head_logits(piece, rows, gk::HeadWeights{*ln_f, *ln_f + c, widen_scratch}, x_a,
+                                            logits + r0, workspace);
+          }
+        }
       }
       Status released = scheduler->release_after(s, backend->compute_stream());
       STRATA_RETURN_IF_ERROR(status);

@@ -11,7 +11,8 @@
 #              folder: exit 2 and one line naming the file and the key; nothing written.
 #   generate   `strata generate --model DIR` (staged into a store, streamed through the
 #              scheduler, KV cache): its greedy tokens equal a float64 PyTorch GPT-2's greedy
-#              tokens from full-sequence forwards, across a window refill; a model 2.5× larger
+#              tokens from full-sequence forwards, across a window refill (fp32, and bf16 with
+#              the embedding widened in pieces); a model 2.5× larger
 #              than its budgets streams from NVMe every token and its peak RSS stays within
 #              the budgets (plus the process's own baseline, measured on a tiny model).
 # Usage: test_hf_folders.py STRATA CASE. Exit 77 where numpy or torch is missing.
@@ -309,6 +310,26 @@ def case_generate(folder):
             fail(f"greedy token {k}: strata {got['tokens'][k]}, torch {token} (margin {margin:.2e})\n{got['tokens']}\n"
                  f"{[t for t, _ in want]}")
     baseline_rss = got["peak_rss_bytes"]
+
+    # bf16 weights (a bf16 folder, staged as bf16): the embedding is widened in pieces — the
+    # prompt's rows for the embedding, 4096 vocabulary rows at a time for the head (vocab 5000:
+    # two pieces) — and the greedy tokens still equal torch's on the same (widened) weights.
+    vocab16 = 5000
+    fp32 = random_gpt2(2, n_embd, vocab16, positions, seed=5, std=0.3)
+    bits = {name: to_bf16_bits(value) for name, value in fp32.items()}
+    model16 = os.path.join(folder, "small-bf16")
+    write_folder(model16, gpt2_config(2, n_head, n_embd, vocab16, positions), bits)
+    result = strata("--log-level", "warn", "generate", "--model", model16, "--nvme", os.path.join(folder, "nvme-bf16"),
+                    "--host-memory", "2MiB", "--device-memory", "2MiB", "--precision", "bf16", "--temperature", "0",
+                    "--json", "--prompt-ids", "7,4999,12", "--tokens", "36")
+    got16 = json.loads(result.stdout)
+    want16 = torch_greedy({name: widen_bf16(value) for name, value in bits.items()}, n_head, [7, 4999, 12], 36, positions)
+    for k, (token, margin) in enumerate(want16):
+        if got16["tokens"][k] != token:
+            if margin < 1e-4:
+                print(f"generate bf16: stopped comparing at token {k} (a tie within {margin:.1e})")
+                break
+            fail(f"bf16 greedy token {k}: strata {got16['tokens'][k]}, torch {token} (margin {margin:.2e})")
 
     # A model 2.5 times its budgets: every pass reads most of the weights from NVMe.
     n_layer, n_embd = 8, 256
