@@ -1,9 +1,11 @@
 #include "engine/train_config.h"
 
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "engine/hf/hf.h"
 #include "engine/monitor/monitor.h"
 
 namespace strata {
@@ -27,35 +29,105 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode model, root.child("model", true));
   ModelConfig& m = config.model;
-  STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama"}, std::string("gpt2")));
-  STRATA_READ(m.n_layer, model.integer("n_layer", std::nullopt, 1, 1024));
-  STRATA_READ(m.n_head, model.integer("n_head", std::nullopt, 1, 1024));
-  STRATA_READ(m.n_embd, model.integer("n_embd", std::nullopt, 8, 65536));
-  STRATA_READ(m.vocab_size, model.integer("vocab_size", std::nullopt, 2, 1 << 20));
-  STRATA_READ(m.seq_len, model.integer("seq_len", std::nullopt, 1, 1 << 16));
+  // model.init may name a Hugging Face folder: its config.json is then the architecture and
+  // shape, and a shape key also given here must agree with it (engine/hf/hf.h).
   STRATA_READ(m.init, model.string("init", std::string("random")));
-  STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
-  STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
-  if (m.arch == "llama") {
-    STRATA_READ(m.n_kv_head, model.integer("n_kv_head", 0, 0, 1024));
-    STRATA_READ(m.head_dim, model.integer("head_dim", 0, 0, 4096));
-    STRATA_READ(m.intermediate_size, model.integer("intermediate_size", std::nullopt, 1, 1 << 20));
-    STRATA_READ(m.rope_theta, model.number("rope_theta", 10000.0, 1.0, 1.0e12));
-    STRATA_READ(m.norm_eps, model.number("norm_eps", 1.0e-5, 0.0, 1.0));
-    STRATA_READ(m.tie_word_embeddings, model.boolean("tie_word_embeddings", true));
-    if (model.has("rope_scaling")) {
-      STRATA_ASSIGN_OR_RETURN(ConfigNode scaling, model.child("rope_scaling"));
-      RopeScaling& r = m.rope_scaling;
-      STRATA_READ(r.type, scaling.choice("type", {"llama3"}, std::nullopt));
-      STRATA_READ(r.factor, scaling.number("factor", std::nullopt, 1.0, 1.0e6));
-      STRATA_READ(r.low_freq_factor, scaling.number("low_freq_factor", 1.0, 1.0e-6, 1.0e6));
-      STRATA_READ(r.high_freq_factor, scaling.number("high_freq_factor", 4.0, 1.0e-6, 1.0e6));
-      STRATA_READ(r.original_max_position_embeddings,
-                  scaling.integer("original_max_position_embeddings", 8192, 1, 1 << 24));
-      STRATA_RETURN_IF_ERROR(scaling.finish());
-      if (r.high_freq_factor <= r.low_freq_factor)
-        return scaling.error_at("high_freq_factor", fmt::format("{} must exceed low_freq_factor = {}",
-                                                                r.high_freq_factor, r.low_freq_factor));
+  std::optional<ModelConfig> folder;
+  std::string folder_config;
+  if (m.init != "random") {
+    m.init = model.resolve_path(m.init);
+    std::error_code exists_error;  // EACCES on a parent folder, ENAMETOOLONG...: also "cannot use it"
+    if (!std::filesystem::exists(m.init, exists_error))
+      return model.error_at("init", fmt::format("'{}' {}; use random, a GPT-2 .safetensors file or a Hugging Face "
+                                                "model folder", m.init,
+                                                exists_error ? "cannot be reached: " + exists_error.message()
+                                                             : std::string("does not exist")));
+    if (hf::is_folder(m.init)) {
+      STRATA_ASSIGN_OR_RETURN(ModelConfig from_folder, hf::read_config(m.init));
+      folder = from_folder;
+      folder_config = (std::filesystem::path(m.init) / "config.json").string();
+    }
+  }
+  if (folder) {
+    // Every shape key the YAML gives is checked against config.json, naming both.
+    auto agree = [&](std::string_view key, auto yaml_value, auto folder_value) -> Status {
+      if (static_cast<double>(yaml_value) == static_cast<double>(folder_value)) return Status();
+      return model.error_at(key, fmt::format("is {} but {} says {}", yaml_value, folder_config, folder_value));
+    };
+    const ModelConfig f = *folder;
+    if (model.has("arch")) {
+      STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama"}, std::nullopt));
+      if (m.arch != f.arch)
+        return model.error_at("arch", fmt::format("is {} but {} says {}", m.arch, folder_config, f.arch));
+    }
+    struct IntegerKey { const char* key; uint32_t ModelConfig::*field; int64_t min, max; };
+    for (const IntegerKey& k : {IntegerKey{"n_layer", &ModelConfig::n_layer, 1, 1024},
+                                IntegerKey{"n_head", &ModelConfig::n_head, 1, 1024},
+                                IntegerKey{"n_embd", &ModelConfig::n_embd, 8, 65536},
+                                IntegerKey{"vocab_size", &ModelConfig::vocab_size, 2, 1 << 20},
+                                IntegerKey{"n_kv_head", &ModelConfig::n_kv_head, 0, 1024},
+                                IntegerKey{"head_dim", &ModelConfig::head_dim, 0, 4096},
+                                IntegerKey{"intermediate_size", &ModelConfig::intermediate_size, 1, 1 << 20}}) {
+      if (!model.has(k.key)) continue;
+      uint32_t value = 0;
+      STRATA_READ(value, model.integer(k.key, std::nullopt, k.min, k.max));
+      STRATA_RETURN_IF_ERROR(agree(k.key, value, f.*k.field));
+    }
+    for (const char* key : {"rope_theta", "norm_eps"}) {
+      if (!model.has(key)) continue;
+      double value = 0;
+      STRATA_READ(value, model.number(key, std::nullopt, 0.0, 1.0e12));
+      STRATA_RETURN_IF_ERROR(agree(key, value, std::string_view(key) == "rope_theta" ? f.rope_theta : f.norm_eps));
+    }
+    if (model.has("tie_word_embeddings")) {
+      bool tied = false;
+      STRATA_READ(tied, model.boolean("tie_word_embeddings", std::nullopt));
+      if (tied != f.tie_word_embeddings)
+        return model.error_at("tie_word_embeddings", fmt::format("is {} but {} says {}", tied, folder_config,
+                                                                 f.tie_word_embeddings));
+    }
+    if (model.has("rope_scaling"))
+      return model.error_at("rope_scaling", fmt::format("comes from {} when model.init is a folder", folder_config));
+    const std::string init = m.init;
+    m = f;
+    m.init = init;
+    // seq_len: the window; at most the folder's context for GPT-2 (its learned positions).
+    STRATA_READ(m.seq_len, model.integer("seq_len", f.seq_len, 1, 1 << 16));
+    if (m.arch == "gpt2" && m.seq_len > f.seq_len)
+      return model.error_at("seq_len", fmt::format("is {} but {} has {} positions (n_positions)", m.seq_len,
+                                                   folder_config, f.seq_len));
+    STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
+    STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
+  } else {
+    STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama"}, std::string("gpt2")));
+    STRATA_READ(m.n_layer, model.integer("n_layer", std::nullopt, 1, 1024));
+    STRATA_READ(m.n_head, model.integer("n_head", std::nullopt, 1, 1024));
+    STRATA_READ(m.n_embd, model.integer("n_embd", std::nullopt, 8, 65536));
+    STRATA_READ(m.vocab_size, model.integer("vocab_size", std::nullopt, 2, 1 << 20));
+    STRATA_READ(m.seq_len, model.integer("seq_len", std::nullopt, 1, 1 << 16));
+    STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
+    STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
+    if (m.arch == "llama") {
+      STRATA_READ(m.n_kv_head, model.integer("n_kv_head", 0, 0, 1024));
+      STRATA_READ(m.head_dim, model.integer("head_dim", 0, 0, 4096));
+      STRATA_READ(m.intermediate_size, model.integer("intermediate_size", std::nullopt, 1, 1 << 20));
+      STRATA_READ(m.rope_theta, model.number("rope_theta", 10000.0, 1.0, 1.0e12));
+      STRATA_READ(m.norm_eps, model.number("norm_eps", 1.0e-5, 0.0, 1.0));
+      STRATA_READ(m.tie_word_embeddings, model.boolean("tie_word_embeddings", true));
+      if (model.has("rope_scaling")) {
+        STRATA_ASSIGN_OR_RETURN(ConfigNode scaling, model.child("rope_scaling"));
+        RopeScaling& r = m.rope_scaling;
+        STRATA_READ(r.type, scaling.choice("type", {"llama3"}, std::nullopt));
+        STRATA_READ(r.factor, scaling.number("factor", std::nullopt, 1.0, 1.0e6));
+        STRATA_READ(r.low_freq_factor, scaling.number("low_freq_factor", 1.0, 1.0e-6, 1.0e6));
+        STRATA_READ(r.high_freq_factor, scaling.number("high_freq_factor", 4.0, 1.0e-6, 1.0e6));
+        STRATA_READ(r.original_max_position_embeddings,
+                    scaling.integer("original_max_position_embeddings", 8192, 1, 1 << 24));
+        STRATA_RETURN_IF_ERROR(scaling.finish());
+        if (r.high_freq_factor <= r.low_freq_factor)
+          return scaling.error_at("high_freq_factor", fmt::format("{} must exceed low_freq_factor = {}",
+                                                                  r.high_freq_factor, r.low_freq_factor));
+      }
     }
   }
   STRATA_RETURN_IF_ERROR(model.finish());
@@ -69,14 +141,6 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
                                                   m.n_embd, m.n_head));
     if (m.head_size() % 2 != 0)
       return model.error_at("head_dim", fmt::format("{} is odd; rotary embeddings rotate pairs", m.head_size()));
-  }
-  if (m.init != "random") {
-    m.init = model.resolve_path(m.init);
-    std::error_code exists_error;  // EACCES on a parent folder, ENAMETOOLONG...: also "cannot use it"
-    if (!std::filesystem::exists(m.init, exists_error))
-      return model.error_at("init", fmt::format("'{}' {}; use random or a GPT-2 .safetensors file", m.init,
-                                                exists_error ? "cannot be reached: " + exists_error.message()
-                                                             : std::string("does not exist")));
   }
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode data, root.child("data", true));

@@ -22,6 +22,8 @@
 
 #include "common/size.h"
 #include "engine/data.h"
+#include "engine/generate.h"
+#include "engine/hf/hf.h"
 #include "engine/model_layout.h"
 #include "engine/monitor/monitor.h"
 #include "engine/safetensors.h"
@@ -111,23 +113,14 @@ uint64_t peak_rss_bytes() {
 }
 
 // Every tensor of the model, present with its shape, before anything is created: a wrong
-// init file is refused up front, not halfway through writing the store.
-Status check_init_file(const TrainConfig& config, const ModelLayout& layout) {
+// init file or folder is refused up front, not halfway through writing the store.
+Status check_init_file(const TrainConfig& config) {
   if (config.model.init == "random") return Status();
-  STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(config.model.init));
-  for (const Unit& unit : layout.units()) {
-    for (const UnitTensor& tensor : unit.tensors) {
-      const SafetensorsEntry* entry = reader.find(tensor.name);
-      if (entry == nullptr) entry = reader.find("transformer." + tensor.name);
-      if (entry == nullptr || entry->shape != tensor.shape)
-        return make_error(ErrorKind::invalid_argument,
-                          fmt::format("{}: key 'model.init': {}: tensor '{}' {} (the config's model needs [{}])",
-                                      config.source_path, config.model.init, tensor.name,
-                                      entry == nullptr ? "is missing"
-                                                       : fmt::format("has shape [{}]", fmt::join(entry->shape, ", ")),
-                                      fmt::join(tensor.shape, ", ")));
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(hf::Checkpoint checkpoint, hf::Checkpoint::open(config.model.init));
+  Status checked = checkpoint.check(hf::model_tensors(config.model));
+  if (!checked.ok())
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'model.init': {}", config.source_path, checked.error().message));
   return Status();
 }
 
@@ -164,10 +157,10 @@ Status read_tensor(memory::Store& store, const std::string& name, void* data, ui
 
 Status initialize_store(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                         memory::Store& store, memory::HostArena& arena) {
-  std::unique_ptr<SafetensorsReader> init;
+  std::unique_ptr<hf::Checkpoint> init;
   if (config.model.init != "random") {
-    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(config.model.init));
-    init = std::make_unique<SafetensorsReader>(std::move(reader));
+    STRATA_ASSIGN_OR_RETURN(hf::Checkpoint checkpoint, hf::Checkpoint::open(config.model.init));
+    init = std::make_unique<hf::Checkpoint>(std::move(checkpoint));
   }
   const uint64_t largest = layout.largest_unit_elements();
   uint64_t largest_chunk = 0;
@@ -186,21 +179,10 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     const UnitIds& ids = run.units[u];
     const uint64_t n = unit.element_count;
     if (init) {
-      for (const UnitTensor& tensor : unit.tensors) {
-        const SafetensorsEntry* entry = init->find(tensor.name);
-        if (entry == nullptr) entry = init->find("transformer." + tensor.name);
-        assert(entry != nullptr && entry->shape == tensor.shape);  // check_init_file ran first
-        float* out = master + tensor.offset_elements;
-        if (entry->dtype == DType::f32) {
-          STRATA_RETURN_IF_ERROR(init->read(*entry, out));
-        } else {
-          STRATA_RETURN_IF_ERROR(init->read(*entry, staging_bits));
-          std::span<const uint16_t> src(staging_bits, tensor.element_count);
-          std::span<float> dst(out, tensor.element_count);
-          if (entry->dtype == DType::bf16) kernels::cast_bf16_to_fp32(src, dst);
-          else kernels::cast_fp16_to_fp32(src, dst);
-        }
-      }
+      // check_init_file ran first; bf16 / fp16 widen in place.
+      for (const UnitTensor& tensor : unit.tensors)
+        STRATA_RETURN_IF_ERROR(init->read_fp32(hf::TensorSpec{tensor.name, tensor.shape, tensor.name == "wpe.weight"},
+                                               master + tensor.offset_elements));
     } else {
       layout.initialize_unit(u, config.model.seed, master);
     }
@@ -345,6 +327,11 @@ Status Run::open_store(uint64_t& start_step) {
   }
   if (!exists) STRATA_RETURN_IF_ERROR(discard_uncommitted_store(config_));
   if (exists) {
+    if (auto format = store_->committed_metadata().find("format");
+        format != store_->committed_metadata().end() && format->second == kWeightsOnlyFormat)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{} holds weights staged by `strata generate --model` (no optimizer state); give "
+                                    "training another nvme path", dir));
     STRATA_ASSIGN_OR_RETURN(ModelConfig stored, model_from_metadata(store_->committed_metadata(), dir));
     if (!options_.resume)
       return make_error(ErrorKind::invalid_argument,
@@ -778,7 +765,7 @@ Result<TrainSummary> Run::execute() {
   STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::open(config_.data_path, config_.data_format,
                                                           config_.model.vocab_size, config_.model.seq_len));
   data_ = std::make_unique<TokenData>(std::move(data));
-  STRATA_RETURN_IF_ERROR(check_init_file(config_, layout_));
+  STRATA_RETURN_IF_ERROR(check_init_file(config_));
   const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : config_.steps;
 
   STRATA_RETURN_IF_ERROR(open_device());
@@ -836,7 +823,8 @@ Result<TrainSummary> Run::execute() {
     summary.peak_rss_bytes = peak_rss_bytes();
     if (!options_.export_path.empty()) {
       store_.reset();
-      STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path));
+      STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path,
+                                                   options_.export_shard_size_bytes));
     }
     return summary;
   }
@@ -931,7 +919,8 @@ Result<TrainSummary> Run::execute() {
   scheduler_.reset();  // the store is the trainer's again
   backing_.reset();
   store_.reset();
-  if (!options_.export_path.empty()) STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path));
+  if (!options_.export_path.empty()) STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path,
+                                                   options_.export_shard_size_bytes));
   return summary;
 }
 
@@ -950,6 +939,19 @@ Status read_master(memory::Store& store, const Unit& unit, uint64_t chunk_elemen
 }
 
 }  // namespace
+
+std::string store_dir_for(const TrainConfig& config) { return store_dir_of(config); }
+memory::StoreOptions store_options_for(const TrainConfig& config) { return store_options(config); }
+std::map<std::string, std::string> commit_metadata(const TrainConfig& config, uint64_t step) {
+  return run_metadata(config, step);
+}
+Result<ModelConfig> committed_model(const std::map<std::string, std::string>& metadata, const std::string& dir) {
+  auto format = metadata.find("format");
+  if (format == metadata.end() || format->second != kWeightsOnlyFormat) return model_from_metadata(metadata, dir);
+  std::map<std::string, std::string> as_run = metadata;  // the same shape keys as a run's
+  as_run["format"] = kRunFormat;
+  return model_from_metadata(as_run, dir);
+}
 
 nlohmann::ordered_json summary_json(const TrainSummary& s) {
   return {{"first_step", s.first_step},
@@ -979,93 +981,62 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   return run.execute();
 }
 
-Status export_store_weights(const std::string& store_dir, const std::string& out_path) {
+Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {
   memory::StoreOptions options;
   options.read_only = true;
   STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(store_dir, options));
   STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), store_dir));
   ModelLayout layout(model);
-  std::vector<SafetensorsWriter::TensorSpec> specs;
+  // The tensors in the layout's order, which is the order they are read from the store.
+  std::vector<hf::TensorSpec> tensors;
   for (const Unit& unit : layout.units())
-    for (const UnitTensor& tensor : unit.tensors) specs.push_back({tensor.name, DType::f32, tensor.shape});
+    for (const UnitTensor& tensor : unit.tensors) tensors.push_back({tensor.name, tensor.shape});
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"strata_step", std::to_string(store.committed_step())}};
-  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
+  // A path ending in .safetensors is one file, as before; any other is a Hugging Face folder.
+  const bool one_file = out_path.size() >= 12 && out_path.compare(out_path.size() - 12, 12, ".safetensors") == 0;
+  std::optional<SafetensorsWriter> file_writer;
+  std::optional<hf::FolderWriter> folder_writer;
+  if (one_file) {
+    std::vector<SafetensorsWriter::TensorSpec> specs;
+    for (const hf::TensorSpec& tensor : tensors) specs.push_back({tensor.name, DType::f32, tensor.shape});
+    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
+    file_writer.emplace(std::move(writer));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(hf::FolderWriter writer,
+                            hf::FolderWriter::create(out_path, model, tensors, shard_size_bytes, metadata));
+    folder_writer.emplace(std::move(writer));
+  }
   STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
   std::vector<float> master(layout.largest_unit_elements());
   std::vector<float> staging;
   for (const Unit& unit : layout.units()) {
     STRATA_RETURN_IF_ERROR(read_master(store, unit, chunk_elements, master.data(), staging));
-    for (const UnitTensor& tensor : unit.tensors)
-      STRATA_RETURN_IF_ERROR(writer.write_next(master.data() + tensor.offset_elements, tensor.element_count * 4));
+    for (const UnitTensor& tensor : unit.tensors) {
+      const float* values = master.data() + tensor.offset_elements;
+      if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->write_next(values, tensor.element_count * 4));
+      else STRATA_RETURN_IF_ERROR(folder_writer->write_next(values));
+    }
   }
-  STRATA_RETURN_IF_ERROR(writer.finish());
-  spdlog::info("exported {} tensors of step {} to {}", specs.size(), store.committed_step(), out_path);
+  if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->finish());
+  else STRATA_RETURN_IF_ERROR(folder_writer->finish());
+  spdlog::info("exported {} tensors of step {} to {}{}", tensors.size(), store.committed_step(), out_path,
+               folder_writer ? fmt::format(" (a Hugging Face folder, {} shard{})", folder_writer->shard_count(),
+                                           folder_writer->shard_count() == 1 ? "" : "s")
+                             : std::string());
   return Status();
 }
 
 Result<std::string> generate(const TrainConfig& config, const std::string& prompt, uint32_t tokens,
                              double temperature, uint64_t seed) {
-  const std::string dir = store_dir_of(config);
-  memory::StoreOptions options;
-  options.read_only = true;
-  STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
-  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), dir));
-  ModelLayout layout(model);
-  const models::ModelDefinition& definition = layout.definition();
-  // Sampling holds the fp32 weights in RAM: one position at a time, no KV cache, so only
-  // for models that fit (the demo's). The window slides over the last seq_len tokens.
-  std::vector<std::vector<float>> weights(layout.units().size());
-  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), dir));
-  std::vector<float> staging;
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    weights[u].resize(layout.units()[u].element_count);
-    STRATA_RETURN_IF_ERROR(read_master(store, layout.units()[u], chunk_elements, weights[u].data(), staging));
-  }
-  std::vector<int32_t> context;
-  for (unsigned char c : prompt) {
-    if (c >= model.vocab_size)
-      return make_error(ErrorKind::invalid_argument, "the prompt holds a byte outside the model's vocabulary");
-    context.push_back(c);
-  }
-  if (context.empty()) context.push_back('\n');
-  std::mt19937_64 rng(seed);
-  std::string out;
-  const int64_t max_t = model.seq_len;
-  std::vector<float> x_a(static_cast<size_t>(max_t * model.n_embd)), x_b(x_a.size()),
-      logits(static_cast<size_t>(model.vocab_size));
-  // The kernels want a 64-byte aligned workspace; one, sized for the longest window.
-  const size_t workspace_bytes = align_up(definition.host_workspace_size_bytes(gk::BatchShape{1, max_t}), 64);
-  std::unique_ptr<float, decltype(&std::free)> workspace_storage(
-      static_cast<float*>(std::aligned_alloc(64, workspace_bytes)), &std::free);
-  if (!workspace_storage) return make_error(ErrorKind::no_space, "cannot allocate the sampling workspace");
-  const gk::Workspace workspace{workspace_storage.get(), workspace_bytes};
-  for (uint32_t produced = 0; produced < tokens; ++produced) {
-    const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), max_t);
-    gk::BatchShape shape{1, t};
-    std::vector<int32_t> window(context.end() - t, context.end());
-    const float* embed = weights[layout.embed_unit()].data();
-    definition.host_embedding_forward(shape, window.data(), embed, x_a.data());
-    for (int64_t i = 0; i < definition.n_layer(); ++i) {
-      definition.host_block_forward(shape, weights[layout.block_unit(i)].data(), x_a.data(), x_b.data(), workspace);
-      std::swap(x_a, x_b);
-    }
-    const float* ln_f = weights[layout.ln_f_unit()].data();
-    definition.host_head_forward(shape, ln_f, embed, x_a.data(), logits.data(), workspace);
-    int32_t next = 0;
-    if (temperature <= 0) {
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    } else {
-      float max_logit = *std::max_element(logits.begin(), logits.end());
-      std::vector<double> probs(logits.size());
-      for (size_t v = 0; v < logits.size(); ++v) probs[v] = std::exp((logits[v] - max_logit) / temperature);
-      std::discrete_distribution<int32_t> pick(probs.begin(), probs.end());
-      next = pick(rng);
-    }
-    context.push_back(next);
-    out.push_back(static_cast<char>(next));
-  }
-  return out;
+  // The offloaded sampler (engine/generate.h): weights stream through the scheduler within the
+  // config's budgets, with a KV cache.
+  SamplingOptions options;
+  options.tokens = tokens;
+  options.temperature = temperature;
+  options.seed = seed;
+  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, ByteCodec()));
+  return summary.text;
 }
 
 }  // namespace strata

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -38,13 +39,17 @@ namespace strata {
 namespace monitor {
 class RunMetrics;
 }
+namespace memory {
+struct StoreOptions;
+}
 
 struct TrainOptions {
   int64_t steps = -1;          // < 0: the config's `steps` (a total, counting resumed ones)
   bool resume = false;         // continue from the store's last commit
   std::string trace_path;      // Chrome-trace timeline of copies, I/O, compute and stalls
   std::string metrics_path;    // JSON: per-step figures and the summary
-  std::string export_path;     // safetensors of the final fp32 weights
+  std::string export_path;     // the final fp32 weights: FILE.safetensors, or any other path an HF folder
+  uint64_t export_shard_size_bytes = 5'000'000'000;  // an HF folder's shard limit (engine/hf/hf.h)
   bool json = false;           // print the summary as one JSON object on stdout
   bool progress = true;        // one progress line per step on stderr
   // Live metrics (engine/monitor/): when set, the run publishes its facts before the first
@@ -83,10 +88,24 @@ nlohmann::ordered_json summary_json(const TrainSummary& summary);
 // Trains; returns the summary, or the first error (nothing committed is lost on error).
 [[nodiscard]] Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options);
 
-// Writes the committed fp32 master weights of the store in `store_dir` as safetensors under the
-// definition's Hugging Face names (GPT-2: without `transformer.`; Llama: HF's exactly, no
-// `lm_head.weight` when tied).
-[[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path);
+// Writes the committed fp32 master weights of the store in `store_dir` under the definition's
+// Hugging Face names (GPT-2: without `transformer.`; Llama: HF's exactly, no `lm_head.weight`
+// when tied): a path ending in
+// `.safetensors` is one file; any other path a new Hugging Face folder (config.json and
+// model.safetensors, or shards of at most `shard_size_bytes` and their index; engine/hf/hf.h).
+[[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path,
+                                          uint64_t shard_size_bytes = 5'000'000'000);
+
+// Shared with generation (engine/generate.cpp): the store folder a config names, the options
+// it is opened with, the metadata a commit records, and the model a store's committed
+// metadata describes — a training run's, or weights staged for generation only (format
+// kWeightsOnlyFormat: compute copies, no optimizer state; `strata train` refuses such a store).
+inline constexpr const char* kWeightsOnlyFormat = "strata-weights-1";
+std::string store_dir_for(const TrainConfig& config);
+memory::StoreOptions store_options_for(const TrainConfig& config);
+std::map<std::string, std::string> commit_metadata(const TrainConfig& config, uint64_t step);
+[[nodiscard]] Result<ModelConfig> committed_model(const std::map<std::string, std::string>& metadata,
+                                                  const std::string& dir);
 
 // Samples `tokens` tokens after `prompt` from the committed weights (text-bytes vocabularies
 // print as text). Temperature 0 is greedy.

@@ -20,6 +20,29 @@ Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device, con
   return make_error(ErrorKind::unsupported, "this build has no compute backend for a CUDA device (nvcc was not found)");
 }
 
+// Generation's defaults: a backend that has not written its decode ops says so.
+static Error no_decode(const ComputeBackend& backend) {
+  return make_error(ErrorKind::unsupported,
+                    std::string("generation with a KV cache is not implemented on the ") + backend.name() +
+                        " backend yet; use device.kind: cpu");
+}
+size_t ComputeBackend::decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows,
+                                                   int64_t max_positions) const {
+  return gpt2::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+Status ComputeBackend::embedding_decode(const gpt2::Config&, int64_t, int64_t, const int32_t*, const float*,
+                                        const float*, float*) {
+  return no_decode(*this);
+}
+Status ComputeBackend::block_decode(const gpt2::Config&, int64_t, int64_t, const gpt2::BlockWeights&, const float*,
+                                    float*, const gpt2::KvCacheBlock&, const gpt2::Workspace&) {
+  return no_decode(*this);
+}
+Status ComputeBackend::head_logits(const gpt2::Config&, int64_t, const gpt2::HeadWeights&, const float*, float*,
+                                   const gpt2::Workspace&) {
+  return no_decode(*this);
+}
+
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
   if (kind == device::Kind::cuda) return cuda_workspace_size_bytes(config, max_shape);

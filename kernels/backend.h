@@ -144,6 +144,21 @@ class ComputeBackend {
                                                            float* d_x_final, const llama::HeadGrads& grads,
                                                            const gpt2::Workspace& workspace) = 0;
 
+  // --- generation: GPT-2 decoding with a KV cache (gpt2.h's decode semantics) ---
+  // Ops per model definition: a Llama decode gets its own trio beside these. `tokens` is host
+  // memory; the cache, activations, logits and workspace are the backend's memory. A backend
+  // without them (CUDA, for now: its twin is not written yet) returns `unsupported`.
+  virtual size_t decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows,
+                                             int64_t max_positions) const;
+  [[nodiscard]] virtual Status embedding_decode(const gpt2::Config& config, int64_t past, int64_t rows,
+                                                const int32_t* tokens, const float* wte, const float* wpe, float* x0);
+  [[nodiscard]] virtual Status block_decode(const gpt2::Config& config, int64_t past, int64_t rows,
+                                            const gpt2::BlockWeights& weights, const float* x_in, float* x_out,
+                                            const gpt2::KvCacheBlock& cache, const gpt2::Workspace& workspace);
+  // Logits [vocab] of the last of `rows` new rows of x_final.
+  [[nodiscard]] virtual Status head_logits(const gpt2::Config& config, int64_t rows, const gpt2::HeadWeights& weights,
+                                           const float* x_final, float* logits, const gpt2::Workspace& workspace);
+
   // --- elementwise and the optimizer ---
   [[nodiscard]] virtual Status zero(float* values, uint64_t count) = 0;
   [[nodiscard]] virtual Status copy(void* dst, const void* src, uint64_t size_bytes) = 0;

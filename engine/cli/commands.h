@@ -47,6 +47,7 @@ void add_store_command(CLI::App& app, CliState& state);        // cli/store.cpp
 void add_bench_adam_command(CLI::App& bench, CliState& state);     // cli/bench_adam.cpp
 void add_bench_overlap_command(CLI::App& bench, CliState& state);  // cli/bench_overlap.cpp
 void add_train_command(CLI::App& app, CliState& state);        // cli/train.cpp
+void add_generate_command(CLI::App& app, CliState& state);     // cli/generate.cpp
 void add_plan_command(CLI::App& app, CliState& state);         // cli/plan.cpp
 void add_report_command(CLI::App& app, CliState& state);       // cli/report.cpp
 }  // namespace strata::cli

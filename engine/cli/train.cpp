@@ -1,4 +1,4 @@
-// `strata train` and `strata generate`: the main job, and sampling from what it committed.
+// `strata train`: the main job (`strata generate` is in cli/generate.cpp).
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -45,12 +45,22 @@ void add_train_command(CLI::App& app, CliState& state) {
   train->add_flag("--resume", options->train.resume, "continue from the last step committed in the store");
   train->add_option("--trace", options->train.trace_path, "write a Chrome/Perfetto timeline of I/O, copies and compute");
   train->add_option("--metrics", options->train.metrics_path, "write per-step figures and the summary as JSON");
-  train->add_option("--export", options->train.export_path, "write the final fp32 weights as safetensors");
+  train->add_option("--export", options->train.export_path,
+                    "write the final fp32 weights: FILE.safetensors, or any other path a Hugging Face folder");
+  auto shard_size = std::make_shared<std::string>("5000000000");
+  train->add_option("--shard-size", *shard_size, "an exported folder's largest shard (bytes or binary units)")
+      ->capture_default_str();
   train->add_flag("--json", options->train.json, "print the summary as one JSON object on stdout");
   train->add_option("--serve", options->serve,
                     "serve Prometheus /metrics and a live dashboard at HOST:PORT (:PORT or PORT: 127.0.0.1; port 0 "
                     "picks a free one); overrides the config's monitor.serve");
-  train->callback([options, &state] {
+  train->callback([options, shard_size, &state] {
+    Result<uint64_t> shard_bytes = parse_size(*shard_size);
+    if (!shard_bytes.ok()) {
+      state.exit_code = report_error(make_error(ErrorKind::invalid_argument, "--shard-size: " + shard_bytes.error().message));
+      return;
+    }
+    options->train.export_shard_size_bytes = *shard_bytes;
     Result<TrainConfig> config = load_train_config(options->config_path);
     if (failed(config, state)) return;
     // The server binds before any training work, so a port in use stops the run at once.
@@ -86,31 +96,6 @@ void add_train_command(CLI::App& app, CliState& state) {
                    s.median_step_seconds / s.predicted_step_seconds);
     }
     if (config->sample_tokens > 0 && !options->train.json) print_sample(*config, state);
-  });
-
-  struct GenerateOptions {
-    std::string config_path;
-    std::string prompt = "The ";
-    uint32_t tokens = 200;
-    double temperature = 0.8;
-    uint64_t seed = 1;
-  };
-  auto generate_options = std::make_shared<GenerateOptions>();
-  CLI::App* gen = app.add_subcommand("generate", "Sample text from the weights last committed by `strata train`.");
-  gen->add_option("config", generate_options->config_path, "the config the model was trained with")->required();
-  gen->add_option("--prompt", generate_options->prompt, "text to continue")->capture_default_str();
-  gen->add_option("--tokens", generate_options->tokens, "tokens to sample")->capture_default_str();
-  gen->add_option("--temperature", generate_options->temperature, "softmax temperature; 0 is greedy")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
-  gen->add_option("--seed", generate_options->seed, "sampling seed")->capture_default_str();
-  gen->callback([generate_options, &state] {
-    Result<TrainConfig> config = load_train_config(generate_options->config_path);
-    if (failed(config, state)) return;
-    Result<std::string> text = generate(*config, generate_options->prompt, generate_options->tokens,
-                                        generate_options->temperature, generate_options->seed);
-    if (failed(text, state)) return;
-    fmt::print("{}{}\n", generate_options->prompt, *text);
   });
 }
 

@@ -58,11 +58,7 @@ std::vector<int64_t> shape_of(const gk::ParamSpec& spec) {
 class Gpt2 final : public ModelDefinition {
  public:
   explicit Gpt2(const ModelConfig& model) : ModelDefinition(model) {
-    kc_.n_layer = model.n_layer;
-    kc_.n_head = model.n_head;
-    kc_.n_embd = model.n_embd;
-    kc_.vocab_size = model.vocab_size;
-    kc_.n_ctx = model.seq_len;
+    kc_ = gpt2_kernel_config(model);
     const double residual_std = model.init_std / std::sqrt(2.0 * model.n_layer);
     auto add = [](Unit& unit, std::string name, const gk::ParamSpec& spec, double std_dev, float value) {
       add_tensor(unit, std::move(name), shape_of(spec), spec.weight_decay, std_dev, value);
@@ -289,6 +285,16 @@ Result<double> read_number(const std::map<std::string, std::string>& metadata, c
 }
 
 }  // namespace
+
+kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model) {
+  kernels::gpt2::Config kc;
+  kc.n_layer = model.n_layer;
+  kc.n_head = model.n_head;
+  kc.n_embd = model.n_embd;
+  kc.vocab_size = model.vocab_size;
+  kc.n_ctx = model.seq_len;
+  return kc;
+}
 
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config) {
   if (config.arch == "llama") return std::make_unique<Llama>(config);

@@ -124,6 +124,9 @@ class ModelDefinition {
   std::vector<Unit> units_;
 };
 
+// The GPT-2 kernels' shape (kernels/gpt2/gpt2.h) of a gpt2 `model`: n_ctx is its seq_len.
+kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model);
+
 // The definition of `config.arch` (gpt2 or llama; train_config.cpp admits no other).
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config);
 

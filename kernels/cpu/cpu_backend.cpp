@@ -105,6 +105,23 @@ class CpuBackend final : public ComputeBackend {
     return Status();
   }
 
+  Status embedding_decode(const gk::Config& config, int64_t past, int64_t rows, const int32_t* tokens,
+                          const float* wte, const float* wpe, float* x0) override {
+    gk::embedding_decode(config, past, rows, tokens, wte, wpe, x0);
+    return Status();
+  }
+  Status block_decode(const gk::Config& config, int64_t past, int64_t rows, const gk::BlockWeights& weights,
+                      const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
+                      const gk::Workspace& workspace) override {
+    gk::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace);
+    return Status();
+  }
+  Status head_logits(const gk::Config& config, int64_t rows, const gk::HeadWeights& weights, const float* x_final,
+                     float* logits, const gk::Workspace& workspace) override {
+    gk::head_decode(config, rows, weights, x_final, logits, workspace);
+    return Status();
+  }
+
   Status zero(float* values, uint64_t count) override {
     std::fill(values, values + count, 0.0f);
     return Status();

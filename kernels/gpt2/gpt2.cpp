@@ -563,4 +563,114 @@ void head_forward(const Config& config, const BatchShape& shape, const HeadWeigh
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decoding with a KV cache (generation)
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// The decode workspace: block_forward's layout for `rows` new rows (its attention scratch
+// unused), then one score row of `max_positions` per head.
+struct DecodeLayout {
+  BlockLayout block;
+  float* scores;  // [H, max_positions]
+  size_t size_bytes;
+};
+
+DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  DecodeLayout layout{};
+  layout.block = block_layout(config, BatchShape{1, rows}, base);
+  Carver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
+  layout.scores = carve.take(config.n_head * max_positions);
+  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
+  return layout;
+}
+
+// head_decode's scratch: one LayerNorm row and its statistics (the logits go to the caller's
+// buffer directly, so a 50k vocabulary needs no kHeadChunkRows × vocab scratch).
+size_t head_decode_size_bytes(const Config& config) {
+  Carver carve(nullptr);
+  carve.take(config.n_embd);
+  carve.take(1);
+  carve.take(1);
+  return carve.used_bytes();
+}
+
+}  // namespace
+
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions) {
+  return std::max(decode_layout(config, max_rows, max_positions, nullptr).size_bytes, head_decode_size_bytes(config));
+}
+
+void head_decode(const Config& config, int64_t rows, const HeadWeights& w, const float* x_final, float* logits,
+                 const Workspace& workspace) {
+  pin_blas_to_one_thread();
+  check_workspace(workspace, head_decode_size_bytes(config));
+  const int64_t c = config.n_embd;
+  Carver carve(workspace.data);
+  float* ln_out = carve.take(c);
+  float* mean = carve.take(1);
+  float* rstd = carve.take(1);
+  layernorm_forward(x_final + (rows - 1) * c, c, w.ln_f_weight, w.ln_f_bias, 1, c, ln_out, mean, rstd);
+  sgemm(false, true, 1, config.vocab_size, c, ln_out, c, w.wte, c, 0.0f, logits, config.vocab_size);
+}
+
+void embedding_decode(const Config& config, int64_t past, int64_t rows, const int32_t* tokens, const float* wte,
+                      const float* wpe, float* x0) {
+  pin_blas_to_one_thread();
+  assert(past >= 0 && rows > 0 && past + rows <= config.n_ctx);
+  const int64_t c = config.n_embd;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t token = tokens[r];
+    assert(token >= 0 && token < config.vocab_size);
+    const float* tok_row = wte + static_cast<int64_t>(token) * c;
+    const float* pos_row = wpe + (past + r) * c;
+    for (int64_t j = 0; j < c; ++j) x0[r * c + j] = tok_row[j] + pos_row[j];
+  }
+}
+
+// The block's math as block_forward_into, for `rows` new positions past..past+rows-1: their
+// k and v join the cache first, then each new row attends over cache rows 0..its position.
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
+  pin_blas_to_one_thread();
+  assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
+  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  check_workspace(workspace, layout.size_bytes);
+  const BlockLayout& ws = layout.block;
+  const int64_t c = config.n_embd;
+  const int64_t hd = config.head_dim();
+  layernorm_forward(x_in, c, w.ln_1_weight, w.ln_1_bias, rows, c, ws.ln1_out, ws.ln1_mean, ws.ln1_rstd);
+  linear_forward(ws.ln1_out, w.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, rows, c, 3 * c, ws.qkv);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(cache.keys + (past + r) * c, ws.qkv + r * 3 * c + c, static_cast<size_t>(c) * sizeof(float));
+    std::memcpy(cache.values + (past + r) * c, ws.qkv + r * 3 * c + 2 * c, static_cast<size_t>(c) * sizeof(float));
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // One task per head: its score row is its own, and each output element is one head's.
+  for_rows(config.n_head, 1, [&](int64_t h) {
+    float* p = layout.scores + h * cache.max_positions;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t count = past + r + 1;
+      const float* q = ws.qkv + r * 3 * c + h * hd;
+      for (int64_t j = 0; j < count; ++j) {
+        const float* k = cache.keys + j * c + h * hd;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
+        p[j] = dot;
+      }
+      softmax_scaled_inplace(p, count, scale);
+      float* out = ws.att + r * c + h * hd;
+      std::fill(out, out + hd, 0.0f);
+      for (int64_t j = 0; j < count; ++j) axpy(p[j], cache.values + j * c + h * hd, out, hd);
+    }
+  });
+  linear_forward(ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, rows, c, c, ws.x1);
+  layernorm_forward(ws.x1, c, w.ln_2_weight, w.ln_2_bias, rows, c, ws.ln2_out, ws.ln2_mean, ws.ln2_rstd);
+  linear_forward(ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, rows, c, 4 * c, ws.fc_pre);
+  const int64_t hidden = rows * 4 * c;
+  for (int64_t i = 0; i < hidden; ++i) ws.fc_act[i] = gelu_tanh(ws.fc_pre[i]);
+  linear_forward(ws.fc_act, w.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, rows, 4 * c, c, x_out);
+}
+
 }  // namespace strata::kernels::gpt2

@@ -192,4 +192,36 @@ float head_loss(const Config& config, const BatchShape& shape, const HeadWeights
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
                   const float* x_final, float* logits, const Workspace& workspace);
 
+// --- Decoding with a KV cache (generation) ---
+// One block's cache: the keys and values of every position so far, each [max_positions, C]
+// row-major (head h in columns h·head_dim..), owned by the caller. Positions are absolute:
+// row t holds position t's k / v. max_positions <= n_ctx (GPT-2's positions are learned).
+struct KvCacheBlock {
+  float* keys = nullptr;
+  float* values = nullptr;
+  int64_t max_positions = 0;
+};
+
+// Workspace for block_decode and head_decode with up to `max_rows` new rows per call and a
+// cache of `max_positions` (64-byte aligned, as the other entry points).
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions);
+
+// x0[r] = wte[tokens[r]] + wpe[past + r] for the `rows` new tokens at positions past...
+void embedding_decode(const Config& config, int64_t past, int64_t rows, const int32_t* tokens, const float* wte,
+                      const float* wpe, float* x0);
+
+// The block for `rows` new positions past..past+rows−1 whose earlier positions 0..past−1 are
+// in `cache`: writes the new rows' k and v into the cache, then x_out = block(x_in) exactly as
+// block_forward computes those rows of a full sequence (causal attention over the cache). A
+// prompt is one call with rows = its length; each sampled token one call with rows = 1. The
+// head's logits of the last new row: head_decode. Agrees with a
+// full-sequence block_forward to fp32 rounding (tests/gpt2: logits within 1e-5).
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& weights, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace);
+
+// logits [vocab] of the last of `rows` rows of x_final: head_forward's math for one row, with
+// the logits written straight to `logits` (no kHeadChunkRows × vocab scratch).
+void head_decode(const Config& config, int64_t rows, const HeadWeights& weights, const float* x_final, float* logits,
+                 const Workspace& workspace);
+
 }  // namespace strata::kernels::gpt2

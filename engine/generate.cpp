@@ -1,0 +1,434 @@
+#include "engine/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sys/statvfs.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/size.h"
+#include "engine/hf/hf.h"
+#include "engine/model_layout.h"
+#include "engine/train_plan.h"
+#include "engine/trainer.h"
+#include "kernels/backend.h"
+#include "kernels/gpt2/gpt2.h"
+#include "kernels/optim/cast.h"
+#include "memory/device/device.h"
+#include "memory/host_arena.h"
+#include "memory/store.h"
+#include "scheduler/scheduler.h"
+
+namespace strata {
+
+namespace {
+
+namespace gk = kernels::gpt2;
+namespace sch = scheduler;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Peak resident set of this process (VmHWM), in bytes.
+uint64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  return 0;
+}
+
+// Whole DeviceBuffers round up to the device's alignment; the scratch is a handful of them.
+uint64_t device_bytes(uint64_t size_bytes) { return align_up(std::max<uint64_t>(size_bytes, 1), device::kDeviceAlignmentBytes); }
+
+}  // namespace
+
+Result<std::vector<int32_t>> ByteCodec::encode(std::string_view text, uint32_t vocab_size) const {
+  std::vector<int32_t> tokens;
+  tokens.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= vocab_size)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("the prompt holds byte 0x{:02x} at offset {}, outside the model's vocabulary of {}",
+                                    byte, i, vocab_size));
+    tokens.push_back(byte);
+  }
+  return tokens;
+}
+
+std::string ByteCodec::decode(int32_t token) const {
+  return token < 256 ? std::string(1, static_cast<char>(token)) : fmt::format("<{}>", token);
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, std::mt19937_64& rng,
+                     std::vector<std::pair<float, int32_t>>& order) {
+  if (options.temperature <= 0.0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  order.clear();
+  double total = 0.0;
+  for (size_t v = 0; v < logits.size(); ++v) {
+    const auto p = static_cast<float>(std::exp((static_cast<double>(logits[v]) - max_logit) / options.temperature));
+    order.emplace_back(p, static_cast<int32_t>(v));
+    total += p;
+  }
+  size_t kept = order.size();
+  if (options.top_p < 1.0) {
+    // Most likely first; ties by id, so the order never depends on the sort's stability.
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    double cumulative = 0.0;
+    for (kept = 0; kept < order.size();) {
+      cumulative += order[kept].first;
+      ++kept;
+      if (cumulative >= options.top_p * total) break;
+    }
+    total = cumulative;
+  }
+  const double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+  double cumulative = 0.0;
+  for (size_t k = 0; k < kept; ++k) {
+    cumulative += order[k].first;
+    if (u < cumulative) return order[k].second;
+  }
+  return order[kept - 1].second;
+}
+
+Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std::string& prompt,
+                                           const SamplingOptions& options, const TokenCodec& codec) {
+  const std::string dir = store_dir_for(config);
+  std::error_code exists_error;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error))
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{} holds no committed weights: train first (strata train), or stage a Hugging Face "
+                                  "folder (strata generate --model DIR)", dir));
+  STRATA_ASSIGN_OR_RETURN(device::Kind kind, device::parse_kind(config.device_kind));
+  if (kind != device::Kind::cpu)
+    return make_error(ErrorKind::unsupported,
+                      "strata generate runs on device.kind: cpu for now (the CUDA decode ops are not written yet)");
+  memory::StoreOptions store_options = store_options_for(config);
+  store_options.read_only = true;
+  STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options));
+  STRATA_ASSIGN_OR_RETURN(const ModelConfig model, committed_model(store.committed_metadata(), dir));
+  auto precision_entry = store.committed_metadata().find("precision");
+  Result<DType> precision = precision_entry == store.committed_metadata().end()
+                                ? Result<DType>(make_error(ErrorKind::corrupt, "missing"))
+                                : parse_dtype(precision_entry->second);
+  if (!precision.ok() || *precision == DType::f16)
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'precision' is not fp32 or bf16", dir));
+  const uint64_t element_bytes = dtype_size_bytes(*precision);
+  // The decode ops with a KV cache are GPT-2's so far (kernels/backend.h); a Llama store is
+  // refused here, before any work, rather than sampled with the whole model in RAM.
+  if (model.arch != "gpt2")
+    return make_error(ErrorKind::unsupported,
+                      fmt::format("strata generate: the {} decode ops (KV cache) are not written yet; gpt2 only",
+                                  model.arch));
+  const ModelLayout layout(model);
+  const gk::Config kc = models::gpt2_kernel_config(model);
+  const int64_t c = kc.n_embd;
+  const int64_t n_ctx = kc.n_ctx;
+
+  STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, codec.encode(prompt, model.vocab_size));
+  if (context.empty()) context.push_back(model.vocab_size > '\n' ? '\n' : 0);
+  if (static_cast<int64_t>(context.size()) > n_ctx)  // the window: the prompt's last n_ctx tokens
+    context.erase(context.begin(), context.end() - n_ctx);
+  const auto prompt_rows = static_cast<int64_t>(context.size());
+  const int64_t refill_rows = std::max<int64_t>(1, n_ctx / 2);
+  const int64_t max_rows = std::max(prompt_rows, refill_rows);
+
+  // The plan: one pass = embed, h.0 … h.{L−1}, head; it repeats per pass.
+  sch::AccessPlan plan;
+  std::vector<sch::TensorId> ids;
+  uint64_t weight_bytes = 0;
+  for (const Unit& unit : layout.units()) {
+    ids.push_back(plan.add_tensor(params_name(unit), unit.element_count * element_bytes));
+    weight_bytes += unit.element_count * element_bytes;
+  }
+  plan.add_step("embed", {ids[layout.embed_unit()]});
+  for (int64_t i = 0; i < kc.n_layer; ++i) plan.add_step(fmt::format("h.{}", i), {ids[layout.block_unit(i)]});
+  plan.add_step("head", {ids[layout.ln_f_unit()], ids[layout.embed_unit()]});
+  STRATA_RETURN_IF_ERROR(plan.validate());
+
+  // The fixed scratch, on the device (on the CPU device: host memory out of the same budgets).
+  const uint64_t kv_bytes = uint64_t(kc.n_layer) * 2 * uint64_t(n_ctx) * uint64_t(c) * 4;
+  const uint64_t activation_bytes = uint64_t(max_rows) * uint64_t(c) * 4;
+  // bf16 weights are widened to fp32 for the kernels: a block whole, but the embedding (GPT-2's
+  // is the largest unit by far) only where it is read — the new tokens' rows and the position
+  // table for the embedding, kHeadChunkRows-row pieces of wte for the head — so the scratch is
+  // a block's size, not the vocabulary's.
+  constexpr int64_t kHeadChunkRows = 4096;
+  const uint64_t block_elements = layout.units()[layout.block_unit(0)].element_count;
+  const uint64_t embed_piece_elements =
+      uint64_t(std::min<int64_t>(kHeadChunkRows, kc.vocab_size) + n_ctx + max_rows) * uint64_t(c);
+  const uint64_t widen_bytes = *precision == DType::f32 ? 0 : std::max(block_elements, embed_piece_elements) * 4;
+  const uint64_t token_ids_bytes = uint64_t(max_rows) * 4;
+  const uint64_t ln_f_widen_bytes = *precision == DType::f32 ? 0 : uint64_t(2 * c) * 4;
+  const uint64_t workspace_bytes = gk::decode_workspace_size_bytes(kc, max_rows, n_ctx);
+  const uint64_t logits_bytes = uint64_t(kc.vocab_size) * 4;
+  const uint64_t scratch_bytes = uint64_t(kc.n_layer) * 2 * device_bytes(uint64_t(n_ctx) * uint64_t(c) * 4) +
+                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
+                                 device_bytes(ln_f_widen_bytes) + device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
+                                 device_bytes(token_ids_bytes);
+  uint64_t largest_step_bytes = 0;
+  for (size_t s = 0; s < plan.step_count(); ++s)
+    largest_step_bytes = std::max(largest_step_bytes, plan.step_bytes(s, 4096));
+  const uint64_t budget_bytes = config.host_memory_bytes + config.device_memory_bytes;
+  if (budget_bytes < scratch_bytes + largest_step_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: host.memory + device.memory = {} cannot hold generation's scratch ({}: the KV "
+                                  "cache {}, fp32 widening {}{}, activations, workspace) and its "
+                                  "largest step ({})",
+                                  config.source_path, format_size(budget_bytes), format_size(scratch_bytes),
+                                  format_size(kv_bytes), format_size(widen_bytes),
+                                  widen_bytes > 0 ? " (the weights are bf16; fp32 weights need none)" : "",
+                                  format_size(largest_step_bytes)));
+  const uint64_t pool_bytes = budget_bytes - scratch_bytes;
+
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, scratch_bytes));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
+                          kernels::make_backend(*device, gk::BatchShape{1, max_rows}));
+  std::vector<device::DeviceBuffer> cache_buffers;
+  std::vector<gk::KvCacheBlock> cache(static_cast<size_t>(kc.n_layer));
+  for (int64_t i = 0; i < kc.n_layer; ++i) {
+    STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer keys, device->allocate(uint64_t(n_ctx) * c * 4));
+    STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer values, device->allocate(uint64_t(n_ctx) * c * 4));
+    cache[static_cast<size_t>(i)] = {reinterpret_cast<float*>(keys.data()), reinterpret_cast<float*>(values.data()), n_ctx};
+    cache_buffers.push_back(std::move(keys));
+    cache_buffers.push_back(std::move(values));
+  }
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer x_a_buffer, device->allocate(activation_bytes));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer x_b_buffer, device->allocate(activation_bytes));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer widen_buffer, device->allocate(std::max<uint64_t>(widen_bytes, 1)));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer ln_f_buffer, device->allocate(std::max<uint64_t>(ln_f_widen_bytes, 1)));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer workspace_buffer, device->allocate(workspace_bytes));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer logits_buffer, device->allocate(logits_bytes));
+  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer token_ids_buffer, device->allocate(token_ids_bytes));
+  auto* row_ids = reinterpret_cast<int32_t*>(token_ids_buffer.data());  // 0, 1, 2...: rows of a widened piece
+  for (int64_t r = 0; r < max_rows; ++r) row_ids[r] = static_cast<int32_t>(r);
+  auto* x_a = reinterpret_cast<float*>(x_a_buffer.data());
+  auto* x_b = reinterpret_cast<float*>(x_b_buffer.data());
+  const gk::Workspace workspace{reinterpret_cast<float*>(workspace_buffer.data()), workspace_bytes};
+  auto* logits = reinterpret_cast<float*>(logits_buffer.data());
+
+  memory::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = pool_bytes;
+  STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::NvmeBacking> backing, sch::make_store_backing(store, plan));
+  sch::SchedulerOptions scheduler_options;
+  scheduler_options.host_budget_bytes = pool_bytes;
+  scheduler_options.compute_in_place = true;  // the CPU device computes on the host blocks
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::Scheduler> scheduler,
+                          sch::Scheduler::create(plan, *device, arena, backing.get(), scheduler_options));
+
+  // The compute copy of a unit as fp32: itself, or widened into `scratch`.
+  auto widen = [&](void* params, uint64_t count, float* scratch) -> Result<const float*> {
+    if (*precision == DType::f32) return static_cast<const float*>(params);
+    STRATA_RETURN_IF_ERROR(backend->cast_bf16_to_fp32(static_cast<const uint16_t*>(params), scratch, count));
+    return static_cast<const float*>(scratch);
+  };
+  auto* widen_scratch = reinterpret_cast<float*>(widen_buffer.data());
+  auto* ln_f_scratch = reinterpret_cast<float*>(ln_f_buffer.data());
+  // One pass over the weights for `rows` new tokens at positions past…; leaves the logits of
+  // the last one in `logits`.
+  auto pass = [&](const int32_t* tokens, int64_t past, int64_t rows) -> Status {
+    for (size_t s = 0; s < plan.step_count(); ++s) {
+      STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler->acquire(s));
+      Status status;
+      const bool uses_embed = s == 0 || s + 1 == plan.step_count();
+      void* embed_params = uses_embed ? buffers.device_data(ids[layout.embed_unit()]) : nullptr;
+      if (s == 0 && *precision == DType::f32) {
+        const auto* embed = static_cast<const float*>(embed_params);
+        status = backend->embedding_decode(kc, past, rows, tokens, embed, embed + kc.vocab_size * c, x_a);
+      } else if (s == 0) {
+        // The new tokens' wte rows, widened in order, then the position table: the embedding of
+        // row r is piece row r (ids 0…rows−1) plus position past + r.
+        const auto* bits = static_cast<const uint16_t*>(embed_params);
+        float* token_rows = widen_scratch;
+        float* positions = widen_scratch + uint64_t(max_rows) * uint64_t(c);
+        for (int64_t r = 0; r < rows && status.ok(); ++r)
+          status = backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c));
+        if (status.ok())
+          status = backend->cast_bf16_to_fp32(bits + kc.vocab_size * c, positions, uint64_t(n_ctx) * uint64_t(c));
+        gk::Config piece = kc;
+        piece.vocab_size = rows;
+        if (status.ok()) status = backend->embedding_decode(piece, past, rows, row_ids, token_rows, positions, x_a);
+      } else if (s + 1 < plan.step_count()) {
+        const size_t unit = layout.block_unit(static_cast<int64_t>(s) - 1);
+        Result<const float*> weights =
+            widen(buffers.device_data(ids[unit]), layout.units()[unit].element_count, widen_scratch);
+        status = weights.ok() ? backend->block_decode(kc, past, rows, gk::bind_block(kc, *weights), x_a, x_b,
+                                                      cache[s - 1], workspace)
+                              : weights.status();
+        std::swap(x_a, x_b);
+      } else {
+        Result<const float*> ln_f = widen(buffers.device_data(ids[layout.ln_f_unit()]), uint64_t(2 * c), ln_f_scratch);
+        if (!ln_f.ok()) {
+          status = ln_f.status();
+        } else if (*precision == DType::f32) {
+          status = backend->head_logits(kc, rows, gk::HeadWeights{*ln_f, *ln_f + c, static_cast<const float*>(embed_params)},
+                                        x_a, logits, workspace);
+        } else {
+          // The logits kHeadChunkRows vocabulary rows at a time, each piece of wte widened first.
+          const auto* bits = static_cast<const uint16_t*>(embed_params);
+          for (int64_t r0 = 0; r0 < kc.vocab_size && status.ok(); r0 += kHeadChunkRows) {
+            gk::Config piece = kc;
+            piece.vocab_size = std::min(kHeadChunkRows, kc.vocab_size - r0);
+            status = backend->cast_bf16_to_fp32(bits + r0 * c, widen_scratch, uint64_t(piece.vocab_size) * uint64_t(c));
+            if (status.ok())
+              status = backend->head_logits(piece, rows, gk::HeadWeights{*ln_f, *ln_f + c, widen_scratch}, x_a,
+                                            logits + r0, workspace);
+          }
+        }
+      }
+      Status released = scheduler->release_after(s, backend->compute_stream());
+      STRATA_RETURN_IF_ERROR(status);
+      STRATA_RETURN_IF_ERROR(released);
+    }
+    return backend->synchronize();
+  };
+
+  GenerateSummary summary;
+  summary.prompt_tokens = static_cast<uint32_t>(prompt_rows);
+  summary.weight_bytes = weight_bytes;
+  summary.kv_cache_bytes = kv_bytes;
+  summary.pool_bytes = pool_bytes;
+  std::mt19937_64 rng(options.seed);
+  std::vector<std::pair<float, int32_t>> order;
+  const Clock::time_point prefill_start = Clock::now();
+  STRATA_RETURN_IF_ERROR(pass(context.data(), 0, prompt_rows));
+  summary.prefill_seconds = seconds_since(prefill_start);
+  int64_t past = prompt_rows;
+  const Clock::time_point decode_start = Clock::now();
+  Clock::time_point last_progress = decode_start;
+  uint64_t passes = 0;
+  for (uint32_t produced = 0; produced < options.tokens; ++produced) {
+    const int32_t next = sample_token(std::span<const float>(logits, static_cast<size_t>(kc.vocab_size)), options, rng, order);
+    summary.tokens.push_back(next);
+    summary.text += codec.decode(next);
+    context.push_back(next);
+    if (produced + 1 == options.tokens) break;  // the last token needs no pass after it
+    if (past == n_ctx) {
+      // The window is full: its last half becomes the prompt again (GPT-2's positions end here).
+      STRATA_RETURN_IF_ERROR(pass(context.data() + context.size() - refill_rows, 0, refill_rows));
+      past = refill_rows;
+    } else {
+      STRATA_RETURN_IF_ERROR(pass(&context.back(), past, 1));
+      ++past;
+    }
+    ++passes;
+    if (options.progress && seconds_since(last_progress) >= 1.0) {
+      last_progress = Clock::now();
+      fmt::print(stderr, "\rgenerate: {} / {} tokens, {:.2f} tokens/s   ", produced + 1, options.tokens,
+                 static_cast<double>(passes) / seconds_since(decode_start));
+    }
+  }
+  if (options.progress && passes > 0) fmt::print(stderr, "\n");
+  summary.decode_seconds = seconds_since(decode_start);
+  summary.tokens_per_s = summary.decode_seconds > 0 ? static_cast<double>(passes) / summary.decode_seconds : 0.0;
+  const sch::SchedulerStats stats = scheduler->stats();
+  const sch::TransferStats& reads = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)];
+  summary.nvme_read_bytes = reads.bytes;
+  summary.host_high_water_bytes = stats.host_high_water_bytes;
+  summary.tuned = config.io.read.measured_MBps.has_value();
+  // Untuned: this run's own NVMe read rate while reads were running stands in for the tuned one.
+  summary.read_MBps = summary.tuned ? *config.io.read.measured_MBps : reads.gb_per_s() * 1e3;
+  summary.io_floor_tokens_per_s = summary.read_MBps > 0 ? summary.read_MBps * 1e6 / static_cast<double>(weight_bytes) : 0.0;
+  scheduler.reset();  // before the store, the arena and the device it uses
+  summary.peak_rss_bytes = peak_rss_bytes();
+  return summary;
+}
+
+Status stage_hf_weights(const TrainConfig& config, bool progress) {
+  const std::string dir = store_dir_for(config);
+  const ModelLayout layout(config.model);
+  const uint64_t element_bytes = dtype_size_bytes(config.precision);
+  std::error_code exists_error;
+  if (std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error)) {
+    memory::StoreOptions options = store_options_for(config);
+    options.read_only = true;
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
+    const auto& metadata = store.committed_metadata();
+    Result<ModelConfig> stored = committed_model(metadata, dir);
+    auto format = metadata.find("format");
+    auto source = metadata.find("source");
+    auto precision = metadata.find("precision");
+    if (stored.ok() && format != metadata.end() && format->second == kWeightsOnlyFormat && source != metadata.end() &&
+        source->second == config.model.init && precision != metadata.end() &&
+        precision->second == dtype_name(config.precision) && stored->n_layer == config.model.n_layer &&
+        stored->n_embd == config.model.n_embd && stored->vocab_size == config.model.vocab_size &&
+        stored->seq_len == config.model.seq_len && stored->n_head == config.model.n_head) {
+      spdlog::info("{} already holds the weights of {}; generating from them", dir, config.model.init);
+      return Status();
+    }
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{} already holds another store; give --nvme an empty folder (or the one this model "
+                                  "was staged into)", dir));
+  }
+  STRATA_ASSIGN_OR_RETURN(hf::Checkpoint checkpoint, hf::Checkpoint::open(config.model.init));
+  STRATA_RETURN_IF_ERROR(checkpoint.check(hf::model_tensors(config.model)));
+  uint64_t weight_bytes = 0;
+  for (const Unit& unit : layout.units()) weight_bytes += align_up(unit.element_count * element_bytes, 64 * kKiB);
+  const uint64_t capacity_bytes = weight_bytes + std::max<uint64_t>(64 * kMiB, weight_bytes / 50);
+  struct statvfs fs {};
+  if (::statvfs(config.nvme_paths.front().c_str(), &fs) == 0 && uint64_t{fs.f_bavail} * fs.f_frsize < capacity_bytes)
+    return make_error(ErrorKind::no_space, fmt::format("{} has {} free but staging the weights needs {}",
+                                                       config.nvme_paths.front(),
+                                                       format_size(uint64_t{fs.f_bavail} * fs.f_frsize),
+                                                       format_size(capacity_bytes)));
+  std::vector<std::string> data_paths;
+  for (const std::string& path : config.nvme_paths)
+    data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
+  STRATA_ASSIGN_OR_RETURN(memory::Store store,
+                          memory::Store::create(dir, data_paths, capacity_bytes, store_options_for(config)));
+  spdlog::info("staging {} ({} parameters, {} as {}) into {} before generating", config.model.init,
+               layout.parameter_count(), format_size(weight_bytes), dtype_name(config.precision), dir);
+  // One unit at a time through one pinned buffer: the fp32 unit, then its compute copy.
+  const uint64_t largest = layout.largest_unit_elements();
+  memory::HostArenaOptions arena_options;
+  arena_options.capacity_bytes = align_up(largest * 4, 4096) + align_up(largest * 2, 4096) + 8192;
+  STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
+  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer master_buffer, memory::HostBuffer::allocate(arena, largest * 4));
+  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer copy_buffer, memory::HostBuffer::allocate(arena, std::max<uint64_t>(largest * 2, 1)));
+  auto* master = reinterpret_cast<float*>(master_buffer.data());
+  auto* copy = reinterpret_cast<uint16_t*>(copy_buffer.data());
+  const Clock::time_point start = Clock::now();
+  uint64_t done_bytes = 0;
+  for (const Unit& unit : layout.units()) {
+    for (const UnitTensor& tensor : unit.tensors)
+      STRATA_RETURN_IF_ERROR(checkpoint.read_fp32(hf::TensorSpec{tensor.name, tensor.shape, tensor.name == "wpe.weight"},
+                                                  master + tensor.offset_elements));
+    const int64_t shape[] = {static_cast<int64_t>(unit.element_count)};
+    const void* data = master;
+    if (config.precision == DType::bf16) {
+      kernels::cast_fp32_to_bf16(std::span<const float>(master, unit.element_count),
+                                 std::span<uint16_t>(copy, unit.element_count));
+      data = copy;
+    }
+    STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                            store.write_tensor_async(params_name(unit), config.precision, shape, data,
+                                                     unit.element_count * element_bytes));
+    STRATA_RETURN_IF_ERROR(store.wait(ticket));
+    done_bytes += unit.element_count * element_bytes;
+    if (progress)
+      fmt::print(stderr, "\rstaging: {} / {} ({:.0f} MB/s)   ", format_size(done_bytes), format_size(weight_bytes),
+                 static_cast<double>(done_bytes) / 1e6 / std::max(1e-9, seconds_since(start)));
+  }
+  if (progress) fmt::print(stderr, "\n");
+  std::map<std::string, std::string> metadata = commit_metadata(config, 0);
+  metadata["format"] = kWeightsOnlyFormat;
+  metadata["source"] = config.model.init;
+  return store.commit(0, metadata);
+}
+
+}  // namespace strata

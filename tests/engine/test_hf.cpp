@@ -1,0 +1,383 @@
+// tests/engine/test_hf.cpp — Hugging Face folders (engine/hf/hf.h): config.json → ModelConfig
+// for GPT-2 and the Llama family (both rope forms), every refusal naming file and key, the
+// index's escapes refused, bf16/fp16/fp32 read back exactly, and a sharded folder written and
+// read back bit for bit.
+//
+// How: config.json texts and folders are built by hand in a scratch folder; tensors are
+// stamped with their own index (and, for 16-bit files, values exact in bf16/fp16) so a value
+// read from the wrong tensor, offset or shard shows. Each refusal must be invalid_argument (the
+// CLI's exit 2) and its text must name the file and the key.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/hf/hf.h"
+#include "engine/safetensors.h"
+#include "tests/support/temp_dir.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+const char* kLlama3Config = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+  "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 16,
+  "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 131072,
+  "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu", "attention_bias": false,
+  "mlp_bias": false, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}})";
+
+TEST(HfConfig, Llama3ShapeAndRopeScaling) {
+  Result<ModelConfig> m = hf::parse_config_json(kLlama3Config, "x/config.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->arch, "llama");
+  EXPECT_EQ(m->n_layer, 2u);
+  EXPECT_EQ(m->n_head, 6u);
+  EXPECT_EQ(m->n_kv_head, 3u);
+  EXPECT_EQ(m->head_dim, 16u);
+  EXPECT_EQ(m->n_embd, 64u);
+  EXPECT_EQ(m->intermediate_size, 96u);
+  EXPECT_EQ(m->vocab_size, 300u);
+  EXPECT_EQ(m->seq_len, 65536u);  // capped at strata's longest window
+  EXPECT_DOUBLE_EQ(m->rope_theta, 500000.0);
+  EXPECT_EQ(m->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(m->rope_scaling.factor, 32.0);
+  EXPECT_EQ(m->rope_scaling.original_max_position_embeddings, 8192u);
+  EXPECT_TRUE(m->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(m->norm_eps, 1e-5);
+}
+
+// transformers ≥ 5 writes rope_parameters (theta inside) instead of rope_theta + rope_scaling.
+TEST(HfConfig, NewerRopeParametersForm) {
+  const char* text = R"({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 250000, "factor": 8.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 4096}})";
+  Result<ModelConfig> m = hf::parse_config_json(text, "c.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_DOUBLE_EQ(m->rope_theta, 250000.0);
+  EXPECT_EQ(m->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(m->rope_scaling.factor, 8.0);
+  EXPECT_EQ(m->rope_scaling.original_max_position_embeddings, 4096u);
+  EXPECT_FALSE(m->tie_word_embeddings);  // LlamaConfig's default
+  EXPECT_EQ(m->kv_heads(), 4u);
+  EXPECT_EQ(m->head_size(), 8u);
+  const char* plain = R"({"model_type": "mistral", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50, "sliding_window": null,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})";
+  Result<ModelConfig> mistral = hf::parse_config_json(plain, "c.json");
+  ASSERT_TRUE(mistral.ok()) << mistral.error().to_string();
+  EXPECT_DOUBLE_EQ(mistral->rope_theta, 1e6);
+  EXPECT_EQ(mistral->rope_scaling.type, "");
+}
+
+TEST(HfConfig, Gpt2Shape) {
+  const char* text = R"({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768,
+    "vocab_size": 50257, "n_positions": 1024, "n_ctx": 1024, "layer_norm_epsilon": 1e-05,
+    "activation_function": "gelu_new", "resid_pdrop": 0.1})";
+  Result<ModelConfig> m = hf::parse_config_json(text, "c.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->arch, "gpt2");
+  EXPECT_EQ(m->n_layer, 12u);
+  EXPECT_EQ(m->n_embd, 768u);
+  EXPECT_EQ(m->vocab_size, 50257u);
+  EXPECT_EQ(m->seq_len, 1024u);
+  // What strata writes reads back as the same shape.
+  Result<ModelConfig> again = hf::parse_config_json(hf::config_json(*m), "c.json");
+  ASSERT_TRUE(again.ok()) << again.error().to_string();
+  EXPECT_EQ(again->n_layer, m->n_layer);
+  EXPECT_EQ(again->n_head, m->n_head);
+  EXPECT_EQ(again->vocab_size, m->vocab_size);
+  EXPECT_EQ(again->seq_len, m->seq_len);
+  Result<ModelConfig> llama = hf::parse_config_json(kLlama3Config, "c.json");
+  ASSERT_TRUE(llama.ok());
+  Result<ModelConfig> llama_again = hf::parse_config_json(hf::config_json(*llama), "c.json");
+  ASSERT_TRUE(llama_again.ok()) << llama_again.error().to_string();
+  EXPECT_EQ(llama_again->n_kv_head, 3u);
+  EXPECT_EQ(llama_again->head_dim, 16u);
+  EXPECT_DOUBLE_EQ(llama_again->rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(llama_again->rope_theta, 500000.0);
+}
+
+// Each case: a config.json text and the key its refusal must name.
+TEST(HfConfig, RefusalsNameFileAndKey) {
+  const std::string llama_head = R"("model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{", "valid JSON"},
+      {"[]", "JSON object"},
+      {R"({"n_layer": 1})", "model_type"},
+      {R"({"model_type": "bert"})", "model_type"},
+      {R"({"model_type": "qwen2", "hidden_size": 32})", "model_type"},
+      {"{" + llama_head + R"(, "attention_bias": true})", "attention_bias"},
+      {"{" + llama_head + R"(, "mlp_bias": true})", "mlp_bias"},
+      {"{" + llama_head + R"(, "sliding_window": 4096})", "sliding_window"},
+      {"{" + llama_head + R"(, "hidden_act": "gelu"})", "hidden_act"},
+      {"{" + llama_head + R"(, "rope_scaling": {"type": "linear", "factor": 2.0}})", "rope_scaling.type"},
+      {"{" + llama_head + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})", "rope_scaling.rope_type"},
+      {"{" + llama_head + R"(, "rope_parameters": {"rope_type": "dynamic"}})", "rope_parameters.rope_type"},
+      {"{" + llama_head + R"(, "rope_scaling": {"rope_type": "llama3"}})", "rope_scaling.factor"},
+      {"{" + llama_head + R"(, "num_key_value_heads": 3})", "num_key_value_heads"},
+      {"{" + llama_head + R"(, "head_dim": 7})", "head_dim"},
+      {"{" + llama_head + R"(, "rms_norm_eps": "small"})", "rms_norm_eps"},
+      {R"({"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": -4})", "hidden_size"},
+      {R"({"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 4, "hidden_size": 32.5})",
+       "hidden_size"},
+      {R"({"model_type": "gpt2", "n_layer": 2, "n_head": 3, "n_embd": 16, "vocab_size": 9, "n_positions": 8})",
+       "n_embd"},
+      {R"({"model_type": "gpt2", "n_layer": 0, "n_head": 2, "n_embd": 16, "vocab_size": 9, "n_positions": 8})",
+       "n_layer"},
+      {R"({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 16, "vocab_size": 9, "n_positions": 8,
+           "activation_function": "relu"})", "activation_function"},
+  };
+  for (const auto& [text, key] : cases) {
+    Result<ModelConfig> m = hf::parse_config_json(text, "dir/config.json");
+    ASSERT_FALSE(m.ok()) << text;
+    EXPECT_EQ(m.error().kind, ErrorKind::invalid_argument) << text;
+    EXPECT_NE(m.error().message.find("dir/config.json"), std::string::npos) << m.error().message;
+    EXPECT_NE(m.error().message.find(key), std::string::npos) << "want '" << key << "' in: " << m.error().message;
+  }
+}
+
+TEST(HfIndex, FileNamesThatLeaveTheFolderAreRefused) {
+  for (const char* bad : {"../x.safetensors", "/etc/x.safetensors", "sub/x.safetensors", "..", "x.bin", ""}) {
+    const std::string text = std::string(R"({"weight_map": {"w": ")") + bad + R"("}})";
+    auto map = hf::parse_index_json(text, "i.json");
+    ASSERT_FALSE(map.ok()) << bad;
+    EXPECT_NE(map.error().message.find("weight_map.w"), std::string::npos) << map.error().message;
+  }
+  EXPECT_FALSE(hf::parse_index_json(R"({"weight_map": {"w": 3}})", "i.json").ok());
+  EXPECT_FALSE(hf::parse_index_json(R"({"weight_map": []})", "i.json").ok());
+  EXPECT_FALSE(hf::parse_index_json(R"({"weight_map": {}})", "i.json").ok());
+  auto good = hf::parse_index_json(R"({"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors"}})", "i");
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(good->at("w"), "model-00001-of-00002.safetensors");
+}
+
+// A small Llama: odd shapes (3 KV heads × 2 groups, head_dim 16), untied.
+ModelConfig small_llama() {
+  ModelConfig m;
+  m.arch = "llama";
+  m.n_layer = 2;
+  m.n_head = 6;
+  m.n_kv_head = 3;
+  m.head_dim = 16;
+  m.n_embd = 40;
+  m.intermediate_size = 24;
+  m.vocab_size = 33;
+  m.seq_len = 16;
+  m.tie_word_embeddings = false;
+  return m;
+}
+
+// Values stamped with the tensor index and the element index, exact in bf16 and fp16.
+float stamp(size_t tensor, uint64_t i) { return static_cast<float>(tensor * 8 + i % 8) * 0.25f - 3.0f; }
+
+uint16_t to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return static_cast<uint16_t>(bits >> 16);  // exact for stamp()'s values
+}
+uint16_t to_f16(float value) {  // exact for small multiples of 1/4 (normal range)
+  if (value == 0.0f) return 0;
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  const uint32_t sign = bits >> 31;
+  const int32_t exponent = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
+  const uint32_t mantissa = (bits >> 13) & 0x3ff;
+  return static_cast<uint16_t>((sign << 15) | (static_cast<uint32_t>(exponent) << 10) | mantissa);
+}
+
+// Writes `tensors` as one safetensors file in `dtype`, stamped.
+void write_stamped(const std::string& path, const std::vector<hf::TensorSpec>& tensors, size_t first_index,
+                   DType dtype) {
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, dtype, t.shape});
+  auto writer = SafetensorsWriter::create(path, specs, {});
+  ASSERT_TRUE(writer.ok());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const uint64_t n = tensors[k].element_count();
+    std::vector<float> f(n);
+    std::vector<uint16_t> h(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      f[i] = stamp(first_index + k, i);
+      h[i] = dtype == DType::bf16 ? to_bf16(f[i]) : to_f16(f[i]);
+    }
+    ASSERT_TRUE(writer->write_next(dtype == DType::f32 ? static_cast<const void*>(f.data()) : h.data(),
+                                   n * dtype_size_bytes(dtype)).ok());
+  }
+  ASSERT_TRUE(writer->finish().ok());
+}
+
+void expect_stamped(const hf::Checkpoint& checkpoint, const std::vector<hf::TensorSpec>& tensors) {
+  ASSERT_TRUE(checkpoint.check(tensors).ok());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    std::vector<float> got(tensors[k].element_count(), -99.0f);
+    Status read = checkpoint.read_fp32(tensors[k], got.data());
+    ASSERT_TRUE(read.ok()) << read.error().to_string();
+    for (uint64_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], stamp(k, i)) << tensors[k].name << " element " << i;
+  }
+}
+
+// A sharded Llama folder in bf16 (shard 1) and fp16 (shard 2): every tensor widens exactly.
+TEST(HfCheckpoint, ShardedLlamaWidensBf16AndFp16) {
+  strata::testing::TempDir temp;
+  const auto tensors = hf::model_tensors(small_llama());
+  ASSERT_EQ(tensors.size(), 1u + 2u * 9u + 1u + 1u);
+  EXPECT_EQ(tensors[2].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(tensors[2].shape, (std::vector<int64_t>{96, 40}));  // nn.Linear [out, in]
+  EXPECT_EQ(tensors[3].shape, (std::vector<int64_t>{48, 40}));  // 3 KV heads × 16
+  EXPECT_EQ(tensors.back().name, "lm_head.weight");
+  const size_t half = tensors.size() / 2;
+  std::vector<hf::TensorSpec> first(tensors.begin(), tensors.begin() + static_cast<long>(half));
+  std::vector<hf::TensorSpec> second(tensors.begin() + static_cast<long>(half), tensors.end());
+  write_stamped(temp.file("a.safetensors"), first, 0, DType::bf16);
+  write_stamped(temp.file("b.safetensors"), second, half, DType::f16);
+  std::string index = R"({"metadata": {"total_size": 0}, "weight_map": {)";
+  for (size_t k = 0; k < tensors.size(); ++k)
+    index += (k ? "," : "") + ("\"" + tensors[k].name + "\": \"" + (k < half ? "a" : "b") + ".safetensors\"");
+  write_text(temp.file("model.safetensors.index.json"), index + "}}");
+  auto checkpoint = hf::Checkpoint::open(temp.path().string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.error().to_string();
+  expect_stamped(*checkpoint, tensors);
+
+  // A wrong shape is refused naming the file and the tensor.
+  ModelConfig wider = small_llama();
+  wider.intermediate_size = 25;
+  Status wrong = checkpoint->check(hf::model_tensors(wider));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.error().kind, ErrorKind::invalid_argument);
+  EXPECT_NE(wrong.error().message.find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << wrong.error().message;
+  EXPECT_NE(wrong.error().message.find("a.safetensors"), std::string::npos) << wrong.error().message;
+  // Tied: lm_head is not needed, and a checkpoint without it passes.
+  ModelConfig tied = small_llama();
+  tied.tie_word_embeddings = true;
+  EXPECT_TRUE(checkpoint->check(hf::model_tensors(tied)).ok());
+}
+
+TEST(HfCheckpoint, IndexEscapesAndLiesAreRefused) {
+  strata::testing::TempDir temp;
+  strata::testing::TempDir outside;
+  const std::vector<hf::TensorSpec> tensors = {{"w", {4}}};
+  write_stamped(outside.file("x.safetensors"), tensors, 0, DType::f32);
+  fs::create_directory(temp.path() / "m");
+  const std::string folder = (temp.path() / "m").string();
+  // A symlink inside the folder that points outside it.
+  fs::create_symlink(outside.file("x.safetensors"), temp.path() / "m" / "link.safetensors");
+  write_text(folder + "/model.safetensors.index.json", R"({"weight_map": {"w": "link.safetensors"}})");
+  auto escaped = hf::Checkpoint::open(folder);
+  ASSERT_FALSE(escaped.ok());
+  EXPECT_EQ(escaped.error().kind, ErrorKind::invalid_argument);
+  EXPECT_NE(escaped.error().message.find("outside the folder"), std::string::npos) << escaped.error().message;
+  // The index names a tensor its shard does not hold.
+  write_stamped(folder + "/real.safetensors", tensors, 0, DType::f32);
+  write_text(folder + "/model.safetensors.index.json",
+             R"({"weight_map": {"w": "real.safetensors", "ghost": "real.safetensors"}})");
+  auto lying = hf::Checkpoint::open(folder);
+  ASSERT_FALSE(lying.ok());
+  EXPECT_NE(lying.error().message.find("weight_map.ghost"), std::string::npos) << lying.error().message;
+  // A missing shard names the file.
+  write_text(folder + "/model.safetensors.index.json", R"({"weight_map": {"w": "gone.safetensors"}})");
+  auto missing = hf::Checkpoint::open(folder);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().to_string().find("gone.safetensors"), std::string::npos) << missing.error().to_string();
+  // A corrupt shard header is invalid input (exit 2), naming the shard.
+  write_text(folder + "/real.safetensors", std::string("\x10\0\0\0\0\0\0\0{\"w\":[1,2]}     ", 24));
+  write_text(folder + "/model.safetensors.index.json", R"({"weight_map": {"w": "real.safetensors"}})");
+  auto corrupt = hf::Checkpoint::open(folder);
+  ASSERT_FALSE(corrupt.ok());
+  EXPECT_EQ(corrupt.error().kind, ErrorKind::invalid_argument);
+  EXPECT_NE(corrupt.error().to_string().find("real.safetensors"), std::string::npos) << corrupt.error().to_string();
+}
+
+// GPT-2 with the `transformer.` prefix and a position table longer than the run's window.
+TEST(HfCheckpoint, Gpt2PrefixAndLongerPositionTable) {
+  strata::testing::TempDir temp;
+  ModelConfig m;
+  m.n_layer = 1;
+  m.n_head = 2;
+  m.n_embd = 8;
+  m.vocab_size = 11;
+  m.seq_len = 4;
+  const auto tensors = hf::model_tensors(m);
+  ModelConfig longer = m;
+  longer.seq_len = 9;
+  auto file_tensors = hf::model_tensors(longer);
+  for (auto& t : file_tensors) t.name = "transformer." + t.name;
+  write_stamped(temp.file("model.safetensors"), file_tensors, 0, DType::f32);
+  auto checkpoint = hf::Checkpoint::open(temp.path().string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.error().to_string();
+  expect_stamped(*checkpoint, tensors);  // wpe: the first 4 of 9 rows, stamped alike
+  // A position table shorter than the window is refused.
+  ModelConfig too_long = m;
+  too_long.seq_len = 12;
+  EXPECT_FALSE(checkpoint->check(hf::model_tensors(too_long)).ok());
+}
+
+// Written with a tiny shard size, read back bit for bit; the config round-trips; a second
+// export to the same path is refused and leaves the first intact.
+TEST(HfFolderWriter, ShardedRoundTripIsBitIdentical) {
+  strata::testing::TempDir temp;
+  const ModelConfig model = small_llama();
+  const auto tensors = hf::model_tensors(model);
+  const std::string out = temp.file("export");
+  size_t shard_count = 0;
+  {
+    auto writer = hf::FolderWriter::create(out, model, tensors, 6000, {{"strata_step", "3"}});
+    ASSERT_TRUE(writer.ok()) << writer.error().to_string();
+    shard_count = writer->shard_count();
+    ASSERT_GT(shard_count, 2u);
+    ASSERT_LT(shard_count, 100u);
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      std::vector<float> values(tensors[k].element_count());
+      for (uint64_t i = 0; i < values.size(); ++i) values[i] = stamp(k, i);
+      ASSERT_TRUE(writer->write_next(values.data()).ok());
+      EXPECT_FALSE(fs::exists(out));  // nothing under the final name before finish()
+    }
+    ASSERT_TRUE(writer->finish().ok());
+  }
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
+  size_t shard_files = 0;
+  for (const auto& entry : fs::directory_iterator(out))
+    shard_files += entry.path().filename().string().rfind("model-", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(shard_files, shard_count);
+  char last_name[64];
+  std::snprintf(last_name, sizeof last_name, "/model-%05zu-of-%05zu.safetensors", shard_count, shard_count);
+  EXPECT_TRUE(fs::exists(out + last_name)) << last_name;
+  EXPECT_FALSE(fs::exists(out + ".tmp"));
+  auto config = hf::read_config(out);
+  ASSERT_TRUE(config.ok()) << config.error().to_string();
+  EXPECT_EQ(config->n_kv_head, 3u);
+  EXPECT_FALSE(config->tie_word_embeddings);
+  auto checkpoint = hf::Checkpoint::open(out);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.error().to_string();
+  expect_stamped(*checkpoint, tensors);
+  auto again = hf::FolderWriter::create(out, model, tensors, 6000, {});
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.error().message.find("already exists"), std::string::npos);
+  // An abandoned writer leaves nothing behind.
+  {
+    auto abandoned = hf::FolderWriter::create(temp.file("half"), model, tensors, 1 << 20, {});
+    ASSERT_TRUE(abandoned.ok());
+    std::vector<float> values(tensors[0].element_count(), 1.0f);
+    ASSERT_TRUE(abandoned->write_next(values.data()).ok());
+  }
+  EXPECT_FALSE(fs::exists(temp.file("half")));
+  EXPECT_FALSE(fs::exists(temp.file("half.tmp")));
+}
+
+}  // namespace
+}  // namespace strata
