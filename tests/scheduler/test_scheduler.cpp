@@ -7,7 +7,8 @@
 // files through the I/O engine); decision-only cases use an in-process backing. Also: the
 // random plans again computing in place (no device copies, no block changed under its NVMe
 // write); a failed create gives back its host blocks; many copies in flight do not deadlock
-// against the stream's completions (a watchdog turns a deadlock into a failure).
+// against the stream's completions (a watchdog turns a deadlock into a failure); a step made
+// ready by the pump alone (a write-only tensor placed, no copy) wakes its waiting acquire.
 #include <gtest/gtest.h>
 
 #include <algorithm>
