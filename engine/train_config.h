@@ -17,11 +17,11 @@
 #include "common/status.h"
 #include "engine/data.h"
 #include "io/io_config.h"
-#include "memory/registry.h"
+#include "memory/tier.h"
 
 namespace strata {
 
-// The tiers are memory/'s (registry.h): one enum and one set of names for the whole engine.
+// The tiers are memory/'s (tier.h): one enum and one set of names for the whole engine.
 using memory::Tier;
 using memory::tier_name;
 

@@ -552,14 +552,16 @@ struct Scheduler::Impl {
       if (stopping) return;
       work_pending = false;
       write_back();
-      if (options.compute_in_place) {
+      if (options.compute_in_place)
         prefetch_in_place();
-        // A step whose last missing tensor was a write-only one is ready now, with no
-        // completion to say so.
-        ready_cv.notify_all();
-      } else {
+      else
         prefetch();
-      }
+      // A pass can make the cursor step ready by itself, with no completion to say so: the
+      // last missing tensor was a write-only one that just got its space (an eviction and an
+      // allocation, no copy). Without this wake-up, a consumer that had already looked and
+      // gone back to sleep waited for a completion that never came (issue 12's stall:
+      // tests `WriteOnlyTensorPlacedByThePumpWakesTheWaiter`).
+      ready_cv.notify_all();
       if (copy_queue.empty()) continue;
       // The books already say these copies are in flight, so nothing decided meanwhile
       // touches their buffers; enqueue them with the lock released (see issue_h2d).
@@ -980,6 +982,8 @@ Status Scheduler::release(size_t step) {
   }
   s.work_pending = true;
   s.pump_cv.notify_one();
+  // A waiting acquire's budget check (over_pinned) counts pins: it must look again.
+  s.ready_cv.notify_all();
   return Status();
 }
 
@@ -1002,6 +1006,7 @@ Status Scheduler::release_after(size_t step, device::Stream& stream) {
     (void)released;
     std::lock_guard lock(impl_->mutex);
     --impl_->deferred_releases;
+    impl_->ready_cv.notify_all();  // the budget check of a waiting acquire depends on it
   });
   if (!launched.ok()) {
     std::lock_guard lock(impl_->mutex);

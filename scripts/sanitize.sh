@@ -5,7 +5,7 @@
 #                every C++ suite except the CPU-kernel numerics (gpt2, optim), plus the
 #                fuzz replays and `strata train` refusing bad input through the sanitized binary;
 #   build-tsan/  gcc, ThreadSanitizer: the threaded suites — io, scheduler (device, scheduler),
-#                memory (the store), and `strata train` end to end.
+#                memory (the store).
 # Usage: scripts/sanitize.sh [asan|tsan]...   (default: both). Exit status: any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,20 +23,17 @@ for kind in "${kinds[@]}"; do
     asan)
       dir=build-asan
       options=(-Db_sanitize=address,undefined -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all)
-      # Not yet under ASan (issue 12 stays open for them; docs/reliability.md): the scheduler
-      # suite, whose random-plans test stalls about once in 20-30 runs in the plain build too
-      # (a pre-existing policy stall, reproducible with --gtest_repeat=40) and stalled at once
-      # here; train_mutated, one of whose mutants prints a second line under ASan only.
-      suites=(--suite common --suite io --suite memory --suite fuzz)
-      named=(device engine_safetensors train_bad_input) ;;
+      # Not yet under ASan (docs/reliability.md): train_mutated, one of whose mutants prints a
+      # second line under ASan only.
+      suites=(--suite common --suite io --suite memory --suite scheduler --suite fuzz)
+      named=(engine_safetensors train_bad_input) ;;
     tsan)
       dir=build-tsan
       options=(-Db_sanitize=thread)
-      # Not yet under TSan (docs/reliability.md): the scheduler gtest (the same pre-existing
-      # stall as under ASan), and `strata train` end to end (train_offload outlives its 300 s
-      # timeout under TSan on two cores). The device streams and events run here by name.
-      suites=(--suite io --suite memory)
-      named=(device engine_safetensors) ;;
+      # Not yet under TSan (docs/reliability.md): `strata train` end to end (train_offload
+      # outlives its 300 s timeout under TSan on two cores).
+      suites=(--suite io --suite memory --suite scheduler)
+      named=(engine_safetensors) ;;
     *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
   esac
   if [ ! -f "$dir/build.ninja" ]; then

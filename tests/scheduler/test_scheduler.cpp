@@ -7,7 +7,8 @@
 // files through the I/O engine); decision-only cases use an in-process backing. Also: the
 // random plans again computing in place (no device copies, no block changed under its NVMe
 // write); a failed create gives back its host blocks; many copies in flight do not deadlock
-// against the stream's completions (a watchdog turns a deadlock into a failure).
+// against the stream's completions (a watchdog turns a deadlock into a failure); a step made
+// ready by the pump alone (a write-only tensor placed, no copy) wakes its waiting acquire.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,32 @@ void must(const Status& status, const char* what) {
     throw std::runtime_error(what);
   }
 }
+
+// Turns a hang into a failure: a test that deadlocks or stalls ends the process with a line
+// naming it (gtest cannot fail a test whose thread never returns; the scheduler's destructor
+// would wait on the stuck threads too).
+class Watchdog {
+ public:
+  Watchdog(const char* test_name, int seconds) : test_name_(test_name), seconds_(seconds) {
+    thread_ = std::thread([this] {
+      for (int i = 0; i < seconds_ * 20 && !done_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (!done_) {
+        std::fprintf(stderr, "%s: still waiting after %d s (a deadlock or a stall)\n", test_name_, seconds_);
+        std::_Exit(1);
+      }
+    });
+  }
+  ~Watchdog() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  const char* test_name_;
+  int seconds_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
 
 std::unique_ptr<device::Device> cpu_device(uint64_t budget_bytes) {
   return must(device::make_device(device::Kind::cpu, budget_bytes), "cpu device");
@@ -221,6 +248,8 @@ TEST(Scheduler, DeviceEvictionFollowsBelady) {
 // every home copy holds the newest version. In place (the CPU device) the same, with no
 // host↔device copy at all.
 void run_random_plans(bool in_place) {
+  // A stall (issue 12's was one in 20-30 runs) fails the run instead of hanging it.
+  Watchdog watchdog(in_place ? "ComputesInPlaceExactlyUnderRandomPlans" : "BudgetsHoldAndDataStaysExactUnderRandomPlans", 60);
   for (uint32_t seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
@@ -508,20 +537,7 @@ TEST(Scheduler, ManyCopiesInFlightDoNotDeadlock) {
   options.host_budget_bytes = 2 * kTensors * kPage;
   options.copies_in_flight = kTensors;
   // Before the fix the very first pump pass deadlocks, so the watchdog starts first.
-  struct Watchdog {
-    std::atomic<bool> done{false};
-    std::thread thread{[this] {
-      for (int i = 0; i < 600 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (!done) {
-        std::fprintf(stderr, "ManyCopiesInFlightDoNotDeadlock: still waiting after 30 s (deadlock)\n");
-        std::_Exit(1);
-      }
-    }};
-    ~Watchdog() {
-      done = true;
-      thread.join();
-    }
-  } watchdog;
+  Watchdog watchdog("ManyCopiesInFlightDoNotDeadlock", 30);
   auto scheduler = must(Scheduler::create(plan, *device, arena, nullptr, options), "create");
   for (int i = 0; i < kTensors; ++i) {
     void* data = scheduler->begin_host_access(ids[i]);
@@ -540,6 +556,46 @@ TEST(Scheduler, ManyCopiesInFlightDoNotDeadlock) {
     ASSERT_TRUE(scheduler->release(1).ok());
   }
   ASSERT_TRUE(scheduler->flush().ok());
+}
+
+// Issue 12's stall, made deterministic. The cursor step's last missing tensor is write-only,
+// so the pump makes the step ready by itself — an eviction and an allocation, no copy whose
+// completion would wake the caller. Here that pass runs only after the caller is already
+// waiting: step 0's release is deferred (release_after behind 200 ms of compute), and until it
+// runs the device (one tensor big) has no room for W. Before the fix the release let the pump
+// place W and nobody told the waiting acquire: the watchdog fired. (The random-plans test hit
+// the same hole about once in 20-30 runs, when a plain release raced the caller's acquire.)
+TEST(Scheduler, WriteOnlyTensorPlacedByThePumpWakesTheWaiter) {
+  const uint64_t size_bytes = 16 * kPage;
+  AccessPlan plan;
+  TensorId a = plan.add_tensor("a", size_bytes, Home::host);
+  TensorId w = plan.add_tensor("w", size_bytes, Home::host);
+  plan.add_step("read.a", {a});
+  plan.add_step("overwrite.w", {}, {w});
+  auto device = cpu_device(size_bytes);  // room for one of them at a time
+  memory::HostArena arena = host_arena(4 * size_bytes);
+  SchedulerOptions options;
+  options.host_budget_bytes = 4 * size_bytes;
+  Watchdog watchdog("WriteOnlyTensorPlacedByThePumpWakesTheWaiter", 20);
+  auto scheduler = must(Scheduler::create(plan, *device, arena, nullptr, options), "create");
+  stamp(scheduler->begin_host_access(a), size_bytes, a, 3);
+  scheduler->end_host_access(a);
+  device::Stream compute = must(device->create_stream("compute"), "create_stream");
+  for (uint64_t iteration = 0; iteration < 3; ++iteration) {
+    auto first = scheduler->acquire(0);
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    ASSERT_TRUE(has_stamp(first->device_data(a), size_bytes, a, 3));
+    must(device->launch(compute, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }), "launch");
+    must(scheduler->release_after(0, compute), "release_after");
+    auto second = scheduler->acquire(1);  // waits: W has no room until step 0 is released
+    ASSERT_TRUE(second.ok()) << second.status().to_string();
+    stamp(second->device_data(w), size_bytes, w, 10 + iteration);
+    ASSERT_TRUE(scheduler->release(1).ok());
+  }
+  must(device->synchronize(compute), "synchronize");
+  ASSERT_TRUE(scheduler->flush().ok());
+  EXPECT_TRUE(has_stamp(scheduler->begin_host_access(w), size_bytes, w, 12));
+  scheduler->end_host_access(w);
 }
 
 }  // namespace
