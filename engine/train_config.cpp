@@ -84,8 +84,19 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_ASSIGN_OR_RETURN(ConfigNode data, root.child("data", true));
   STRATA_READ(config.data_path, data.string("path", std::nullopt));
   config.data_path = data.resolve_path(config.data_path);
-  STRATA_ASSIGN_OR_RETURN(std::string format, data.choice("format", {"text-bytes", "tokens-u16"}, "text-bytes"));
-  config.data_format = format == "text-bytes" ? DataFormat::text_bytes : DataFormat::tokens_u16;
+  STRATA_ASSIGN_OR_RETURN(std::string format,
+                          data.choice("format", {"text-bytes", "tokens-u16", "tokens-u32", "text"}, "text-bytes"));
+  config.data_format = format == "text-bytes"   ? DataFormat::text_bytes
+                       : format == "tokens-u16" ? DataFormat::tokens_u16
+                       : format == "tokens-u32" ? DataFormat::tokens_u32
+                                                : DataFormat::text;
+  // data.tokenizer: the tokenizer that encodes a `text` corpus at start-up (docs/tokenizers.md).
+  if (config.data_format == DataFormat::text) {
+    STRATA_READ(config.data_tokenizer, data.string("tokenizer", std::nullopt));
+    config.data_tokenizer = data.resolve_path(config.data_tokenizer);
+  } else if (data.has("tokenizer")) {
+    return data.error_at("tokenizer", fmt::format("is only read with format: text (the format is {})", format));
+  }
   STRATA_RETURN_IF_ERROR(data.finish());
   if (config.data_format == DataFormat::text_bytes && m.vocab_size < 256)
     return model.error_at("vocab_size", fmt::format("{} is too small for data.format text-bytes; use 256 or more", m.vocab_size));
