@@ -75,10 +75,17 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
   std::filesystem::file_status status = std::filesystem::status(path, error);
   if (error) return make_errno_error(error.value(), "open tokenizer", path);
   if (std::filesystem::is_directory(status)) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-      std::string candidate = (std::filesystem::path(path) / name).string();
-      if (std::filesystem::exists(candidate, error)) return load_tokenizer(candidate);
+    const std::string json_path = (std::filesystem::path(path) / "tokenizer.json").string();
+    const std::string model_path = (std::filesystem::path(path) / "tokenizer.model").string();
+    const bool has_json = std::filesystem::exists(json_path, error);
+    const bool has_model = std::filesystem::exists(model_path, error);
+    if (has_json) {
+      Result<std::unique_ptr<Tokenizer>> loaded = load_tokenizer(json_path);
+      // A SentencePiece model's tokenizer.json (Llama 2, Mistral: Metaspace, byte_fallback) is
+      // refused here, but its tokenizer.model beside it is the same tokenizer: use that.
+      if (loaded.ok() || !has_model) return loaded;
     }
+    if (has_model) return load_tokenizer(model_path);
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: the folder holds neither tokenizer.json nor tokenizer.model", path));
   }

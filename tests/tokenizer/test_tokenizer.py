@@ -179,6 +179,15 @@ def case_sentencepiece():
             if mismatched:
                 fail(f"sentencepiece {model_type}: decode differs on {mismatched[0]!r}")
             print(f"sentencepiece {model_type}: {len(texts)} texts equal python3-sentencepiece")
+        # A model folder (Llama 2, Mistral) holds a SentencePiece-style tokenizer.json that strata
+        # refuses (Metaspace) beside tokenizer.model: the folder loads the .model.
+        model_dir = os.path.join(folder, "model-dir")
+        os.makedirs(model_dir)
+        shutil.copy(os.path.join(folder, "bpe.model"), os.path.join(model_dir, "tokenizer.model"))
+        with open(os.path.join(model_dir, "tokenizer.json"), "w") as f:
+            json.dump({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Metaspace"}}, f)
+        if probe(model_dir, ["x"], folder)["kind"] != "sentencepiece":
+            fail("a folder with an unsupported tokenizer.json and a tokenizer.model did not load the .model")
 
 
 def read_tokens(path, width):
