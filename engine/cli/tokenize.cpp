@@ -5,10 +5,13 @@
 // tokenizer has them (--no-special leaves them out), so windows that cross a document
 // boundary see the marker the model knows. The output is written to OUT.tmp and renamed when
 // complete: a failed run never leaves a half-written file under the final name.
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <utility>
-#include <cstdio>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

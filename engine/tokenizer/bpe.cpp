@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
