@@ -172,6 +172,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
+  // generate() reads the prompt and writes the sample as bytes: with real tokens it would print
+  // noise, so refuse until generation decodes through the tokenizer.
+  if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes)
+    return sample.error_at("tokens", "samples are bytes (data.format text-bytes) for now; drop sample: with token data");
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode monitor_node, root.child("monitor"));
   STRATA_READ(config.monitor_serve, monitor_node.string("serve", std::string()));

@@ -294,6 +294,16 @@ def case_cli():
         refused = run([STRATA, "train", train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, 300)], expect=2)
         if len(refused.stderr.strip().splitlines()) != 1 or "outside the vocabulary" not in refused.stderr:
             fail(f"a token file beyond the model's vocabulary: {refused.stderr!r}")
+        # The end-of-run sample is bytes: with token data it is refused before any work.
+        path = train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, vocab)
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["sample"] = {"tokens": 10}
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        refused = run([STRATA, "train", path], expect=2)
+        if len(refused.stderr.strip().splitlines()) != 1 or "sample.tokens" not in refused.stderr:
+            fail(f"sample with token data: {refused.stderr!r}")
         print("cli: tokenize (jsonl, txt, u16, u32, refusals) and train on tokens-u16 and text")
 
 
