@@ -1,7 +1,9 @@
 // strata/engine/data.h — the training token stream and its fixed batch order.
 //
-// Formats: `text-bytes` (every byte is a token, vocab 256) and `tokens-u16` (little-endian
-// uint16 token ids). The file is mapped read-only; nothing is copied up front.
+// Formats: `text-bytes` (every byte is a token, vocab 256), `tokens-u16` and `tokens-u32`
+// (little-endian token ids, as `strata tokenize` writes them) — mapped read-only, nothing copied
+// up front — and `text` (UTF-8 text encoded once at open by a tokenizer, docs/tokenizers.md;
+// the ids live in memory, 4 bytes a token).
 // Order, fixed so runs are comparable and a resumed run continues exactly: row b of step s
 // reads the window starting at token ((s·B + b)·T) mod (N − T − 1); inputs are the T tokens
 // from there, targets the next T (shifted by one).
@@ -10,18 +12,21 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
 namespace strata {
 
-enum class DataFormat : uint8_t { text_bytes, tokens_u16 };
+enum class DataFormat : uint8_t { text_bytes, tokens_u16, tokens_u32, text };
 
 class TokenData {
  public:
-  // Refuses files shorter than one window (T + 2 tokens) and ids outside [0, vocab_size).
+  // Refuses files shorter than one window (T + 2 tokens) and ids outside [0, vocab_size); for
+  // `text`, a tokenizer (at `tokenizer_path`) whose vocabulary vocab_size does not cover.
   [[nodiscard]] static Result<TokenData> open(const std::string& path, DataFormat format,
-                                              uint32_t vocab_size, uint32_t window_tokens);
+                                              uint32_t vocab_size, uint32_t window_tokens,
+                                              const std::string& tokenizer_path = {});
   TokenData(TokenData&&) noexcept;
   TokenData& operator=(TokenData&&) noexcept;
   TokenData(const TokenData&) = delete;
@@ -39,7 +44,8 @@ class TokenData {
 
  private:
   TokenData() = default;
-  const uint8_t* bytes_ = nullptr;
+  const uint8_t* bytes_ = nullptr;  // mapped file, or owned_ids_'s bytes for `text`
+  std::vector<uint32_t> owned_ids_;
   uint64_t mapped_bytes_ = 0;
   uint64_t token_count_ = 0;
   DataFormat format_ = DataFormat::text_bytes;

@@ -146,8 +146,19 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_ASSIGN_OR_RETURN(ConfigNode data, root.child("data", true));
   STRATA_READ(config.data_path, data.string("path", std::nullopt));
   config.data_path = data.resolve_path(config.data_path);
-  STRATA_ASSIGN_OR_RETURN(std::string format, data.choice("format", {"text-bytes", "tokens-u16"}, "text-bytes"));
-  config.data_format = format == "text-bytes" ? DataFormat::text_bytes : DataFormat::tokens_u16;
+  STRATA_ASSIGN_OR_RETURN(std::string format,
+                          data.choice("format", {"text-bytes", "tokens-u16", "tokens-u32", "text"}, "text-bytes"));
+  config.data_format = format == "text-bytes"   ? DataFormat::text_bytes
+                       : format == "tokens-u16" ? DataFormat::tokens_u16
+                       : format == "tokens-u32" ? DataFormat::tokens_u32
+                                                : DataFormat::text;
+  // data.tokenizer: the tokenizer that encodes a `text` corpus at start-up (docs/tokenizers.md).
+  if (config.data_format == DataFormat::text) {
+    STRATA_READ(config.data_tokenizer, data.string("tokenizer", std::nullopt));
+    config.data_tokenizer = data.resolve_path(config.data_tokenizer);
+  } else if (data.has("tokenizer")) {
+    return data.error_at("tokenizer", fmt::format("is only read with format: text (the format is {})", format));
+  }
   STRATA_RETURN_IF_ERROR(data.finish());
   if (config.data_format == DataFormat::text_bytes && m.vocab_size < 256)
     return model.error_at("vocab_size", fmt::format("{} is too small for data.format text-bytes; use 256 or more", m.vocab_size));
@@ -223,6 +234,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
+  // generate() reads the prompt and writes the sample as bytes: with real tokens it would print
+  // noise, so refuse until generation decodes through the tokenizer.
+  if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes)
+    return sample.error_at("tokens", "samples are bytes (data.format text-bytes) for now; drop sample: with token data");
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode monitor_node, root.child("monitor"));
   STRATA_READ(config.monitor_serve, monitor_node.string("serve", std::string()));

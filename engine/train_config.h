@@ -88,6 +88,7 @@ struct TrainConfig {
   ModelConfig model;
   std::string data_path;
   DataFormat data_format = DataFormat::text_bytes;
+  std::string data_tokenizer;  // data.format text: tokenizer.json / tokenizer.model (or its folder)
   uint32_t batch_size = 8;
   uint64_t steps = 200;
   OptimizerConfig optimizer;

@@ -763,7 +763,8 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
   STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
   STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::open(config_.data_path, config_.data_format,
-                                                          config_.model.vocab_size, config_.model.seq_len));
+                                                          config_.model.vocab_size, config_.model.seq_len,
+                                                          config_.data_tokenizer));
   data_ = std::make_unique<TokenData>(std::move(data));
   STRATA_RETURN_IF_ERROR(check_init_file(config_));
   const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : config_.steps;

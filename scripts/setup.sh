@@ -11,6 +11,7 @@ packages=(
   fio python3 python3-torch python3-numpy
   prometheus chromium chromium-driver python3-selenium
   clang libfuzzer-14-dev
+  libpcre2-dev libsentencepiece-dev python3-sentencepiece nodejs
 )
 
 missing=()
@@ -20,7 +21,19 @@ for package in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
+# The tokenizer tests' JavaScript references (tests only, docs/tokenizers.md), pinned by
+# tests/tokenizer/js/package-lock.json; npm ships with NodeSource's nodejs, apart in Debian's.
+js_references() {
+  local folder
+  folder="$(dirname "$0")/../tests/tokenizer/js"
+  if [ ! -d "$folder/node_modules/@huggingface/tokenizers" ] || [ ! -d "$folder/node_modules/js-tiktoken" ]; then
+    echo "setup: installing the tokenizer tests' npm packages in tests/tokenizer/js"
+    npm ci --prefix "$folder" --no-audit --no-fund --loglevel=error
+  fi
+}
+
+if [ ${#missing[@]} -eq 0 ] && command -v npm >/dev/null; then
+  js_references
   echo "setup: all ${#packages[@]} dependencies present"
   exit 0
 fi
@@ -30,4 +43,6 @@ sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
+if ! command -v npm >/dev/null; then missing+=(npm); fi
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+js_references

@@ -50,4 +50,5 @@ void add_train_command(CLI::App& app, CliState& state);        // cli/train.cpp
 void add_generate_command(CLI::App& app, CliState& state);     // cli/generate.cpp
 void add_plan_command(CLI::App& app, CliState& state);         // cli/plan.cpp
 void add_report_command(CLI::App& app, CliState& state);       // cli/report.cpp
+void add_tokenize_command(CLI::App& app, CliState& state);     // cli/tokenize.cpp
 }  // namespace strata::cli

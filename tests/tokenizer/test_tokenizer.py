@@ -1,0 +1,389 @@
+#!/usr/bin/python3
+# tests/tokenizer/test_tokenizer.py — strata's tokenizers against independent implementations,
+# id for id: (gpt2) GPT-2's real vocabulary, rebuilt from js-tiktoken's ranks, against js-tiktoken
+# and @huggingface/tokenizers (JavaScript); (llama3) a Llama-3-shaped tokenizer.json (Split regex
+# in a Sequence, ignore_merges, [a, b] merges, added tokens) against @huggingface/tokenizers;
+# (sentencepiece) BPE and unigram models trained here by Debian's python3-sentencepiece against
+# that library's own encode; each with decode(encode(x)) == x on ASCII, CJK, emoji, combining
+# marks, whitespace runs, digits, contractions and newlines. (cli) `strata tokenize` writes the
+# ids framed by BOS/EOS, picks u16/u32, refuses u16 for a larger vocabulary, and `strata train`
+# runs on the token file and on data.format text; (bad_files) malformed tokenizer files are
+# refused with one line naming the file and key, exit 2.
+#
+# Usage: test_tokenizer.py STRATA_BINARY PROBE_BINARY CASE. Exit 77 (skip) only when node, the
+# npm packages (scripts/setup.sh installs them) or python3-sentencepiece are missing.
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+STRATA = os.path.abspath(sys.argv[1])
+PROBE = os.path.abspath(sys.argv[2])
+CASE = sys.argv[3]
+HERE = os.path.dirname(os.path.abspath(__file__))
+JS = os.path.join(HERE, "js")
+CORPUS = "/usr/share/common-licenses/GPL-3"
+
+TEXTS = [
+    "Hello world",
+    "Hello, world! How's it going? They're here; we've done it, I'm sure you'll see it'd work.",
+    "THE CAT'S HAT'S 'S 'Re",
+    "numbers: 1 12 123 1234 12345 3.14159 1,000,000 0x1F 2024-11-23",
+    "  leading spaces, trailing spaces   ",
+    "tabs\tand\t\tmore\ttabs",
+    "line one\nline two\n\nline four\r\nwindows line\n\n\n",
+    "many     spaces      between   words",
+    "日本語のテキストを分割します。中文文本也在这里。한국어 텍스트",
+    "emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ end",
+    "combining: e\u0301 a\u0308 n\u0303 — Z\u0351\u0302a\u0300lgo",
+    "Ελληνικά και русский текст, עברית, العربية",
+    "mixed 123abc abc123 _under_score__ CamelCaseWord",
+    "punctuation!!! ??? ... --- ((nested)) [brackets] {braces} @#$%^&*",
+    "<|endoftext|> between <|endoftext|>documents",
+    "<|begin_of_text|>Hello<|end_of_text|> and <|eot_id|>",
+    "",
+    " ",
+    "\n",
+    "a",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "   \n   \n\t\t  x",
+]
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def skip(message):
+    print("SKIP: " + message, file=sys.stderr)
+    sys.exit(77)
+
+
+def run(args, expect=0, **kwargs):
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
+    if expect is not None and result.returncode != expect:
+        fail(f"{' '.join(args)} exited {result.returncode} (expected {expect}):\n{result.stderr[-3000:]}")
+    return result
+
+
+def need_node():
+    if shutil.which("node") is None:
+        skip("node is not installed (scripts/setup.sh installs nodejs)")
+    for package in ("@huggingface/tokenizers", "js-tiktoken"):
+        if not os.path.isdir(os.path.join(JS, "node_modules", package)):
+            skip(f"npm package {package} is missing in tests/tokenizer/js (scripts/setup.sh installs it)")
+
+
+def fixtures(folder):
+    need_node()
+    run(["node", os.path.join(JS, "make_fixtures.mjs"), folder, CORPUS])
+    return os.path.join(folder, "gpt2.json"), os.path.join(folder, "llama3.json")
+
+
+def probe(tokenizer, texts, folder):
+    path = os.path.join(folder, "texts.json")
+    with open(path, "w") as f:
+        json.dump(texts, f)
+    return json.loads(run([PROBE, tokenizer, path]).stdout)
+
+
+def js_reference(mode, tokenizer, texts, folder):
+    path = os.path.join(folder, "texts.json")
+    with open(path, "w") as f:
+        json.dump(texts, f)
+    return json.loads(run(["node", os.path.join(JS, "reference.mjs"), mode, tokenizer, path]).stdout)
+
+
+def compare(name, texts, ours, theirs):
+    mismatches = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    for i in mismatches[:5]:
+        print(f"{name}: text {texts[i]!r}\n  strata    {ours[i]}\n  reference {theirs[i]}", file=sys.stderr)
+    if mismatches:
+        fail(f"{name}: {len(mismatches)} of {len(texts)} texts encode differently")
+
+
+def check_round_trip(name, texts, decoded):
+    for text, back in zip(texts, decoded):
+        if back != text:
+            fail(f"{name}: decode(encode({text!r})) = {back!r}")
+
+
+def corpus_paragraphs():
+    with open(CORPUS, encoding="utf-8") as f:
+        return [p for p in f.read().split("\n\n") if p.strip()][:150]
+
+
+def case_gpt2():
+    with tempfile.TemporaryDirectory() as folder:
+        gpt2, _ = fixtures(folder)
+        texts = TEXTS + corpus_paragraphs()
+        ours = probe(gpt2, texts, folder)
+        if ours["vocab_size"] != 50257 or ours["eos"] != 50256 or ours["bos"] is not None:
+            fail(f"gpt2: vocab {ours['vocab_size']}, bos {ours['bos']}, eos {ours['eos']} (expected 50257, none, 50256)")
+        compare("gpt2 vs js-tiktoken", texts, ours["ids"], js_reference("tiktoken-gpt2", "-", texts, folder)["ids"])
+        hf = js_reference("hf", gpt2, texts, folder)
+        compare("gpt2 vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+        check_round_trip("gpt2", texts, ours["decoded"])
+        # Spot check against ids known from GPT-2 itself, so a fixture bug cannot hide in both sides.
+        if ours["ids"][0] != [15496, 995]:
+            fail(f"gpt2: 'Hello world' is {ours['ids'][0]}, not GPT-2's [15496, 995]")
+        print(f"gpt2: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens equal js-tiktoken and @huggingface/tokenizers")
+
+
+def case_llama3():
+    with tempfile.TemporaryDirectory() as folder:
+        _, llama3 = fixtures(folder)
+        texts = TEXTS + corpus_paragraphs()
+        ours = probe(llama3, texts, folder)
+        hf = js_reference("hf", llama3, texts, folder)
+        compare("llama3 vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+        check_round_trip("llama3", texts, ours["decoded"])
+        check_round_trip("llama3 (JS decode)", texts, hf["decoded"])
+        with open(llama3) as f:
+            spec = json.load(f)
+        begin = next(t["id"] for t in spec["added_tokens"] if t["content"] == "<|begin_of_text|>")
+        end = next(t["id"] for t in spec["added_tokens"] if t["content"] == "<|end_of_text|>")
+        if ours["bos"] != begin or ours["eos"] != end:
+            fail(f"llama3: bos {ours['bos']} eos {ours['eos']}, expected {begin} and {end}")
+        # The case-insensitive contractions of the Llama-3 regex: "'S" splits off like "'s".
+        if len(ours["ids"][2]) < 6:
+            fail(f"llama3: {TEXTS[2]!r} gave too few pieces: {ours['ids'][2]}")
+        print(f"llama3: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens equal @huggingface/tokenizers")
+
+
+def case_sentencepiece():
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        skip("python3-sentencepiece is not installed (scripts/setup.sh installs it)")
+    texts = [t for t in TEXTS if t] + corpus_paragraphs()
+    with tempfile.TemporaryDirectory() as folder:
+        for model_type in ("bpe", "unigram"):
+            prefix = os.path.join(folder, model_type)
+            spm.SentencePieceTrainer.train(input=CORPUS, model_prefix=prefix, vocab_size=600, model_type=model_type,
+                                           character_coverage=1.0, byte_fallback=True, minloglevel=2)
+            reference = spm.SentencePieceProcessor(model_file=prefix + ".model")
+            ours = probe(prefix + ".model", texts, folder)
+            if ours["kind"] != "sentencepiece" or ours["vocab_size"] != reference.get_piece_size():
+                fail(f"sentencepiece {model_type}: kind {ours['kind']}, vocab {ours['vocab_size']}")
+            if ours["bos"] != reference.bos_id() or ours["eos"] != reference.eos_id():
+                fail(f"sentencepiece {model_type}: bos/eos {ours['bos']}/{ours['eos']}")
+            compare(f"sentencepiece {model_type} vs python3-sentencepiece", texts, ours["ids"],
+                    [reference.encode(t) for t in texts])
+            # SentencePiece normalizes (NFKC, whitespace runs), so decode equals its own decode.
+            expected = [reference.decode(reference.encode(t)) for t in texts]
+            mismatched = [t for t, a, b in zip(texts, ours["decoded"], expected) if a != b]
+            if mismatched:
+                fail(f"sentencepiece {model_type}: decode differs on {mismatched[0]!r}")
+            print(f"sentencepiece {model_type}: {len(texts)} texts equal python3-sentencepiece")
+        # A model folder (Llama 2, Mistral) holds a SentencePiece-style tokenizer.json that strata
+        # refuses (Metaspace) beside tokenizer.model: the folder loads the .model.
+        model_dir = os.path.join(folder, "model-dir")
+        os.makedirs(model_dir)
+        shutil.copy(os.path.join(folder, "bpe.model"), os.path.join(model_dir, "tokenizer.model"))
+        with open(os.path.join(model_dir, "tokenizer.json"), "w") as f:
+            json.dump({"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "Metaspace"}}, f)
+        if probe(model_dir, ["x"], folder)["kind"] != "sentencepiece":
+            fail("a folder with an unsupported tokenizer.json and a tokenizer.model did not load the .model")
+
+
+def read_tokens(path, width):
+    with open(path, "rb") as f:
+        data = f.read()
+    return [int.from_bytes(data[i:i + width], "little") for i in range(0, len(data), width)]
+
+
+def train_config(folder, data, vocab_size):
+    nvme = os.path.join(folder, "nvme")
+    os.makedirs(nvme, exist_ok=True)
+    cfg = {
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": vocab_size, "seq_len": 16, "init": "random",
+                  "seed": 3},
+        "data": data,
+        "batch_size": 2,
+        "steps": 3,
+        "optimizer": {"lr": 1.0e-3},
+        "precision": "fp32",
+        "device": {"kind": "cpu", "memory": "64MiB"},
+        "host": {"memory": "64MiB"},
+        "nvme": {"paths": [nvme]},
+        "placement": {"params": "host", "grads": "host", "optimizer": "host"},
+        "checkpoint_every": 3,
+    }
+    path = os.path.join(folder, "train.yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def case_cli():
+    with tempfile.TemporaryDirectory() as folder:
+        gpt2, llama3 = fixtures(folder)
+        docs = ["First document.\nIt has two lines.", "Second one: 日本語 😀", "third's the charm"]
+        jsonl = os.path.join(folder, "corpus.jsonl")
+        with open(jsonl, "w") as f:
+            for i, d in enumerate(docs):
+                f.write(json.dumps({"text": d, "id": i}) + "\n")
+            f.write("\n")  # a blank line is no document
+        expected = probe(gpt2, docs, folder)["ids"]
+        out = os.path.join(folder, "corpus.u16")
+        summary = json.loads(run([STRATA, "tokenize", "--tokenizer", gpt2, "--in", jsonl, "--out", out, "--json"]).stdout)
+        if summary["format"] != "tokens-u16" or summary["documents"] != 3:
+            fail(f"tokenize: {summary}")
+        framed = [i for ids in expected for i in ids + [50256]]  # GPT-2 has an EOS, no BOS
+        if read_tokens(out, 2) != framed:
+            fail(f"tokenize jsonl: the file holds {read_tokens(out, 2)[:20]}..., expected {framed[:20]}...")
+        run([STRATA, "tokenize", "--tokenizer", gpt2, "--in", jsonl, "--out", out + "32", "--format", "tokens-u32", "--no-special"])
+        if read_tokens(out + "32", 4) != [i for ids in expected for i in ids]:
+            fail("tokenize --format tokens-u32 --no-special: wrong ids")
+        # A .txt is one document; Llama-3 style frames it with <|begin_of_text|> ... <|end_of_text|>.
+        txt = os.path.join(folder, "corpus.txt")
+        with open(CORPUS, encoding="utf-8") as f:
+            corpus = f.read()
+        with open(txt, "w", encoding="utf-8") as f:
+            f.write(corpus)
+        llama_probe = probe(llama3, [corpus], folder)
+        out_llama = os.path.join(folder, "llama.tok")
+        run([STRATA, "tokenize", "--tokenizer", llama3, "--in", txt, "--out", out_llama])
+        if read_tokens(out_llama, 2) != [llama_probe["bos"]] + llama_probe["ids"][0] + [llama_probe["eos"]]:
+            fail("tokenize txt with the llama3 fixture: wrong ids or framing")
+        # A vocabulary beyond 65,536 ids: auto picks u32, and u16 is refused in one line, exit 2.
+        with open(llama3) as f:
+            spec = json.load(f)
+        spec["added_tokens"].append({"id": 70000, "content": "<|far|>", "special": True})
+        big = os.path.join(folder, "big.json")
+        with open(big, "w") as f:
+            json.dump(spec, f)
+        summary = json.loads(run([STRATA, "tokenize", "--tokenizer", big, "--in", jsonl, "--out", out + "big", "--json"]).stdout)
+        if summary["format"] != "tokens-u32" or summary["vocab_size"] != 70001:
+            fail(f"tokenize with a 70,001-token vocabulary: {summary}")
+        refused = run([STRATA, "tokenize", "--tokenizer", big, "--in", jsonl, "--out", out + "no", "--format", "tokens-u16"], expect=2)
+        if len(refused.stderr.strip().splitlines()) != 1 or "tokens-u32" not in refused.stderr or os.path.exists(out + "no"):
+            fail(f"u16 for a large vocabulary: {refused.stderr!r}")
+        # A .jsonl line without the text key: one line naming file:line and the key, exit 2.
+        bad = os.path.join(folder, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"text": "fine"}\n{"body": "no text key"}\n')
+        refused = run([STRATA, "tokenize", "--tokenizer", gpt2, "--in", bad, "--out", out + "bad"], expect=2)
+        if "bad.jsonl:2" not in refused.stderr or "'text'" not in refused.stderr or os.path.exists(out + "bad"):
+            fail(f"jsonl without the text key: {refused.stderr!r}")
+
+        # strata train on the token file (tokens-u16), and on the text through the tokenizer.
+        vocab = llama_probe["vocab_size"]
+        run_dir = os.path.join(folder, "run1")
+        os.makedirs(run_dir)
+        result = run([STRATA, "train", train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, vocab), "--json"])
+        first = json.loads(result.stdout.strip().splitlines()[-1])
+        run_dir = os.path.join(folder, "run2")
+        os.makedirs(run_dir)
+        result = run([STRATA, "train", train_config(run_dir, {"path": txt, "format": "text", "tokenizer": llama3}, vocab), "--json"])
+        second = json.loads(result.stdout.strip().splitlines()[-1])
+        # The same ids (the text file is encoded whole; the token file adds BOS/EOS at its ends,
+        # so windows differ by one token and the losses are close, not equal).
+        if not (first["last_loss"] > 0 and second["last_loss"] > 0):
+            fail(f"train on tokens: {first}, on text: {second}")
+        # The model's vocabulary must cover the tokenizer's.
+        run_dir = os.path.join(folder, "run3")
+        os.makedirs(run_dir)
+        refused = run([STRATA, "train", train_config(run_dir, {"path": txt, "format": "text", "tokenizer": llama3}, vocab - 1)], expect=2)
+        if len(refused.stderr.strip().splitlines()) != 1 or "vocab_size" not in refused.stderr:
+            fail(f"a model vocabulary smaller than the tokenizer's: {refused.stderr!r}")
+        refused = run([STRATA, "train", train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, 300)], expect=2)
+        if len(refused.stderr.strip().splitlines()) != 1 or "outside the vocabulary" not in refused.stderr:
+            fail(f"a token file beyond the model's vocabulary: {refused.stderr!r}")
+        # The end-of-run sample is bytes: with token data it is refused before any work.
+        path = train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, vocab)
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["sample"] = {"tokens": 10}
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        refused = run([STRATA, "train", path], expect=2)
+        if len(refused.stderr.strip().splitlines()) != 1 or "sample.tokens" not in refused.stderr:
+            fail(f"sample with token data: {refused.stderr!r}")
+        print("cli: tokenize (jsonl, txt, u16, u32, refusals) and train on tokens-u16 and text")
+
+
+def case_bad_files():
+    with tempfile.TemporaryDirectory() as folder:
+        _, llama3 = fixtures(folder)
+        with open(llama3) as f:
+            good = json.load(f)
+        txt = os.path.join(folder, "in.txt")
+        with open(txt, "w") as f:
+            f.write("some text\n")
+
+        def mutate(change):
+            spec = json.loads(json.dumps(good))
+            change(spec)
+            return spec
+
+        def drop_byte(spec):
+            del spec["model"]["vocab"]["Ġ"]
+
+        def set_path(keys, value):
+            def change(spec):
+                node = spec
+                for key in keys[:-1]:
+                    node = node[key]
+                node[keys[-1]] = value
+            return change
+
+        cases = [
+            ("not json", "{\"model\": ", "not valid JSON"),
+            ("an array", "[1, 2]", "not an object"),
+            ("no model", mutate(lambda s: s.pop("model")), "'model'"),
+            ("wordpiece", mutate(set_path(["model", "type"], "WordPiece")), "'model.type'"),
+            ("vocab id string", mutate(set_path(["model", "vocab", "a"], "7")), "model.vocab[\"a\"]"),
+            ("vocab id negative", mutate(set_path(["model", "vocab", "a"], -1)), "model.vocab[\"a\"]"),
+            ("duplicate id", mutate(set_path(["model", "vocab", "a"], 0)), "model.vocab"),
+            ("missing byte", mutate(drop_byte), "'model.vocab'"),
+            ("merge unknown", mutate(lambda s: s["model"]["merges"].insert(3, ["zzzq", "q"])), "'model.merges[3]'"),
+            ("merge shape", mutate(lambda s: s["model"]["merges"].insert(0, ["a", "b", "c"])), "'model.merges[0]'"),
+            ("merge string", mutate(lambda s: s["model"]["merges"].insert(1, "ab")), "'model.merges[1]'"),
+            ("merges not array", mutate(set_path(["model", "merges"], {})), "'model.merges'"),
+            ("byte fallback", mutate(set_path(["model", "byte_fallback"], True)), "'model.byte_fallback'"),
+            ("normalizer", mutate(set_path(["normalizer"], {"type": "NFC"})), "'normalizer'"),
+            ("bad regex", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="(unclosed")),
+             "'pre_tokenizer.pretokenizers[0].pattern'"),
+            ("behavior", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"][0].update(behavior="Contiguous")),
+             "'pre_tokenizer.pretokenizers[0].behavior'"),
+            ("no byte level", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].pop(1)), "'pre_tokenizer'"),
+            ("whitespace pre", mutate(set_path(["pre_tokenizer"], {"type": "Whitespace"})), "'pre_tokenizer.type'"),
+            ("added id string", mutate(lambda s: s["added_tokens"][0].update(id="x")), "'added_tokens[0].id'"),
+            ("added empty", mutate(lambda s: s["added_tokens"][1].update(content="")), "'added_tokens[1].content'"),
+            ("added clash", mutate(lambda s: s["added_tokens"][0].update(id=5)), "'added_tokens[0].id'"),
+            ("decoder", mutate(set_path(["decoder"], {"type": "WordPiece"})), "'decoder'"),
+        ]
+        for name, spec, needle in cases:
+            path = os.path.join(folder, "bad.json")
+            with open(path, "w") as f:
+                f.write(spec if isinstance(spec, str) else json.dumps(spec))
+            out = os.path.join(folder, "out.tok")
+            result = run([STRATA, "tokenize", "--tokenizer", path, "--in", txt, "--out", out], expect=None)
+            lines = result.stderr.strip().splitlines()
+            if result.returncode != 2 or len(lines) != 1 or "bad.json" not in lines[0] or needle not in lines[0]:
+                fail(f"{name}: exit {result.returncode}, stderr {result.stderr!r} (expected one line naming bad.json and {needle})")
+            if os.path.exists(out) or os.path.exists(out + ".tmp"):
+                fail(f"{name}: a refused run left {out} behind")
+        # Not a SentencePiece model either.
+        path = os.path.join(folder, "bad.model")
+        with open(path, "wb") as f:
+            f.write(b"\x00\x01garbage\xff" * 10)
+        result = run([STRATA, "tokenize", "--tokenizer", path, "--in", txt, "--out", os.path.join(folder, "o")], expect=None)
+        if result.returncode != 2 or len(result.stderr.strip().splitlines()) != 1 or "bad.model" not in result.stderr:
+            fail(f"bad SentencePiece model: exit {result.returncode}, {result.stderr!r}")
+        # Invalid UTF-8 input: one line with the byte offset.
+        with open(txt, "wb") as f:
+            f.write(b"valid then \xc3\x28 broken")
+        result = run([STRATA, "tokenize", "--tokenizer", llama3, "--in", txt, "--out", os.path.join(folder, "o")], expect=2)
+        if "byte 11" not in result.stderr or len(result.stderr.strip().splitlines()) != 1:
+            fail(f"invalid UTF-8: {result.stderr!r}")
+        print(f"bad_files: {len(cases) + 2} malformed inputs refused in one line, exit 2")
+
+
+{"gpt2": case_gpt2, "llama3": case_llama3, "sentencepiece": case_sentencepiece, "cli": case_cli,
+ "bad_files": case_bad_files}[CASE]()
