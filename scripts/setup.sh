@@ -11,6 +11,7 @@ packages=(
   fio python3 python3-torch python3-numpy
   prometheus chromium chromium-driver python3-selenium
   clang libfuzzer-14-dev
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()
