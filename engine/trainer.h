@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,6 +47,7 @@ struct TrainOptions {
   std::string export_path;     // safetensors of the final fp32 weights
   bool json = false;           // print the summary as one JSON object on stdout
   bool progress = true;        // one progress line per step on stderr
+  bool use_mpi = false;        // comm::launched_by_mpirun(): one rank of a ZeRO job (docs/parallel.md)
   // Live metrics (engine/monitor/): when set, the run publishes its facts before the first
   // step and one sample at the end of each step. Must outlive the call to train().
   monitor::RunMetrics* monitor = nullptr;
@@ -74,6 +76,14 @@ struct TrainSummary {
   double predicted_io_seconds = 0.0;       // the I/O floor at the tuned bandwidths
   double median_step_seconds = 0.0;
   double compute_seconds = 0.0;            // time in the kernels, summed over the steps run
+  // ZeRO (docs/parallel.md): this rank, the job's ranks, what this rank moved between ranks
+  // over the steps run and the time it waited in collectives, against ZeRO's formula per step.
+  int rank = 0;
+  int ranks = 1;
+  uint64_t comm_sent_bytes = 0;
+  uint64_t comm_received_bytes = 0;
+  double comm_seconds = 0.0;
+  uint64_t comm_formula_bytes_per_step = 0;
 };
 
 // The summary as the JSON object `--json` prints and `--metrics` embeds.
@@ -85,6 +95,8 @@ nlohmann::ordered_json summary_json(const TrainSummary& summary);
 // Writes the committed fp32 master weights of the store in `store_dir` as safetensors with
 // Hugging Face's GPT-2 names (no `transformer.` prefix; the LM head is tied to wte).
 [[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path);
+// The same from the stores of every rank of a ZeRO job (each optimizer chunk is in one of them).
+[[nodiscard]] Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path);
 
 // Samples `tokens` tokens after `prompt` from the committed weights (text-bytes vocabularies
 // print as text). Temperature 0 is greedy.

@@ -1,0 +1,141 @@
+#include "engine/zero.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "kernels/optim/adamw.h"
+
+namespace strata {
+
+ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, int ranks) {
+  uint64_t total = 0;
+  for (const Unit& unit : layout.units()) total += unit.element_count;
+  ChunkOwners owners;
+  uint64_t before = 0;  // elements of the chunks before this one, in model order
+  for (const Unit& unit : layout.units()) {
+    std::vector<int>& unit_owners = owners.emplace_back();
+    for (const ElementRange& chunk : optim_chunks(unit, chunk_elements)) {
+      // The rank whose 1/N of the flat element space holds the chunk's middle element.
+      const uint64_t middle = before + chunk.element_count / 2;
+      unit_owners.push_back(static_cast<int>(std::min<uint64_t>(middle * static_cast<uint64_t>(ranks) / total,
+                                                                static_cast<uint64_t>(ranks - 1))));
+      before += chunk.element_count;
+    }
+  }
+  return owners;
+}
+
+std::string expand_rank(const std::string& path, int rank) {
+  std::string out = path;
+  const std::string token = "{rank}";
+  for (size_t at = out.find(token); at != std::string::npos; at = out.find(token, at))
+    out.replace(at, token.size(), std::to_string(rank));
+  return out;
+}
+
+Result<TrainConfig> config_for_rank(const TrainConfig& config, int rank, int ranks) {
+  TrainConfig out = config;
+  if (config.batch_size % static_cast<uint32_t>(ranks) != 0)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'batch_size': {} is the global batch and must be divisible by the {} ranks "
+                                  "of this job",
+                                  config.source_path, config.batch_size, ranks));
+  bool templated = false;
+  for (const std::string& path : config.nvme_paths) templated = templated || path.find("{rank}") != std::string::npos;
+  if (ranks > 1 && !templated)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'nvme.paths': {} ranks would share one store; put {{rank}} in each path "
+                                  "(e.g. /nvme/run/rank{{rank}}) so every rank has its own",
+                                  config.source_path, ranks));
+  out.batch_size = config.batch_size / static_cast<uint32_t>(ranks);
+  for (std::string& path : out.nvme_paths) {
+    const bool per_rank = path.find("{rank}") != std::string::npos;
+    path = expand_rank(path, rank);
+    if (per_rank) {
+      std::error_code error;
+      std::filesystem::create_directories(path, error);
+      if (error)
+        return make_error(ErrorKind::invalid_argument,
+                          fmt::format("{}: key 'nvme.paths': cannot create rank {}'s folder {}: {}", config.source_path,
+                                      rank, path, error.message()));
+    }
+  }
+  return out;
+}
+
+ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks) {
+  ZeroTraffic traffic;
+  if (ranks <= 1) return traffic;
+  const auto n = static_cast<uint64_t>(ranks);
+  const uint64_t reduced = parameter_count * 4 * (n - 1) / n;
+  traffic.gradient_bytes = stage >= 2 ? reduced : 2 * reduced;
+  traffic.parameter_bytes = parameter_count * dtype_size_bytes(precision) * (n - 1) / n;
+  return traffic;
+}
+
+ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config,
+                   uint32_t global_batch)
+    : comm_(comm), stage_(std::max<uint32_t>(config.parallel.zero_stage, 1)),
+      param_bytes_(dtype_size_bytes(config.precision)), global_batch_(global_batch),
+      chunk_elements_(config.optimizer.chunk_elements),
+      owners_(optimizer_chunk_owners(layout, config.optimizer.chunk_elements, comm.size())) {
+  for (const Unit& unit : layout.units()) {
+    chunks_.push_back(optim_chunks(unit, chunk_elements_));
+    unit_elements_.push_back(unit.element_count);
+  }
+}
+
+Status ZeroStep::reduce_gradients(size_t unit, float* grads) {
+  const std::vector<ElementRange>& chunks = chunks_[unit];
+  const float inverse = 1.0f / static_cast<float>(comm_.size());
+  auto scale_and_square = [&](const ElementRange& range) {
+    double sum = 0.0;
+    for (uint64_t i = range.begin_elements; i < range.begin_elements + range.element_count; ++i) {
+      grads[i] *= inverse;
+      sum += static_cast<double>(grads[i]) * grads[i];
+    }
+    return sum;
+  };
+  if (stage_ == 1) {
+    const uint64_t count = unit_elements_[unit];
+    STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<float>(grads, count)));
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (owns(unit, c)) sum_squares_ += scale_and_square(chunks[c]);
+      else
+        for (uint64_t i = chunks[c].begin_elements; i < chunks[c].begin_elements + chunks[c].element_count; ++i)
+          grads[i] *= inverse;
+    }
+    return Status();
+  }
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    STRATA_RETURN_IF_ERROR(comm_.reduce_sum(grads + chunks[c].begin_elements, chunks[c].element_count, owner(unit, c)));
+    if (owns(unit, c)) sum_squares_ += scale_and_square(chunks[c]);
+  }
+  return Status();
+}
+
+Result<float> ZeroStep::clip_scale(double max_norm) {
+  if (!clip_scale_known_) {
+    double total = sum_squares_;
+    STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
+    clip_scale_ = kernels::clip_coefficient(std::sqrt(total), max_norm);
+    clip_scale_known_ = true;
+  }
+  return clip_scale_;
+}
+
+Status ZeroStep::share_params(size_t unit, size_t chunk, void* unit_params) {
+  const ElementRange& range = chunks_[unit][chunk];
+  return comm_.broadcast(static_cast<std::byte*>(unit_params) + range.begin_elements * param_bytes_,
+                         range.element_count * param_bytes_, owner(unit, chunk));
+}
+
+Result<double> ZeroStep::mean_loss(double local_loss) {
+  double total = local_loss;
+  STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
+  return total / comm_.size();
+}
+
+}  // namespace strata
