@@ -397,6 +397,7 @@ class Run {
 
 Status Run::open_store(uint64_t& start_step) {
   const std::string dir = store_dir_of(config_);
+  if (zero_ != nullptr) STRATA_RETURN_IF_ERROR(reconcile_global_commit(zero_->comm(), dir));
   std::error_code exists_error;
   bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error);
   if (exists_error) return make_errno_error(exists_error.value(), "stat", dir + "/" + memory::kStoreManifestName);
@@ -806,14 +807,21 @@ Status Run::checkpoint(uint64_t step) {
       STRATA_RETURN_IF_ERROR(
           write_tensor(*store_, tensor.name, record->dtype, record->shape, host_data, tensor.size_bytes));
     }
-    STRATA_RETURN_IF_ERROR(store_->commit(step, run_metadata(config_, step, zero_ != nullptr ? zero_->ranks() : 1)));
+    if (zero_ != nullptr)  // phase one of the global commit (reconcile_global_commit, engine/zero.h)
+      return store_->prepare_commit(step, run_metadata(config_, step, zero_->ranks()));
+    STRATA_RETURN_IF_ERROR(store_->commit(step, run_metadata(config_, step)));
     nvme_used_bytes_ = store_->stats().used_bytes;
     return Status();
   });
   for (const auto& entry : host_tensors) scheduler_->end_host_access(entry.first);
-  // ZeRO: the step counts as committed once every rank's store has it (docs/parallel.md).
-  if (status.ok() && zero_ != nullptr) return zero_->comm().barrier();
-  return status;
+  if (!status.ok() || zero_ == nullptr) return status;
+  // Phase two: every rank has prepared the step; each makes it its store's committed version.
+  STRATA_RETURN_IF_ERROR(zero_->comm().barrier());
+  return scheduler_->run_on_io_thread([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(store_->finish_commit());
+    nvme_used_bytes_ = store_->stats().used_bytes;
+    return Status();
+  });
 }
 
 // A failed step keeps the cause (tensor, file, offset, errno) and says what the user has:

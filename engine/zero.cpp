@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kernels/optim/adamw.h"
+#include "memory/store.h"
 
 namespace strata {
 
@@ -63,6 +64,32 @@ Result<TrainConfig> config_for_rank(const TrainConfig& config, int rank, int ran
     }
   }
   return out;
+}
+
+Status reconcile_global_commit(comm::Communicator& comm, const std::string& store_dir) {
+  int64_t mine[2] = {-1, -1};  // committed step, prepared step (-1: none)
+  std::error_code error;
+  if (std::filesystem::exists(std::filesystem::path(store_dir) / memory::kStoreManifestName, error)) {
+    memory::StoreOptions options;
+    options.read_only = true;
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(store_dir, options));
+    if (store.committed_metadata().count("format") != 0) mine[0] = static_cast<int64_t>(store.committed_step());
+  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<uint64_t> prepared, memory::Store::prepared_commit_step(store_dir));
+  if (prepared) mine[1] = static_cast<int64_t>(*prepared);
+  std::vector<int64_t> all(2 * static_cast<size_t>(comm.size()));
+  STRATA_RETURN_IF_ERROR(comm.allgather(mine, all.data(), sizeof mine));
+  int64_t newest = -1;
+  int newest_rank = 0;
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[2 * r] > newest) newest = all[2 * r], newest_rank = r;
+  if (mine[0] == newest) return Status();
+  if (mine[1] == newest)
+    return memory::Store::roll_forward_prepared_commit(store_dir);  // the others finished it
+  return make_error(ErrorKind::corrupt,
+                    fmt::format("store {} (rank {}) is at step {} but rank {}'s store committed step {}, which this "
+                                "one never prepared: these stores are not one job's (or one was replaced)",
+                                store_dir, comm.rank(), mine[0], newest_rank, newest));
 }
 
 ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks) {

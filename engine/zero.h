@@ -61,6 +61,13 @@ struct ZeroTraffic {
 };
 ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks);
 
+// The global commit (docs/parallel.md): each rank prepares its store's commit (data and the
+// new manifest fsynced), all meet at a barrier, then each renames its manifest into place. So
+// when any store holds step S every store has at least prepared S. Before a rank opens its store
+// this finds the newest step any rank committed and rolls this store forward to it when it only
+// prepared it; a store that has neither is an error naming it (not a silent divergence).
+[[nodiscard]] Status reconcile_global_commit(comm::Communicator& comm, const std::string& store_dir);
+
 // The collectives of one training step on one rank (see the top of this file).
 class ZeroStep {
  public:
