@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "common/size.h"
 #include "kernels/optim/adamw.h"
 #include "memory/store.h"
 
@@ -100,6 +101,47 @@ ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32
   traffic.gradient_bytes = stage >= 2 ? reduced : 2 * reduced;
   traffic.parameter_bytes = parameter_count * dtype_size_bytes(precision) * (n - 1) / n;
   return traffic;
+}
+
+nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayout& layout, int ranks) {
+  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
+  std::vector<uint64_t> chunks(static_cast<size_t>(ranks)), optimizer_bytes(static_cast<size_t>(ranks));
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements);
+    for (size_t c = 0; c < ranges.size(); ++c) {
+      chunks[static_cast<size_t>(owners[u][c])] += 1;
+      optimizer_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * 12;
+    }
+  }
+  const uint32_t stage = std::max<uint32_t>(config.parallel.zero_stage, 1);
+  const ZeroTraffic traffic = zero_formula_bytes(layout.parameter_count(), config.precision, stage, ranks);
+  nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
+  for (int r = 0; r < ranks; ++r)
+    per_rank.push_back({{"rank", r}, {"optimizer_chunks", chunks[static_cast<size_t>(r)]},
+                        {"optimizer_bytes", optimizer_bytes[static_cast<size_t>(r)]}});
+  return {{"ranks", ranks},
+          {"zero_stage", stage},
+          {"batch_per_rank", config.batch_size / static_cast<uint32_t>(ranks)},
+          {"gradient_bytes_per_step", traffic.gradient_bytes},
+          {"parameter_bytes_per_step", traffic.parameter_bytes},
+          {"sent_bytes_per_step", traffic.total()},
+          {"received_bytes_per_step", traffic.total()},
+          {"per_rank", std::move(per_rank)}};
+}
+
+std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layout, int ranks) {
+  const nlohmann::ordered_json j = zero_plan_json(config, layout, ranks);
+  std::string out = fmt::format(
+      "\nZeRO stage {} on {} ranks ({} rows of the global batch each): per rank and step, gradients {} and "
+      "parameters {} — {} sent and as much received (ZeRO's formula: stage 1 all-reduces 2·(N−1)/N·4Ψ, stage 2 "
+      "reduce-scatters (N−1)/N·4Ψ; both gather (N−1)/N·pΨ of new parameters)\n",
+      j["zero_stage"].get<uint32_t>(), ranks, j["batch_per_rank"].get<uint32_t>(),
+      format_size(j["gradient_bytes_per_step"].get<uint64_t>()), format_size(j["parameter_bytes_per_step"].get<uint64_t>()),
+      format_size(j["sent_bytes_per_step"].get<uint64_t>()));
+  for (const auto& rank : j["per_rank"])
+    out += fmt::format("  rank {}: {} optimizer chunks, {} of optimizer state\n", rank["rank"].get<int>(),
+                       rank["optimizer_chunks"].get<uint64_t>(), format_size(rank["optimizer_bytes"].get<uint64_t>()));
+  return out;
 }
 
 ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config,

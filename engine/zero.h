@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/comm.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -67,6 +69,11 @@ ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32
 // this finds the newest step any rank committed and rolls this store forward to it when it only
 // prepared it; a store that has neither is an error naming it (not a silent divergence).
 [[nodiscard]] Status reconcile_global_commit(comm::Communicator& comm, const std::string& store_dir);
+
+// What `strata plan CONFIG --ranks N` adds: each rank's optimizer chunks and bytes, and the
+// bytes each rank moves per step by ZeRO's formula — as text, and as the plan JSON's "zero".
+std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layout, int ranks);
+nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayout& layout, int ranks);
 
 // The collectives of one training step on one rank (see the top of this file).
 class ZeroStep {

@@ -388,14 +388,19 @@ void add_store_command(CLI::App& app, CliState& state) {
   verify->add_flag("--json", *verify_json, "print exactly one JSON object on stdout");
   verify->callback([verify_dir, verify_json, &state] { state.exit_code = run_verify(*verify_dir, *verify_json); });
 
-  auto export_dir = std::make_shared<std::string>();
-  auto export_file = std::make_shared<std::string>();
+  auto export_args = std::make_shared<std::vector<std::string>>();
   CLI::App* export_command = store->add_subcommand(
       "export", "write the committed fp32 weights of a `strata train` store as safetensors (Hugging Face GPT-2 names)");
-  export_command->add_option("DIR", *export_dir, "store directory (<first NVMe path>/store)")->required();
-  export_command->add_option("FILE", *export_file, "the .safetensors file to write")->required();
-  export_command->callback([export_dir, export_file, &state] {
-    Status status = export_store_weights(*export_dir, *export_file);
+  // DIR… FILE: a ZeRO job's stores (docs/parallel.md) are given together, each chunk read from
+  // the store that holds it.
+  export_command->add_option("DIR... FILE", *export_args,
+                             "store directory (<first NVMe path>/store) — every rank's, for a ZeRO job — then the "
+                             ".safetensors file to write")
+      ->required()
+      ->expected(2, 4097);
+  export_command->callback([export_args, &state] {
+    std::vector<std::string> dirs(export_args->begin(), export_args->end() - 1);
+    Status status = export_store_weights(dirs, export_args->back());
     if (!status.ok()) state.exit_code = report_error(status.error());
   });
 

@@ -1,11 +1,13 @@
 # Issue 15: ZeRO data parallelism through the real binary under `mpirun --oversubscribe`.
 # Proves, on a tiny GPT-2 (5 steps, global batch 6): for stages 1 and 2, 2 and 3 ranks end with
 # the fp32 master weights of a 1-rank run of the same global batch within fp32 reduction-order
-# tolerance (‖Δw‖₂/‖w‖₂ and the loss ≤ 1e-6 relative, printed); a rerun with the same N is bit-identical; a plain
-# run and `mpirun -np 1` are bit-identical; bad launches (no {rank}, a batch N does not divide,
-# another N on --resume) are one line and exit 2; a SIGKILLed rank takes the job down with a
-# non-zero exit and a line naming the rank, and --resume then finishes with the weights of a
-# run that never stopped. Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill).
+# tolerance (‖Δw‖₂/‖w‖₂ and the loss ≤ 1e-6 relative, printed), and `strata store export` over
+# the rank stores writes what --export wrote; a plain run and `mpirun -np 1` are bit-identical;
+# a rerun with the same N is bit-identical; bad launches (no {rank}, a batch N does not divide,
+# stage 3, another N on --resume) exit non-zero with a line naming the key; a SIGKILLed rank
+# takes the job down with a non-zero exit and a line naming the rank, and --resume then
+# finishes with the weights of a run that never stopped.
+# Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill).
 import json
 import os
 import signal
@@ -75,8 +77,8 @@ def weights(path):
     return out
 
 
-def train(folder, name, ranks, stage=1, extra=()):
-    cfg = config(folder, name, stage=stage)
+def train(folder, name, ranks, stage=1, extra=(), steps=5):
+    cfg = config(folder, name, stage=stage, steps=steps)
     out = os.path.join(folder, name + ".safetensors")
     result = run(ranks, "train", cfg, "--json", "--export", out, *extra)
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -107,9 +109,9 @@ def same_bytes(a, b):
         return f.read() == g.read()
 
 
+if os.environ.get("STRATA_TEST_TMPDIR"):
+    os.makedirs(os.environ["STRATA_TEST_TMPDIR"], exist_ok=True)
 with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tmp:
-    if os.environ.get("ZERO_KEEP"): tmp = os.environ["ZERO_KEEP"]
-    os.makedirs(tmp, exist_ok=True)
     if CASE == "equal":
         reference, ref_summary = train(tmp, "one", 0)
         single, _ = train(tmp, "np1", 1)
@@ -132,6 +134,12 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                     fail(f"stage {stage} on {ranks} ranks is not the 1-rank run within {TOLERANCE}")
                 if summary["comm_sent_bytes"] == 0:
                     fail("no bytes counted between ranks")
+                # `strata store export` over the set of stores writes what --export wrote.
+                again = os.path.join(tmp, f"s{stage}n{ranks}.again.safetensors")
+                stores = [os.path.join(tmp, f"s{stage}n{ranks}", f"rank{r}", "store") for r in range(ranks)]
+                run(0, "store", "export", *stores, again)
+                if not same_bytes(out, again):
+                    fail("strata store export of the rank stores differs from the run's --export")
     elif CASE == "rerun":
         for stage in (1, 2):
             a, _ = train(tmp, f"a{stage}", 3, stage)
@@ -153,12 +161,29 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         one_line(run(3, "train", cfg, "--resume", expect_ok=False), "ranks")
         print("bad launches: one line each, non-zero exit")
     elif CASE == "kill":
-        reference, _ = train(tmp, "whole", 2)
-        cfg = config(tmp, "killed", steps=5)
+        steps = 30  # long enough that rank 1 is still mid-run when it is killed
+        reference, _ = train(tmp, "whole", 2, steps=steps)
+        cfg = config(tmp, "killed", steps=steps)
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         job = subprocess.Popen(MPIRUN + ["-np", "2", STRATA, "train", cfg], stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
-        # Wait for the first commit (step 2), then SIGKILL rank 1 mid-run.
+
+        def find_rank_1():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env_text = f.read().split(b"\0")
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read()
+                except OSError:
+                    continue
+                if b"OMPI_COMM_WORLD_RANK=1" in env_text and cfg.encode() in cmd:
+                    return int(pid)
+            return None
+
+        # Wait for the first global commit (step 2), then SIGKILL rank 1 mid-run.
         lines = []
         while True:
             line = job.stderr.readline()
@@ -167,19 +192,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
             lines.append(line)
             if "committed" in line:
                 break
-        victim = None
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env_text = f.read().split(b"\0")
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if b"OMPI_COMM_WORLD_RANK=1" in env_text and cfg.encode() in cmd:
-                victim = int(pid)
+        victim = find_rank_1()
         if victim is None:
             fail("rank 1's process was not found")
         os.kill(victim, signal.SIGKILL)
