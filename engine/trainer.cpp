@@ -974,7 +974,8 @@ Result<TrainSummary> Run::execute() {
   std::vector<StepFigures> figures;
   TrainSummary summary;
   summary.first_step = start_step;
-  const uint64_t tokens_per_step = uint64_t{config_.batch_size} * config_.model.seq_len;
+  // The job's tokens: with ZeRO ranks, the global batch (config_.batch_size is this rank's share).
+  const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} * config_.model.seq_len;
   if (options_.monitor != nullptr) {
     monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
                           prediction ? prediction->step_s : 0.0,
