@@ -1,6 +1,8 @@
 // The MPI communicator (comm/comm.h): Open MPI over MPI_COMM_WORLD for CPU ranks. Data moves
 // with non-blocking MPI collectives polled against a deadline (a lost rank cannot hang us);
 // floating-point sums are done here, in rank order, never by MPI_SUM.
+// The C API only: Open MPI's deprecated C++ bindings would come with <mpi.h> otherwise.
+#define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #include <unistd.h>
 
