@@ -404,7 +404,8 @@ std::vector<KindBytes> kinds_of(const TrainConfig& config, const ModelLayout& la
   for (size_t u = 0; u < run.units.size(); ++u) {
     params += run.plan.tensors()[run.units[u].params].size_bytes;
     grads += layout.units()[u].element_count * 4;
-    for (const OptimChunk& chunk : run.units[u].optim) optim += run.plan.tensors()[chunk.tensor].size_bytes;
+    for (const OptimChunk& chunk : run.units[u].optim)
+      if (chunk.tensor != kNoTensor) optim += run.plan.tensors()[chunk.tensor].size_bytes;
   }
   const uint64_t activations = static_cast<uint64_t>(config.model.n_layer + 2) *
                                run.plan.tensors()[run.activations[0]].size_bytes;

@@ -213,6 +213,14 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   for (std::string& nvme_path : config.nvme_paths) {
     nvme_path = nvme.resolve_path(nvme_path);
     std::error_code directory_error;
+    // A per-rank path (`{rank}`, engine/zero.h) is created by each rank; what holds it must exist.
+    if (const size_t rank_at = nvme_path.find("{rank}"); rank_at != std::string::npos) {
+      const std::filesystem::path parent = std::filesystem::path(nvme_path.substr(0, rank_at)).parent_path();
+      if (!std::filesystem::is_directory(parent, directory_error))
+        return nvme.error_at("paths", fmt::format("'{}' (of '{}') is not an existing directory; create it or list "
+                                                  "another", parent.string(), nvme_path));
+      continue;
+    }
     if (!std::filesystem::is_directory(nvme_path, directory_error))
       return nvme.error_at("paths", fmt::format("'{}' is not an existing directory; create it or list another", nvme_path));
   }
@@ -229,6 +237,14 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_RETURN_IF_ERROR(nvme.finish());
   if (config.nvme_paths.empty())
     return nvme.error_at("paths", "is required: strata keeps the committed state (the checkpoint) in the store on NVMe");
+
+  STRATA_ASSIGN_OR_RETURN(ConfigNode parallel, root.child("parallel"));
+  STRATA_READ(config.parallel.zero_stage, parallel.integer("zero_stage", 1, 0, 3));
+  STRATA_READ(config.parallel.timeout_s, parallel.number("timeout_s", 120.0, 1.0, 86400.0));
+  STRATA_RETURN_IF_ERROR(parallel.finish());
+  if (config.parallel.zero_stage == 3)
+    return parallel.error_at("zero_stage", "3 (parameters partitioned) is not implemented in this build; use 1 or 2 "
+                                           "(docs/parallel.md)");
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode sample, root.child("sample"));
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));

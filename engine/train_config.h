@@ -83,6 +83,12 @@ struct PlacementConfig {
   Tier optimizer = Tier::nvme;  // fp32 master weights and both moments
 };
 
+// ZeRO data parallelism over the ranks `mpirun -np N` starts (engine/zero.h, docs/parallel.md).
+struct ParallelConfig {
+  uint32_t zero_stage = 1;   // 1: optimizer state partitioned; 2: + gradients (3: not in this build)
+  double timeout_s = 120.0;  // a collective waiting longer means a rank was lost: exit, no hang
+};
+
 struct TrainConfig {
   std::string source_path;
   ModelConfig model;
@@ -96,9 +102,10 @@ struct TrainConfig {
   std::string device_kind = "cpu";  // cpu | cuda
   uint64_t device_memory_bytes = 256ull << 20;
   uint64_t host_memory_bytes = 512ull << 20;
-  std::vector<std::string> nvme_paths;  // the store lives in the first; one file per path
+  std::vector<std::string> nvme_paths;  // the store lives in the first; one file per path; {rank}: per rank
   io::IoSettings io;
   PlacementConfig placement;
+  ParallelConfig parallel;
   uint64_t checkpoint_every = 10;
   std::string sample_prompt = "The ";  // printed sample after training
   uint32_t sample_tokens = 0;          // 0: no sample

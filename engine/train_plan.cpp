@@ -46,12 +46,14 @@ std::string optimizer_site_reason(const TrainConfig& config) {
   return "";
 }
 
-TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout) {
+TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
+                           const std::vector<std::vector<int>>& owners, int rank) {
   TrainPlan run;
   run.optimizer_site = optimizer_site(config);
   const uint32_t param_bytes = dtype_size_bytes(config.precision);
   const bool scratch_grads = config.placement.grads == Tier::device;
   for (const Unit& unit : layout.units()) {
+    const size_t unit_index = run.units.size();
     UnitIds ids;
     ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes, home_of(config.placement.params));
     if (!scratch_grads)
@@ -60,6 +62,10 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout)
     for (size_t c = 0; c < chunks.size(); ++c) {
       OptimChunk chunk;
       chunk.range = chunks[c];
+      if (!owners.empty() && owners[unit_index][c] != rank) {  // another rank's (ZeRO)
+        ids.optim.push_back(chunk);
+        continue;
+      }
       chunk.tensor = run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
                                          home_of(config.placement.optimizer));
       ids.optim.push_back(chunk);
@@ -220,7 +226,7 @@ uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, u
     bytes += ids.grads == kNoTensor ? align_up(layout.units()[u].element_count * 4, alignment_bytes)
                                     : align_up(run.plan.tensors()[ids.grads].size_bytes, alignment_bytes);
     for (const OptimChunk& chunk : ids.optim)
-      bytes += align_up(run.plan.tensors()[chunk.tensor].size_bytes, alignment_bytes);
+      if (chunk.tensor != kNoTensor) bytes += align_up(run.plan.tensors()[chunk.tensor].size_bytes, alignment_bytes);
   }
   return bytes;
 }

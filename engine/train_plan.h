@@ -86,7 +86,11 @@ std::string params_name(const Unit& unit);
 std::string grads_name(const Unit& unit);
 std::string optim_name(const Unit& unit, size_t chunk, size_t chunk_count);
 
-TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout);
+// `owners` (engine/zero.h, N > 1 ranks): only the optimizer chunks `rank` owns are plan (and
+// store) tensors; the update step of any other chunk keeps P (the owner's broadcast rewrites
+// it) and has that chunk's tensor as kNoTensor. Empty: every chunk, one rank.
+TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
+                           const std::vector<std::vector<int>>& owners = {}, int rank = 0);
 
 // Device memory the trainer holds outside the plan for the whole run.
 struct DeviceScratchSizes {

@@ -29,6 +29,7 @@
 #include "engine/safetensors.h"
 #include "engine/step_model.h"
 #include "engine/train_plan.h"
+#include "engine/zero.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
@@ -51,13 +52,52 @@ constexpr const char* kStoreSubdir = "store";  // inside the first NVMe path
 
 // --- names and metadata ------------------------------------------------------------------
 
-std::string store_dir_of(const TrainConfig& config) {
-  return (std::filesystem::path(config.nvme_paths.front()) / kStoreSubdir).string();
+std::string store_dir_of(const TrainConfig& config, int rank = 0) {
+  return (std::filesystem::path(expand_rank(config.nvme_paths.front(), rank)) / kStoreSubdir).string();
 }
 
-std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint64_t step) {
+// The stores a (possibly multi-rank) run left: rank 0's, and as many more as its committed
+// metadata `parallel.ranks` says, through the `{rank}` template of the config's first path.
+std::vector<std::string> rank_store_dirs(const TrainConfig& config) {
+  std::vector<std::string> dirs = {store_dir_of(config)};
+  memory::StoreOptions options;
+  options.read_only = true;
+  Result<memory::Store> first = memory::Store::open(dirs.front(), options);
+  if (!first.ok()) return dirs;
+  // Untrusted: parsed whole and bounded (a bad value reads as one rank; opening the set checks
+  // the steps agree).
+  uint64_t count = 1;
+  if (first->committed_metadata().count("parallel.ranks") != 0) {
+    Result<uint64_t> ranks = models::metadata_integer(first->committed_metadata(), "parallel.ranks", 1, 4096,
+                                                      dirs.front());
+    if (ranks.ok()) count = *ranks;
+  }
+  for (uint64_t r = 1; r < count; ++r) dirs.push_back(store_dir_of(config, static_cast<int>(r)));
+  return dirs;
+}
+
+// Opens every store of a run read-only; they must all be at the same committed step (a ZeRO
+// commit is global: docs/parallel.md).
+Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>& dirs) {
+  std::vector<memory::Store> stores;
+  memory::StoreOptions options;
+  options.read_only = true;
+  for (const std::string& dir : dirs) {
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
+    if (!stores.empty() && store.committed_step() != stores.front().committed_step())
+      return make_error(ErrorKind::corrupt, fmt::format("store {} is at step {} but {} is at step {}: the stores of "
+                                                        "one job must be at the same global commit",
+                                                        dir, store.committed_step(), dirs.front(),
+                                                        stores.front().committed_step()));
+    stores.push_back(std::move(store));
+  }
+  return stores;
+}
+
+std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint64_t step, int ranks = 1) {
   std::map<std::string, std::string> metadata = models::store_metadata(config.model);
   metadata.insert({{"format", kRunFormat},
+                   {"parallel.ranks", std::to_string(ranks)},  // engine/zero.h: how the optimizer chunks are split
                    {"step", std::to_string(step)},
                    {"precision", dtype_name(config.precision)},
                    {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
@@ -187,6 +227,7 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
       layout.initialize_unit(u, config.model.seed, master);
     }
     for (size_t c = 0; c < ids.optim.size(); ++c) {
+      if (ids.optim[c].tensor == kNoTensor) continue;  // another rank's (engine/zero.h)
       const ElementRange& range = ids.optim[c].range;
       const uint64_t count = range.element_count;
       std::copy(master + range.begin_elements, master + range.begin_elements + count, staging);
@@ -234,9 +275,9 @@ monitor::StepSample monitor_sample(const StepFigures& f) {
 
 class Run {
  public:
-  Run(const TrainConfig& config, const TrainOptions& options)
+  Run(const TrainConfig& config, const TrainOptions& options, ZeroStep* zero = nullptr)
       : config_(config), options_(options), layout_(config.model),
-        shape_{config.batch_size, config.model.seq_len} {}
+        shape_{config.batch_size, config.model.seq_len}, zero_(zero != nullptr && zero->active() ? zero : nullptr) {}
   // Ops still on the compute stream may hold scheduler callbacks (release_after): they finish
   // before the scheduler and the buffers they name go away.
   ~Run() {
@@ -255,6 +296,9 @@ class Run {
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
   Result<const float*> widen(const void* params, uint64_t element_count, float* scratch);
   float* grads_of(size_t unit, const sch::StepBuffers& buffers);
+  // ZeRO (engine/zero.h): the stream is drained, then the collectives run on this thread.
+  Status reduce_across_ranks(size_t unit, float* grads);
+  Status share_updated_params(const StepInfo& info, const sch::StepBuffers& buffers);
   Status checkpoint(uint64_t step);
   Error step_failed(Error error, uint64_t step, bool committing) const;
   Status write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const;
@@ -263,6 +307,8 @@ class Run {
   const TrainOptions& options_;
   ModelLayout layout_;
   gk::BatchShape shape_;
+  ZeroStep* zero_ = nullptr;  // N > 1 ranks (engine/zero.h); null: one rank, as before
+  std::vector<int32_t> global_tokens_, global_targets_;  // the whole batch, before this rank's rows
   TrainPlan run_;
   std::unique_ptr<TokenData> data_;
   std::unique_ptr<memory::Store> store_;
@@ -311,6 +357,7 @@ class Run {
 
 Status Run::open_store(uint64_t& start_step) {
   const std::string dir = store_dir_of(config_);
+  if (zero_ != nullptr) STRATA_RETURN_IF_ERROR(reconcile_global_commit(zero_->comm(), dir));
   std::error_code exists_error;
   bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error);
   if (exists_error) return make_errno_error(exists_error.value(), "stat", dir + "/" + memory::kStoreManifestName);
@@ -363,6 +410,16 @@ Status Run::open_store(uint64_t& start_step) {
                         fmt::format("{}: key 'optimizer.chunk_elements': {} keeps optimizer state in chunks of {} "
                                     "elements, not {}; --resume needs the same value",
                                     config_.source_path, dir, stored_chunk, config_.optimizer.chunk_elements));
+    const auto stored_ranks = store_->committed_metadata().count("parallel.ranks") == 0
+                                  ? uint64_t{1}
+                                  : std::strtoull(store_->committed_metadata().at("parallel.ranks").c_str(), nullptr, 10);
+    const uint64_t ranks = zero_ != nullptr ? static_cast<uint64_t>(zero_->ranks()) : 1;
+    if (stored_ranks != ranks)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{} was committed by a job of {} ranks, this one has {}: resuming on another "
+                                    "number of ranks (re-slicing) is not implemented in this build; launch with "
+                                    "mpirun -np {}",
+                                    dir, stored_ranks, ranks, stored_ranks));
     start_step = store_->committed_step();
     spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();
@@ -393,7 +450,7 @@ Status Run::open_store(uint64_t& start_step) {
                config_.model.init == "random" ? "random, seed " + std::to_string(config_.model.seed) : config_.model.init,
                dir);
   STRATA_RETURN_IF_ERROR(initialize_store(config_, layout_, run_, *store_, *host_arena_));
-  STRATA_RETURN_IF_ERROR(store_->commit(0, run_metadata(config_, 0)));
+  STRATA_RETURN_IF_ERROR(store_->commit(0, run_metadata(config_, 0, zero_ != nullptr ? zero_->ranks() : 1)));
   // Reopened so that its engine is fresh: an engine binds to the first thread that submits,
   // and from now on that is the scheduler's I/O thread.
   store_.reset();
@@ -467,6 +524,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       STRATA_RETURN_IF_ERROR(model.head_forward_backward(backend, shape_, ln_f, embed,
                                                          f32(run_.activations[static_cast<size_t>(model.n_layer())]),
                                                          f32(run_.d_x), ln_f_grads, embed_grads, workspace));
+      if (zero_ != nullptr) return reduce_across_ranks(info.unit, ln_f_grads);
       return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
@@ -478,16 +536,25 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape_, weights, f32(run_.activations[i]),
                                                   d_x, d_x, grads, workspace,
                                                     /*recompute=*/true));
+      if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
       return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::bwd_embed: {
       float* grads = grads_of(info.unit, buffers);
       STRATA_RETURN_IF_ERROR(
           model.embedding_backward(backend, shape_, f32(run_.d_x), grads));
+      if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
       return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::optimize: {
       if (info.site == OptimizerSite::host) return update_on_host(info, buffers, step);
+      // ZeRO: every rank takes the step's clip scale together; a chunk's owner updates it and
+      // sends its new compute copy to the others (engine/zero.h).
+      std::optional<float> zero_clip_scale;
+      if (zero_ != nullptr && config_.optimizer.grad_clip > 0) {
+        STRATA_ASSIGN_OR_RETURN(zero_clip_scale, zero_->clip_scale(config_.optimizer.grad_clip));
+      }
+      if (zero_ != nullptr && !zero_->owns(info.unit, info.chunk)) return share_updated_params(info, buffers);
       // One optimizer chunk, packed [master | m | v], updated piecewise (adamw_pieces).
       const ElementRange range = ids.optim[info.chunk].range;
       const uint64_t begin = range.begin_elements;
@@ -496,15 +563,17 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       const float* grads = grads_of(info.unit, buffers);
       void* params = buffers.device_data(ids.params);
       // The clip factor comes from the gradient norm on the stream: no host round trip.
-      const bool clip = config_.optimizer.grad_clip > 0;
+      const bool clip = config_.optimizer.grad_clip > 0 && !zero_clip_scale;
       if (clip) STRATA_RETURN_IF_ERROR(backend.clip_coefficient(config_.optimizer.grad_clip));
       uint16_t* copy = config_.precision == DType::bf16 ? static_cast<uint16_t*>(params) + begin : nullptr;
       for (kernels::AdamWChunk& piece : adamw_pieces(unit, begin, count, step, master, grads + begin, copy)) {
         piece.use_clip_scale = clip;
+        if (zero_clip_scale) piece.scalars.grad_scale = *zero_clip_scale;
         STRATA_RETURN_IF_ERROR(backend.adamw(piece));
       }
       if (config_.precision == DType::f32)
-        return backend.copy(static_cast<float*>(params) + begin, master, count * 4);
+        STRATA_RETURN_IF_ERROR(backend.copy(static_cast<float*>(params) + begin, master, count * 4));
+      if (zero_ != nullptr) return share_updated_params(info, buffers);
       return Status();
     }
   }
@@ -617,6 +686,16 @@ Status Run::update_on_host(const StepInfo& info, const sch::StepBuffers& buffers
   return device_->record(slot.free, optimizer_stream_);
 }
 
+Status Run::reduce_across_ranks(size_t unit, float* grads) {
+  STRATA_RETURN_IF_ERROR(backend_->synchronize());
+  return zero_->reduce_gradients(unit, grads);
+}
+
+Status Run::share_updated_params(const StepInfo& info, const sch::StepBuffers& buffers) {
+  STRATA_RETURN_IF_ERROR(backend_->synchronize());
+  return zero_->share_params(info.unit, info.chunk, buffers.device_data(run_.units[info.unit].params));
+}
+
 float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   const sch::TensorId id = run_.units[unit].grads;
   if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
@@ -629,7 +708,18 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
 // tensors given back behind them (release_after); the loss and the gradient norm come back
 // once, at the end.
 Status Run::run_step(uint64_t step, StepFigures& figures) {
-  data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
+  if (zero_ == nullptr) {
+    data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
+  } else {
+    // The batch a single rank would read; this rank trains on its block of rows.
+    global_tokens_.resize(tokens_.size() * static_cast<size_t>(zero_->ranks()));
+    global_targets_.resize(global_tokens_.size());
+    data_->fill_batch(step, zero_->global_batch(), global_tokens_.data(), global_targets_.data());
+    const auto first = static_cast<int64_t>(tokens_.size()) * zero_->rank();
+    std::copy_n(global_tokens_.begin() + first, tokens_.size(), tokens_.begin());
+    std::copy_n(global_targets_.begin() + first, targets_.size(), targets_.begin());
+    zero_->begin_step();
+  }
   STRATA_RETURN_IF_ERROR(backend_->begin_step(tokens_.data(), targets_.data(), shape_.rows()));
   host_clip_scale_.reset();
   sch::Timeline* timeline = scheduler_->timeline();
@@ -656,6 +746,9 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     STRATA_RETURN_IF_ERROR(device_->stream_wait(backend_->compute_stream(), updates_done_));
   }
   STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
+  if (zero_ != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(scalars.loss, zero_->mean_loss(scalars.loss));
+  }
   host_clip_scale_.reset();
   if (host_update_failed_)
     return make_error(ErrorKind::internal, fmt::format("step {}: a host AdamW update failed", step + 1));
@@ -685,12 +778,21 @@ Status Run::checkpoint(uint64_t step) {
       STRATA_RETURN_IF_ERROR(
           write_tensor(*store_, tensor.name, record->dtype, record->shape, host_data, tensor.size_bytes));
     }
+    if (zero_ != nullptr)  // phase one of the global commit (reconcile_global_commit, engine/zero.h)
+      return store_->prepare_commit(step, run_metadata(config_, step, zero_->ranks()));
     STRATA_RETURN_IF_ERROR(store_->commit(step, run_metadata(config_, step)));
     nvme_used_bytes_ = store_->stats().used_bytes;
     return Status();
   });
   for (const auto& entry : host_tensors) scheduler_->end_host_access(entry.first);
-  return status;
+  if (!status.ok() || zero_ == nullptr) return status;
+  // Phase two: every rank has prepared the step; each makes it its store's committed version.
+  STRATA_RETURN_IF_ERROR(zero_->comm().barrier());
+  return scheduler_->run_on_io_thread([&]() -> Status {
+    STRATA_RETURN_IF_ERROR(store_->finish_commit());
+    nvme_used_bytes_ = store_->stats().used_bytes;
+    return Status();
+  });
 }
 
 // A failed step keeps the cause (tensor, file, offset, errno) and says what the user has:
@@ -759,7 +861,8 @@ Status Run::open_device() {
 }
 
 Result<TrainSummary> Run::execute() {
-  run_ = build_train_plan(config_, layout_);
+  run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
+                         : build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
   STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
   STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::open(config_.data_path, config_.data_format,
@@ -844,7 +947,8 @@ Result<TrainSummary> Run::execute() {
   std::vector<StepFigures> figures;
   TrainSummary summary;
   summary.first_step = start_step;
-  const uint64_t tokens_per_step = uint64_t{config_.batch_size} * config_.model.seq_len;
+  // The job's tokens: with ZeRO ranks, the global batch (config_.batch_size is this rank's share).
+  const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} * config_.model.seq_len;
   if (options_.monitor != nullptr) {
     monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
                           prediction ? prediction->step_s : 0.0,
@@ -926,14 +1030,19 @@ Result<TrainSummary> Run::execute() {
 }
 
 // Reads the fp32 master weights of one unit — the first third of each optimizer chunk — into
-// `master` (the unit's element count of floats).
-Status read_master(memory::Store& store, const Unit& unit, uint64_t chunk_elements, float* master,
+// `master` (the unit's element count of floats). A ZeRO job's chunks are spread over its ranks'
+// stores (engine/zero.h): each is read from whichever store holds it.
+Status read_master(std::vector<memory::Store>& stores, const Unit& unit, uint64_t chunk_elements, float* master,
                    std::vector<float>& staging) {
   const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements);
   for (size_t c = 0; c < chunks.size(); ++c) {
     const uint64_t count = chunks[c].element_count;
     staging.resize(std::max<size_t>(staging.size(), count * 3));
-    STRATA_RETURN_IF_ERROR(read_tensor(store, optim_name(unit, c, chunks.size()), staging.data(), count * 12));
+    const std::string name = optim_name(unit, c, chunks.size());
+    memory::Store* holder = &stores.front();
+    for (memory::Store& store : stores)
+      if (store.find(name).has_value()) holder = &store;
+    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), count * 12));
     std::copy(staging.begin(), staging.begin() + static_cast<int64_t>(count), master + chunks[c].begin_elements);
   }
   return Status();
@@ -974,18 +1083,74 @@ nlohmann::ordered_json summary_json(const TrainSummary& s) {
           {"median_step_seconds", s.median_step_seconds},
           {"predicted_step_seconds", s.predicted_step_seconds},
           {"predicted_compute_seconds", s.predicted_compute_seconds},
-          {"predicted_io_seconds", s.predicted_io_seconds}};
+          {"predicted_io_seconds", s.predicted_io_seconds},
+          {"rank", s.rank},
+          {"ranks", s.ranks},
+          {"comm_sent_bytes", s.comm_sent_bytes},
+          {"comm_received_bytes", s.comm_received_bytes},
+          {"comm_seconds", s.comm_seconds},
+          {"comm_formula_bytes_per_step", s.comm_formula_bytes_per_step}};
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
-  Run run(config, options);
-  return run.execute();
+  if (!options.use_mpi) {  // one process, no MPI at all; `{rank}` is 0
+    STRATA_ASSIGN_OR_RETURN(TrainConfig single, config_for_rank(config, 0, 1));
+    Run run(single, options);
+    return run.execute();
+  }
+  // One rank of a ZeRO job (engine/zero.h, docs/parallel.md).
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> world,
+                          comm::make_world_communicator(comm::CommOptions{true, config.parallel.timeout_s}));
+  const int rank = world->rank();
+  const int ranks = world->size();
+  if (ranks > 1 && config.device_kind != "cpu")
+    return make_error(ErrorKind::unsupported,
+                      fmt::format("{}: key 'device.kind': ZeRO over {} ranks runs on CPU ranks in this build; the NCCL "
+                                  "communicator (comm/) is not yet driven by the trainer",
+                                  config.source_path, ranks));
+  STRATA_ASSIGN_OR_RETURN(TrainConfig mine, config_for_rank(config, rank, ranks));
+  TrainOptions rank_options = options;
+  rank_options.export_path.clear();  // rank 0 writes it below, from every rank's store
+  if (rank != 0) {
+    rank_options.progress = false;
+    rank_options.monitor = nullptr;
+    if (!options.metrics_path.empty()) rank_options.metrics_path += fmt::format(".rank{}", rank);
+    if (!options.trace_path.empty()) rank_options.trace_path += fmt::format(".rank{}", rank);
+  }
+  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size);
+  Result<TrainSummary> summary = [&] {
+    Run run(mine, rank_options, &zero);
+    return run.execute();
+  }();
+  if (!summary.ok()) return summary;
+  summary->rank = rank;
+  summary->ranks = ranks;
+  const comm::CommStats stats = world->stats();
+  summary->comm_sent_bytes = stats.sent_bytes;
+  summary->comm_received_bytes = stats.received_bytes;
+  summary->comm_seconds = static_cast<double>(stats.wait_ns) * 1e-9;
+  summary->comm_formula_bytes_per_step =
+      zero_formula_bytes(ModelLayout(mine.model).parameter_count(), mine.precision, std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
+          .total();
+  STRATA_RETURN_IF_ERROR(world->barrier());  // every rank's final commit is in
+  if (rank == 0 && !options.export_path.empty()) {
+    std::vector<std::string> dirs;
+    for (int r = 0; r < ranks; ++r) dirs.push_back(store_dir_of(config, r));
+    STRATA_RETURN_IF_ERROR(export_store_weights(dirs, options.export_path));
+  }
+  STRATA_RETURN_IF_ERROR(world->barrier());
+  return summary;
 }
 
 Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {
-  memory::StoreOptions options;
-  options.read_only = true;
-  STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(store_dir, options));
+  return export_store_weights(std::vector<std::string>{store_dir}, out_path, shard_size_bytes);
+}
+
+Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
+                            uint64_t shard_size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set(store_dirs));
+  memory::Store& store = stores.front();
+  const std::string& store_dir = store_dirs.front();
   STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), store_dir));
   ModelLayout layout(model);
   // The tensors in the layout's order, which is the order they are read from the store.
@@ -1012,7 +1177,7 @@ Status export_store_weights(const std::string& store_dir, const std::string& out
   std::vector<float> master(layout.largest_unit_elements());
   std::vector<float> staging;
   for (const Unit& unit : layout.units()) {
-    STRATA_RETURN_IF_ERROR(read_master(store, unit, chunk_elements, master.data(), staging));
+    STRATA_RETURN_IF_ERROR(read_master(stores, unit, chunk_elements, master.data(), staging));
     for (const UnitTensor& tensor : unit.tensors) {
       const float* values = master.data() + tensor.offset_elements;
       if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->write_next(values, tensor.element_count * 4));

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +53,7 @@ struct TrainOptions {
   uint64_t export_shard_size_bytes = 5'000'000'000;  // an HF folder's shard limit (engine/hf/hf.h)
   bool json = false;           // print the summary as one JSON object on stdout
   bool progress = true;        // one progress line per step on stderr
+  bool use_mpi = false;        // comm::launched_by_mpirun(): one rank of a ZeRO job (docs/parallel.md)
   // Live metrics (engine/monitor/): when set, the run publishes its facts before the first
   // step and one sample at the end of each step. Must outlive the call to train().
   monitor::RunMetrics* monitor = nullptr;
@@ -80,6 +82,14 @@ struct TrainSummary {
   double predicted_io_seconds = 0.0;       // the I/O floor at the tuned bandwidths
   double median_step_seconds = 0.0;
   double compute_seconds = 0.0;            // time in the kernels, summed over the steps run
+  // ZeRO (docs/parallel.md): this rank, the job's ranks, what this rank moved between ranks
+  // over the steps run and the time it waited in collectives, against ZeRO's formula per step.
+  int rank = 0;
+  int ranks = 1;
+  uint64_t comm_sent_bytes = 0;
+  uint64_t comm_received_bytes = 0;
+  double comm_seconds = 0.0;
+  uint64_t comm_formula_bytes_per_step = 0;
 };
 
 // The summary as the JSON object `--json` prints and `--metrics` embeds.
@@ -94,6 +104,9 @@ nlohmann::ordered_json summary_json(const TrainSummary& summary);
 // `.safetensors` is one file; any other path a new Hugging Face folder (config.json and
 // model.safetensors, or shards of at most `shard_size_bytes` and their index; engine/hf/hf.h).
 [[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path,
+                                          uint64_t shard_size_bytes = 5'000'000'000);
+// The same from the stores of every rank of a ZeRO job (each optimizer chunk is in one of them).
+[[nodiscard]] Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
                                           uint64_t shard_size_bytes = 5'000'000'000);
 
 // Shared with generation (engine/generate.cpp): the store folder a config names, the options

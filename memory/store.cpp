@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <numeric>
 #include <unordered_map>
 #include <utility>
@@ -166,6 +168,15 @@ struct Store::Impl {
     bool done = false;
     Status status;                           // the first error
   };
+
+  // A commit between prepare_commit and finish_commit: the version the renamed manifest names.
+  struct PreparedCommit {
+    std::map<std::string, TensorRecord, std::less<>> next;
+    std::vector<Extent> to_free;
+    uint64_t step = 0;
+    std::map<std::string, std::string> metadata;
+  };
+  std::optional<PreparedCommit> prepared;
 
   fs::path dir;
   std::string dir_text;  // dir as a string, for dir()
@@ -860,6 +871,11 @@ Status Store::remove_tensor(std::string_view name) {
 }
 
 Status Store::commit(uint64_t step, const std::map<std::string, std::string>& metadata) {
+  STRATA_RETURN_IF_ERROR(prepare_commit(step, metadata));
+  return finish_commit();
+}
+
+Status Store::prepare_commit(uint64_t step, const std::map<std::string, std::string>& metadata) {
   Impl& s = *impl_;
   assert(!s.options.read_only);
   // Every staged write must be complete before the data is synced; a write that fails here
@@ -890,17 +906,51 @@ Status Store::commit(uint64_t step, const std::map<std::string, std::string>& me
       next.emplace(name, std::move(record));
     }
   }
-  // If publishing fails, nothing is freed and nothing changes in memory: both versions stay
-  // allocated and a retried commit starts over.
-  STRATA_RETURN_IF_ERROR(s.publish_manifest(s.manifest_json(s.generation + 1, step, metadata, next)));
+  // Until finish_commit has renamed it into place, nothing is freed and nothing changes in
+  // memory: both versions stay allocated and a retried commit starts over.
+  const fs::path temp = s.dir / kManifestTempName;
+  STRATA_RETURN_IF_ERROR(write_file_durably(temp, s.manifest_json(s.generation + 1, step, metadata, next).dump(1) + "\n"));
+  s.prepared = Impl::PreparedCommit{std::move(next), std::move(to_free), step, metadata};
+  return Status();
+}
 
-  s.free_extents(to_free);
-  s.committed = std::move(next);
+Status Store::finish_commit() {
+  Impl& s = *impl_;
+  assert(s.prepared.has_value());
+  const fs::path temp = s.dir / kManifestTempName;
+  if (::rename(temp.c_str(), s.manifest_path().c_str()) != 0) return make_errno_error(errno, "rename", s.manifest_path().string());
+  STRATA_RETURN_IF_ERROR(fsync_dir(s.dir));
+  Impl::PreparedCommit prepared = std::move(*s.prepared);
+  s.prepared.reset();
+  s.free_extents(prepared.to_free);
+  s.committed = std::move(prepared.next);
   s.staged.clear();
   s.generation += 1;
-  s.step = step;
-  s.metadata = metadata;
+  s.step = prepared.step;
+  s.metadata = std::move(prepared.metadata);
   return Status();
+}
+
+Result<std::optional<uint64_t>> Store::prepared_commit_step(const std::string& dir) {
+  const fs::path temp = fs::path(dir) / kManifestTempName;
+  std::error_code error;
+  if (!fs::exists(temp, error)) return std::optional<uint64_t>();
+  std::ifstream in(temp);
+  std::stringstream text;
+  text << in.rdbuf();
+  // A prepared manifest was fsynced whole before any rank went on (prepare_commit); one that
+  // does not parse was being written when the process died: it was never prepared.
+  json manifest = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() || !manifest.contains("step") || !manifest["step"].is_number_unsigned())
+    return std::optional<uint64_t>();
+  return std::optional<uint64_t>(manifest["step"].get<uint64_t>());
+}
+
+Status Store::roll_forward_prepared_commit(const std::string& dir) {
+  const fs::path temp = fs::path(dir) / kManifestTempName;
+  const fs::path manifest = fs::path(dir) / kStoreManifestName;
+  if (::rename(temp.c_str(), manifest.c_str()) != 0) return make_errno_error(errno, "rename", manifest.string());
+  return fsync_dir(fs::path(dir));
 }
 
 Result<VerifyReport> Store::verify() {

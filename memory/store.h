@@ -182,6 +182,15 @@ class Store {
   // Makes every staged write and removal durable as one new version (see the contract).
   // On error nothing new is committed and the previous version stays the one on disk.
   [[nodiscard]] Status commit(uint64_t step, const std::map<std::string, std::string>& metadata);
+  // commit() in two phases, for a job whose stores commit together (engine/zero.h): prepare
+  // does everything up to a fsynced `manifest.json.tmp` (readers still see the old version);
+  // finish renames it into place and frees the replaced extents. Nothing else may run between.
+  [[nodiscard]] Status prepare_commit(uint64_t step, const std::map<std::string, std::string>& metadata);
+  [[nodiscard]] Status finish_commit();
+  // Before open (which discards it): the step of a prepared, unfinished commit in `dir`, if any;
+  // and finishing it — what a job does when another of its stores already finished that step.
+  [[nodiscard]] static Result<std::optional<uint64_t>> prepared_commit_step(const std::string& dir);
+  [[nodiscard]] static Status roll_forward_prepared_commit(const std::string& dir);
 
   // Reads every committed extent and checks its checksum (uses its own aligned buffer).
   [[nodiscard]] Result<VerifyReport> verify();

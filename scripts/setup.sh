@@ -12,6 +12,7 @@ packages=(
   prometheus chromium chromium-driver python3-selenium
   clang libfuzzer-14-dev
   libpcre2-dev libsentencepiece-dev python3-sentencepiece nodejs
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

@@ -9,6 +9,7 @@
 #include "engine/step_model.h"
 #include "engine/train_config.h"
 #include "engine/train_plan.h"
+#include "engine/zero.h"
 
 namespace strata::cli {
 
@@ -16,6 +17,7 @@ void add_plan_command(CLI::App& app, CliState& state) {
   struct Options {
     std::string config_path;
     bool json = false;
+    int ranks = 1;  // ZeRO (docs/parallel.md)
   };
   auto options = std::make_shared<Options>();
   CLI::App* plan = app.add_subcommand(
@@ -25,9 +27,19 @@ void add_plan_command(CLI::App& app, CliState& state) {
       "here (each kernel timed alone at the config's shape). Writes nothing.");
   plan->add_option("config", options->config_path, "the YAML config `strata train` would run")->required();
   plan->add_flag("--json", options->json, "print the plan as one JSON object on stdout");
+  plan->add_option("--ranks", options->ranks,
+                   "ZeRO over N ranks (mpirun -np N): each rank's optimizer share and the bytes it sends and "
+                   "receives per step by ZeRO's formula")
+      ->check(CLI::Range(1, 4096));
   plan->callback([options, &state] {
     Result<TrainConfig> config = load_train_config(options->config_path);
     if (failed(config, state)) return;
+    if (config->batch_size % static_cast<uint32_t>(options->ranks) != 0) {
+      state.exit_code = report_error(make_error(
+          ErrorKind::invalid_argument, fmt::format("{}: key 'batch_size': {} is the global batch and must be divisible "
+                                                   "by --ranks {}", config->source_path, config->batch_size, options->ranks)));
+      return;
+    }
     ModelLayout layout(config->model);
     TrainPlan run = build_train_plan(*config, layout);
     if (failed(check_budgets(*config, layout, run), state)) return;
@@ -46,10 +58,14 @@ void add_plan_command(CLI::App& app, CliState& state) {
     Result<ComputeRates> rates = measure_compute(*config, layout, **device, **backend);
     if (failed(rates, state)) return;
     const StepPrediction prediction = predict_step(*config, layout, run, *rates);
-    if (options->json)
-      fmt::print("{}\n", plan_json(*config, layout, run, *rates, prediction).dump());
-    else
+    if (options->json) {
+      auto json = plan_json(*config, layout, run, *rates, prediction);
+      if (options->ranks > 1) json["zero"] = zero_plan_json(*config, layout, options->ranks);
+      fmt::print("{}\n", json.dump());
+    } else {
       fmt::print("{}", format_plan(*config, layout, run, *rates, prediction));
+      if (options->ranks > 1) fmt::print("{}", format_zero_plan(*config, layout, options->ranks));
+    }
   });
 }
 

@@ -388,27 +388,30 @@ void add_store_command(CLI::App& app, CliState& state) {
   verify->add_flag("--json", *verify_json, "print exactly one JSON object on stdout");
   verify->callback([verify_dir, verify_json, &state] { state.exit_code = run_verify(*verify_dir, *verify_json); });
 
-  auto export_dir = std::make_shared<std::string>();
-  auto export_file = std::make_shared<std::string>();
+  auto export_args = std::make_shared<std::vector<std::string>>();
   auto export_shard_size = std::make_shared<std::string>("5000000000");
   CLI::App* export_command = store->add_subcommand(
       "export", "write the committed fp32 weights of a `strata train` store with Hugging Face names: one "
                 ".safetensors file, or a Hugging Face folder (config.json + safetensors, sharded above --shard-size)");
-  export_command->add_option("DIR", *export_dir, "store directory (<first NVMe path>/store)")->required();
-  export_command->add_option("PATH", *export_file,
+  // DIR… PATH: a ZeRO job's stores (docs/parallel.md) are given together, each chunk read from
+  // the store that holds it.
+  export_command->add_option("DIR... PATH", *export_args,
+                             "store directory (<first NVMe path>/store) — every rank's, for a ZeRO job — then "
                              "FILE.safetensors, or a new folder to write as a Hugging Face model folder")
-      ->required();
+      ->required()
+      ->expected(2, 4097);
   export_command->add_option("--shard-size", *export_shard_size,
                              "a folder's largest shard (bytes or binary units; save_pretrained's 5 GB by default)")
       ->capture_default_str();
-  export_command->callback([export_dir, export_file, export_shard_size, &state] {
+  export_command->callback([export_args, export_shard_size, &state] {
     Result<uint64_t> shard_size = parse_size(*export_shard_size);
     if (!shard_size.ok()) {
       state.exit_code = report_error(make_error(ErrorKind::invalid_argument,
                                                 "--shard-size: " + shard_size.error().message));
       return;
     }
-    Status status = export_store_weights(*export_dir, *export_file, *shard_size);
+    std::vector<std::string> dirs(export_args->begin(), export_args->end() - 1);
+    Status status = export_store_weights(dirs, export_args->back(), *shard_size);
     if (!status.ok()) state.exit_code = report_error(status.error());
   });
 

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/comm.h"
 #include "common/size.h"
 #include "engine/cli/commands.h"
 #include "engine/monitor/monitor.h"
@@ -76,10 +77,12 @@ void add_train_command(CLI::App& app, CliState& state) {
       spdlog::info("serving metrics at {}metrics and the dashboard at {}", server->url(), server->url());
       options->train.monitor = &metrics;
     }
+    options->train.use_mpi = comm::launched_by_mpirun();  // a rank of `mpirun -np N` (docs/parallel.md)
     Result<TrainSummary> summary = strata::train(*config, options->train);
     metrics.finish(summary.status());
     if (failed(summary, state)) return;
     const TrainSummary& s = *summary;
+    if (s.rank != 0) return;  // rank 0 speaks for a ZeRO job
     if (options->train.json) {
       nlohmann::ordered_json json = summary_json(s);
       fmt::print("{}\n", json.dump());
@@ -94,6 +97,14 @@ void add_train_command(CLI::App& app, CliState& state) {
         fmt::print(stderr, "step time: predicted {:.2f} s, measured {:.2f} s (median of {}; measured/predicted {:.2f})\n",
                    s.predicted_step_seconds, s.median_step_seconds, s.last_step - s.first_step,
                    s.median_step_seconds / s.predicted_step_seconds);
+      if (s.ranks > 1) {
+        const auto steps = static_cast<double>(s.last_step - s.first_step);
+        fmt::print(stderr, "ZeRO over {} ranks (rank 0): sent {} received {} per step (ZeRO's formula {}), {:.3f} s "
+                           "per step in collectives\n",
+                   s.ranks, format_size(static_cast<uint64_t>(static_cast<double>(s.comm_sent_bytes) / steps)),
+                   format_size(static_cast<uint64_t>(static_cast<double>(s.comm_received_bytes) / steps)),
+                   format_size(s.comm_formula_bytes_per_step), s.comm_seconds / steps);
+      }
     }
     if (config->sample_tokens > 0 && !options->train.json) print_sample(*config, state);
   });

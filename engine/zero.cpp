@@ -1,0 +1,210 @@
+#include "engine/zero.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "common/size.h"
+#include "kernels/optim/adamw.h"
+#include "memory/store.h"
+
+namespace strata {
+
+ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, int ranks) {
+  uint64_t total = 0;
+  for (const Unit& unit : layout.units()) total += unit.element_count;
+  ChunkOwners owners;
+  uint64_t before = 0;  // elements of the chunks before this one, in model order
+  for (const Unit& unit : layout.units()) {
+    std::vector<int>& unit_owners = owners.emplace_back();
+    for (const ElementRange& chunk : optim_chunks(unit, chunk_elements)) {
+      // The rank whose 1/N of the flat element space holds the chunk's middle element.
+      const uint64_t middle = before + chunk.element_count / 2;
+      unit_owners.push_back(static_cast<int>(std::min<uint64_t>(middle * static_cast<uint64_t>(ranks) / total,
+                                                                static_cast<uint64_t>(ranks - 1))));
+      before += chunk.element_count;
+    }
+  }
+  return owners;
+}
+
+std::string expand_rank(const std::string& path, int rank) {
+  std::string out = path;
+  const std::string token = "{rank}";
+  for (size_t at = out.find(token); at != std::string::npos; at = out.find(token, at))
+    out.replace(at, token.size(), std::to_string(rank));
+  return out;
+}
+
+Result<TrainConfig> config_for_rank(const TrainConfig& config, int rank, int ranks) {
+  TrainConfig out = config;
+  if (config.batch_size % static_cast<uint32_t>(ranks) != 0)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'batch_size': {} is the global batch and must be divisible by the {} ranks "
+                                  "of this job",
+                                  config.source_path, config.batch_size, ranks));
+  bool templated = false;
+  for (const std::string& path : config.nvme_paths) templated = templated || path.find("{rank}") != std::string::npos;
+  if (ranks > 1 && !templated)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'nvme.paths': {} ranks would share one store; put {{rank}} in each path "
+                                  "(e.g. /nvme/run/rank{{rank}}) so every rank has its own",
+                                  config.source_path, ranks));
+  out.batch_size = config.batch_size / static_cast<uint32_t>(ranks);
+  for (std::string& path : out.nvme_paths) {
+    const bool per_rank = path.find("{rank}") != std::string::npos;
+    path = expand_rank(path, rank);
+    if (per_rank) {
+      std::error_code error;
+      std::filesystem::create_directories(path, error);
+      if (error)
+        return make_error(ErrorKind::invalid_argument,
+                          fmt::format("{}: key 'nvme.paths': cannot create rank {}'s folder {}: {}", config.source_path,
+                                      rank, path, error.message()));
+    }
+  }
+  return out;
+}
+
+Status reconcile_global_commit(comm::Communicator& comm, const std::string& store_dir) {
+  int64_t mine[2] = {-1, -1};  // committed step, prepared step (-1: none)
+  std::error_code error;
+  if (std::filesystem::exists(std::filesystem::path(store_dir) / memory::kStoreManifestName, error)) {
+    memory::StoreOptions options;
+    options.read_only = true;
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(store_dir, options));
+    if (store.committed_metadata().count("format") != 0) mine[0] = static_cast<int64_t>(store.committed_step());
+  }
+  STRATA_ASSIGN_OR_RETURN(std::optional<uint64_t> prepared, memory::Store::prepared_commit_step(store_dir));
+  if (prepared) mine[1] = static_cast<int64_t>(*prepared);
+  std::vector<int64_t> all(2 * static_cast<size_t>(comm.size()));
+  STRATA_RETURN_IF_ERROR(comm.allgather(mine, all.data(), sizeof mine));
+  int64_t newest = -1;
+  int newest_rank = 0;
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[2 * r] > newest) newest = all[2 * r], newest_rank = r;
+  if (mine[0] == newest) return Status();
+  if (mine[1] == newest)
+    return memory::Store::roll_forward_prepared_commit(store_dir);  // the others finished it
+  return make_error(ErrorKind::corrupt,
+                    fmt::format("store {} (rank {}) is at step {} but rank {}'s store committed step {}, which this "
+                                "one never prepared: these stores are not one job's (or one was replaced)",
+                                store_dir, comm.rank(), mine[0], newest_rank, newest));
+}
+
+ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks) {
+  ZeroTraffic traffic;
+  if (ranks <= 1) return traffic;
+  const auto n = static_cast<uint64_t>(ranks);
+  const uint64_t reduced = parameter_count * 4 * (n - 1) / n;
+  traffic.gradient_bytes = stage >= 2 ? reduced : 2 * reduced;
+  traffic.parameter_bytes = parameter_count * dtype_size_bytes(precision) * (n - 1) / n;
+  return traffic;
+}
+
+nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayout& layout, int ranks) {
+  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
+  std::vector<uint64_t> chunks(static_cast<size_t>(ranks)), optimizer_bytes(static_cast<size_t>(ranks));
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements);
+    for (size_t c = 0; c < ranges.size(); ++c) {
+      chunks[static_cast<size_t>(owners[u][c])] += 1;
+      optimizer_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * 12;
+    }
+  }
+  const uint32_t stage = std::max<uint32_t>(config.parallel.zero_stage, 1);
+  const ZeroTraffic traffic = zero_formula_bytes(layout.parameter_count(), config.precision, stage, ranks);
+  nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
+  for (int r = 0; r < ranks; ++r)
+    per_rank.push_back({{"rank", r}, {"optimizer_chunks", chunks[static_cast<size_t>(r)]},
+                        {"optimizer_bytes", optimizer_bytes[static_cast<size_t>(r)]}});
+  return {{"ranks", ranks},
+          {"zero_stage", stage},
+          {"batch_per_rank", config.batch_size / static_cast<uint32_t>(ranks)},
+          {"gradient_bytes_per_step", traffic.gradient_bytes},
+          {"parameter_bytes_per_step", traffic.parameter_bytes},
+          {"sent_bytes_per_step", traffic.total()},
+          {"received_bytes_per_step", traffic.total()},
+          {"per_rank", std::move(per_rank)}};
+}
+
+std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layout, int ranks) {
+  const nlohmann::ordered_json j = zero_plan_json(config, layout, ranks);
+  std::string out = fmt::format(
+      "\nZeRO stage {} on {} ranks ({} rows of the global batch each): per rank and step, gradients {} and "
+      "parameters {} — {} sent and as much received (ZeRO's formula: stage 1 all-reduces 2·(N−1)/N·4Ψ, stage 2 "
+      "reduce-scatters (N−1)/N·4Ψ; both gather (N−1)/N·pΨ of new parameters)\n",
+      j["zero_stage"].get<uint32_t>(), ranks, j["batch_per_rank"].get<uint32_t>(),
+      format_size(j["gradient_bytes_per_step"].get<uint64_t>()), format_size(j["parameter_bytes_per_step"].get<uint64_t>()),
+      format_size(j["sent_bytes_per_step"].get<uint64_t>()));
+  for (const auto& rank : j["per_rank"])
+    out += fmt::format("  rank {}: {} optimizer chunks, {} of optimizer state\n", rank["rank"].get<int>(),
+                       rank["optimizer_chunks"].get<uint64_t>(), format_size(rank["optimizer_bytes"].get<uint64_t>()));
+  return out;
+}
+
+ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config,
+                   uint32_t global_batch)
+    : comm_(comm), stage_(std::max<uint32_t>(config.parallel.zero_stage, 1)),
+      param_bytes_(dtype_size_bytes(config.precision)), global_batch_(global_batch),
+      chunk_elements_(config.optimizer.chunk_elements),
+      owners_(optimizer_chunk_owners(layout, config.optimizer.chunk_elements, comm.size())) {
+  for (const Unit& unit : layout.units()) {
+    chunks_.push_back(optim_chunks(unit, chunk_elements_));
+    unit_elements_.push_back(unit.element_count);
+  }
+}
+
+Status ZeroStep::reduce_gradients(size_t unit, float* grads) {
+  const std::vector<ElementRange>& chunks = chunks_[unit];
+  const float inverse = 1.0f / static_cast<float>(comm_.size());
+  auto scale_and_square = [&](const ElementRange& range) {
+    double sum = 0.0;
+    for (uint64_t i = range.begin_elements; i < range.begin_elements + range.element_count; ++i) {
+      grads[i] *= inverse;
+      sum += static_cast<double>(grads[i]) * grads[i];
+    }
+    return sum;
+  };
+  if (stage_ == 1) {
+    const uint64_t count = unit_elements_[unit];
+    STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<float>(grads, count)));
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (owns(unit, c)) sum_squares_ += scale_and_square(chunks[c]);
+      else
+        for (uint64_t i = chunks[c].begin_elements; i < chunks[c].begin_elements + chunks[c].element_count; ++i)
+          grads[i] *= inverse;
+    }
+    return Status();
+  }
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    STRATA_RETURN_IF_ERROR(comm_.reduce_sum(grads + chunks[c].begin_elements, chunks[c].element_count, owner(unit, c)));
+    if (owns(unit, c)) sum_squares_ += scale_and_square(chunks[c]);
+  }
+  return Status();
+}
+
+Result<float> ZeroStep::clip_scale(double max_norm) {
+  if (!clip_scale_known_) {
+    double total = sum_squares_;
+    STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
+    clip_scale_ = kernels::clip_coefficient(std::sqrt(total), max_norm);
+    clip_scale_known_ = true;
+  }
+  return clip_scale_;
+}
+
+Status ZeroStep::share_params(size_t unit, size_t chunk, void* unit_params) {
+  const ElementRange& range = chunks_[unit][chunk];
+  return comm_.broadcast(static_cast<std::byte*>(unit_params) + range.begin_elements * param_bytes_,
+                         range.element_count * param_bytes_, owner(unit, chunk));
+}
+
+Result<double> ZeroStep::mean_loss(double local_loss) {
+  double total = local_loss;
+  STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
+  return total / comm_.size();
+}
+
+}  // namespace strata

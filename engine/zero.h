@@ -1,0 +1,116 @@
+// strata/engine/zero.h — ZeRO data parallelism for `strata train` (issue 15): how the training
+// state is split over the ranks of a job, and the collectives of one step.
+//
+// Partition. Whole optimizer chunks (optimizer.chunk_elements; one chunk per unit for small
+// units) are owned by ranks: the flat list of every unit's chunks, in model order, is cut into
+// N contiguous runs of near-equal elements (ZeRO's flat partition, at chunk granularity). Whole
+// chunks rather than exact 1/N element ranges because a chunk is already the store's tensor,
+// the I/O unit and the AdamW call: each rank's store holds whole tensors of its own, a resume on
+// another N moves whole tensors between stores instead of cutting bytes, and nothing below the
+// trainer learns about ranks. The price is balance at chunk granularity: lower chunk_elements
+// to balance a small model over many ranks.
+//
+// Stages (parallel.zero_stage; N = 1 runs exactly the single-rank trainer, any stage):
+//   1  optimizer state partitioned: each rank's plan and store hold only the chunks it owns; the
+//      gradients are all-reduced (every rank keeps the averaged whole gradient); each owner
+//      updates its chunks and broadcasts the new compute copy of their range to every rank.
+//   2  + gradients reduced to their owner only (rank-ordered reduce per chunk = a reduce-scatter
+//      over the owners): a rank never receives the gradient of a chunk it does not update.
+//   3  + parameters partitioned: refused by the config reader in this build (docs/parallel.md).
+// The global batch (`batch_size`) is split into N equal row blocks, rank r taking rows
+// [r·B/N, (r+1)·B/N) of the batch the single-rank run would read; losses and gradients are
+// averaged (sum in rank order, times 1/N). The gradient norm for clipping is the rank-ordered
+// allreduce of each owner's sum of squares over its chunks. Every rank thus holds the same bits.
+//
+// Threads: the Run's thread only (comm/ is MPI_THREAD_SERIALIZED). The CPU device's stream is
+// synchronized before a collective reads or writes a step buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/comm.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "engine/model_layout.h"
+#include "engine/train_config.h"
+
+namespace strata {
+
+// owner[unit][chunk]: the rank that keeps and updates that optimizer chunk.
+using ChunkOwners = std::vector<std::vector<int>>;
+ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, int ranks);
+
+// `path` with every "{rank}" replaced by the rank's number.
+std::string expand_rank(const std::string& path, int rank);
+
+// The config one rank trains with: `{rank}` expanded in nvme.paths (each folder created), the
+// batch its share of the global batch. Refuses, in one line naming the key: a batch that N does
+// not divide; N > 1 ranks whose nvme.paths have no `{rank}` (their stores would collide).
+[[nodiscard]] Result<TrainConfig> config_for_rank(const TrainConfig& config, int rank, int ranks);
+
+// Bytes one rank sends (= receives, symmetric) per step by ZeRO's accounting for `stage` on N
+// ranks, Ψ elements, p bytes per compute-copy element: stage 1 and 2 move the gradients once
+// reduced ((N−1)/N·4Ψ; stage 1 also sends them back, as an allreduce) and the new compute copy
+// once gathered ((N−1)/N·pΨ). 0 for one rank.
+struct ZeroTraffic {
+  uint64_t gradient_bytes = 0;
+  uint64_t parameter_bytes = 0;
+  uint64_t total() const { return gradient_bytes + parameter_bytes; }
+};
+ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks);
+
+// The global commit (docs/parallel.md): each rank prepares its store's commit (data and the
+// new manifest fsynced), all meet at a barrier, then each renames its manifest into place. So
+// when any store holds step S every store has at least prepared S. Before a rank opens its store
+// this finds the newest step any rank committed and rolls this store forward to it when it only
+// prepared it; a store that has neither is an error naming it (not a silent divergence).
+[[nodiscard]] Status reconcile_global_commit(comm::Communicator& comm, const std::string& store_dir);
+
+// What `strata plan CONFIG --ranks N` adds: each rank's optimizer chunks and bytes, and the
+// bytes each rank moves per step by ZeRO's formula — as text, and as the plan JSON's "zero".
+std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layout, int ranks);
+nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayout& layout, int ranks);
+
+// The collectives of one training step on one rank (see the top of this file).
+class ZeroStep {
+ public:
+  ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config, uint32_t global_batch);
+
+  int rank() const { return comm_.rank(); }
+  int ranks() const { return comm_.size(); }
+  bool active() const { return comm_.size() > 1; }
+  bool owns(size_t unit, size_t chunk) const { return owners_[unit][chunk] == comm_.rank(); }
+  int owner(size_t unit, size_t chunk) const { return owners_[unit][chunk]; }
+  uint32_t global_batch() const { return global_batch_; }
+  comm::Communicator& comm() { return comm_; }
+  const ChunkOwners& owners() const { return owners_; }
+
+  void begin_step() { sum_squares_ = 0.0, clip_scale_known_ = false; }
+  // The unit's whole gradient (host memory, the unit's elements), local mean → global mean:
+  // stage 1 everywhere, stage 2 at each chunk's owner. Adds the owned chunks' sums of squares.
+  [[nodiscard]] Status reduce_gradients(size_t unit, float* grads);
+  // torch's clip factor from the global norm: one allreduce, on the step's first update.
+  [[nodiscard]] Result<float> clip_scale(double max_norm);
+  // The chunk's new compute copy, from its owner to every rank (unit_params: the unit's P).
+  [[nodiscard]] Status share_params(size_t unit, size_t chunk, void* unit_params);
+  [[nodiscard]] Result<double> mean_loss(double local_loss);
+
+ private:
+  comm::Communicator& comm_;
+  std::vector<uint64_t> unit_elements_;
+  uint32_t stage_;
+  uint32_t param_bytes_;
+  uint32_t global_batch_;
+  uint64_t chunk_elements_;
+  ChunkOwners owners_;
+  std::vector<std::vector<ElementRange>> chunks_;  // [unit][chunk]
+  double sum_squares_ = 0.0;
+  float clip_scale_ = 1.0f;
+  bool clip_scale_known_ = false;
+};
+
+}  // namespace strata
