@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -114,6 +115,41 @@ TEST(StoreCrash, SigkillAtRandomPointsAlwaysLeavesTheLastCommit) {
     Result<Store> made = Store::create(dir, {}, 64 << 20, test_store_options());
     ASSERT_TRUE(made.ok()) << made.error().to_string();
   }
+  // The kill window must reach past the first commit, however slow this build is (a sanitized
+  // one opens and commits several times slower): time one child's first commit on a store of
+  // its own, and kill anywhere up to three times that (at least 120 ms).
+  uint64_t window_us = 120000;
+  {
+    const std::string probe_dir = temp.file("probe");
+    {
+      Result<Store> made = Store::create(probe_dir, {}, 64 << 20, test_store_options());
+      ASSERT_TRUE(made.ok()) << made.error().to_string();
+    }
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const auto start = std::chrono::steady_clock::now();
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      child_main(probe_dir, fds[1]);
+    }
+    ::close(fds[1]);
+    Message message{};
+    while (::read(fds[0], &message, sizeof message) == static_cast<ssize_t>(sizeof message) && message.kind == 'A') {
+    }
+    const auto first_commit_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+    ::kill(pid, SIGKILL);
+    int wait_status = 0;
+    ::waitpid(pid, &wait_status, 0);
+    ::close(fds[0]);
+    ASSERT_EQ(message.kind, 'C') << "the probe child did not commit";
+    window_us = std::max<uint64_t>(window_us, 3 * static_cast<uint64_t>(first_commit_us));
+  }
+  std::printf("first commit in this build: kills land within %llu us of the child's start\n",
+              static_cast<unsigned long long>(window_us));
+
   std::mt19937_64 rng(0x5747a7a);
   uint64_t known_committed = 0;
   int kills_during_commit = 0;   // an 'A' without its 'C'
@@ -131,7 +167,7 @@ TEST(StoreCrash, SigkillAtRandomPointsAlwaysLeavesTheLastCommit) {
     }
     ::close(fds[1]);
     // Kill anywhere from "still opening the store" to "several commits in".
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 120000));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % window_us));
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     int wait_status = 0;
     ASSERT_EQ(::waitpid(pid, &wait_status, 0), pid);
