@@ -56,26 +56,6 @@ std::string store_dir_of(const TrainConfig& config, int rank = 0) {
   return (std::filesystem::path(expand_rank(config.nvme_paths.front(), rank)) / kStoreSubdir).string();
 }
 
-// The stores a (possibly multi-rank) run left: rank 0's, and as many more as its committed
-// metadata `parallel.ranks` says, through the `{rank}` template of the config's first path.
-std::vector<std::string> rank_store_dirs(const TrainConfig& config) {
-  std::vector<std::string> dirs = {store_dir_of(config)};
-  memory::StoreOptions options;
-  options.read_only = true;
-  Result<memory::Store> first = memory::Store::open(dirs.front(), options);
-  if (!first.ok()) return dirs;
-  // Untrusted: parsed whole and bounded (a bad value reads as one rank; opening the set checks
-  // the steps agree).
-  uint64_t count = 1;
-  if (first->committed_metadata().count("parallel.ranks") != 0) {
-    Result<uint64_t> ranks = models::metadata_integer(first->committed_metadata(), "parallel.ranks", 1, 4096,
-                                                      dirs.front());
-    if (ranks.ok()) count = *ranks;
-  }
-  for (uint64_t r = 1; r < count; ++r) dirs.push_back(store_dir_of(config, static_cast<int>(r)));
-  return dirs;
-}
-
 // Opens every store of a run read-only; they must all be at the same committed step (a ZeRO
 // commit is global: docs/parallel.md).
 Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>& dirs) {
