@@ -215,7 +215,8 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     std::error_code directory_error;
     // A per-rank path (`{rank}`, engine/zero.h) is created by each rank; what holds it must exist.
     if (const size_t rank_at = nvme_path.find("{rank}"); rank_at != std::string::npos) {
-      const std::filesystem::path parent = std::filesystem::path(nvme_path.substr(0, rank_at)).parent_path();
+      std::filesystem::path parent = std::filesystem::path(nvme_path.substr(0, rank_at)).parent_path();
+      if (parent.empty()) parent = ".";  // `rank{rank}` beside a config given as a bare file name
       if (!std::filesystem::is_directory(parent, directory_error))
         return nvme.error_at("paths", fmt::format("'{}' (of '{}') is not an existing directory; create it or list "
                                                   "another", parent.string(), nvme_path));

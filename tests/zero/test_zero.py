@@ -159,6 +159,14 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         cfg = config(tmp, "resize", steps=2)
         run(2, "train", cfg)
         one_line(run(3, "train", cfg, "--resume", expect_ok=False), "ranks")
+        # A per-rank path relative to a config named by its bare file name: the folder is ".".
+        cfg = config(tmp, "relative", steps=1, nvme={"paths": ["relative-rank{rank}"]})
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        result = subprocess.run(MPIRUN + ["-np", "2", STRATA, "train", os.path.basename(cfg)], cwd=tmp,
+                                capture_output=True, text=True, timeout=600, env=env)
+        if result.returncode != 0 or not all(os.path.isdir(os.path.join(tmp, f"relative-rank{r}", "store"))
+                                             for r in (0, 1)):
+            fail(f"relative rank{{rank}} paths: exit {result.returncode}:\n{result.stderr[-2000:]}")
         print("bad launches: one line each, non-zero exit")
     elif CASE == "kill":
         steps = 30  # long enough that rank 1 is still mid-run when it is killed
