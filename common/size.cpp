@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -51,8 +52,10 @@ Result<uint64_t> parse_size(std::string_view text) {
     if (value != 0 && multiplier > UINT64_MAX / value) return fail();
     return value * multiplier;
   }
-  double value = std::stod(number) * static_cast<double>(multiplier);
-  if (value > 1.8e19 || value != std::floor(value)) return fail();
+  // strtod, not stod: a number too long for a double (hundreds of digits) is a refusal, not an
+  // out_of_range exception (fuzz/regressions/size/ holds the input that found it).
+  double value = std::strtod(number.c_str(), nullptr) * static_cast<double>(multiplier);
+  if (!std::isfinite(value) || value > 1.8e19 || value != std::floor(value)) return fail();
   return static_cast<uint64_t>(value);
 }
 
