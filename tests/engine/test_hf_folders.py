@@ -22,6 +22,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from safetensors_file import read_entries  # noqa: E402
 
 try:
     import numpy as np
@@ -96,18 +98,10 @@ def write_safetensors(path, tensors):
 
 def read_safetensors(path):
     """name → float32 array, parsed with json + numpy only."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (header_bytes,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_bytes])
-    base = 8 + header_bytes
     out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
+    for name, (entry, raw) in read_entries(path)[0].items():
         dtype = {"F32": np.float32, "BF16": np.uint16}[entry["dtype"]]
-        array = np.frombuffer(data[base + begin:base + end], dtype=dtype).reshape(entry["shape"])
+        array = np.frombuffer(raw, dtype=dtype).reshape(entry["shape"])
         out[name] = widen_bf16(array) if dtype == np.uint16 else array.copy()
     return out
 

@@ -18,6 +18,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from safetensors_file import read_entries  # noqa: E402
 
 STRATA = os.path.abspath(sys.argv[1])
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,13 +71,8 @@ def strata(*args, expect_ok=True):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (header_bytes,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_bytes])
-    base = 8 + header_bytes
-    return {name: data[base + e["data_offsets"][0]:base + e["data_offsets"][1]]
-            for name, e in header.items() if name != "__metadata__"}, header
+    entries, header = read_entries(path)
+    return {name: raw for name, (_, raw) in entries.items()}, header
 
 
 def write_safetensors(path, tensors):

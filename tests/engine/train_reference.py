@@ -20,21 +20,15 @@ except ImportError as error:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2"))
 import gpt2_reference  # noqa: E402  (the block and attention of the kernels' own reference)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from safetensors_file import read_entries  # noqa: E402
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (header_bytes,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_bytes])
-    base = 8 + header_bytes
     tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
+    for name, (entry, raw) in read_entries(path)[0].items():
         assert entry["dtype"] == "F32", name
-        begin, end = entry["data_offsets"]
-        raw = bytearray(data[base + begin:base + end])
+        raw = bytearray(raw)
         name = name[len("transformer."):] if name.startswith("transformer.") else name
         tensors[name] = torch.frombuffer(raw, dtype=torch.float32).view(entry["shape"]).clone()
     return tensors

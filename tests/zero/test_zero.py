@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from safetensors_file import read_entries  # noqa: E402
 
 STRATA = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2]
@@ -63,18 +65,7 @@ def run(ranks, *args, expect_ok=True, timeout=600):
 
 
 def weights(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (header_bytes,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_bytes])
-    base = 8 + header_bytes
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        raw = data[base + e["data_offsets"][0]:base + e["data_offsets"][1]]
-        out[name] = struct.unpack(f"<{len(raw) // 4}f", raw)
-    return out
+    return {name: struct.unpack(f"<{len(raw) // 4}f", raw) for name, (_, raw) in read_entries(path)[0].items()}
 
 
 def train(folder, name, ranks, stage=1, extra=(), steps=5):
