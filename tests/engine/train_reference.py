@@ -6,9 +6,7 @@
 # every step and writes the final weights as raw float32 files.
 #
 # Usage: train_reference.py INIT.safetensors DATA OUT_DIR n_head batch seq steps lr beta1 beta2 eps wd clip
-import json
 import os
-import struct
 import sys
 
 try:
