@@ -128,7 +128,8 @@ StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& 
     // The CPU device computes in place (scheduler: compute_in_place): one pool of host blocks,
     // host.memory plus what device.memory leaves beside the scratch; NVMe reads and writes
     // only, no host↔device copies. A written block goes to NVMe from where it lies.
-    TierReplay pool(plan, host_capacity + device_capacity, 4096);
+    const uint64_t pool_bytes = run_budgets(config, layout).pool_bytes;
+    TierReplay pool(plan, pool_bytes > host_homed_bytes ? pool_bytes - host_homed_bytes : 0, 4096);
     for (uint64_t now = 0; now < 2 * n; ++now) {
       const bool counted = now >= n;
       const sch::PlanStep& step = plan.steps()[now % n];
@@ -443,18 +444,23 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   uint64_t host_homed = 0, nvme_homed = 0;
   for (const sch::PlanTensor& tensor : run.plan.tensors())
     (tensor.home == sch::Home::host ? host_homed : nvme_homed) += tensor.size_bytes;
-  append_line(out, "  device  {:>10} budget: {} kernel workspace and scratch{}, the rest streamed step by step",
-       format_size(config.device_memory_bytes), format_size(scratch.total()),
-       config.placement.grads == Tier::device ? " (incl. gradients)" : "");
-  append_line(out, "  host    {:>10} budget: {} homed there, the rest stages NVMe traffic", format_size(config.host_memory_bytes),
-       format_size(host_homed));
+  const RunBudgets budgets = run_budgets(config, layout);
+  const char* grads_note = config.placement.grads == Tier::device ? " (incl. gradients)" : "";
+  if (budgets.one_pool) {
+    append_line(out, "  device + host {} + {}: one pool on the CPU device (device memory is host memory), computed on in place",
+                format_size(config.device_memory_bytes), format_size(config.host_memory_bytes));
+    append_line(out, "                {:>10} kernel workspace and scratch{}", format_size(budgets.device_region_bytes),
+                grads_note);
+    append_line(out, "                {:>10} for the scheduler: {} homed there, the rest stages NVMe traffic",
+                format_size(budgets.pool_bytes), format_size(host_homed));
+  } else {
+    append_line(out, "  device  {:>10} budget: {} kernel workspace and scratch{}, the rest streamed step by step",
+                format_size(config.device_memory_bytes), format_size(scratch.total()), grads_note);
+    append_line(out, "  host    {:>10} budget: {} homed there, the rest stages NVMe traffic",
+                format_size(config.host_memory_bytes), format_size(host_homed));
+  }
   append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions: {})", format_size(nvme_homed),
        format_size(2 * nvme_homed));
-  if (config.device_kind == "cpu")
-    append_line(out, "  (CPU device: device memory is host memory — device.memory beyond the scratch and host.memory are "
-                     "one pool of {}, computed on in place, no host↔device copies)",
-                format_size(config.host_memory_bytes + config.device_memory_bytes -
-                            std::min(config.device_memory_bytes, scratch.total())));
   append_line(out, "");
   append_line(out, "bytes moved per step (a replay of the plan against the budgets):");
   append_line(out, "  nvme → host    {:>10}", format_size(p.traffic.nvme_read_bytes));

@@ -175,8 +175,66 @@ uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayo
   return 2 * slot;
 }
 
+RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout) {
+  RunBudgets budgets;
+  budgets.scratch_bytes = device_scratch(config, layout).total();
+  budgets.one_pool = config.device_kind == "cpu";
+  if (!budgets.one_pool) {
+    budgets.device_region_bytes = config.device_memory_bytes;
+    budgets.pool_bytes = config.host_memory_bytes;
+    budgets.timing_device_bytes = config.device_memory_bytes;
+    return budgets;
+  }
+  budgets.device_region_bytes = std::max<uint64_t>(budgets.scratch_bytes, device::kDeviceAlignmentBytes);
+  const uint64_t total_bytes = config.device_memory_bytes + config.host_memory_bytes;
+  budgets.pool_bytes = total_bytes - std::min(total_bytes, budgets.device_region_bytes);
+  budgets.timing_device_bytes = total_bytes;
+  return budgets;
+}
+
+namespace {
+
+// Host-homed state plus the largest step's NVMe-homed tensors, each rounded to a host block.
+struct HostNeed {
+  uint64_t homed_bytes = 0;
+  uint64_t largest_nvme_step_bytes = 0;
+  uint64_t total() const { return homed_bytes + largest_nvme_step_bytes; }
+};
+
+HostNeed host_need(const TrainPlan& run) {
+  HostNeed need;
+  for (const sch::PlanTensor& tensor : run.plan.tensors())
+    if (tensor.home == sch::Home::host) need.homed_bytes += align_up(tensor.size_bytes, 4096);
+  for (size_t step = 0; step < run.plan.step_count(); ++step) {
+    uint64_t bytes = 0;
+    for (sch::TensorId id : run.plan.step_tensors(step))
+      if (run.plan.tensors()[id].home == sch::Home::nvme) bytes += align_up(run.plan.tensors()[id].size_bytes, 4096);
+    need.largest_nvme_step_bytes = std::max(need.largest_nvme_step_bytes, bytes);
+  }
+  return need;
+}
+
+}  // namespace
+
 Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
   const DeviceScratchSizes scratch = device_scratch(config, layout);
+  const HostNeed host = host_need(run);
+  const RunBudgets budgets = run_budgets(config, layout);
+  if (budgets.one_pool) {
+    const uint64_t needed = budgets.device_region_bytes + host.total();
+    if (needed > config.device_memory_bytes + config.host_memory_bytes)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: keys 'device.memory' + 'host.memory': {} + {} (one pool on the CPU device) "
+                                    "cannot hold {} of kernel workspace{}, {} of host-homed state (activations, and "
+                                    "what placement puts on host) and {} that one step stages from NVMe; give the "
+                                    "two at least {} together",
+                                    config.source_path, format_size(config.device_memory_bytes),
+                                    format_size(config.host_memory_bytes), format_size(scratch.total()),
+                                    config.placement.grads == Tier::device ? " and device-resident gradients" : "",
+                                    format_size(host.homed_bytes), format_size(host.largest_nvme_step_bytes),
+                                    format_size(align_up(needed, kMiB))));
+    return Status();
+  }
   uint64_t largest_step_bytes = 0;
   size_t largest_step = 0;
   for (size_t step = 0; step < run.plan.step_count(); ++step) {
@@ -196,24 +254,14 @@ Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const
                                   format_size(scratch.total()),
                                   config.placement.grads == Tier::device ? " and device-resident gradients" : "",
                                   format_size(align_up(needed, kMiB))));
-  uint64_t host_homed_bytes = 0;
-  for (const sch::PlanTensor& tensor : run.plan.tensors())
-    if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
-  uint64_t largest_nvme_step_bytes = 0;
-  for (size_t step = 0; step < run.plan.step_count(); ++step) {
-    uint64_t bytes = 0;
-    for (sch::TensorId id : run.plan.step_tensors(step))
-      if (run.plan.tensors()[id].home == sch::Home::nvme) bytes += align_up(run.plan.tensors()[id].size_bytes, 4096);
-    largest_nvme_step_bytes = std::max(largest_nvme_step_bytes, bytes);
-  }
-  const uint64_t host_needed = host_homed_bytes + largest_nvme_step_bytes;
+  const uint64_t host_needed = host.total();
   if (host_needed > config.host_memory_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: key 'host.memory': {} is too small: host-homed state (activations, and what "
                                   "placement puts on host) takes {} and one step stages up to {} from NVMe; use at "
                                   "least {}",
                                   config.source_path, format_size(config.host_memory_bytes),
-                                  format_size(host_homed_bytes), format_size(largest_nvme_step_bytes),
+                                  format_size(host.homed_bytes), format_size(host.largest_nvme_step_bytes),
                                   format_size(align_up(host_needed, kMiB))));
   return Status();
 }

@@ -835,7 +835,7 @@ Status Run::open_device() {
                       fmt::format("{}: key 'device.kind': no CUDA device {}; use kind: cpu", config_.source_path,
                                   STRATA_HAVE_CUDA ? "is visible to this process (no GPU, or no driver)"
                                                    : "support in this build (nvcc was not found at setup)"));
-  STRATA_ASSIGN_OR_RETURN(device_, device::make_device(kind, config_.device_memory_bytes));
+  STRATA_ASSIGN_OR_RETURN(device_, device::make_device(kind, run_budgets(config_, layout_).timing_device_bytes));
   STRATA_ASSIGN_OR_RETURN(backend_, kernels::make_backend(*device_, shape_));
   return Status();
 }
@@ -865,21 +865,20 @@ Result<TrainSummary> Run::execute() {
     spdlog::debug("no step prediction: {}", rates.error().to_string());
   }
   const DeviceScratchSizes scratch = device_scratch(config_, layout_);
-  // On the CPU device, device memory is host memory: the device region keeps only the
-  // kernels' scratch, and the rest of device.memory joins host.memory in one pool that the
-  // scheduler stages and computes in (check_budgets has made sure one step fits it).
-  pool_bytes_ = config_.host_memory_bytes;
-  device_budget_bytes_ = config_.device_memory_bytes;
-  if (device_->kind() == device::Kind::cpu) {
-    const uint64_t scratch_bytes = std::max<uint64_t>(scratch.total(), device::kDeviceAlignmentBytes);
+  // On the CPU device, device memory is host memory: the device region keeps only the kernels'
+  // scratch, and the rest of device.memory + host.memory is one pool that the scheduler stages
+  // and computes in (run_budgets; check_budgets has made sure one step fits it).
+  const RunBudgets budgets = run_budgets(config_, layout_);
+  pool_bytes_ = budgets.pool_bytes;
+  device_budget_bytes_ = budgets.device_region_bytes;
+  if (budgets.one_pool) {
     backend_.reset();  // it holds the device it was made for
     device_.reset();
-    STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, scratch_bytes));
+    STRATA_ASSIGN_OR_RETURN(device_, device::make_device(device::Kind::cpu, budgets.device_region_bytes));
     STRATA_ASSIGN_OR_RETURN(backend_, kernels::make_backend(*device_, shape_));
-    pool_bytes_ += config_.device_memory_bytes - std::min(config_.device_memory_bytes, scratch_bytes);
-    device_budget_bytes_ = scratch_bytes;
-    spdlog::info("cpu device: computing in place; device.memory beyond {} of scratch and host.memory are one pool of {}",
-                 format_size(scratch_bytes), format_size(pool_bytes_));
+    spdlog::info("cpu device: computing in place; device.memory + host.memory are one pool: {} of kernel scratch, "
+                 "{} for the scheduler",
+                 format_size(budgets.device_region_bytes), format_size(pool_bytes_));
   }
   memory::HostArenaOptions arena_options;
   // Host-site updates stage outside the scheduler's budget (host_optimizer_staging_bytes).

@@ -48,7 +48,8 @@ void add_plan_command(CLI::App& app, CliState& state) {
     // says its compute figures are assumed from there.
     const device::Kind kind = config->device_kind == "cuda" && device::cuda_device_count() > 0 ? device::Kind::cuda
                                                                                                 : device::Kind::cpu;
-    Result<std::unique_ptr<device::Device>> device = device::make_device(kind, config->device_memory_bytes);
+    Result<std::unique_ptr<device::Device>> device =
+        device::make_device(kind, run_budgets(*config, layout).timing_device_bytes);
     if (failed(device, state)) return;
     Result<std::unique_ptr<kernels::ComputeBackend>> backend =
         kernels::make_backend(**device, kernels::gpt2::BatchShape{config->batch_size, config->model.seq_len});

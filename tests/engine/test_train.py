@@ -365,10 +365,20 @@ def case_plan(folder):
         if not plan[key] / 2 <= measured <= plan[key] * 2:
             fail(f"{key}: the replay predicted {plan[key]} per step, the run moved {measured} (median)")
 
+    # On the CPU device the two budgets are one pool: 1 MiB of device beside 64 MiB of host is
+    # the same run as 33 + 32, and a pool too small for the scratch and one step is refused
+    # naming both keys. On CUDA, device.memory alone must hold them.
     small_path, _ = config(os.path.join(folder, "small"), device={"memory": "1MiB"})
-    refused = strata("plan", small_path, expect_ok=False)
-    if refused.returncode != 2 or "device.memory" not in refused.stderr:
-        fail(f"plan with a 1 MiB device: exit {refused.returncode}, {refused.stderr}")
+    strata("plan", small_path)
+    tiny_path, _ = config(os.path.join(folder, "tiny"), model={"n_embd": 512, "n_head": 8},
+                           device={"memory": "1MiB"}, host={"memory": "1MiB"})
+    refused = strata("plan", tiny_path, expect_ok=False)
+    if refused.returncode != 2 or "'device.memory' + 'host.memory'" not in refused.stderr:
+        fail(f"plan with a 2 MiB pool for 12 MiB blocks: exit {refused.returncode}, {refused.stderr}")
+    cuda_path, _ = config(os.path.join(folder, "cuda"), device={"kind": "cuda", "memory": "1MiB"})
+    refused = strata("plan", cuda_path, expect_ok=False)
+    if refused.returncode != 2 or "key 'device.memory'" not in refused.stderr:
+        fail(f"plan for cuda with a 1 MiB device: exit {refused.returncode}, {refused.stderr}")
 
 
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
