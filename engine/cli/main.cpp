@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "engine/cli/commands.h"
+#include "kernels/compute_threads.h"
 #include "strata_build_config.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,14 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, std::string("log verbosity: ") + strata::kLogLevels)
       ->capture_default_str();
+
+  // STRATA_THREADS caps the kernels' threads for the whole process (kernels/compute_threads.h).
+  strata::Result<std::unique_ptr<strata::kernels::ComputeThreadLimit>> thread_limit =
+      strata::kernels::limit_compute_threads_from_env();
+  if (!thread_limit.ok()) {
+    (void)strata::set_log_level("info");  // strata's one-line format for this one error
+    return strata::cli::report_error(thread_limit.error());
+  }
 
   strata::cli::CliState state;
   app.parse_complete_callback([&] {
