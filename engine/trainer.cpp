@@ -30,6 +30,7 @@
 #include "engine/step_model.h"
 #include "engine/train_plan.h"
 #include "engine/zero.h"
+#include "engine/zero_reslice.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
@@ -396,10 +397,9 @@ Status Run::open_store(uint64_t& start_step) {
     const uint64_t ranks = zero_ != nullptr ? static_cast<uint64_t>(zero_->ranks()) : 1;
     if (stored_ranks != ranks)
       return make_error(ErrorKind::invalid_argument,
-                        fmt::format("{} was committed by a job of {} ranks, this one has {}: resuming on another "
-                                    "number of ranks (re-slicing) is not implemented in this build; launch with "
-                                    "mpirun -np {}",
-                                    dir, stored_ranks, ranks, stored_ranks));
+                        fmt::format("{} was committed by a job of {} ranks, this one has {}, and re-slicing "
+                                    "(engine/zero_reslice.h) did not run: is {} outside the {{rank}} template?",
+                                    dir, stored_ranks, ranks, dir));
     start_step = store_->committed_step();
     spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();
@@ -407,18 +407,14 @@ Status Run::open_store(uint64_t& start_step) {
   // A fresh run. The store holds each of its tensors at most twice: the committed version
   // and the one being written (a rewrite of an uncommitted version frees it first), plus
   // slack for alignment and for holes the versions leave between commits.
-  uint64_t store_bytes = 0;
-  for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id)
-    if (is_store_tensor(run_, id)) store_bytes += align_up(run_.plan.tensors()[id].size_bytes, 64 * kKiB);
-  const uint64_t capacity_bytes = 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
+  const uint64_t capacity_bytes = training_store_capacity_bytes(run_);
   struct statvfs fs {};
   if (::statvfs(config_.nvme_paths.front().c_str(), &fs) == 0) {
     uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
     if (free_bytes < capacity_bytes)
       return make_error(ErrorKind::no_space,
-                        fmt::format("{} has {} free but the store needs {} (two versions of {} of training state)",
-                                    config_.nvme_paths.front(), format_size(free_bytes), format_size(capacity_bytes),
-                                    format_size(store_bytes)));
+                        fmt::format("{} has {} free but the store needs {} (two versions of the training state)",
+                                    config_.nvme_paths.front(), format_size(free_bytes), format_size(capacity_bytes)));
   }
   std::vector<std::string> data_paths;
   for (const std::string& path : config_.nvme_paths)
@@ -1075,6 +1071,8 @@ nlohmann::ordered_json summary_json(const TrainSummary& s) {
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
   if (!options.use_mpi) {  // one process, no MPI at all; `{rank}` is 0
     STRATA_ASSIGN_OR_RETURN(TrainConfig single, config_for_rank(config, 0, 1));
+    const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+    STRATA_RETURN_IF_ERROR(reslice_if_needed(*local, config, options.resume));  // after an N-rank run
     Run run(single, options);
     return run.execute();
   }
@@ -1089,6 +1087,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
                                   "communicator (comm/) is not yet driven by the trainer",
                                   config.source_path, ranks));
   STRATA_ASSIGN_OR_RETURN(TrainConfig mine, config_for_rank(config, rank, ranks));
+  STRATA_RETURN_IF_ERROR(reslice_if_needed(*world, config, options.resume));  // committed by another N
   TrainOptions rank_options = options;
   rank_options.export_path.clear();  // rank 0 writes it below, from every rank's store
   if (rank != 0) {
