@@ -185,11 +185,13 @@ Status switch_folders(const Journal& journal) {
   return Status();
 }
 
-Status finish_interrupted_switch(const TrainConfig& config) {
+// `interrupted`: a journal found on start, left by a job that was killed after its commit point.
+Status finish_switch(const TrainConfig& config, bool interrupted) {
   const fs::path folder0 = rank_folder(config, 0);
   STRATA_ASSIGN_OR_RETURN(std::optional<Journal> journal, read_journal(folder0));
   if (!journal) return Status();
-  spdlog::warn("{}: finishing the switch of an interrupted re-slice from {} to {} ranks", (folder0 / kJournalName).string(),
+  if (interrupted)
+    spdlog::warn("{}: finishing the switch of an interrupted re-slice from {} to {} ranks", (folder0 / kJournalName).string(),
                journal->from_ranks, journal->to_ranks);
   STRATA_RETURN_IF_ERROR(switch_folders(*journal));
   std::error_code error;
@@ -430,7 +432,7 @@ Status reslice_if_needed(comm::Communicator& comm, const TrainConfig& config, bo
   // Rank 0 alone looks at (and may finish writing) the folders; the others wait for its word.
   Outcome decision;
   if (rank == 0) {
-    Status finished = finish_interrupted_switch(config);
+    Status finished = finish_switch(config, /*interrupted=*/true);
     Result<OldSet> old = finished.ok() ? inspect_old_stores(config, ranks, resume) : Result<OldSet>(finished.error());
     if (old.ok()) decision.old_ranks = old->ranks, decision.step = old->step;
     else decision.set_error(old.error());
@@ -447,8 +449,8 @@ Status reslice_if_needed(comm::Communicator& comm, const TrainConfig& config, bo
   }
   const OldSet old{static_cast<int>(decision.old_ranks), decision.step};
   if (rank == 0)
-    spdlog::info("re-slicing step {} of the {}-rank run in {} onto {} ranks", old.step, old.ranks,
-                 (rank_folder(config, 0) / kStoreFolder).string(), ranks);
+    spdlog::info("re-slicing step {} of the {}-rank run in {} onto {} rank{}", old.step, old.ranks,
+                 (rank_folder(config, 0) / kStoreFolder).string(), ranks, ranks == 1 ? "" : "s");
 
   Result<BuildFigures> built = build_new_store(config, rank, ranks, old);
   if (built.ok()) maybe_stop("built", rank);
@@ -473,11 +475,11 @@ Status reslice_if_needed(comm::Communicator& comm, const TrainConfig& config, bo
     for (int r = 0; r < std::max(old.ranks, ranks); ++r) journal.folders.push_back(rank_folder(config, r).string());
     Status status = write_journal(rank_folder(config, 0), journal);
     if (status.ok()) maybe_stop("journal", 0);
-    if (status.ok()) status = finish_interrupted_switch(config);
+    if (status.ok()) status = finish_switch(config, /*interrupted=*/false);
     if (!status.ok()) switched.set_error(status.error());
     else
-      spdlog::info("re-sliced step {} from {} to {} ranks; the old stores are kept as {} until the next re-slice",
-                   old.step, old.ranks, ranks, kBeforeFolder);
+      spdlog::info("re-sliced step {} from {} to {} rank{}; the old stores are kept as {} until the next re-slice",
+                   old.step, old.ranks, ranks, ranks == 1 ? "" : "s", kBeforeFolder);
   }
   STRATA_RETURN_IF_ERROR(comm.broadcast(&switched, sizeof switched, 0));
   if (switched.failed != 0) return switched.error();
