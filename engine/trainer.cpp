@@ -30,6 +30,7 @@
 #include "engine/step_model.h"
 #include "engine/train_plan.h"
 #include "engine/zero.h"
+#include "engine/zero_reslice.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
@@ -396,10 +397,9 @@ Status Run::open_store(uint64_t& start_step) {
     const uint64_t ranks = zero_ != nullptr ? static_cast<uint64_t>(zero_->ranks()) : 1;
     if (stored_ranks != ranks)
       return make_error(ErrorKind::invalid_argument,
-                        fmt::format("{} was committed by a job of {} ranks, this one has {}: resuming on another "
-                                    "number of ranks (re-slicing) is not implemented in this build; launch with "
-                                    "mpirun -np {}",
-                                    dir, stored_ranks, ranks, stored_ranks));
+                        fmt::format("{} was committed by a job of {} ranks, this one has {}, and re-slicing "
+                                    "(engine/zero_reslice.h) did not run: is {} outside the {{rank}} template?",
+                                    dir, stored_ranks, ranks, dir));
     start_step = store_->committed_step();
     spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();
@@ -407,18 +407,14 @@ Status Run::open_store(uint64_t& start_step) {
   // A fresh run. The store holds each of its tensors at most twice: the committed version
   // and the one being written (a rewrite of an uncommitted version frees it first), plus
   // slack for alignment and for holes the versions leave between commits.
-  uint64_t store_bytes = 0;
-  for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id)
-    if (is_store_tensor(run_, id)) store_bytes += align_up(run_.plan.tensors()[id].size_bytes, 64 * kKiB);
-  const uint64_t capacity_bytes = 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
+  const uint64_t capacity_bytes = training_store_capacity_bytes(run_);
   struct statvfs fs {};
   if (::statvfs(config_.nvme_paths.front().c_str(), &fs) == 0) {
     uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
     if (free_bytes < capacity_bytes)
       return make_error(ErrorKind::no_space,
-                        fmt::format("{} has {} free but the store needs {} (two versions of {} of training state)",
-                                    config_.nvme_paths.front(), format_size(free_bytes), format_size(capacity_bytes),
-                                    format_size(store_bytes)));
+                        fmt::format("{} has {} free but the store needs {} (two versions of the training state)",
+                                    config_.nvme_paths.front(), format_size(free_bytes), format_size(capacity_bytes)));
   }
   std::vector<std::string> data_paths;
   for (const std::string& path : config_.nvme_paths)
@@ -531,7 +527,11 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       // ZeRO: every rank takes the step's clip scale together; a chunk's owner updates it and
       // sends its new compute copy to the others (engine/zero.h).
       std::optional<float> zero_clip_scale;
-      if (zero_ != nullptr && config_.optimizer.grad_clip > 0) {
+      if (zero_ != nullptr && zero_->device_tensors()) {  // CUDA ranks: summed gradients, scaled here
+        STRATA_ASSIGN_OR_RETURN(zero_clip_scale, zero_->device_grad_scale(config_.optimizer.grad_clip, [&] {
+          return backend.grad_sum_squares_now();
+        }));
+      } else if (zero_ != nullptr && config_.optimizer.grad_clip > 0) {
         STRATA_ASSIGN_OR_RETURN(zero_clip_scale, zero_->clip_scale(config_.optimizer.grad_clip));
       }
       if (zero_ != nullptr && !zero_->owns(info.unit, info.chunk)) return share_updated_params(info, buffers);
@@ -668,7 +668,14 @@ Status Run::update_on_host(const StepInfo& info, const sch::StepBuffers& buffers
 
 Status Run::reduce_across_ranks(size_t unit, float* grads) {
   STRATA_RETURN_IF_ERROR(backend_->synchronize());
-  return zero_->reduce_gradients(unit, grads);
+  STRATA_RETURN_IF_ERROR(zero_->reduce_gradients(unit, grads));
+  if (!zero_->device_tensors()) return Status();
+  // CUDA ranks: the owned chunks' share of the global norm, on the stream (engine/zero.h).
+  for (size_t c = 0; c < zero_->chunks(unit).size(); ++c)
+    if (zero_->owns(unit, c))
+      STRATA_RETURN_IF_ERROR(backend_->sum_squares(grads + zero_->chunks(unit)[c].begin_elements,
+                                                   zero_->chunks(unit)[c].element_count));
+  return Status();
 }
 
 Status Run::share_updated_params(const StepInfo& info, const sch::StepBuffers& buffers) {
@@ -835,7 +842,10 @@ Status Run::open_device() {
                       fmt::format("{}: key 'device.kind': no CUDA device {}; use kind: cpu", config_.source_path,
                                   STRATA_HAVE_CUDA ? "is visible to this process (no GPU, or no driver)"
                                                    : "support in this build (nvcc was not found at setup)"));
-  STRATA_ASSIGN_OR_RETURN(device_, device::make_device(kind, run_budgets(config_, layout_).timing_device_bytes));
+  // CUDA ranks: rank r computes on the GPU its NCCL communicator took (rank % GPUs, comm/comm.h).
+  const int ordinal = zero_ != nullptr && kind == device::Kind::cuda ? zero_->rank() % device::cuda_device_count() : 0;
+  STRATA_ASSIGN_OR_RETURN(device_,
+                          device::make_device(kind, run_budgets(config_, layout_).timing_device_bytes, ordinal));
   STRATA_ASSIGN_OR_RETURN(backend_, kernels::make_backend(*device_, shape_));
   return Status();
 }
@@ -1074,6 +1084,8 @@ nlohmann::ordered_json summary_json(const TrainSummary& s) {
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
   if (!options.use_mpi) {  // one process, no MPI at all; `{rank}` is 0
     STRATA_ASSIGN_OR_RETURN(TrainConfig single, config_for_rank(config, 0, 1));
+    const std::unique_ptr<comm::Communicator> local = comm::make_local_communicator();
+    STRATA_RETURN_IF_ERROR(reslice_if_needed(*local, config, options.resume));  // after an N-rank run
     Run run(single, options);
     return run.execute();
   }
@@ -1082,12 +1094,26 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
                           comm::make_world_communicator(comm::CommOptions{true, config.parallel.timeout_s}));
   const int rank = world->rank();
   const int ranks = world->size();
-  if (ranks > 1 && config.device_kind != "cpu")
-    return make_error(ErrorKind::unsupported,
-                      fmt::format("{}: key 'device.kind': ZeRO over {} ranks runs on CPU ranks in this build; the NCCL "
-                                  "communicator (comm/) is not yet driven by the trainer",
-                                  config.source_path, ranks));
+  // CUDA ranks: gradients and compute copies move between the GPUs over NCCL (engine/zero.h).
+  std::unique_ptr<comm::Communicator> gpus;
+  if (ranks > 1 && config.device_kind == "cuda") {
+    if (optimizer_site(config) == OptimizerSite::host)
+      return make_error(ErrorKind::unsupported,
+                        fmt::format("{}: key 'placement.optimizer': host updates on {} CUDA ranks are not wired to ZeRO "
+                                    "in this build; use device or nvme",
+                                    config.source_path, ranks));
+    Result<std::unique_ptr<comm::Communicator>> nccl = comm::make_nccl_communicator(*world);
+    if (!nccl.ok())
+      return make_error(ErrorKind::unsupported,
+                        fmt::format("{}: key 'device.kind': cuda on {} ranks needs NCCL between their GPUs: {}",
+                                    config.source_path, ranks, nccl.error().message));
+    gpus = std::move(nccl).value();
+  } else if (ranks > 1 && config.device_kind != "cpu") {
+    return make_error(ErrorKind::unsupported, fmt::format("{}: key 'device.kind': ZeRO runs on cpu or cuda ranks",
+                                                          config.source_path));
+  }
   STRATA_ASSIGN_OR_RETURN(TrainConfig mine, config_for_rank(config, rank, ranks));
+  STRATA_RETURN_IF_ERROR(reslice_if_needed(*world, config, options.resume));  // committed by another N
   TrainOptions rank_options = options;
   rank_options.export_path.clear();  // rank 0 writes it below, from every rank's store
   if (rank != 0) {
@@ -1096,7 +1122,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
     if (!options.metrics_path.empty()) rank_options.metrics_path += fmt::format(".rank{}", rank);
     if (!options.trace_path.empty()) rank_options.trace_path += fmt::format(".rank{}", rank);
   }
-  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size);
+  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size, gpus.get());
   Result<TrainSummary> summary = [&] {
     Run run(mine, rank_options, &zero);
     return run.execute();
@@ -1105,9 +1131,10 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   summary->rank = rank;
   summary->ranks = ranks;
   const comm::CommStats stats = world->stats();
-  summary->comm_sent_bytes = stats.sent_bytes;
-  summary->comm_received_bytes = stats.received_bytes;
-  summary->comm_seconds = static_cast<double>(stats.wait_ns) * 1e-9;
+  const comm::CommStats gpu_stats = gpus ? gpus->stats() : comm::CommStats{};
+  summary->comm_sent_bytes = stats.sent_bytes + gpu_stats.sent_bytes;
+  summary->comm_received_bytes = stats.received_bytes + gpu_stats.received_bytes;
+  summary->comm_seconds = static_cast<double>(stats.wait_ns + gpu_stats.wait_ns) * 1e-9;
   summary->comm_formula_bytes_per_step =
       zero_formula_bytes(ModelLayout(mine.model).parameter_count(), mine.precision, std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
           .total();

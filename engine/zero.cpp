@@ -145,8 +145,8 @@ std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layou
 }
 
 ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config,
-                   uint32_t global_batch)
-    : comm_(comm), stage_(std::max<uint32_t>(config.parallel.zero_stage, 1)),
+                   uint32_t global_batch, comm::Communicator* device_comm)
+    : comm_(comm), device_comm_(device_comm), stage_(std::max<uint32_t>(config.parallel.zero_stage, 1)),
       param_bytes_(dtype_size_bytes(config.precision)), global_batch_(global_batch),
       chunk_elements_(config.optimizer.chunk_elements),
       owners_(optimizer_chunk_owners(layout, config.optimizer.chunk_elements, comm.size())) {
@@ -158,6 +158,13 @@ ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const Tr
 
 Status ZeroStep::reduce_gradients(size_t unit, float* grads) {
   const std::vector<ElementRange>& chunks = chunks_[unit];
+  if (device_comm_ != nullptr) {  // device pointers: summed by NCCL, scaled in device_grad_scale
+    if (stage_ == 1) return device_comm_->allreduce_sum(std::span<float>(grads, unit_elements_[unit]));
+    for (size_t c = 0; c < chunks.size(); ++c)
+      STRATA_RETURN_IF_ERROR(
+          device_comm_->reduce_sum(grads + chunks[c].begin_elements, chunks[c].element_count, owner(unit, c)));
+    return Status();
+  }
   const float inverse = 1.0f / static_cast<float>(comm_.size());
   auto scale_and_square = [&](const ElementRange& range) {
     double sum = 0.0;
@@ -195,9 +202,23 @@ Result<float> ZeroStep::clip_scale(double max_norm) {
   return clip_scale_;
 }
 
+Result<float> ZeroStep::device_grad_scale(double max_norm,
+                                          const std::function<Result<double>()>& local_sum_squares) {
+  if (!clip_scale_known_) {
+    STRATA_ASSIGN_OR_RETURN(double total, local_sum_squares());
+    STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
+    const double ranks = static_cast<double>(comm_.size());
+    const float clip = max_norm > 0 ? kernels::clip_coefficient(std::sqrt(total) / ranks, max_norm) : 1.0f;
+    clip_scale_ = static_cast<float>(clip / ranks);
+    clip_scale_known_ = true;
+  }
+  return clip_scale_;
+}
+
 Status ZeroStep::share_params(size_t unit, size_t chunk, void* unit_params) {
   const ElementRange& range = chunks_[unit][chunk];
-  return comm_.broadcast(static_cast<std::byte*>(unit_params) + range.begin_elements * param_bytes_,
+  comm::Communicator& comm = device_comm_ != nullptr ? *device_comm_ : comm_;
+  return comm.broadcast(static_cast<std::byte*>(unit_params) + range.begin_elements * param_bytes_,
                          range.element_count * param_bytes_, owner(unit, chunk));
 }
 

@@ -22,11 +22,21 @@
 // averaged (sum in rank order, times 1/N). The gradient norm for clipping is the rank-ordered
 // allreduce of each owner's sum of squares over its chunks. Every rank thus holds the same bits.
 //
+// CUDA ranks (device.kind: cuda, N > 1): the gradients and compute copies live on each rank's
+// GPU, so their collectives go through a second, NCCL communicator (`device_comm`, one GPU per
+// rank, comm/comm.h) on device pointers; the scalars (norm, loss) stay on MPI. The gradients are
+// then left as SUMS (no host loop can touch them): the trainer adds each owned chunk's sum of
+// squares on its stream (ComputeBackend::sum_squares), and `device_grad_scale` turns the global
+// sum into AdamW's grad_scale = clip factor / N — the same update as averaging first. NCCL's own
+// reduction order applies (not rank order): such runs are deterministic for a fixed N and
+// topology, not bit-identical to MPI ranks. Not run in this repository's CI (no GPUs).
+//
 // Threads: the Run's thread only (comm/ is MPI_THREAD_SERIALIZED). The CPU device's stream is
 // synchronized before a collective reads or writes a step buffer.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,7 +88,10 @@ nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayo
 // The collectives of one training step on one rank (see the top of this file).
 class ZeroStep {
  public:
-  ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config, uint32_t global_batch);
+  // `device_comm`: NCCL between the ranks' GPUs for the gradients and compute copies (CUDA
+  // ranks; see the top of this file); null: everything through `comm` on host memory.
+  ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const TrainConfig& config, uint32_t global_batch,
+           comm::Communicator* device_comm = nullptr);
 
   int rank() const { return comm_.rank(); }
   int ranks() const { return comm_.size(); }
@@ -99,8 +112,17 @@ class ZeroStep {
   [[nodiscard]] Status share_params(size_t unit, size_t chunk, void* unit_params);
   [[nodiscard]] Result<double> mean_loss(double local_loss);
 
+  // CUDA ranks (device_comm set): gradients stay summed on the device.
+  bool device_tensors() const { return device_comm_ != nullptr; }
+  const std::vector<ElementRange>& chunks(size_t unit) const { return chunks_[unit]; }
+  // AdamW's grad_scale for summed gradients: torch's clip factor of the averaged gradient's
+  // global norm (1 without clipping, max_norm ≤ 0), over N. `local_sum_squares` (this rank's
+  // owned chunks, of the sums) is called once per step, on the first update.
+  [[nodiscard]] Result<float> device_grad_scale(double max_norm, const std::function<Result<double>()>& local_sum_squares);
+
  private:
   comm::Communicator& comm_;
+  comm::Communicator* device_comm_ = nullptr;
   std::vector<uint64_t> unit_elements_;
   uint32_t stage_;
   uint32_t param_bytes_;

@@ -1,0 +1,220 @@
+# Issue 15: `--resume` on another number of ranks re-slices the committed state (engine/zero_reslice.h).
+# Proves, through the real binary on a tiny GPT-2 (global batch 6, 3 steps on the old N, resumed to 5
+# on the new N): 2 → 1, 1 → 2, 2 → 3 and 3 → 2 end with the fp32 master weights and last loss of a
+# run that never changed N within the tolerance of docs/parallel.md (relative L2 ≤ 1e-6, printed),
+# and `strata store export` of the new stores equals the run's --export (`equal`); a SIGKILL at each
+# point of a re-slice (new store half written, new stores committed, journal written, one folder
+# switched) leaves a state that the old N resumes bit-identically or the new N resumes correctly
+# (`kill`); a missing old rank store, stores at unreconcilable steps, another model and another
+# optimizer.chunk_elements are refused in one line naming the folder or key (`bad`).
+# Usage: test_reslice.py STRATA CASE (equal | kill | bad).
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from safetensors_file import read_entries  # noqa: E402
+
+STRATA = os.path.abspath(sys.argv[1])
+CASE = sys.argv[2]
+CORPUS = "/usr/share/common-licenses/GPL-3"
+TOLERANCE = 1e-6
+MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "btl", "self,vader"]
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+ENV.pop("STRATA_TEST_RESLICE_KILL", None)
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def config(folder, name, chunk=20000, n_embd=64):
+    os.makedirs(os.path.join(folder, name), exist_ok=True)
+    cfg = {
+        "model": {"n_layer": 2, "n_head": 4, "n_embd": n_embd, "vocab_size": 256, "seq_len": 16, "seed": 7},
+        "data": {"path": CORPUS},
+        "batch_size": 6,
+        "steps": 5,
+        "optimizer": {"lr": 1.0e-3, "weight_decay": 0.1, "grad_clip": 1.0, "chunk_elements": chunk},
+        "precision": "fp32",
+        "device": {"kind": "cpu", "memory": "64MiB"},
+        "host": {"memory": "64MiB"},
+        "nvme": {"paths": [os.path.join(folder, name, "rank{rank}")]},
+        "placement": {"params": "nvme", "grads": "host", "optimizer": "nvme"},
+        "parallel": {"zero_stage": 2, "timeout_s": 60},
+        "checkpoint_every": 2,
+    }
+    path = os.path.join(folder, name + ".yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def run(ranks, *args, expect_ok=True, kill_at=None):
+    """ranks 0: a plain `strata train` (no MPI at all)."""
+    command = ([STRATA] if ranks == 0 else MPIRUN + ["-np", str(ranks), STRATA]) + list(args)
+    env = dict(ENV, STRATA_TEST_RESLICE_KILL=kill_at) if kill_at else ENV
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    if expect_ok and result.returncode != 0:
+        fail(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
+    return result
+
+
+def summary_of(result):
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    if len(summaries) != 1:
+        fail(f"expected one JSON summary (rank 0's), got {len(summaries)}")
+    return summaries[0]
+
+
+def weights(path):
+    return {name: struct.unpack(f"<{len(raw) // 4}f", raw) for name, (_, raw) in read_entries(path)[0].items()}
+
+
+def relative_difference(a, b):
+    wa, wb = weights(a), weights(b)
+    if wa.keys() != wb.keys():
+        fail("the exports name different tensors")
+    num = den = 0.0
+    for name in wa:
+        for x, y in zip(wa[name], wb[name]):
+            num += (x - y) ** 2
+            den += x * x
+    return (num / den) ** 0.5
+
+
+def same_bytes(a, b):
+    with open(a, "rb") as f, open(b, "rb") as g:
+        return f.read() == g.read()
+
+
+def ranks_of(store):
+    with open(os.path.join(store, "manifest.json")) as f:
+        manifest = json.load(f)
+    return int(manifest["metadata"]["parallel.ranks"]), manifest["step"]
+
+
+def straight(tmp, name, ranks):
+    """5 steps on one N: the reference."""
+    cfg = config(tmp, name)
+    out = os.path.join(tmp, name + ".safetensors")
+    return out, summary_of(run(ranks, "train", cfg, "--json", "--export", out))
+
+
+def within(reference, ref_summary, out, summary, what):
+    diff = relative_difference(reference, out)
+    loss = abs(summary["last_loss"] - ref_summary["last_loss"]) / abs(ref_summary["last_loss"])
+    print(f"{what}: relative L2 weight difference {diff:.2e}, last loss {summary['last_loss']:.7f} vs "
+          f"{ref_summary['last_loss']:.7f} (rel {loss:.1e})")
+    if not diff <= TOLERANCE or not loss <= TOLERANCE:
+        fail(f"{what} is not the run that never changed N within {TOLERANCE}")
+
+
+def one_line(result, what):
+    lines = [l for l in result.stderr.splitlines() if l.startswith("[E]")]  # a plain run: its error lines
+    if result.returncode == 0 or len(lines) != 1 or what not in lines[0]:
+        fail(f"expected an error naming {what!r}, got exit {result.returncode}:\n{result.stderr[-2000:]}")
+    print(f"refused: {next(l for l in lines if what in l).strip()}")
+
+
+if os.environ.get("STRATA_TEST_TMPDIR"):
+    os.makedirs(os.environ["STRATA_TEST_TMPDIR"], exist_ok=True)
+with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tmp:
+    if CASE == "equal":
+        reference, ref_summary = straight(tmp, "one", 0)
+        for old, new in ((2, 1), (1, 2), (2, 3), (3, 2)):
+            name = f"n{old}to{new}"
+            cfg = config(tmp, name)
+            run(old, "train", cfg, "--steps", "3")
+            out = os.path.join(tmp, name + ".safetensors")
+            result = run(new, "train", cfg, "--resume", "--json", "--export", out)
+            if "re-sliced step 3" not in result.stderr:
+                fail(f"{old} → {new}: no re-slice was reported:\n{result.stderr[-2000:]}")
+            summary = summary_of(result)
+            if summary["first_step"] != 3 or summary["ranks"] != new:
+                fail(f"{old} → {new}: resumed at step {summary['first_step']} on {summary['ranks']} ranks")
+            within(reference, ref_summary, out, summary, f"{old} → {new} ranks after step 3")
+            stores = [os.path.join(tmp, name, f"rank{r}", "store") for r in range(new)]
+            for store in stores:
+                if ranks_of(store) != (new, 5):
+                    fail(f"{store} records (ranks, step) {ranks_of(store)}, not ({new}, 5)")
+            for r in range(new, old):  # old ranks beyond the new N: marked, not reusable as a store
+                folder = os.path.join(tmp, name, f"rank{r}")
+                if os.path.exists(os.path.join(folder, "store")) or \
+                        not os.path.isdir(os.path.join(folder, "store.before-reslice")):
+                    fail(f"old rank {r}'s store was not set aside as store.before-reslice")
+            again = os.path.join(tmp, name + ".again.safetensors")
+            run(0, "store", "export", *stores, again)
+            if not same_bytes(out, again):
+                fail(f"{old} → {new}: strata store export of the new stores differs from --export")
+    elif CASE == "kill":
+        reference, ref_summary = straight(tmp, "one", 0)
+
+        def killed(result, point):
+            if result.returncode == 0 or "killed at" not in result.stderr:
+                fail(f"the kill at '{point}' did not happen (exit {result.returncode}):\n{result.stderr[-2000:]}")
+            print(f"killed at '{point}': exit {result.returncode}")
+
+        # 1 → 2 killed while rank 1's new store is half written: the old N resumes bit-identically.
+        cfg = config(tmp, "a")
+        run(0, "train", cfg, "--steps", "3")
+        killed(run(2, "train", cfg, "--resume", expect_ok=False, kill_at="copy:1"), "copy:1")
+        out = os.path.join(tmp, "a.safetensors")
+        run(0, "train", cfg, "--resume", "--export", out)
+        if not same_bytes(out, reference):
+            fail("after a kill mid-copy, the old N's resume differs from a run that never stopped")
+        if os.path.exists(os.path.join(tmp, "a", "rank0", "store.reslice")):
+            fail("the killed attempt's store.reslice was left behind")
+        print("kill mid-copy, old N resumes: bit-identical to a run that never stopped")
+
+        # 2 → 1 killed once its new store is committed, then again with the first folder
+        # switched: the old N (2) finishes the switch, re-slices back and trains on.
+        cfg = config(tmp, "b")
+        run(2, "train", cfg, "--steps", "3")
+        killed(run(0, "train", cfg, "--resume", expect_ok=False, kill_at="built"), "built")
+        if ranks_of(os.path.join(tmp, "b", "rank0", "store")) != (2, 3):
+            fail("a kill before the journal changed the old store")
+        killed(run(0, "train", cfg, "--resume", expect_ok=False, kill_at="switch"), "switch")
+        if not os.path.exists(os.path.join(tmp, "b", "rank0", "reslice.journal")):
+            fail("no journal after a kill in the switch")
+        out = os.path.join(tmp, "b.safetensors")
+        result = run(2, "train", cfg, "--resume", "--json", "--export", out)
+        if "finishing the switch" not in result.stderr:
+            fail("the interrupted switch was not finished:\n" + result.stderr[-2000:])
+        within(reference, ref_summary, out, summary_of(result), "2 → 1 killed in the switch, resumed on 2")
+
+        # 2 → 3 killed right after the journal: the new N finishes the switch and trains on.
+        cfg = config(tmp, "c")
+        run(2, "train", cfg, "--steps", "3")
+        killed(run(3, "train", cfg, "--resume", expect_ok=False, kill_at="journal"), "journal")
+        out = os.path.join(tmp, "c.safetensors")
+        result = run(3, "train", cfg, "--resume", "--json", "--export", out)
+        within(reference, ref_summary, out, summary_of(result), "2 → 3 killed after the journal, resumed on 3")
+    elif CASE == "bad":
+        cfg = config(tmp, "miss")
+        run(2, "train", cfg, "--steps", "2")
+        shutil.rmtree(os.path.join(tmp, "miss", "rank1", "store"))
+        one_line(run(0, "train", cfg, "--resume", expect_ok=False), os.path.join(tmp, "miss", "rank1", "store"))
+
+        cfg = config(tmp, "shape")
+        run(2, "train", cfg, "--steps", "2")
+        one_line(run(0, "train", config(tmp, "shape", chunk=10000), "--resume", expect_ok=False),
+                 "optimizer.chunk_elements")
+        one_line(run(0, "train", config(tmp, "shape", n_embd=32), "--resume", expect_ok=False), "n_embd")
+        # Refused before anything was written: the old N still resumes.
+        run(2, "train", config(tmp, "shape"), "--resume", "--steps", "3")
+
+        cfg = config(tmp, "steps")
+        run(2, "train", cfg, "--steps", "2")
+        rank1 = os.path.join(tmp, "steps", "rank1")
+        shutil.copytree(rank1, rank1 + ".step2")
+        run(2, "train", cfg, "--resume", "--steps", "4")
+        shutil.rmtree(rank1)
+        os.rename(rank1 + ".step2", rank1)
+        one_line(run(0, "train", cfg, "--resume", expect_ok=False), "step")
+    else:
+        fail("unknown case " + CASE)
