@@ -83,6 +83,12 @@ class Communicator {
   // the buffers stay untouched until wait() returns.
   [[nodiscard]] virtual Result<Request> allgather_async(const void* send, void* recv, uint64_t block_bytes) = 0;
   [[nodiscard]] virtual Status wait(Request request) = 0;
+  // In place, left in flight (ZeRO stage 3's parameter gather): rank r's block of
+  // counts_bytes[r] bytes already sits at data + displs_bytes[r] on rank r; after wait() every
+  // rank has every block at its displacement. Counts may differ (and be 0). Both spans are
+  // copied: the caller's arrays may go away. A transport without it says `unsupported`.
+  [[nodiscard]] virtual Result<Request> allgatherv_inplace_async(void* data, std::span<const uint64_t> counts_bytes,
+                                                                 std::span<const uint64_t> displs_bytes);
 
   CommStats stats() const { return stats_; }
 

@@ -116,7 +116,7 @@ Result<float*> allocate_floats(device::Device& device, kernels::ComputeBackend& 
 
 StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
   const sch::AccessPlan& plan = run.plan;
-  const uint64_t scratch_bytes = device_scratch(config, layout).total();
+  const uint64_t scratch_bytes = device_scratch(config, layout, &run).total();
   const uint64_t device_capacity = config.device_memory_bytes > scratch_bytes ? config.device_memory_bytes - scratch_bytes : 0;
   uint64_t host_homed_bytes = 0;
   for (const sch::PlanTensor& tensor : plan.tensors())
@@ -402,7 +402,7 @@ void append_line(std::string& out, fmt::format_string<Args...> format, Args&&...
 std::vector<KindBytes> kinds_of(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
   uint64_t params = 0, grads = 0, optim = 0;
   for (size_t u = 0; u < run.units.size(); ++u) {
-    params += run.plan.tensors()[run.units[u].params].size_bytes;
+    if (run.units[u].params != kNoTensor) params += run.plan.tensors()[run.units[u].params].size_bytes;
     grads += layout.units()[u].element_count * 4;
     for (const OptimChunk& chunk : run.units[u].optim)
       if (chunk.tensor != kNoTensor) optim += run.plan.tensors()[chunk.tensor].size_bytes;
