@@ -51,6 +51,11 @@ Result<Request> Communicator::allgatherv_inplace_async(void*, std::span<const ui
 
 bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
 
+int launched_rank() {
+  const char* text = std::getenv("OMPI_COMM_WORLD_RANK");
+  return text == nullptr ? 0 : std::atoi(text);
+}
+
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
 
 Result<std::unique_ptr<Communicator>> make_world_communicator(const CommOptions& options) {

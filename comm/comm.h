@@ -99,6 +99,10 @@ class Communicator {
 // True when Open MPI's launcher started this process (OMPI_COMM_WORLD_SIZE is set). Read once,
 // at the top of the CLI; nothing below reads the environment.
 bool launched_by_mpirun();
+// This process's rank as Open MPI's launcher numbered it (OMPI_COMM_WORLD_RANK), 0 when not
+// launched by it: what the CLI needs before MPI_Init (one rank prints a config error every
+// rank meets; the live metrics carry the rank).
+int launched_rank();
 
 // The job's communicator: MPI when options.use_mpi (an error when this build has no MPI),
 // else one rank. At most one per process.

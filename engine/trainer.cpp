@@ -462,6 +462,18 @@ Status Run::open_store(uint64_t& start_step) {
 }
 
 Status Run::create_scheduler() {
+  // The compute copies are whole units at ZeRO stages 1 and 2 and each rank's share at stage 3
+  // (engine/zero.h): a store written at the other kind of stage lacks this plan's P tensors.
+  for (const UnitIds& ids : run_.units)
+    if (ids.params != kNoTensor && !store_->find(run_.plan.tensors()[ids.params].name).has_value())
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: key 'parallel.zero_stage': store {} has no tensor '{}' — it was trained at "
+                                    "another stage ({}); --resume needs the zero_stage it was written with",
+                                    config_.source_path, store_dir_of(config_), run_.plan.tensors()[ids.params].name,
+                                    run_.params_gathered ? "this job keeps each rank's share of the compute copy "
+                                                           "(stage 3), the store the whole"
+                                                         : "this job keeps the whole compute copy, the store only a "
+                                                           "stage-3 rank's share"));
   STRATA_ASSIGN_OR_RETURN(backing_, sch::make_store_backing(*store_, run_.plan));
   sch::SchedulerOptions options;
   options.host_budget_bytes = pool_bytes_;

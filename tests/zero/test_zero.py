@@ -155,6 +155,15 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         one_line(run(2, "train", config(tmp, "odd", batch=5), expect_ok=False), "batch_size")
         cfg = config(tmp, "stage4", stage=4)
         one_line(run(0, "train", cfg, expect_ok=False), "zero_stage")
+        # A config error every rank meets is said once, by rank 0.
+        result = run(2, "train", config(tmp, "typo", stage=4), expect_ok=False)
+        said = [l for l in result.stderr.splitlines() if "zero_stage" in l]
+        if result.returncode == 0 or len(said) != 1:
+            fail(f"a config error under 2 ranks: expected one line naming zero_stage, got exit {result.returncode}:\n"
+                 + result.stderr[-2000:])
+        # A store trained at stage 2 is not resumed at stage 3 (its compute copies are whole).
+        run(2, "train", config(tmp, "restage", stage=2, steps=2))
+        one_line(run(2, "train", config(tmp, "restage", stage=3, steps=3), "--resume", expect_ok=False), "zero_stage")
         cfg = config(tmp, "resize", steps=2)
         run(2, "train", cfg)
         one_line(run(3, "train", cfg, "--resume", expect_ok=False), "ranks")
