@@ -14,8 +14,9 @@
 # store fails), `strata store export` over them writes what --export wrote, and `strata
 # generate` on a rank's store refuses in one line saying to export first; `stage3_resume` — a
 # 3-rank rerun is bit-identical, and a 2-rank run stopped after step 3 then resumed ends with
-# the bits of one that never stopped.
-# Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume).
+# the bits of one that never stopped; `kill3` — `kill` at stage 3 (a SIGKILLed rank, --resume = a
+# run that never stopped, bit for bit).
+# Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume | kill3).
 import json
 import os
 import signal
@@ -241,10 +242,11 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         if not same_bytes(whole, out):
             fail("stage 3: a run stopped after step 3 and resumed differs from one that never stopped")
         print("stage 3: stopped after step 3 and resumed = never stopped, bit for bit")
-    elif CASE == "kill":
+    elif CASE in ("kill", "kill3"):
+        stage = 3 if CASE == "kill3" else 1  # kill3: killed with parameter gathers in flight
         steps = 30  # long enough that rank 1 is still mid-run when it is killed
-        reference, _ = train(tmp, "whole", 2, steps=steps)
-        cfg = config(tmp, "killed", steps=steps)
+        reference, _ = train(tmp, "whole", 2, stage, steps=steps)
+        cfg = config(tmp, "killed", stage=stage, steps=steps)
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         job = subprocess.Popen(MPIRUN + ["-np", "2", STRATA, "train", cfg], stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
