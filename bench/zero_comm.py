@@ -1,5 +1,5 @@
-# Issue 15: time in collectives per step for ZeRO stages 1 and 2 on 2 and 3 ranks, against the
-# same global batch on 1 rank, in one run, alternated (1, s1n2, s2n2, s1n3, s2n3, then again),
+# Issue 15: time in collectives per step for ZeRO stages 1, 2 and 3 on 2 and 3 ranks, against the
+# same global batch on 1 rank, in one run, alternated (1, s1n2, s2n2, s3n2, s1n3, s2n3, s3n3, then again),
 # medians over the repeats. On a 2-core box the ranks share the cores: this records what the
 # collectives cost and what a rank moves; it is not a speed claim for more ranks.
 # Usage: /usr/bin/python3 bench/zero_comm.py [build/strata] [repeats]
@@ -13,7 +13,7 @@ import tempfile
 STRATA = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/strata")
 REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "btl", "self,vader"]
-CASES = [(0, 1), (2, 1), (2, 2), (3, 1), (3, 2)]  # (ranks, stage); 0: a plain run
+CASES = [(0, 1), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3)]  # (ranks, stage); 0: a plain run
 
 
 def run(tmp, ranks, stage, repeat):

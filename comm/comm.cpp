@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "comm/comm_impl.h"
 #include "strata_build_config.h"
 
@@ -35,11 +37,24 @@ class LocalCommunicator final : public Communicator {
     return Request{0};
   }
   Status wait(Request) override { return Status(); }
+  // One rank: its block is already in place.
+  Result<Request> allgatherv_inplace_async(void*, std::span<const uint64_t>, std::span<const uint64_t>) override {
+    return Request{0};
+  }
 };
 
 }  // namespace
 
+Result<Request> Communicator::allgatherv_inplace_async(void*, std::span<const uint64_t>, std::span<const uint64_t>) {
+  return make_error(ErrorKind::unsupported, fmt::format("comm: the {} transport has no allgatherv", transport()));
+}
+
 bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+int launched_rank() {
+  const char* text = std::getenv("OMPI_COMM_WORLD_RANK");
+  return text == nullptr ? 0 : std::atoi(text);
+}
 
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
 

@@ -83,6 +83,12 @@ class Communicator {
   // the buffers stay untouched until wait() returns.
   [[nodiscard]] virtual Result<Request> allgather_async(const void* send, void* recv, uint64_t block_bytes) = 0;
   [[nodiscard]] virtual Status wait(Request request) = 0;
+  // In place, left in flight (ZeRO stage 3's parameter gather): rank r's block of
+  // counts_bytes[r] bytes already sits at data + displs_bytes[r] on rank r; after wait() every
+  // rank has every block at its displacement. Counts may differ (and be 0). Both spans are
+  // copied: the caller's arrays may go away. A transport without it says `unsupported`.
+  [[nodiscard]] virtual Result<Request> allgatherv_inplace_async(void* data, std::span<const uint64_t> counts_bytes,
+                                                                 std::span<const uint64_t> displs_bytes);
 
   CommStats stats() const { return stats_; }
 
@@ -93,6 +99,10 @@ class Communicator {
 // True when Open MPI's launcher started this process (OMPI_COMM_WORLD_SIZE is set). Read once,
 // at the top of the CLI; nothing below reads the environment.
 bool launched_by_mpirun();
+// This process's rank as Open MPI's launcher numbered it (OMPI_COMM_WORLD_RANK), 0 when not
+// launched by it: what the CLI needs before MPI_Init (one rank prints a config error every
+// rank meets; the live metrics carry the rank).
+int launched_rank();
 
 // The job's communicator: MPI when options.use_mpi (an error when this build has no MPI),
 // else one rank. At most one per process.

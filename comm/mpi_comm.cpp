@@ -108,7 +108,7 @@ class MpiCommunicator final : public Communicator {
                                                 MPI_BYTE, MPI_COMM_WORLD, &request),
                                  "allgather"));
     const uint64_t id = ++next_request_;
-    pending_[id] = request;
+    pending_[id] = Pending{request, "allgather", {}, {}};
     stats_.sent_bytes += block_bytes * static_cast<uint64_t>(size_ - 1);  // a ring: N−1 hops out
     stats_.received_bytes += block_bytes * static_cast<uint64_t>(size_ - 1);
     return Request{id};
@@ -117,9 +117,33 @@ class MpiCommunicator final : public Communicator {
   Status wait(Request request) override {
     auto found = pending_.find(request.id);
     if (found == pending_.end()) return make_error(ErrorKind::internal, "comm: wait on an unknown request");
-    MPI_Request mpi_request = found->second;
+    Pending pending = std::move(found->second);  // its count arrays live until MPI is done
     pending_.erase(found);
-    return complete(mpi_request, "allgather");
+    return complete(pending.request, pending.what);
+  }
+
+  Result<Request> allgatherv_inplace_async(void* data, std::span<const uint64_t> counts_bytes,
+                                           std::span<const uint64_t> displs_bytes) override {
+    if (counts_bytes.size() != static_cast<size_t>(size_) || displs_bytes.size() != static_cast<size_t>(size_))
+      return make_error(ErrorKind::internal, "comm: allgatherv needs one count and one displacement per rank");
+    Pending pending{MPI_REQUEST_NULL, "allgatherv", std::vector<int>(counts_bytes.size()),
+                    std::vector<int>(displs_bytes.size())};
+    uint64_t others_bytes = 0;
+    for (size_t r = 0; r < counts_bytes.size(); ++r) {
+      pending.counts[r] = bytes_int(counts_bytes[r]);
+      pending.displs[r] = bytes_int(displs_bytes[r]);
+      if (static_cast<int>(r) != rank_) others_bytes += counts_bytes[r];
+    }
+    STRATA_RETURN_IF_ERROR(check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, data, pending.counts.data(),
+                                                 pending.displs.data(), MPI_BYTE, MPI_COMM_WORLD, &pending.request),
+                                 "allgatherv"));
+    const uint64_t id = ++next_request_;
+    pending_[id] = std::move(pending);
+    // Ring accounting, as allgather: this rank's block leaves once per other rank; it takes in
+    // every other rank's block.
+    stats_.sent_bytes += counts_bytes[static_cast<size_t>(rank_)] * static_cast<uint64_t>(size_ - 1);
+    stats_.received_bytes += others_bytes;
+    return Request{id};
   }
 
  private:
@@ -212,7 +236,13 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   uint64_t next_request_ = 0;
-  std::unordered_map<uint64_t, MPI_Request> pending_;
+  // A collective in flight: MPI reads the count arrays of a v-collective until it completes.
+  struct Pending {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const char* what = "";
+    std::vector<int> counts, displs;
+  };
+  std::unordered_map<uint64_t, Pending> pending_;
   std::vector<float> f32_;
   std::vector<char> a_, b_;
 };

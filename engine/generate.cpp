@@ -135,6 +135,19 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                       fmt::format("strata generate: the {} decode ops (KV cache) are not written yet; gpt2 only",
                                   model.arch));
   const ModelLayout layout(model);
+  // A ZeRO stage-3 rank's store holds only its share of the compute copies (engine/zero.h):
+  // generation reads whole units from one store, so the set is exported first.
+  for (const Unit& unit : layout.units())
+    if (!store.find(params_name(unit)).has_value())
+      return make_error(ErrorKind::unsupported,
+                        fmt::format("store {} holds only this rank's share of tensor '{}' (a ZeRO stage-3 job of {} "
+                                    "ranks partitions the parameters): export the whole model first — `strata store "
+                                    "export RANK0_STORE RANK1_STORE … OUT_DIR` — then `strata generate --model OUT_DIR "
+                                    "--nvme NEW_DIR`",
+                                    dir, params_name(unit),
+                                    store.committed_metadata().count("parallel.ranks") != 0
+                                        ? store.committed_metadata().at("parallel.ranks")
+                                        : std::string("several")));
   const gk::Config kc = models::gpt2_kernel_config(model);
   const int64_t c = kc.n_embd;
   const int64_t n_ctx = kc.n_ctx;

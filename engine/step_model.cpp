@@ -116,7 +116,7 @@ Result<float*> allocate_floats(device::Device& device, kernels::ComputeBackend& 
 
 StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
   const sch::AccessPlan& plan = run.plan;
-  const uint64_t scratch_bytes = device_scratch(config, layout).total();
+  const uint64_t scratch_bytes = device_scratch(config, layout, &run).total();
   const uint64_t device_capacity = config.device_memory_bytes > scratch_bytes ? config.device_memory_bytes - scratch_bytes : 0;
   uint64_t host_homed_bytes = 0;
   for (const sch::PlanTensor& tensor : plan.tensors())
@@ -128,7 +128,7 @@ StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& 
     // The CPU device computes in place (scheduler: compute_in_place): one pool of host blocks,
     // host.memory plus what device.memory leaves beside the scratch; NVMe reads and writes
     // only, no host↔device copies. A written block goes to NVMe from where it lies.
-    const uint64_t pool_bytes = run_budgets(config, layout).pool_bytes;
+    const uint64_t pool_bytes = run_budgets(config, layout, &run).pool_bytes;
     TierReplay pool(plan, pool_bytes > host_homed_bytes ? pool_bytes - host_homed_bytes : 0, 4096);
     for (uint64_t now = 0; now < 2 * n; ++now) {
       const bool counted = now >= n;
@@ -403,7 +403,7 @@ void append_line(std::string& out, fmt::format_string<Args...> format, Args&&...
 std::vector<KindBytes> kinds_of(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
   uint64_t params = 0, grads = 0, optim = 0;
   for (size_t u = 0; u < run.units.size(); ++u) {
-    params += run.plan.tensors()[run.units[u].params].size_bytes;
+    if (run.units[u].params != kNoTensor) params += run.plan.tensors()[run.units[u].params].size_bytes;
     grads += layout.units()[u].element_count * 4;
     for (const OptimChunk& chunk : run.units[u].optim)
       if (chunk.tensor != kNoTensor) optim += run.plan.tensors()[chunk.tensor].size_bytes;
@@ -444,7 +444,7 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   uint64_t host_homed = 0, nvme_homed = 0;
   for (const sch::PlanTensor& tensor : run.plan.tensors())
     (tensor.home == sch::Home::host ? host_homed : nvme_homed) += tensor.size_bytes;
-  const RunBudgets budgets = run_budgets(config, layout);
+  const RunBudgets budgets = run_budgets(config, layout, &run);
   const char* grads_note = config.placement.grads == Tier::device ? " (incl. gradients)" : "";
   if (budgets.one_pool) {
     append_line(out, "  device + host {} + {}: one pool on the CPU device (device memory is host memory), computed on in place",

@@ -243,9 +243,6 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.parallel.zero_stage, parallel.integer("zero_stage", 1, 0, 3));
   STRATA_READ(config.parallel.timeout_s, parallel.number("timeout_s", 120.0, 1.0, 86400.0));
   STRATA_RETURN_IF_ERROR(parallel.finish());
-  if (config.parallel.zero_stage == 3)
-    return parallel.error_at("zero_stage", "3 (parameters partitioned) is not implemented in this build; use 1 or 2 "
-                                           "(docs/parallel.md)");
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode sample, root.child("sample"));
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));

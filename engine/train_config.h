@@ -85,7 +85,7 @@ struct PlacementConfig {
 
 // ZeRO data parallelism over the ranks `mpirun -np N` starts (engine/zero.h, docs/parallel.md).
 struct ParallelConfig {
-  uint32_t zero_stage = 1;   // 1: optimizer state partitioned; 2: + gradients (3: not in this build)
+  uint32_t zero_stage = 1;   // 1: optimizer state partitioned; 2: + gradients; 3: + parameters
   double timeout_s = 120.0;  // a collective waiting longer means a rank was lost: exit, no hang
 };
 

@@ -19,6 +19,10 @@ std::string optim_name(const Unit& unit, size_t chunk, size_t chunk_count) {
   // One chunk keeps the plain name, so small models' stores read as they always have.
   return chunk_count == 1 ? "optim." + unit.name : fmt::format("optim.{}.{}", unit.name, chunk);
 }
+std::string params_share_name(const Unit& unit, size_t first_chunk, size_t last_chunk, size_t chunk_count) {
+  if (first_chunk == 0 && last_chunk + 1 == chunk_count) return params_name(unit);
+  return fmt::format("params.{}.{}-{}", unit.name, first_chunk, last_chunk);
+}
 
 namespace {
 
@@ -52,13 +56,32 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   run.optimizer_site = optimizer_site(config);
   const uint32_t param_bytes = dtype_size_bytes(config.precision);
   const bool scratch_grads = config.placement.grads == Tier::device;
+  run.params_gathered = !owners.empty() && config.parallel.zero_stage >= 3;
   for (const Unit& unit : layout.units()) {
     const size_t unit_index = run.units.size();
     UnitIds ids;
-    ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes, home_of(config.placement.params));
+    const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements);
+    ids.params_range = ElementRange{0, unit.element_count};
+    if (run.params_gathered) {
+      // The owned chunks are one contiguous run (the partition is contiguous in model order).
+      size_t first = chunks.size(), last = 0;
+      for (size_t c = 0; c < chunks.size(); ++c)
+        if (owners[unit_index][c] == rank) first = std::min(first, c), last = c;
+      if (first < chunks.size()) {
+        ids.params_range = ElementRange{chunks[first].begin_elements,
+                                        chunks[last].begin_elements + chunks[last].element_count -
+                                            chunks[first].begin_elements};
+        ids.params = run.plan.add_tensor(params_share_name(unit, first, last, chunks.size()),
+                                         ids.params_range.element_count * param_bytes, home_of(config.placement.params));
+      } else {
+        ids.params_range = ElementRange{0, 0};
+      }
+    } else {
+      ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes,
+                                       home_of(config.placement.params));
+    }
     if (!scratch_grads)
       ids.grads = run.plan.add_tensor(grads_name(unit), unit.element_count * 4, home_of(config.placement.grads));
-    const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements);
     for (size_t c = 0; c < chunks.size(); ++c) {
       OptimChunk chunk;
       chunk.range = chunks[c];
@@ -89,6 +112,19 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
     for (size_t c = 0; c < ids.optim.size(); ++c) {
       std::string name = "opt." + layout.units()[unit].name;
       if (ids.optim.size() > 1) name += "." + std::to_string(c);
+      if (run.params_gathered) {
+        // Stage 3: the owner rewrites its chunk's range of its share of P, and nothing else
+        // (no broadcast: the next step's gathers bring it); another rank's chunk only joins the
+        // step's clip-scale collective.
+        const bool owned = ids.optim[c].tensor != kNoTensor;
+        const bool whole_share = ids.params_range.begin_elements == ids.optim[c].range.begin_elements &&
+                                 ids.params_range.element_count == ids.optim[c].range.element_count;
+        const sch::TensorId share = owned ? ids.params : kNoTensor;
+        const sch::TensorId optim = run.optimizer_site == OptimizerSite::host ? kNoTensor : ids.optim[c].tensor;
+        add(std::move(name), StepInfo{StepKind::optimize, unit, c, run.optimizer_site},
+            {ids.grads, optim, whole_share ? kNoTensor : share}, {optim, share});
+        continue;
+      }
       // The update rewrites P from the master weights. Split in chunks, each rewrites only its
       // own range, so P must also be read (loaded) for the rest to stay valid.
       const sch::TensorId params_read = ids.optim.size() > 1 ? ids.params : kNoTensor;
@@ -103,20 +139,39 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   const uint32_t n_layer = config.model.n_layer;
   const bool clip = config.optimizer.grad_clip > 0;
 
-  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, {run.units[embed].params}, {run.activations[0]});
+  // Stage 3: the units each gathering step computes on, in step order; each such step also
+  // reads the next one's shares (its gather starts while this step computes). None across
+  // iterations: fwd.embed's share is rewritten by opt.embed after the last backward.
+  std::vector<std::vector<size_t>> gathers = {{embed}};
+  for (uint32_t i = 0; i < n_layer; ++i) gathers.push_back({layout.block_unit(i)});
+  gathers.push_back({ln_f, embed});
+  for (uint32_t i = n_layer; i-- > 0;) gathers.push_back({layout.block_unit(i)});
+  size_t gather_index = 0;
+  auto with_next_shares = [&](std::vector<sch::TensorId> reads) {
+    if (!run.params_gathered) return reads;
+    ++gather_index;
+    if (gather_index < gathers.size())
+      for (size_t unit : gathers[gather_index])
+        if (std::find(reads.begin(), reads.end(), run.units[unit].params) == reads.end())
+          reads.push_back(run.units[unit].params);
+    return reads;
+  };
+
+  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, with_next_shares({run.units[embed].params}),
+      {run.activations[0]});
   for (uint32_t i = 0; i < n_layer; ++i) {
     size_t unit = layout.block_unit(i);
     add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit},
-        {run.units[unit].params, run.activations[i]}, {run.activations[i + 1]});
+        with_next_shares({run.units[unit].params, run.activations[i]}), {run.activations[i + 1]});
   }
   add("head", StepInfo{StepKind::head, ln_f},
-      {run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]},
+      with_next_shares({run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]}),
       {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
   if (!clip) optimize(ln_f);
   for (uint32_t i = n_layer; i-- > 0;) {
     size_t unit = layout.block_unit(i);
     add("bwd.h." + std::to_string(i), StepInfo{StepKind::bwd_block, unit},
-        {run.units[unit].params, run.activations[i], run.d_x}, {run.units[unit].grads, run.d_x});
+        with_next_shares({run.units[unit].params, run.activations[i], run.d_x}), {run.units[unit].grads, run.d_x});
     if (!clip) optimize(unit);
   }
   add("bwd.embed", StepInfo{StepKind::bwd_embed, embed}, {run.units[embed].grads, run.d_x},
@@ -134,13 +189,27 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
 
 uint64_t DeviceScratchSizes::total() const {
   uint64_t bytes = 0;
-  for (uint64_t part : {workspace_bytes, weights_fp32_bytes, block_grads_bytes, embed_grads_bytes, ln_f_grads_bytes})
+  for (uint64_t part : {workspace_bytes, weights_fp32_bytes, block_grads_bytes, embed_grads_bytes, ln_f_grads_bytes,
+                        param_gather_bytes})
     bytes += align_up(part, device::kDeviceAlignmentBytes);
   return bytes;
 }
 
-DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout) {
+uint64_t gather_second_offset_bytes(const TrainConfig& config, const ModelLayout& layout) {
+  return align_up(layout.units()[layout.ln_f_unit()].element_count * dtype_size_bytes(config.precision), 64);
+}
+
+uint64_t gather_buffer_bytes(const TrainConfig& config, const ModelLayout& layout) {
+  const uint64_t head = gather_second_offset_bytes(config, layout) +
+                        layout.units()[layout.embed_unit()].element_count * dtype_size_bytes(config.precision);
+  return std::max(head, layout.largest_unit_elements() * dtype_size_bytes(config.precision));
+}
+
+DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run) {
   DeviceScratchSizes sizes;
+  // Two buffers, each rounded as the device rounds an allocation.
+  if (run != nullptr && run->params_gathered)
+    sizes.param_gather_bytes = 2 * align_up(gather_buffer_bytes(config, layout), device::kDeviceAlignmentBytes);
   kernels::gpt2::BatchShape shape{config.batch_size, config.model.seq_len};
   // The backend's workspace for this device kind (CUDA's grows with T²) and the fixed buffers
   // make_backend takes beside it, each rounded as the device rounds an allocation.
@@ -175,9 +244,9 @@ uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayo
   return 2 * slot;
 }
 
-RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout) {
+RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run) {
   RunBudgets budgets;
-  budgets.scratch_bytes = device_scratch(config, layout).total();
+  budgets.scratch_bytes = device_scratch(config, layout, run).total();
   budgets.one_pool = config.device_kind == "cpu";
   if (!budgets.one_pool) {
     budgets.device_region_bytes = config.device_memory_bytes;
@@ -217,9 +286,9 @@ HostNeed host_need(const TrainPlan& run) {
 }  // namespace
 
 Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
-  const DeviceScratchSizes scratch = device_scratch(config, layout);
+  const DeviceScratchSizes scratch = device_scratch(config, layout, &run);
   const HostNeed host = host_need(run);
-  const RunBudgets budgets = run_budgets(config, layout);
+  const RunBudgets budgets = run_budgets(config, layout, &run);
   if (budgets.one_pool) {
     const uint64_t needed = budgets.device_region_bytes + host.total();
     if (needed > config.device_memory_bytes + config.host_memory_bytes)
@@ -270,7 +339,7 @@ uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, u
   uint64_t bytes = 0;
   for (size_t u = 0; u < run.units.size(); ++u) {
     const UnitIds& ids = run.units[u];
-    bytes += align_up(run.plan.tensors()[ids.params].size_bytes, alignment_bytes);
+    if (ids.params != kNoTensor) bytes += align_up(run.plan.tensors()[ids.params].size_bytes, alignment_bytes);
     bytes += ids.grads == kNoTensor ? align_up(layout.units()[u].element_count * 4, alignment_bytes)
                                     : align_up(run.plan.tensors()[ids.grads].size_bytes, alignment_bytes);
     for (const OptimChunk& chunk : ids.optim)

@@ -63,7 +63,10 @@ struct OptimChunk {
 };
 
 struct UnitIds {
+  // The compute copy this rank keeps: the whole unit, or at ZeRO stage 3 its share — the
+  // elements of the chunks it owns (`params_range`; kNoTensor when it owns none of the unit).
   scheduler::TensorId params = kNoTensor;
+  ElementRange params_range;
   scheduler::TensorId grads = kNoTensor;  // kNoTensor: `grads: device`, trainer scratch
   std::vector<OptimChunk> optim;
 };
@@ -75,6 +78,11 @@ struct TrainPlan {
   scheduler::TensorId d_x = kNoTensor;           // the gradient flowing back through the blocks
   std::vector<StepInfo> steps;                   // parallel to plan.steps()
   OptimizerSite optimizer_site = OptimizerSite::device;  // every optimize step's
+  // ZeRO stage 3 on N > 1 ranks: P is partitioned (UnitIds::params_range) and each forward,
+  // head and backward step computes on the unit's whole compute copy all-gathered into one of
+  // two start-up buffers (engine/zero.h). Each such step also reads the shares of the next
+  // gathering step's units, so they are resident when that gather starts during this compute.
+  bool params_gathered = false;
 };
 
 // Where the config's updates run (see the top of this file), and why, in a few words.
@@ -86,9 +94,14 @@ std::string params_name(const Unit& unit);
 std::string grads_name(const Unit& unit);
 std::string optim_name(const Unit& unit, size_t chunk, size_t chunk_count);
 
+// A stage-3 share of P: `params_name` when it is the whole unit, else
+// "params.<unit>.<first chunk>-<last chunk>" (the optimizer chunks whose elements it holds).
+std::string params_share_name(const Unit& unit, size_t first_chunk, size_t last_chunk, size_t chunk_count);
+
 // `owners` (engine/zero.h, N > 1 ranks): only the optimizer chunks `rank` owns are plan (and
 // store) tensors; the update step of any other chunk keeps P (the owner's broadcast rewrites
-// it) and has that chunk's tensor as kNoTensor. Empty: every chunk, one rank.
+// it) and has that chunk's tensor as kNoTensor. Empty: every chunk, one rank. With
+// parallel.zero_stage 3 and owners, P is this rank's share too (`params_gathered`).
 TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
                            const std::vector<std::vector<int>>& owners = {}, int rank = 0);
 
@@ -99,9 +112,17 @@ struct DeviceScratchSizes {
   uint64_t block_grads_bytes = 0;   // grads: device — the block being updated
   uint64_t embed_grads_bytes = 0;   // grads: device — from the head to opt.embed
   uint64_t ln_f_grads_bytes = 0;    // grads: device — from the head to opt.ln_f
+  uint64_t param_gather_bytes = 0;  // ZeRO stage 3: the two gather buffers (gather_buffer_bytes)
   uint64_t total() const;
 };
-DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout);
+// `run` (optional) adds stage 3's gather buffers when its P is partitioned.
+DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run = nullptr);
+
+// ZeRO stage 3: one gather buffer, the largest step's whole compute copies — the largest unit,
+// or the head's ln_f and embeddings side by side (ln_f first, the embeddings at
+// `gather_second_offset_bytes`). Two are allocated at start-up (double-buffered).
+uint64_t gather_buffer_bytes(const TrainConfig& config, const ModelLayout& layout);
+uint64_t gather_second_offset_bytes(const TrainConfig& config, const ModelLayout& layout);
 
 // Pinned host memory the trainer holds outside the plan when updates run on the host: two
 // slots (one being updated by the CPU while the next chunk's gradients arrive), each the
@@ -124,7 +145,8 @@ struct RunBudgets {
   uint64_t timing_device_bytes = 0;
   bool one_pool = false;            // the CPU device
 };
-RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout);
+// `run`: the plan whose stage-3 gather buffers count in the scratch (device_scratch).
+RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run = nullptr);
 
 // CUDA: one step's working set plus the scratch must fit `device.memory`; host-homed state plus
 // one step's NVMe staging must fit `host.memory`. CPU device: the scratch, host-homed state and

@@ -218,11 +218,18 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
                                           staging, count * 12));
     }
     const int64_t flat_shape[] = {static_cast<int64_t>(n)};
-    if (config.precision == DType::f32) {
-      STRATA_RETURN_IF_ERROR(write_tensor(store, params_name(unit), DType::f32, flat_shape, master, n * 4));
-    } else {
-      kernels::cast_fp32_to_bf16(std::span<const float>(master, n), std::span<uint16_t>(staging_bits, n));
-      STRATA_RETURN_IF_ERROR(write_tensor(store, params_name(unit), DType::bf16, flat_shape, staging_bits, n * 2));
+    // P, or at ZeRO stage 3 this rank's share of it (none when it owns none of the unit).
+    if (ids.params != kNoTensor) {
+      const std::string& params = run.plan.tensors()[ids.params].name;
+      const float* share = master + ids.params_range.begin_elements;
+      const uint64_t share_n = ids.params_range.element_count;
+      const int64_t share_shape[] = {static_cast<int64_t>(share_n)};
+      if (config.precision == DType::f32) {
+        STRATA_RETURN_IF_ERROR(write_tensor(store, params, DType::f32, share_shape, share, share_n * 4));
+      } else {
+        kernels::cast_fp32_to_bf16(std::span<const float>(share, share_n), std::span<uint16_t>(staging_bits, share_n));
+        STRATA_RETURN_IF_ERROR(write_tensor(store, params, DType::bf16, share_shape, staging_bits, share_n * 2));
+      }
     }
     if (ids.grads != kNoTensor && run.plan.tensors()[ids.grads].home == sch::Home::nvme) {
       std::fill(staging, staging + n, 0.0f);
@@ -280,6 +287,17 @@ class Run {
   // ZeRO (engine/zero.h): the stream is drained, then the collectives run on this thread.
   Status reduce_across_ranks(size_t unit, float* grads);
   Status share_updated_params(const StepInfo& info, const sch::StepBuffers& buffers);
+  // ZeRO stage 3 (TrainPlan::params_gathered): the units a step computes on whole, and the
+  // gather of their compute copies into one of two start-up buffers (see run_step).
+  struct GatherSlot {
+    device::DeviceBuffer buffer;           // gather_buffer_bytes: [first unit | second unit]
+    std::vector<comm::Request> requests;   // in flight until waited
+    size_t for_step = SIZE_MAX;            // the plan step it is being gathered for
+  };
+  std::vector<size_t> gathered_units(const StepInfo& info) const;
+  Status start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers);
+  Status gather_for_step(size_t step_index, const sch::StepBuffers& buffers);
+  const void* params_of(size_t unit, size_t position, const sch::StepBuffers& buffers) const;
   Status checkpoint(uint64_t step);
   Error step_failed(Error error, uint64_t step, bool committing) const;
   Status write_metrics(const std::vector<StepFigures>& figures, const TrainSummary& summary) const;
@@ -290,6 +308,9 @@ class Run {
   gk::BatchShape shape_;
   ZeroStep* zero_ = nullptr;  // N > 1 ranks (engine/zero.h); null: one rank, as before
   std::vector<int32_t> global_tokens_, global_targets_;  // the whole batch, before this rank's rows
+  const std::byte* gathered_ = nullptr;        // the slot the current step computes on
+  std::vector<size_t> next_gather_step_;       // per plan step: the next gathering step (SIZE_MAX: none)
+  std::vector<std::vector<size_t>> step_gathers_;  // per plan step: gathered_units, made at start-up
   TrainPlan run_;
   std::unique_ptr<TokenData> data_;
   std::unique_ptr<memory::Store> store_;
@@ -300,6 +321,7 @@ class Run {
   // Every op of a step goes through the backend of device_'s kind (kernels/backend.h).
   std::unique_ptr<kernels::ComputeBackend> backend_;
   device::DeviceBuffer workspace_;
+  GatherSlot gather_slots_[2];  // ZeRO stage 3 only (allocated in execute); after device_: freed before it
   device::DeviceBuffer weights_fp32_;
   // grads: device — the gradients, which then never leave the device (train_plan.h).
   device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
@@ -437,6 +459,18 @@ Status Run::open_store(uint64_t& start_step) {
 }
 
 Status Run::create_scheduler() {
+  // The compute copies are whole units at ZeRO stages 1 and 2 and each rank's share at stage 3
+  // (engine/zero.h): a store written at the other kind of stage lacks this plan's P tensors.
+  for (const UnitIds& ids : run_.units)
+    if (ids.params != kNoTensor && !store_->find(run_.plan.tensors()[ids.params].name).has_value())
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: key 'parallel.zero_stage': store {} has no tensor '{}' — it was trained at "
+                                    "another stage ({}); --resume needs the zero_stage it was written with",
+                                    config_.source_path, store_dir_of(config_), run_.plan.tensors()[ids.params].name,
+                                    run_.params_gathered ? "this job keeps each rank's share of the compute copy "
+                                                           "(stage 3), the store the whole"
+                                                         : "this job keeps the whole compute copy, the store only a "
+                                                           "stage-3 rank's share"));
   STRATA_ASSIGN_OR_RETURN(backing_, sch::make_store_backing(*store_, run_.plan));
   sch::SchedulerOptions options;
   options.host_budget_bytes = pool_bytes_;
@@ -478,21 +512,20 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
 
   switch (info.kind) {
     case StepKind::fwd_embed: {
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(buffers.device_data(ids.params), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
       return model.embedding_forward(backend, shape_, embed, f32(run_.activations[0]));
     }
     case StepKind::fwd_block: {
-      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(buffers.device_data(ids.params), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
       auto i = static_cast<size_t>(unit.block_index);
       return model.block_forward(backend, shape_, weights, f32(run_.activations[i]),
                                    f32(run_.activations[i + 1]), workspace);
     }
     case StepKind::head: {
-      const UnitIds& embed_ids = run_.units[layout_.embed_unit()];
       const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
-      STRATA_ASSIGN_OR_RETURN(const float* ln_f, widen(buffers.device_data(ids.params), unit.element_count, scratch));
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(buffers.device_data(embed_ids.params), embed_unit.element_count,
-                                                        scratch + unit.element_count));
+      STRATA_ASSIGN_OR_RETURN(const float* ln_f, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params_of(layout_.embed_unit(), 1, buffers),
+                                                        embed_unit.element_count, scratch + unit.element_count));
       float* ln_f_grads = grads_of(info.unit, buffers);
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
       STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
@@ -504,7 +537,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
-      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(buffers.device_data(ids.params), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
       float* grads = grads_of(info.unit, buffers);
       STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
       auto i = static_cast<size_t>(unit.block_index);
@@ -534,26 +567,29 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       } else if (zero_ != nullptr && config_.optimizer.grad_clip > 0) {
         STRATA_ASSIGN_OR_RETURN(zero_clip_scale, zero_->clip_scale(config_.optimizer.grad_clip));
       }
-      if (zero_ != nullptr && !zero_->owns(info.unit, info.chunk)) return share_updated_params(info, buffers);
+      if (zero_ != nullptr && !zero_->owns(info.unit, info.chunk))
+        return run_.params_gathered ? Status() : share_updated_params(info, buffers);
       // One optimizer chunk, packed [master | m | v], updated piecewise (adamw_pieces).
       const ElementRange range = ids.optim[info.chunk].range;
       const uint64_t begin = range.begin_elements;
       const uint64_t count = range.element_count;
       float* master = f32(ids.optim[info.chunk].tensor);
       const float* grads = grads_of(info.unit, buffers);
+      // P, or at stage 3 this rank's share of it, which starts at element `first` of the unit.
       void* params = buffers.device_data(ids.params);
+      const uint64_t first = run_.params_gathered ? ids.params_range.begin_elements : 0;
       // The clip factor comes from the gradient norm on the stream: no host round trip.
       const bool clip = config_.optimizer.grad_clip > 0 && !zero_clip_scale;
       if (clip) STRATA_RETURN_IF_ERROR(backend.clip_coefficient(config_.optimizer.grad_clip));
-      uint16_t* copy = config_.precision == DType::bf16 ? static_cast<uint16_t*>(params) + begin : nullptr;
+      uint16_t* copy = config_.precision == DType::bf16 ? static_cast<uint16_t*>(params) + (begin - first) : nullptr;
       for (kernels::AdamWChunk& piece : adamw_pieces(unit, begin, count, step, master, grads + begin, copy)) {
         piece.use_clip_scale = clip;
         if (zero_clip_scale) piece.scalars.grad_scale = *zero_clip_scale;
         STRATA_RETURN_IF_ERROR(backend.adamw(piece));
       }
       if (config_.precision == DType::f32)
-        STRATA_RETURN_IF_ERROR(backend.copy(static_cast<float*>(params) + begin, master, count * 4));
-      if (zero_ != nullptr) return share_updated_params(info, buffers);
+        STRATA_RETURN_IF_ERROR(backend.copy(static_cast<float*>(params) + (begin - first), master, count * 4));
+      if (zero_ != nullptr && !run_.params_gathered) return share_updated_params(info, buffers);
       return Status();
     }
   }
@@ -683,6 +719,69 @@ Status Run::share_updated_params(const StepInfo& info, const sch::StepBuffers& b
   return zero_->share_params(info.unit, info.chunk, buffers.device_data(run_.units[info.unit].params));
 }
 
+std::vector<size_t> Run::gathered_units(const StepInfo& info) const {
+  switch (info.kind) {
+    case StepKind::fwd_embed:
+    case StepKind::fwd_block:
+    case StepKind::bwd_block: return {info.unit};
+    case StepKind::head: return {layout_.ln_f_unit(), layout_.embed_unit()};
+    default: return {};
+  }
+}
+
+// The step's units into `slot`: this rank's share of each is copied to its place in the
+// unit's layout (so MPI never reads a scheduler block, which may move once the step is
+// released), then the in-place allgatherv is left in flight. The caller has synchronized the
+// stream: no queued op still reads the slot or writes a share. Host memory: the CPU device only
+// (N > 1 ranks on CUDA are refused in train()).
+Status Run::start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers) {
+  const uint32_t param_bytes = dtype_size_bytes(config_.precision);
+  const std::vector<size_t>& units = step_gathers_[step_index];
+  for (size_t position = 0; position < units.size(); ++position) {
+    auto* unit_params = static_cast<std::byte*>(slot.buffer.data()) +
+                        (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
+    const UnitIds& ids = run_.units[units[position]];
+    if (ids.params != kNoTensor)
+      std::memcpy(unit_params + ids.params_range.begin_elements * param_bytes, buffers.device_data(ids.params),
+                  ids.params_range.element_count * param_bytes);
+    STRATA_ASSIGN_OR_RETURN(comm::Request request, zero_->gather_params_async(units[position], unit_params));
+    slot.requests.push_back(request);
+  }
+  slot.for_step = step_index;
+  return Status();
+}
+
+// Stage 3, before a gathering step's compute: its gather (started during the previous one's
+// compute, or now for the iteration's first) is waited for, and the next gathering step's is
+// started into the other slot — its shares are in this step's buffers (build_train_plan) — so
+// that gather overlaps this compute, as the scheduler's lookahead overlaps NVMe.
+Status Run::gather_for_step(size_t step_index, const sch::StepBuffers& buffers) {
+  GatherSlot* slot = nullptr;
+  for (GatherSlot& candidate : gather_slots_)
+    if (candidate.for_step == step_index) slot = &candidate;
+  if (slot == nullptr) {
+    slot = gathered_ == gather_slots_[0].buffer.data() ? &gather_slots_[1] : &gather_slots_[0];
+    STRATA_RETURN_IF_ERROR(backend_->synchronize());
+    STRATA_RETURN_IF_ERROR(start_gather(step_index, *slot, buffers));
+  }
+  for (comm::Request request : slot->requests) STRATA_RETURN_IF_ERROR(zero_->wait(request));
+  slot->requests.clear();
+  slot->for_step = SIZE_MAX;  // step indices repeat every iteration
+  gathered_ = static_cast<const std::byte*>(slot->buffer.data());
+  const size_t next = next_gather_step_[step_index];
+  if (next == SIZE_MAX) return Status();
+  GatherSlot& other = slot == &gather_slots_[0] ? gather_slots_[1] : gather_slots_[0];
+  STRATA_RETURN_IF_ERROR(backend_->synchronize());  // the previous step's ops may still read `other`
+  return start_gather(next, other, buffers);
+}
+
+// The unit's whole compute copy for this step: its P, or at stage 3 the gathered copy
+// (`position`: first or second unit of the step's gather).
+const void* Run::params_of(size_t unit, size_t position, const sch::StepBuffers& buffers) const {
+  if (!run_.params_gathered) return buffers.device_data(run_.units[unit].params);
+  return gathered_ + (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
+}
+
 float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   const sch::TensorId id = run_.units[unit].grads;
   if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
@@ -712,8 +811,11 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   sch::Timeline* timeline = scheduler_->timeline();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
+    // Stage 3: this step's gathered units (waited for; counted in comm time, not compute).
+    Status status;
+    if (run_.params_gathered && !step_gathers_[index].empty()) status = gather_for_step(index, buffers);
     const uint64_t start_ns = sch::Timeline::now_ns();
-    Status status = compute(index, buffers, step);
+    if (status.ok()) status = compute(index, buffers, step);
     const uint64_t end_ns = sch::Timeline::now_ns();
     figures.compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
     if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
@@ -874,11 +976,11 @@ Result<TrainSummary> Run::execute() {
   } else {
     spdlog::debug("no step prediction: {}", rates.error().to_string());
   }
-  const DeviceScratchSizes scratch = device_scratch(config_, layout_);
+  const DeviceScratchSizes scratch = device_scratch(config_, layout_, &run_);
   // On the CPU device, device memory is host memory: the device region keeps only the kernels'
   // scratch, and the rest of device.memory + host.memory is one pool that the scheduler stages
   // and computes in (run_budgets; check_budgets has made sure one step fits it).
-  const RunBudgets budgets = run_budgets(config_, layout_);
+  const RunBudgets budgets = run_budgets(config_, layout_, &run_);
   pool_bytes_ = budgets.pool_bytes;
   device_budget_bytes_ = budgets.device_region_bytes;
   if (budgets.one_pool) {
@@ -898,6 +1000,20 @@ Result<TrainSummary> Run::execute() {
   STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(layout_.definition().workspace_size_bytes(*backend_, shape_)));
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
+  }
+  if (run_.params_gathered) {  // ZeRO stage 3: the two gather buffers, for the whole run
+    for (GatherSlot& slot : gather_slots_) {
+      STRATA_ASSIGN_OR_RETURN(slot.buffer, device_->allocate(gather_buffer_bytes(config_, layout_)));
+    }
+    next_gather_step_.assign(run_.steps.size(), SIZE_MAX);
+    for (const StepInfo& info : run_.steps) step_gathers_.push_back(gathered_units(info));
+    size_t later = SIZE_MAX;
+    for (size_t index = run_.steps.size(); index-- > 0;) {
+      next_gather_step_[index] = later;
+      if (!step_gathers_[index].empty()) later = index;
+    }
+    // The last gathering step of an iteration starts none: the next iteration's first reads
+    // a share its owner rewrites after it (opt.embed).
   }
   if (config_.placement.grads == Tier::device) {
     STRATA_ASSIGN_OR_RETURN(block_grads_, device_->allocate(scratch.block_grads_bytes));
@@ -1097,6 +1213,11 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   // CUDA ranks: gradients and compute copies move between the GPUs over NCCL (engine/zero.h).
   std::unique_ptr<comm::Communicator> gpus;
   if (ranks > 1 && config.device_kind == "cuda") {
+    if (config.parallel.zero_stage == 3)
+      return make_error(ErrorKind::unsupported,
+                        fmt::format("{}: key 'parallel.zero_stage': stage 3 on {} CUDA ranks is not built (its "
+                                    "parameter gather is MPI over host memory); use stage 1 or 2 on CUDA ranks",
+                                    config.source_path, ranks));
     if (optimizer_site(config) == OptimizerSite::host)
       return make_error(ErrorKind::unsupported,
                         fmt::format("{}: key 'placement.optimizer': host updates on {} CUDA ranks are not wired to ZeRO "

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/size.h"
+#include "engine/train_plan.h"
 #include "kernels/optim/adamw.h"
 #include "memory/store.h"
 
@@ -100,25 +101,35 @@ ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32
   const uint64_t reduced = parameter_count * 4 * (n - 1) / n;
   traffic.gradient_bytes = stage >= 2 ? reduced : 2 * reduced;
   traffic.parameter_bytes = parameter_count * dtype_size_bytes(precision) * (n - 1) / n;
+  if (stage >= 3) traffic.parameter_bytes *= 2;  // gathered for the forward and again for the backward
   return traffic;
 }
 
 nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayout& layout, int ranks) {
   const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
+  const uint32_t stage = std::max<uint32_t>(config.parallel.zero_stage, 1);
+  const uint64_t param_bytes = dtype_size_bytes(config.precision);
   std::vector<uint64_t> chunks(static_cast<size_t>(ranks)), optimizer_bytes(static_cast<size_t>(ranks));
+  // The compute copy each rank keeps: the whole model at stages 1 and 2, its chunks' share at 3.
+  std::vector<uint64_t> params_bytes(static_cast<size_t>(ranks),
+                                     stage >= 3 && ranks > 1 ? 0 : layout.parameter_count() * param_bytes);
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements);
     for (size_t c = 0; c < ranges.size(); ++c) {
       chunks[static_cast<size_t>(owners[u][c])] += 1;
       optimizer_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * 12;
+      if (stage >= 3 && ranks > 1) params_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * param_bytes;
     }
   }
-  const uint32_t stage = std::max<uint32_t>(config.parallel.zero_stage, 1);
+  // Stage 3: two gather buffers per rank, allocated at start-up and counted in device.memory.
+  const uint64_t gather_bytes = stage >= 3 && ranks > 1 ? 2 * gather_buffer_bytes(config, layout) : 0;
   const ZeroTraffic traffic = zero_formula_bytes(layout.parameter_count(), config.precision, stage, ranks);
   nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
   for (int r = 0; r < ranks; ++r)
     per_rank.push_back({{"rank", r}, {"optimizer_chunks", chunks[static_cast<size_t>(r)]},
-                        {"optimizer_bytes", optimizer_bytes[static_cast<size_t>(r)]}});
+                        {"optimizer_bytes", optimizer_bytes[static_cast<size_t>(r)]},
+                        {"params_bytes", params_bytes[static_cast<size_t>(r)]},
+                        {"gather_buffer_bytes", gather_bytes}});
   return {{"ranks", ranks},
           {"zero_stage", stage},
           {"batch_per_rank", config.batch_size / static_cast<uint32_t>(ranks)},
@@ -133,14 +144,20 @@ std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layou
   const nlohmann::ordered_json j = zero_plan_json(config, layout, ranks);
   std::string out = fmt::format(
       "\nZeRO stage {} on {} ranks ({} rows of the global batch each): per rank and step, gradients {} and "
-      "parameters {} — {} sent and as much received (ZeRO's formula: stage 1 all-reduces 2·(N−1)/N·4Ψ, stage 2 "
-      "reduce-scatters (N−1)/N·4Ψ; both gather (N−1)/N·pΨ of new parameters)\n",
+      "parameters {} — {} sent and as much received (ZeRO's formula: stage 1 all-reduces 2·(N−1)/N·4Ψ, stages 2 "
+      "and 3 reduce-scatter (N−1)/N·4Ψ; stages 1 and 2 gather (N−1)/N·pΨ of new parameters, stage 3 gathers each "
+      "unit before its forward and again before its backward, 2·(N−1)/N·pΨ)\n",
       j["zero_stage"].get<uint32_t>(), ranks, j["batch_per_rank"].get<uint32_t>(),
       format_size(j["gradient_bytes_per_step"].get<uint64_t>()), format_size(j["parameter_bytes_per_step"].get<uint64_t>()),
       format_size(j["sent_bytes_per_step"].get<uint64_t>()));
-  for (const auto& rank : j["per_rank"])
-    out += fmt::format("  rank {}: {} optimizer chunks, {} of optimizer state\n", rank["rank"].get<int>(),
-                       rank["optimizer_chunks"].get<uint64_t>(), format_size(rank["optimizer_bytes"].get<uint64_t>()));
+  for (const auto& rank : j["per_rank"]) {
+    out += fmt::format("  rank {}: {} optimizer chunks, {} of optimizer state, {} of compute copy", rank["rank"].get<int>(),
+                       rank["optimizer_chunks"].get<uint64_t>(), format_size(rank["optimizer_bytes"].get<uint64_t>()),
+                       format_size(rank["params_bytes"].get<uint64_t>()));
+    if (const uint64_t gather = rank["gather_buffer_bytes"].get<uint64_t>(); gather > 0)
+      out += fmt::format(" (its share) + {} of gather buffers (two, each the largest step's units)", format_size(gather));
+    out += "\n";
+  }
   return out;
 }
 
@@ -154,6 +171,20 @@ ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const Tr
     chunks_.push_back(optim_chunks(unit, chunk_elements_));
     unit_elements_.push_back(unit.element_count);
   }
+  const auto n = static_cast<size_t>(comm.size());
+  for (size_t u = 0; u < chunks_.size(); ++u) {
+    std::vector<uint64_t>& bytes = share_bytes_.emplace_back(n, 0);
+    std::vector<uint64_t>& offsets = share_offset_bytes_.emplace_back(n, 0);
+    for (size_t c = 0; c < chunks_[u].size(); ++c) {  // a rank's chunks are contiguous in the unit
+      const auto r = static_cast<size_t>(owners_[u][c]);
+      if (bytes[r] == 0) offsets[r] = chunks_[u][c].begin_elements * param_bytes_;
+      bytes[r] += chunks_[u][c].element_count * param_bytes_;
+    }
+  }
+}
+
+Result<comm::Request> ZeroStep::gather_params_async(size_t unit, void* unit_params) {
+  return comm_.allgatherv_inplace_async(unit_params, share_bytes_[unit], share_offset_bytes_[unit]);
 }
 
 Status ZeroStep::reduce_gradients(size_t unit, float* grads) {

@@ -16,7 +16,13 @@
 //      updates its chunks and broadcasts the new compute copy of their range to every rank.
 //   2  + gradients reduced to their owner only (rank-ordered reduce per chunk = a reduce-scatter
 //      over the owners): a rank never receives the gradient of a chunk it does not update.
-//   3  + parameters partitioned: refused by the config reader in this build (docs/parallel.md).
+//   3  + parameters partitioned: each rank's plan and store hold only its share of each unit's
+//      compute copy (the elements of the chunks it owns: one contiguous range per unit, since
+//      the partition is contiguous). Before a unit's forward, the head and each backward
+//      recompute, the unit's whole compute copy is all-gathered (in place, allgatherv) into
+//      one of two buffers allocated at start-up, the next unit's gather started before this
+//      unit's compute; gradients as stage 2; owners update their share and nothing is
+//      broadcast (the next step's gathers bring the new values).
 // The global batch (`batch_size`) is split into N equal row blocks, rank r taking rows
 // [r·B/N, (r+1)·B/N) of the batch the single-rank run would read; losses and gradients are
 // averaged (sum in rank order, times 1/N). The gradient norm for clipping is the rank-ordered
@@ -65,7 +71,8 @@ std::string expand_rank(const std::string& path, int rank);
 // Bytes one rank sends (= receives, symmetric) per step by ZeRO's accounting for `stage` on N
 // ranks, Ψ elements, p bytes per compute-copy element: stage 1 and 2 move the gradients once
 // reduced ((N−1)/N·4Ψ; stage 1 also sends them back, as an allreduce) and the new compute copy
-// once gathered ((N−1)/N·pΨ). 0 for one rank.
+// once gathered ((N−1)/N·pΨ); stage 3 reduces the gradients as stage 2 and gathers the
+// parameters twice, for the forward and for the backward (2·(N−1)/N·pΨ). 0 for one rank.
 struct ZeroTraffic {
   uint64_t gradient_bytes = 0;
   uint64_t parameter_bytes = 0;
@@ -102,6 +109,15 @@ class ZeroStep {
   comm::Communicator& comm() { return comm_; }
   const ChunkOwners& owners() const { return owners_; }
 
+  uint32_t stage() const { return stage_; }
+  // Stage 3 on N > 1 ranks: P is partitioned and gathered per unit (TrainPlan::params_gathered).
+  bool gathers_params() const { return stage_ >= 3 && active(); }
+  // Stage 3: starts the in-place all-gather of `unit`'s whole compute copy into `unit_params`
+  // (the unit's layout, p bytes per element), where this rank's share must already sit at its
+  // range. `unit_params` stays untouched by the caller until wait() returns.
+  [[nodiscard]] Result<comm::Request> gather_params_async(size_t unit, void* unit_params);
+  [[nodiscard]] Status wait(comm::Request request) { return comm_.wait(request); }
+
   void begin_step() { sum_squares_ = 0.0, clip_scale_known_ = false; }
   // The unit's whole gradient (host memory, the unit's elements), local mean → global mean:
   // stage 1 everywhere, stage 2 at each chunk's owner. Adds the owned chunks' sums of squares.
@@ -130,6 +146,8 @@ class ZeroStep {
   uint64_t chunk_elements_;
   ChunkOwners owners_;
   std::vector<std::vector<ElementRange>> chunks_;  // [unit][chunk]
+  // Stage 3, per unit: each rank's share of P as byte counts and displacements (allgatherv).
+  std::vector<std::vector<uint64_t>> share_bytes_, share_offset_bytes_;
   double sum_squares_ = 0.0;
   float clip_scale_ = 1.0f;
   bool clip_scale_known_ = false;

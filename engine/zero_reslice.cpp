@@ -262,6 +262,13 @@ Result<OldSet> inspect_old_stores(const TrainConfig& config, int new_ranks, bool
   STRATA_ASSIGN_OR_RETURN(const uint64_t old_ranks64, ranks_of(metadata0, dir0.string()));
   const int old_ranks = static_cast<int>(old_ranks64);
   if (old_ranks == new_ranks) return OldSet{};
+  if (config.parallel.zero_stage == 3)
+    return make_error(ErrorKind::unsupported,
+                      fmt::format("{}: key 'parallel.zero_stage': {} was committed by {} ranks at stage 3, where each "
+                                  "store holds a share of the compute copies; re-slicing that onto {} rank{} is not "
+                                  "built — resume with mpirun -np {}",
+                                  config.source_path, dir0.string(), old_ranks, new_ranks, new_ranks == 1 ? "" : "s",
+                                  old_ranks));
   bool templated = false;
   for (const std::string& path : config.nvme_paths) templated = templated || path.find("{rank}") != std::string::npos;
   if (!templated)

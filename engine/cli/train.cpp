@@ -63,12 +63,19 @@ void add_train_command(CLI::App& app, CliState& state) {
     }
     options->train.export_shard_size_bytes = *shard_bytes;
     Result<TrainConfig> config = load_train_config(options->config_path);
+    // Every rank of a ZeRO job reads the same file and meets the same error: rank 0 says it.
+    const bool mpi_rank = comm::launched_by_mpirun();
+    if (!config.ok() && mpi_rank && comm::launched_rank() != 0) {
+      state.exit_code = config.error().kind == ErrorKind::invalid_argument ? 2 : 1;
+      return;
+    }
     if (failed(config, state)) return;
-    // The server binds before any training work, so a port in use stops the run at once.
+    // The server binds before any training work, so a port in use stops the run at once. In a
+    // ZeRO job rank 0 publishes (labelled rank="0"); the others run without one.
     const std::string serve = options->serve.empty() ? config->monitor_serve : options->serve;
-    monitor::RunMetrics metrics;
+    monitor::RunMetrics metrics(mpi_rank ? std::optional<uint32_t>(comm::launched_rank()) : std::nullopt);
     std::unique_ptr<monitor::MonitorServer> server;
-    if (!serve.empty()) {
+    if (!serve.empty() && (!mpi_rank || comm::launched_rank() == 0)) {
       Result<monitor::ListenAddress> address = monitor::parse_listen_address(serve, "--serve");
       if (failed(address, state)) return;
       Result<std::unique_ptr<monitor::MonitorServer>> started = monitor::MonitorServer::start(*address, metrics);

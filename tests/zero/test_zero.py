@@ -4,10 +4,19 @@
 # tolerance (‖Δw‖₂/‖w‖₂ and the loss ≤ 1e-6 relative, printed), and `strata store export` over
 # the rank stores writes what --export wrote; a plain run and `mpirun -np 1` are bit-identical;
 # a rerun with the same N is bit-identical; bad launches (no {rank}, a batch N does not divide,
-# stage 3) exit non-zero with a line naming the key; a SIGKILLed rank
+# stage 4, another N on --resume) exit non-zero with a line naming the key; a SIGKILLed rank
 # takes the job down with a non-zero exit and a line naming the rank, and --resume then
 # finishes with the weights of a run that never stopped.
-# Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill).
+# Stage 3 (parameters partitioned and gathered per unit): `stage3` — 2 and 3 ranks equal the
+# 1-rank run within the same tolerance and the stage-2 run of the same N bit for bit (the
+# gathered copies are the broadcast ones), each rank's store holds only its share of the compute
+# copies (the params tensors of the rank stores add up to the model once, disjoint; a replicated
+# store fails), `strata store export` over them writes what --export wrote, and `strata
+# generate` on a rank's store refuses in one line saying to export first; `stage3_resume` — a
+# 3-rank rerun is bit-identical, and a 2-rank run stopped after step 3 then resumed ends with
+# the bits of one that never stopped; `kill3` — `kill` at stage 3 (a SIGKILLed rank, --resume = a
+# run that never stopped, bit for bit).
+# Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume | kill3).
 import json
 import os
 import signal
@@ -145,8 +154,17 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                 fail(f"expected an error naming {what!r}, got exit {result.returncode}:\n{result.stderr[-2000:]}")
         one_line(run(2, "train", config(tmp, "shared", per_rank=False), expect_ok=False), "nvme.paths")
         one_line(run(2, "train", config(tmp, "odd", batch=5), expect_ok=False), "batch_size")
-        cfg = config(tmp, "stage3", stage=3)
+        cfg = config(tmp, "stage4", stage=4)
         one_line(run(0, "train", cfg, expect_ok=False), "zero_stage")
+        # A config error every rank meets is said once, by rank 0.
+        result = run(2, "train", config(tmp, "typo", stage=4), expect_ok=False)
+        said = [l for l in result.stderr.splitlines() if "zero_stage" in l]
+        if result.returncode == 0 or len(said) != 1:
+            fail(f"a config error under 2 ranks: expected one line naming zero_stage, got exit {result.returncode}:\n"
+                 + result.stderr[-2000:])
+        # A store trained at stage 2 is not resumed at stage 3 (its compute copies are whole).
+        run(2, "train", config(tmp, "restage", stage=2, steps=2))
+        one_line(run(2, "train", config(tmp, "restage", stage=3, steps=3), "--resume", expect_ok=False), "zero_stage")
         # Another N on --resume is no longer refused: it re-slices (tests/zero/test_reslice.py).
         # A per-rank path relative to a config named by its bare file name: the folder is ".".
         cfg = config(tmp, "relative", steps=1, nvme={"paths": ["relative-rank{rank}"]})
@@ -157,10 +175,76 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                                              for r in (0, 1)):
             fail(f"relative rank{{rank}} paths: exit {result.returncode}:\n{result.stderr[-2000:]}")
         print("bad launches: one line each, non-zero exit")
-    elif CASE == "kill":
+    elif CASE == "stage3":
+        reference, ref_summary = train(tmp, "one", 0)
+        # One rank at stage 3 is the single-rank trainer: nothing to partition.
+        alone, _ = train(tmp, "s3n1", 0, 3)
+        if not same_bytes(reference, alone):
+            fail("a plain stage-3 run differs from a plain stage-1 run")
+        param_count = sum(len(v) for v in weights(reference).values())
+        for ranks in (2, 3):
+            out, summary = train(tmp, f"s3n{ranks}", ranks, 3)
+            diff, worst = relative_difference(reference, out)
+            loss_diff = abs(summary["last_loss"] - ref_summary["last_loss"]) / abs(ref_summary["last_loss"])
+            per_step = summary["comm_sent_bytes"] / (summary["last_step"] - summary["first_step"])
+            print(f"stage 3, {ranks} ranks: relative L2 weight difference {diff:.2e} (largest element {worst:.1e}), "
+                  f"last loss {summary['last_loss']:.7f} vs {ref_summary['last_loss']:.7f} (rel {loss_diff:.1e}); "
+                  f"rank 0 sent {per_step:.0f} B/step, ZeRO formula {summary['comm_formula_bytes_per_step']} B/step, "
+                  f"{summary['comm_seconds']:.3f} s in collectives")
+            if not diff <= TOLERANCE or not loss_diff <= TOLERANCE:
+                fail(f"stage 3 on {ranks} ranks is not the 1-rank run within {TOLERANCE}")
+            expected = 4 * param_count * 2 * (ranks - 1) // ranks + 4 * param_count * (ranks - 1) // ranks
+            if summary["comm_formula_bytes_per_step"] != expected:
+                fail(f"stage 3 formula {summary['comm_formula_bytes_per_step']} B, expected {expected} B")
+            stage2, _ = train(tmp, f"s2n{ranks}", ranks, 2)
+            if not same_bytes(out, stage2):
+                fail(f"stage 3 on {ranks} ranks differs from stage 2 on {ranks} ranks")
+            stores = [os.path.join(tmp, f"s3n{ranks}", f"rank{r}", "store") for r in range(ranks)]
+            again = os.path.join(tmp, f"s3n{ranks}.again.safetensors")
+            run(0, "store", "export", *stores, again)
+            if not same_bytes(out, again):
+                fail("strata store export of the stage-3 rank stores differs from the run's --export")
+            # Each rank's store holds its share of the compute copies, not the whole model.
+            names, total = set(), 0
+            for r, store in enumerate(stores):
+                listing = json.loads(run(0, "store", "inspect", store, "--json").stdout)
+                params = [t for t in listing["tensors"] if t["name"].startswith("params.")]
+                held = sum(t["size_bytes"] for t in params)
+                print(f"  rank {r}: {len(params)} params tensors, {held} B of the model's {4 * param_count} B")
+                if held >= 4 * param_count:
+                    fail(f"rank {r}'s store holds the whole compute copy ({held} B): parameters are replicated")
+                if names & {t["name"] for t in params}:
+                    fail(f"rank {r}'s store repeats a params tensor another rank holds")
+                names |= {t["name"] for t in params}
+                total += held
+            if total != 4 * param_count:
+                fail(f"the rank stores hold {total} B of params, the model is {4 * param_count} B")
+        cfg = os.path.join(tmp, "s3n2.yaml")
+        result = run(0, "generate", cfg, "--tokens", "2", expect_ok=False)
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        if result.returncode == 0 or not any("export" in l for l in lines):
+            fail(f"generate on a stage-3 store: expected one line saying to export, got exit {result.returncode}:\n"
+                 + result.stderr[-2000:])
+        print("generate on a stage-3 rank store: " + lines[-1])
+    elif CASE == "stage3_resume":
+        a, _ = train(tmp, "a", 3, 3)
+        b, _ = train(tmp, "b", 3, 3)
+        if not same_bytes(a, b):
+            fail("stage 3: two 3-rank runs differ")
+        print("stage 3: two 3-rank runs are bit-identical")
+        whole, _ = train(tmp, "whole", 2, 3)
+        cfg = config(tmp, "stopped", stage=3)
+        run(2, "train", cfg, "--steps", "3")
+        out = os.path.join(tmp, "stopped.safetensors")
+        run(2, "train", cfg, "--resume", "--export", out)
+        if not same_bytes(whole, out):
+            fail("stage 3: a run stopped after step 3 and resumed differs from one that never stopped")
+        print("stage 3: stopped after step 3 and resumed = never stopped, bit for bit")
+    elif CASE in ("kill", "kill3"):
+        stage = 3 if CASE == "kill3" else 1  # kill3: killed with parameter gathers in flight
         steps = 30  # long enough that rank 1 is still mid-run when it is killed
-        reference, _ = train(tmp, "whole", 2, steps=steps)
-        cfg = config(tmp, "killed", steps=steps)
+        reference, _ = train(tmp, "whole", 2, stage, steps=steps)
+        cfg = config(tmp, "killed", stage=stage, steps=steps)
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         job = subprocess.Popen(MPIRUN + ["-np", "2", STRATA, "train", cfg], stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
