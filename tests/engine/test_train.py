@@ -8,6 +8,8 @@
 # the documented fixed overhead; (resume) a run SIGKILLed at random moments and resumed each time
 # ends bit-identical to an uninterrupted one; (plan) `strata plan` takes the tuned bandwidths,
 # its figures hang together, its traffic replay matches a real run's, and it writes nothing.
+# (chunk_budgets) without optimizer.chunk_elements the budgets choose it, a config's value wins,
+# and a resume under budgets that choose another value is refused in one line.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 # test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
