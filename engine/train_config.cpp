@@ -176,6 +176,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(o.eps, optimizer.number("eps", 1.0e-8, 0.0, 1.0));
   STRATA_READ(o.weight_decay, optimizer.number("weight_decay", 0.1, 0.0, 10.0));
   STRATA_READ(o.grad_clip, optimizer.number("grad_clip", 1.0, 0.0, 1.0e9));
+  o.chunk_elements_set = optimizer.has("chunk_elements");
   STRATA_READ(o.chunk_elements, optimizer.integer("chunk_elements", int64_t{16} << 20, 1024, int64_t{1} << 40));
   STRATA_RETURN_IF_ERROR(optimizer.finish());
 
@@ -263,7 +264,24 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   }
 
   STRATA_RETURN_IF_ERROR(root.finish());
+  if (!config.optimizer.chunk_elements_set) config.optimizer.chunk_elements = chunk_elements_for_budgets(config);
   return config;
+}
+
+uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
+  // The memory optimizer chunks stream through: on the CPU device the budgets are one pool
+  // (docs/train.md); elsewhere a chunk is staged in host memory and updated on the device.
+  const uint64_t pool_bytes = config.device_kind == "cpu" ? config.host_memory_bytes + config.device_memory_bytes
+                                                          : std::min(config.host_memory_bytes, config.device_memory_bytes);
+  // A sixteenth of it per chunk ([master | m | v], 12 bytes an element): several chunks are
+  // in flight beside the parameters and gradients of the unit being updated, so the drive
+  // always has the next chunk's read queued. A power of two, 64 Ki … 16 Mi elements (the old
+  // fixed value: what large budgets keep).
+  constexpr uint64_t kMinElements = uint64_t{64} << 10, kMaxElements = uint64_t{16} << 20;
+  const uint64_t target = pool_bytes / 16 / 12;
+  uint64_t elements = kMinElements;
+  while (elements * 2 <= std::min(target, kMaxElements)) elements *= 2;
+  return elements;
 }
 
 Result<TrainConfig> load_train_config(const std::string& path) {

@@ -73,8 +73,11 @@ struct OptimizerConfig {
   // many elements, each chunk one store tensor packed [master | m | v]: the update of a big
   // unit (GPT-2 XL's 80 M-parameter embeddings) then streams through the device a piece at a
   // time instead of needing 1 GB of it at once, and the read of one chunk overlaps the update
-  // of the one before. A store records it (metadata `optim_chunk_elements`).
+  // of the one before. A store records it (metadata `optim_chunk_elements`). When the config
+  // does not set it, it is chosen from the budgets (chunk_elements_for_budgets): a fixed 16 Mi
+  // elements is 192 MiB per chunk, a whole 192 MiB host budget, so nothing could be read ahead.
   uint64_t chunk_elements = uint64_t{16} << 20;
+  bool chunk_elements_set = false;  // the config gave optimizer.chunk_elements
 };
 
 struct PlacementConfig {
@@ -116,5 +119,9 @@ struct TrainConfig {
 
 [[nodiscard]] Result<TrainConfig> load_train_config(const std::string& path);
 [[nodiscard]] Result<TrainConfig> parse_train_config(ConfigNode root);
+// optimizer.chunk_elements when the config does not set it: a power of two near a sixteenth of
+// the memory chunks stream through (host + device on the CPU device, else the smaller budget)
+// over 12 bytes an element, within 64 Ki … 16 Mi elements.
+uint64_t chunk_elements_for_budgets(const TrainConfig& config);
 
 }  // namespace strata

@@ -410,9 +410,15 @@ Status Run::open_store(uint64_t& start_step) {
     STRATA_ASSIGN_OR_RETURN(const uint64_t stored_chunk, optim_chunk_elements_of(store_->committed_metadata(), dir));
     if (stored_chunk != config_.optimizer.chunk_elements)
       return make_error(ErrorKind::invalid_argument,
-                        fmt::format("{}: key 'optimizer.chunk_elements': {} keeps optimizer state in chunks of {} "
-                                    "elements, not {}; --resume needs the same value",
-                                    config_.source_path, dir, stored_chunk, config_.optimizer.chunk_elements));
+                        config_.optimizer.chunk_elements_set
+                            ? fmt::format("{}: key 'optimizer.chunk_elements': {} keeps optimizer state in chunks of {} "
+                                          "elements, not {}; --resume needs the same value",
+                                          config_.source_path, dir, stored_chunk, config_.optimizer.chunk_elements)
+                            : fmt::format("{}: key 'optimizer.chunk_elements' is not set, so the budgets chose {} "
+                                          "elements; {} keeps optimizer state in chunks of {}: set "
+                                          "optimizer.chunk_elements: {} to resume it",
+                                          config_.source_path, config_.optimizer.chunk_elements, dir, stored_chunk,
+                                          stored_chunk));
     const auto stored_ranks = store_->committed_metadata().count("parallel.ranks") == 0
                                   ? uint64_t{1}
                                   : std::strtoull(store_->committed_metadata().at("parallel.ranks").c_str(), nullptr, 10);

@@ -8,6 +8,8 @@
 # the documented fixed overhead; (resume) a run SIGKILLed at random moments and resumed each time
 # ends bit-identical to an uninterrupted one; (plan) `strata plan` takes the tuned bandwidths,
 # its figures hang together, its traffic replay matches a real run's, and it writes nothing.
+# (chunk_budgets) without optimizer.chunk_elements the budgets choose it, a config's value wins,
+# and a resume under budgets that choose another value is refused in one line.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 # test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
@@ -381,8 +383,74 @@ def case_plan(folder):
         fail(f"plan for cuda with a 1 MiB device: exit {refused.returncode}, {refused.stderr}")
 
 
+def expected_chunk_elements(device_bytes, host_bytes):
+    """docs/train.md's rule, written out again: a power of two near a sixteenth of the CPU
+    device's pool (host + device) over 12 bytes an element, within 64 Ki ... 16 Mi."""
+    target = (device_bytes + host_bytes) // 16 // 12
+    elements = 64 << 10
+    while elements * 2 <= min(target, 16 << 20):
+        elements *= 2
+    return elements
+
+
+def case_chunk_budgets(folder):
+    # Without optimizer.chunk_elements the chunk size comes from the budgets: the store records
+    # the rule's value and cuts each unit's optimizer state into that many pieces; a value the
+    # config gives wins; resuming under budgets that would choose another value is refused in
+    # one line that names the key and the stored value, and works once the config sets it.
+    def manifest(run_dir):
+        with open(os.path.join(run_dir, "nvme", "store", "manifest.json")) as f:
+            return json.load(f)
+
+    def optim_pieces(doc, unit):
+        names = list(doc["tensors"])
+        return len([n for n in names if n == "optim." + unit or n.startswith("optim." + unit + ".")])
+
+    model = {"n_layer": 2, "n_embd": 128, "n_head": 4, "seq_len": 16}
+    small = {"device": {"memory": "8MiB"}, "host": {"memory": "8MiB"}}
+    chosen = expected_chunk_elements(8 << 20, 8 << 20)
+    run_dir = os.path.join(folder, "auto")
+    os.makedirs(run_dir)
+    cfg_path, _ = config(run_dir, model=model, steps=2, checkpoint_every=1, **small)
+    strata("train", cfg_path)
+    doc = manifest(run_dir)
+    if doc["metadata"].get("optim_chunk_elements") != str(chosen):
+        fail(f"budgets 8 + 8 MiB: optim_chunk_elements {doc['metadata'].get('optim_chunk_elements')}, "
+             f"the rule gives {chosen}")
+    block = 12 * 128 * 128 + 13 * 128  # GPT-2 block: weights and biases
+    want = -(-block // chosen)
+    if want < 2 or optim_pieces(doc, "h.0") != want:
+        fail(f"h.0's optimizer state is in {optim_pieces(doc, 'h.0')} pieces, expected {want}")
+
+    # Larger budgets choose another value: the resume is refused, naming the key and the value.
+    larger = {"device": {"memory": "64MiB"}, "host": {"memory": "64MiB"}}
+    if expected_chunk_elements(64 << 20, 64 << 20) == chosen:
+        fail("the test's budgets do not change the rule's choice")
+    cfg_path, _ = config(run_dir, model=model, steps=3, checkpoint_every=1, **larger)
+    refused = strata("--log-level", "warn", "train", cfg_path, "--resume", expect_ok=False)
+    lines = refused.stderr.strip().splitlines()
+    if refused.returncode != 2 or len(lines) != 1 or "optimizer.chunk_elements" not in lines[0] \
+            or f"chunk_elements: {chosen}" not in lines[0]:
+        fail(f"resume under other budgets: exit {refused.returncode}, {refused.stderr!r}")
+    cfg_path, _ = config(run_dir, model=model, steps=3, checkpoint_every=1, optimizer={"chunk_elements": chosen},
+                         **larger)
+    strata("train", cfg_path, "--resume")
+    if manifest(run_dir)["step"] != 3:
+        fail("the resumed run with the stored chunk_elements did not reach step 3")
+
+    # A value in the config is authoritative.
+    run_dir = os.path.join(folder, "explicit")
+    os.makedirs(run_dir)
+    cfg_path, _ = config(run_dir, model=model, steps=1, optimizer={"chunk_elements": 5000}, **small)
+    strata("train", cfg_path)
+    doc = manifest(run_dir)
+    if doc["metadata"].get("optim_chunk_elements") != "5000" or optim_pieces(doc, "h.0") != -(-block // 5000):
+        fail(f"explicit chunk_elements 5000: metadata {doc['metadata'].get('optim_chunk_elements')}, "
+             f"{optim_pieces(doc, 'h.0')} pieces of h.0")
+
+
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
-         "budgets": case_budgets, "resume": case_resume, "plan": case_plan}
+         "budgets": case_budgets, "resume": case_resume, "plan": case_plan, "chunk_budgets": case_chunk_budgets}
 
 if __name__ == "__main__":
     CASE = sys.argv[2]
