@@ -169,7 +169,12 @@ void Residency::rank_victims(Tier tier, TensorId id, uint64_t need_distance) {
         d += n();
     }
     // In place the cursor step's own blocks are never victims for it (see compact_for_cursor_step).
-    const bool own_as_last_resort = need_distance == 0 && d == 0 && !options_.compute_in_place;
+    // While a held step pins space, its release is the way forward: the cursor step then drops
+    // its own copies at most once each per acquire. Without that bound its copies displaced
+    // each other for as long as the step was held — one reload per copy time (the replay of a
+    // 4-layer plan under 512 KiB moved 4× the real host→device bytes through it).
+    const bool own_as_last_resort = need_distance == 0 && d == 0 && !options_.compute_in_place &&
+                                    (pinned_tensors_ == 0 || own_evictions_at_cursor_ < step_tensors_[next_step()].size());
     if (d > need_distance || own_as_last_resort) victims.emplace_back(d, static_cast<TensorId>(other));
   }
   std::stable_sort(victims.begin(), victims.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -236,6 +241,7 @@ void Residency::evict(Tier tier, TensorId victim) {
   Book& out = books_[victim];
   memory_.free(tier, victim);
   if (tier == Tier::device) {
+    if (distance(out, cursor_abs_) == 0) ++own_evictions_at_cursor_;
     out.device_allocated = false;
     out.device_version = kNoVersion;
     out.device_placeholder = false;
@@ -525,7 +531,7 @@ void Residency::acquire(size_t step) {
   assert(step == next_step());
   for (const StepTensor& entry : step_tensors_[step]) {
     Book& book = books_[entry.tensor];
-    ++book.pins;
+    if (book.pins++ == 0) ++pinned_tensors_;
     if (!entry.writes) continue;
     ++book.write_pins;
     ++book.version;  // the copies below are now stale; the compute copy is the newest
@@ -537,13 +543,14 @@ void Residency::acquire(size_t step) {
     }
   }
   ++cursor_abs_;
+  own_evictions_at_cursor_ = 0;
 }
 
 void Residency::release(size_t step) {
   for (const StepTensor& entry : step_tensors_[step]) {
     Book& book = books_[entry.tensor];
     assert(book.pins > 0);
-    --book.pins;
+    if (--book.pins == 0) --pinned_tensors_;
     if (entry.writes) --book.write_pins;
   }
 }

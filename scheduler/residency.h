@@ -197,6 +197,8 @@ class Residency {
   uint64_t write_back_reserve_bytes_ = 0;
 
   uint64_t cursor_abs_ = 0;  // absolute index of the next step to acquire
+  uint32_t pinned_tensors_ = 0;  // tensors with pins > 0 (held steps)
+  size_t own_evictions_at_cursor_ = 0;  // device copies of the cursor step dropped since its last acquire
   bool flushing_ = false;
   uint64_t host_used_bytes_ = 0;
   uint32_t h2d_in_flight_ = 0, d2h_in_flight_ = 0, io_in_flight_ = 0;

@@ -4,14 +4,15 @@
 // optimizer state, host-homed activations) is run on the threaded Scheduler over an in-process
 // backing, with the caller holding each step a few milliseconds (so each pass sees the
 // completions the replay sees), and replayed with the same options and arenas. With room for
-// the whole state the per-iteration bytes must be equal exactly; under tight budgets (in
+// the whole state the bytes of four iterations must be equal exactly (the window's edges are
+// flushes on the real side, so nothing is left in flight there); under tight budgets (in
 // place, and with a device tier) the real scheduler's threads can order completions and passes
-// differently from the replay (replay.h), so the bytes are bounded: NVMe bytes within 15 % in
-// place, 25 % with a device tier. Every comparison also allows what can be in flight at the
-// window's two edges (see `edges`). Known gap: with a tight device tier the replay's
-// host→device copies come out ~4× the real ones (it evicts and reloads device copies the
-// real pump, which takes several completions per pass, leaves alone); those are printed,
-// not bounded.
+// differently from the replay (replay.h), so the bytes are bounded: within 15 % per direction
+// (NVMe and copies), plus the reads and copies that can be in flight at the window's edges
+// (see `edges`). This
+// test found a livelock in the policy: with a step held, the next step's device copies
+// displaced each other until the release (the replay moved 4× the real host→device bytes);
+// residency.cpp now bounds those drops (rank_victims).
 // Also: the replay refuses compute times that do not match the plan.
 #include <gtest/gtest.h>
 
@@ -68,8 +69,8 @@ Bytes bytes_of(const SchedulerStats& stats) {
 
 constexpr uint32_t kWarm = 2, kCounted = 4;
 
-// The real scheduler: bytes moved from the acquire of iteration kWarm's first step to the
-// acquire of the first step after kCounted iterations.
+// The real scheduler: bytes moved from iteration kWarm's first acquire to the point where
+// the first step after kCounted iterations would be acquired.
 Bytes run_real(const AccessPlan& plan, const SchedulerOptions& options, uint64_t device_bytes, uint64_t arena_bytes) {
   auto device = device::make_device(device::Kind::cpu, device_bytes);
   EXPECT_TRUE(device.ok());
@@ -85,15 +86,18 @@ Bytes run_real(const AccessPlan& plan, const SchedulerOptions& options, uint64_t
   const size_t n = plan.step_count();
   for (uint64_t abs = 0; abs <= uint64_t{kWarm + kCounted} * n; ++abs) {
     const size_t step = abs % n;
-    auto buffers = (*scheduler)->acquire(step);
-    EXPECT_TRUE(buffers.ok()) << buffers.status().to_string();
-    if (!buffers.ok()) return {};
+    // At the window's edges the write-backs decided so far are waited for, so a pump starved
+    // of CPU (two cores, other builds) cannot leave a step's worth of them on the wrong side.
+    const bool edge = abs == uint64_t{kWarm} * n || abs == uint64_t{kWarm + kCounted} * n;
+    if (edge) EXPECT_TRUE((*scheduler)->flush().ok());
     if (abs == uint64_t{kWarm} * n) start = bytes_of((*scheduler)->stats());
     if (abs == uint64_t{kWarm + kCounted} * n) {
       end = bytes_of((*scheduler)->stats());
-      EXPECT_TRUE((*scheduler)->release(step).ok());
       break;
     }
+    auto buffers = (*scheduler)->acquire(step);
+    EXPECT_TRUE(buffers.ok()) << buffers.status().to_string();
+    if (!buffers.ok()) return {};
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(kHoldSeconds * 1e6)));
     EXPECT_TRUE((*scheduler)->release(step).ok());
   }
@@ -150,7 +154,8 @@ void compare(const char* name, const SchedulerOptions& options, uint64_t device_
               static_cast<unsigned long long>(real.h2d), static_cast<unsigned long long>(replayed.h2d),
               static_cast<unsigned long long>(real.d2h), static_cast<unsigned long long>(replayed.d2h));
   EXPECT_GT(real.written, 0u);  // the plan writes every iteration: a zero means nothing was counted
-  const Edges edge = edges(options);
+  // With room nothing is left in flight that the flushes at the edges do not wait for: exact.
+  const Edges edge = nvme_fraction == 0 ? Edges{0, 0} : edges(options);
   expect_within(real.read, replayed.read, nvme_fraction, edge.nvme_bytes, "NVMe reads");
   expect_within(real.written, replayed.written, nvme_fraction, edge.nvme_bytes, "NVMe writes");
   if (copy_fraction < 0) return;
@@ -181,8 +186,7 @@ TEST(Replay, TightInPlaceStaysCloseToTheScheduler) {
 TEST(Replay, TightDeviceTierStaysCloseToTheScheduler) {
   SchedulerOptions options;
   options.host_budget_bytes = 640 * kKiB;
-  // NVMe bytes only: here the replay moves ~4× the real host→device bytes (see the top).
-  compare("tight device tier", options, 512 * kKiB, 640 * kKiB, 0.25, -1.0);
+  compare("tight device tier", options, 512 * kKiB, 640 * kKiB, 0.15, 0.15);
 }
 
 TEST(Replay, RefusesComputeTimesThatDoNotMatchThePlan) {
