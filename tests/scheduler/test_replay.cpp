@@ -33,10 +33,6 @@ constexpr uint32_t kLayers = 4;
 constexpr double kHoldSeconds = 0.003;
 constexpr double kMemcpyBytesPerS = 5e9;
 
-struct Shape {
-  AccessPlan plan;
-};
-
 // fwd.i reads P.i and A.i, writes A.i+1; bwd.i (reverse) reads P.i and A.i, writes G.i;
 // opt.i reads G.i and O.i, writes O.i and P.i.
 AccessPlan training_plan() {
@@ -89,7 +85,9 @@ Bytes run_real(const AccessPlan& plan, const SchedulerOptions& options, uint64_t
     // At the window's edges the write-backs decided so far are waited for, so a pump starved
     // of CPU (two cores, other builds) cannot leave a step's worth of them on the wrong side.
     const bool edge = abs == uint64_t{kWarm} * n || abs == uint64_t{kWarm + kCounted} * n;
-    if (edge) EXPECT_TRUE((*scheduler)->flush().ok());
+    if (edge) {
+      EXPECT_TRUE((*scheduler)->flush().ok());
+    }
     if (abs == uint64_t{kWarm} * n) start = bytes_of((*scheduler)->stats());
     if (abs == uint64_t{kWarm + kCounted} * n) {
       end = bytes_of((*scheduler)->stats());
