@@ -5,8 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
-#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,6 +14,7 @@
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
+#include "scheduler/replay.h"
 
 namespace strata {
 
@@ -24,67 +23,6 @@ namespace sch = scheduler;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// --- traffic ---------------------------------------------------------------------------------
-
-// A tier's copies in the replay: what is resident, evicted by furthest next use.
-class TierReplay {
- public:
-  TierReplay(const sch::AccessPlan& plan, uint64_t capacity_bytes, uint64_t alignment_bytes)
-      : plan_(plan), capacity_bytes_(capacity_bytes), alignment_bytes_(alignment_bytes), uses_(plan.tensors().size()) {
-    for (size_t step = 0; step < plan.step_count(); ++step)
-      for (sch::TensorId id : plan.step_tensors(step)) uses_[id].push_back(step);
-  }
-
-  bool holds(sch::TensorId id) const { return resident_.count(id) > 0; }
-
-  // Makes `id` resident at absolute step `now`, evicting others (never those in `keep`).
-  // False when it cannot fit even so (the replay then treats it as streamed through).
-  bool insert(sch::TensorId id, uint64_t now, const std::vector<sch::TensorId>& keep) {
-    if (holds(id)) return true;
-    const uint64_t bytes = size(id);
-    while (used_bytes_ + bytes > capacity_bytes_) {
-      sch::TensorId victim = 0;
-      uint64_t furthest = 0;
-      bool found = false;
-      for (sch::TensorId candidate : resident_) {
-        if (std::find(keep.begin(), keep.end(), candidate) != keep.end()) continue;
-        const uint64_t next = next_use(candidate, now);
-        if (!found || next > furthest) {
-          victim = candidate;
-          furthest = next;
-          found = true;
-        }
-      }
-      // The newcomer itself is needed later than every candidate: it is not kept.
-      if (!found || (std::find(keep.begin(), keep.end(), id) == keep.end() && next_use(id, now) >= furthest))
-        return false;
-      resident_.erase(victim);
-      used_bytes_ -= size(victim);
-    }
-    resident_.insert(id);
-    used_bytes_ += bytes;
-    return true;
-  }
-
- private:
-  uint64_t size(sch::TensorId id) const { return align_up(plan_.tensors()[id].size_bytes, alignment_bytes_); }
-  // The absolute step of the next use strictly after `now` (the plan repeats).
-  uint64_t next_use(sch::TensorId id, uint64_t now) const {
-    const uint64_t n = plan_.step_count();
-    const uint64_t position = now % n;
-    for (size_t step : uses_[id])
-      if (step > position) return now - position + step;
-    return now - position + n + uses_[id].front();
-  }
-
-  const sch::AccessPlan& plan_;
-  const uint64_t capacity_bytes_;
-  const uint64_t alignment_bytes_;
-  std::vector<std::vector<size_t>> uses_;
-  std::set<sch::TensorId> resident_;
-  uint64_t used_bytes_ = 0;
-};
 
 // --- timing ----------------------------------------------------------------------------------
 
@@ -114,69 +52,77 @@ Result<float*> allocate_floats(device::Device& device, kernels::ComputeBackend& 
 
 }  // namespace
 
-StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
-  const sch::AccessPlan& plan = run.plan;
-  const uint64_t scratch_bytes = device_scratch(config, layout, &run).total();
-  const uint64_t device_capacity = config.device_memory_bytes > scratch_bytes ? config.device_memory_bytes - scratch_bytes : 0;
-  uint64_t host_homed_bytes = 0;
-  for (const sch::PlanTensor& tensor : plan.tensors())
-    if (tensor.home == sch::Home::host) host_homed_bytes += align_up(tensor.size_bytes, 4096);
-  const uint64_t host_capacity = config.host_memory_bytes > host_homed_bytes ? config.host_memory_bytes - host_homed_bytes : 0;
-  StepTraffic traffic;
-  const uint64_t n = plan.step_count();
-  if (config.device_kind == "cpu") {
-    // The CPU device computes in place (scheduler: compute_in_place): one pool of host blocks,
-    // host.memory plus what device.memory leaves beside the scratch; NVMe reads and writes
-    // only, no host↔device copies. A written block goes to NVMe from where it lies.
-    const uint64_t pool_bytes = run_budgets(config, layout, &run).pool_bytes;
-    TierReplay pool(plan, pool_bytes > host_homed_bytes ? pool_bytes - host_homed_bytes : 0, 4096);
-    for (uint64_t now = 0; now < 2 * n; ++now) {
-      const bool counted = now >= n;
-      const sch::PlanStep& step = plan.steps()[now % n];
-      const std::vector<sch::TensorId> tensors = plan.step_tensors(now % n);
-      for (sch::TensorId id : tensors) {
-        const sch::PlanTensor& tensor = plan.tensors()[id];
-        if (tensor.home != sch::Home::nvme || pool.holds(id)) continue;
-        const bool reads = std::find(step.reads.begin(), step.reads.end(), id) != step.reads.end();
-        if (reads && counted) traffic.nvme_read_bytes += tensor.size_bytes;
-        pool.insert(id, now, tensors);
-      }
-      for (sch::TensorId id : step.writes)
-        if (plan.tensors()[id].home == sch::Home::nvme && counted) traffic.nvme_write_bytes += plan.tensors()[id].size_bytes;
-    }
-    return traffic;
-  }
-  TierReplay device_tier(plan, device_capacity, device::kDeviceAlignmentBytes);
-  TierReplay host_tier(plan, host_capacity, 4096);  // staged copies of NVMe-homed tensors
+namespace {
 
-  for (uint64_t now = 0; now < 2 * n; ++now) {
-    const bool counted = now >= n;  // the first pass warms the tiers
-    const sch::PlanStep& step = plan.steps()[now % n];
-    const std::vector<sch::TensorId> tensors = plan.step_tensors(now % n);
-    for (sch::TensorId id : tensors) {
-      const sch::PlanTensor& tensor = plan.tensors()[id];
-      const bool reads = std::find(step.reads.begin(), step.reads.end(), id) != step.reads.end();
-      if (device_tier.holds(id)) continue;
-      if (reads) {
-        if (tensor.home == sch::Home::nvme && !host_tier.holds(id)) {
-          if (counted) traffic.nvme_read_bytes += tensor.size_bytes;
-          host_tier.insert(id, now, tensors);
-        }
-        if (counted) traffic.host_to_device_bytes += tensor.size_bytes;
-      }
-      device_tier.insert(id, now, tensors);
-    }
-    // Dirty data goes down eagerly after every step that writes it.
-    for (sch::TensorId id : step.writes) {
-      const sch::PlanTensor& tensor = plan.tensors()[id];
-      if (counted) traffic.device_to_host_bytes += tensor.size_bytes;
-      if (tensor.home == sch::Home::nvme) {
-        if (counted) traffic.nvme_write_bytes += tensor.size_bytes;
-        host_tier.insert(id, now, {});
+// The scheduler the trainer creates for this config, as data: its options and its arenas.
+struct ReplaySetup {
+  sch::SchedulerOptions options;
+  sch::ReplayMemory memory;
+};
+
+ReplaySetup replay_setup(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
+  // As Run::create does (engine/trainer.cpp): on the CPU device the device arena keeps only
+  // the kernels' scratch and the rest of device.memory joins host.memory in one pool, computed
+  // on in place.
+  ReplaySetup setup;
+  const RunBudgets budgets = run_budgets(config, layout, &run);
+  const uint64_t pool_bytes = budgets.pool_bytes;
+  setup.memory.device_budget_bytes = budgets.device_region_bytes;
+  setup.memory.device_external_bytes = budgets.scratch_bytes;
+  setup.options.compute_in_place = budgets.one_pool;
+  setup.memory.host_arena_bytes = pool_bytes + host_optimizer_staging_bytes(config, layout, run);
+  setup.options.host_budget_bytes = pool_bytes;
+  return setup;
+}
+
+// How long the trainer holds each plan step: its kernels, timed alone, and the bf16 widening
+// of the compute copies it uses.
+std::vector<double> step_compute_seconds(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                                         const ComputeRates& rates) {
+  const bool widens = config.precision != DType::f32;
+  auto widen_s = [&](size_t unit) {
+    return widens ? rates.widen_ns_per_element * 1e-9 * static_cast<double>(layout.units()[unit].element_count) : 0.0;
+  };
+  std::vector<double> seconds;
+  seconds.reserve(run.steps.size());
+  for (const StepInfo& info : run.steps) {
+    switch (info.kind) {
+      case StepKind::fwd_embed: seconds.push_back(rates.fwd_embed_s + widen_s(layout.embed_unit())); break;
+      case StepKind::fwd_block: seconds.push_back(rates.fwd_block_s + widen_s(info.unit)); break;
+      case StepKind::head:
+        seconds.push_back(rates.head_s + widen_s(layout.ln_f_unit()) + widen_s(layout.embed_unit()));
+        break;
+      case StepKind::bwd_block: seconds.push_back(rates.bwd_block_s + widen_s(info.unit)); break;
+      case StepKind::bwd_embed: seconds.push_back(rates.bwd_embed_s); break;
+      case StepKind::optimize: {
+        const std::vector<OptimChunk>& chunks = run.units[info.unit].optim;
+        const uint64_t elements = info.chunk < chunks.size() ? chunks[info.chunk].range.element_count
+                                                             : layout.units()[info.unit].element_count;
+        seconds.push_back(rates.adamw_ns_per_element * 1e-9 * static_cast<double>(elements));
+        break;
       }
     }
   }
-  return traffic;
+  return seconds;
+}
+
+}  // namespace
+
+Result<sch::ReplayResult> replay_step(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
+                                      const ComputeRates& rates, double cpu_share) {
+  const ReplaySetup setup = replay_setup(config, layout, run);
+  sch::ReplayTiming timing;
+  timing.compute_s = step_compute_seconds(config, layout, run, rates);
+  for (double& seconds : timing.compute_s) seconds *= cpu_share;
+  timing.read_bytes_per_s = config.io.read.measured_MBps.value_or(kUntunedReadMBps) * 1e6;
+  timing.write_bytes_per_s = config.io.write.measured_MBps.value_or(kUntunedWriteMBps) * 1e6;
+  if (!setup.options.compute_in_place && rates.copy_ns_per_byte > 0) {
+    // Without a measured link, copies run at the memcpy rate (the CPU device's copy thread).
+    timing.h2d_bytes_per_s = 1e9 / rates.copy_ns_per_byte;
+    timing.d2h_bytes_per_s = timing.h2d_bytes_per_s;
+  }
+  return sch::replay_plan(run.plan, setup.options, setup.memory, timing, /*warm_iterations=*/1,
+                          /*counted_iterations=*/1);
 }
 
 // Enqueues `ops` on the backend and waits for them: the time of the ops themselves, whether the
@@ -351,37 +297,44 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
 StepPrediction predict_step(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                             const ComputeRates& rates) {
   StepPrediction p;
-  p.traffic = simulate_step_traffic(config, layout, run);
-  const auto n_layer = static_cast<double>(config.model.n_layer);
-  double widened_elements = 0;
-  if (config.precision != DType::f32) {
-    // Forward widens the embeddings and every block; the head widens ln_f and the
-    // embeddings; backward widens every block again.
-    const auto embed = static_cast<double>(layout.units()[layout.embed_unit()].element_count);
-    const auto ln_f = static_cast<double>(layout.units()[layout.ln_f_unit()].element_count);
-    double blocks = 0;
-    for (uint32_t i = 0; i < config.model.n_layer; ++i)
-      blocks += static_cast<double>(layout.units()[layout.block_unit(i)].element_count);
-    widened_elements = 2 * embed + ln_f + 2 * blocks;
-  }
-  p.compute_s = rates.fwd_embed_s + n_layer * (rates.fwd_block_s + rates.bwd_block_s) + rates.head_s +
-                rates.bwd_embed_s + rates.adamw_ns_per_element * 1e-9 * static_cast<double>(layout.parameter_count()) +
-                rates.widen_ns_per_element * 1e-9 * widened_elements;
-  // The CPU device's copies and the checksums take CPU time from the same cores as the
-  // kernels, which use all of them: spread over the cores, they lengthen the compute side.
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  const auto copied = static_cast<double>(p.traffic.host_to_device_bytes + p.traffic.device_to_host_bytes);
-  const auto hashed = static_cast<double>(p.traffic.nvme_read_bytes + p.traffic.nvme_write_bytes);
-  p.copy_cpu_s = copied * rates.copy_ns_per_byte * 1e-9;
-  p.hash_cpu_s = hashed * rates.hash_ns_per_byte * 1e-9;
+  const std::vector<double> step_seconds = step_compute_seconds(config, layout, run, rates);
+  for (double seconds : step_seconds) p.compute_s += seconds;
   p.tuned = config.io.read.measured_MBps.has_value() && config.io.write.measured_MBps.has_value();
   p.read_MBps = config.io.read.measured_MBps.value_or(kUntunedReadMBps);
   p.write_MBps = config.io.write.measured_MBps.value_or(kUntunedWriteMBps);
+  // The CPU device's copies and the checksums take CPU time from the same cores as the
+  // kernels, which use all of them: spread over the cores, they lengthen every step's compute
+  // in proportion. Their bytes come from the replay, which needs the compute times: replay once
+  // with the kernels alone, then again with the steps lengthened by what that one moved.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  double cpu_share = 1.0;
+  for (int round = 0; round < 2; ++round) {
+    Result<sch::ReplayResult> replayed = replay_step(config, layout, run, rates, cpu_share);
+    if (!replayed.ok()) {
+      p.replay_error = replayed.status().to_string();
+      break;
+    }
+    const sch::ReplayResult& r = *replayed;
+    p.traffic.nvme_read_bytes = r.bytes[static_cast<size_t>(sch::TierPair::nvme_to_host)];
+    p.traffic.nvme_write_bytes = r.bytes[static_cast<size_t>(sch::TierPair::host_to_nvme)];
+    p.traffic.host_to_device_bytes = r.bytes[static_cast<size_t>(sch::TierPair::host_to_device)];
+    p.traffic.device_to_host_bytes = r.bytes[static_cast<size_t>(sch::TierPair::device_to_host)];
+    p.replay_step_s = r.iteration_s;
+    p.stall_s = r.stall_s;
+    const auto copied = static_cast<double>(p.traffic.host_to_device_bytes + p.traffic.device_to_host_bytes);
+    const auto hashed = static_cast<double>(p.traffic.nvme_read_bytes + p.traffic.nvme_write_bytes);
+    p.copy_cpu_s = copied * rates.copy_ns_per_byte * 1e-9;
+    p.hash_cpu_s = hashed * rates.hash_ns_per_byte * 1e-9;
+    if (p.compute_s <= 0) break;
+    cpu_share = (p.compute_s + (p.copy_cpu_s + p.hash_cpu_s) / cores) / p.compute_s;
+  }
   // One drive path serves both directions: reads and writes share it.
   p.io_s = static_cast<double>(p.traffic.nvme_read_bytes) / (p.read_MBps * 1e6) +
            static_cast<double>(p.traffic.nvme_write_bytes) / (p.write_MBps * 1e6);
   const double compute_side = p.compute_s + (p.copy_cpu_s + p.hash_cpu_s) / cores;
-  p.step_s = std::max(p.io_s, compute_side);
+  // The replay's step already holds the waits for data; the floors cover its edges (a
+  // transfer that began in the iteration before).
+  p.step_s = std::max({p.replay_step_s, p.io_s, compute_side});
   p.bound = p.io_s > compute_side ? "NVMe" : "compute";
   return p;
 }
@@ -421,7 +374,7 @@ std::vector<KindBytes> kinds_of(const TrainConfig& config, const ModelLayout& la
 std::string format_plan(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                         const ComputeRates& rates, const StepPrediction& p) {
   std::string out;
-  const DeviceScratchSizes scratch = device_scratch(config, layout);
+  const DeviceScratchSizes scratch = device_scratch(config, layout, &run);
   const auto parameters = static_cast<double>(layout.parameter_count());
   const ModelConfig& m = config.model;
   const std::string heads = m.arch == "llama" ? fmt::format("{} heads ({} k/v) of {}, MLP {}, {} head", m.n_head,
@@ -462,7 +415,8 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions: {})", format_size(nvme_homed),
        format_size(2 * nvme_homed));
   append_line(out, "");
-  append_line(out, "bytes moved per step (a replay of the plan against the budgets):");
+  append_line(out, "bytes moved per step (the scheduler's own policy replayed on a simulated clock):");
+  if (!p.replay_error.empty()) append_line(out, "  the replay could not run the plan: {}", p.replay_error);
   append_line(out, "  nvme → host    {:>10}", format_size(p.traffic.nvme_read_bytes));
   append_line(out, "  host → nvme    {:>10}", format_size(p.traffic.nvme_write_bytes));
   append_line(out, "  host → device  {:>10}", format_size(p.traffic.host_to_device_bytes));
@@ -480,6 +434,7 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "NVMe at {:.0f} MB/s read, {:.0f} MB/s write{}:", p.read_MBps, p.write_MBps,
        p.tuned ? " (tuned)" : " (untuned defaults: run `strata tune` and give its file as nvme.io_file)");
   append_line(out, "  I/O floor                {:8.2f} s", p.io_s);
+  append_line(out, "  replayed step            {:8.2f} s  (of which {:.2f} s waiting for data)", p.replay_step_s, p.stall_s);
   append_line(out, "");
   append_line(out, "predicted step time        {:8.2f} s  ({}-bound; {:.0f} tokens/s)", p.step_s, p.bound,
        static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len) / p.step_s);
@@ -505,7 +460,7 @@ nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& l
           {"optimizer_site", optimizer_site_name(run.optimizer_site)},
           {"optimizer_site_reason", optimizer_site_reason(config)},
           {"device_budget_bytes", config.device_memory_bytes},
-          {"device_scratch_bytes", device_scratch(config, layout).total()},
+          {"device_scratch_bytes", device_scratch(config, layout, &run).total()},
           {"host_budget_bytes", config.host_memory_bytes},
           {"nvme_read_bytes", p.traffic.nvme_read_bytes},
           {"nvme_write_bytes", p.traffic.nvme_write_bytes},
@@ -522,6 +477,8 @@ nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& l
           {"write_MBps", p.write_MBps},
           {"tuned", p.tuned},
           {"io_floor_s", p.io_s},
+          {"replay_step_s", p.replay_step_s},
+          {"replay_stall_s", p.stall_s},
           {"predicted_step_s", p.step_s},
           {"bound", p.bound}};
 }

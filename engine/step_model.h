@@ -3,11 +3,12 @@
 // machine, how long its NVMe traffic takes at the bandwidths `strata tune` measured, and so
 // the step time. `strata plan` prints it; `strata train` prints it next to what it measured.
 //
-// Traffic: the access plan (engine/train_plan.h) replayed twice against the budgets with the
-// scheduler's rules — a copy is loaded only when a step reads it and it is not already on
-// the tier, victims go by Belady's rule (furthest next use), dirty data goes down eagerly
-// after every step that writes it — and the second iteration counted (the first warms the
-// tiers, as the first step of a run does).
+// Traffic and time: the access plan (engine/train_plan.h) driven through the scheduler's own
+// residency model (scheduler/residency.h) on a simulated clock (scheduler/replay.h): the
+// same options and arenas the trainer gives the real scheduler, NVMe at the tuned (or assumed)
+// bandwidths, each step held for its timed kernels. So the bytes are those of the real policy —
+// write-back reserve, in-place pool and its fragmentation fallback, read-ahead limits — not of
+// a second description of it. One iteration warms the tiers, the second is counted.
 //
 // Compute: each kind of kernel (block forward, block backward with recompute, head, the
 // embeddings, AdamW, the bf16 widening) is timed at the config's batch shape, alone (the
@@ -15,10 +16,11 @@
 // phase at a time so the timing never needs more than one step's working set. Sums give the
 // compute-only step time.
 //
-// The step time: the scheduler overlaps NVMe traffic with compute, so a step takes the
-// longer of the two. On the CPU device the host↔device copies and the store's checksums run
-// on the same cores as the kernels; their CPU time (copy bytes at the measured memory copy
-// rate, hashed bytes at the measured hash rate) is added to the compute side.
+// The step time: the replay's iteration (compute plus the waits for data the simulated
+// scheduler could not hide), never below the I/O floor or the compute side. On the CPU device
+// the host↔device copies and the store's checksums run on the same cores as the kernels; their
+// CPU time (copy bytes at the measured memory copy rate, hashed bytes at the measured hash
+// rate, spread over the cores) lengthens every step's compute in the replay.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,7 @@
 #include "engine/train_plan.h"
 #include "kernels/backend.h"
 #include "memory/device/device.h"
+#include "scheduler/replay.h"
 
 namespace strata {
 
@@ -42,8 +45,6 @@ struct StepTraffic {
   uint64_t device_to_host_bytes = 0;
 };
 
-[[nodiscard]] StepTraffic simulate_step_traffic(const TrainConfig& config, const ModelLayout& layout,
-                                                const TrainPlan& run);
 
 struct ComputeRates {
   double fwd_embed_s = 0, bwd_embed_s = 0;
@@ -71,7 +72,10 @@ struct StepPrediction {
   double write_MBps = 0;
   bool tuned = false;          // both came from `strata tune`
   double io_s = 0;             // nvme reads / read bandwidth + writes / write bandwidth
-  double step_s = 0;           // max(io_s, compute side)
+  double replay_step_s = 0;    // the replay's step: compute and the waits for data
+  double stall_s = 0;          // of which waiting for data
+  std::string replay_error;    // non-empty: the replay could not run the plan (the figures are 0)
+  double step_s = 0;           // max(replay_step_s, io_s, compute side)
   const char* bound = "";      // "compute" or "NVMe"
 };
 
@@ -79,6 +83,13 @@ struct StepPrediction {
 // datacenter NVMe drive; `strata plan` says when it falls back to them.
 inline constexpr double kUntunedReadMBps = 2000.0;
 inline constexpr double kUntunedWriteMBps = 1500.0;
+
+// The plan replayed on a simulated clock through the scheduler's own residency model
+// (scheduler/replay.h) with the scheduler the trainer would create for `config`: one warm
+// iteration, one counted. Each step's compute is its kernels' time × `cpu_share`.
+[[nodiscard]] Result<scheduler::ReplayResult> replay_step(const TrainConfig& config, const ModelLayout& layout,
+                                                          const TrainPlan& run, const ComputeRates& rates,
+                                                          double cpu_share = 1.0);
 
 [[nodiscard]] StepPrediction predict_step(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                                           const ComputeRates& rates);

@@ -17,8 +17,10 @@
 //   - the caller (compute) thread calls `acquire` / `release` / `flush` / stats; acquire of
 //     steps must follow plan order (step 0, 1, ..., n−1, 0, ...). Several steps may be held at
 //     once as long as they fit the device budget together.
-//   - the pump thread makes every decision: it walks the plan ahead of the cursor (the next
-//     step to be acquired), allocates and evicts (Belady: the copy whose next use is furthest
+//   - the pump thread runs the residency model (scheduler/residency.h: the books and every
+//     decision, thread-free, also driven by `strata plan`'s replay) and carries out what it
+//     decides: it walks the plan ahead of the cursor (the next step to be acquired), allocates
+//     and evicts (Belady: the copy whose next use is furthest
 //     away goes first; pinned copies and copies in flight never), enqueues host↔device copies
 //     on the h2d / d2h streams, queues NVMe reads and writes for the I/O thread, and writes
 //     dirty data back eagerly (device → host → NVMe when the home is NVMe). All tensor books
