@@ -21,9 +21,9 @@
 // most likely tokens whose probability reaches top_p (1: all), drawn with a std::mt19937_64
 // seeded by `seed` — the same seed gives the same tokens.
 //
-// The text seam: a TokenCodec turns the prompt into token ids and ids back into text. strata
-// ships the byte codec (text-bytes vocabularies); a tokenizer (engine/tokenizer/) plugs in by
-// implementing the two calls.
+// The text seam: a TokenCodec turns the prompt into token ids and ids back into text: the byte
+// codec (text-bytes vocabularies) or a tokenizer (engine/tokenizer/, TokenizerCodec); the
+// sampled text is decoded once, all tokens together, so a character split across tokens is whole.
 //
 // Threads: one call on one thread; compute fans out through TBB, the scheduler runs its own.
 #pragma once
@@ -35,7 +35,10 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
 #include "common/status.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "engine/train_config.h"
 
 namespace strata {
@@ -47,6 +50,9 @@ class TokenCodec {
   [[nodiscard]] virtual Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const = 0;
   // The text of one token (may be part of a UTF-8 character; concatenation is the output).
   virtual std::string decode(int32_t token) const = 0;
+  // The text of a run of tokens: their bytes joined (a character split across tokens comes out
+  // whole). By default the concatenation of decode(token).
+  virtual std::string decode_all(std::span<const int32_t> tokens) const;
 };
 
 // Each byte is a token (data.format: text-bytes).
@@ -55,6 +61,27 @@ class ByteCodec final : public TokenCodec {
   Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const override;
   std::string decode(int32_t token) const override;
 };
+
+// A tokenizer (engine/tokenizer/: tokenizer.json BPE or SentencePiece) as the codec. Ids the
+// model has but the tokenizer lacks (a vocabulary padded past the tokenizer's) print as <id>.
+class TokenizerCodec final : public TokenCodec {
+ public:
+  explicit TokenizerCodec(std::unique_ptr<tokenizer::Tokenizer> tokenizer) : tokenizer_(std::move(tokenizer)) {}
+  Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const override;
+  std::string decode(int32_t token) const override;
+  std::string decode_all(std::span<const int32_t> tokens) const override;
+
+ private:
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+};
+
+// The codec of a run's text: the tokenizer at `tokenizer_path` when given (--tokenizer), else
+// the config's data.tokenizer, else a tokenizer.json / tokenizer.model in the Hugging Face folder
+// model.init names, else the byte codec — which only a text-bytes model may use: token data
+// with no tokenizer to be found is refused, saying what to give.
+[[nodiscard]] Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config, const std::string& tokenizer_path);
+// The tokenizer make_codec would load without an override ("" when it would use bytes).
+std::string tokenizer_path_for(const TrainConfig& config);
 
 struct SamplingOptions {
   uint32_t tokens = 200;     // tokens to sample after the prompt

@@ -1181,7 +1181,8 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
   options.tokens = tokens;
   options.temperature = temperature;
   options.seed = seed;
-  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, ByteCodec()));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenCodec> codec, make_codec(config, std::string()));
+  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, *codec));
   return summary.text;
 }
 

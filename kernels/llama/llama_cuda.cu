@@ -83,23 +83,19 @@ __global__ void rmsnorm_backward_w_kernel(const float* dy, const float* x, const
   dw[j] += static_cast<float>(acc);
 }
 
-// rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; `sign` −1
-// applies the transpose (the backward).
-__global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t heads, float sign) {
+// rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; row r at
+// position first_position + r % t_len; `sign` −1 applies the transpose (the backward).
+__global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t first_position,
+                            int64_t heads, float sign) {
   const int64_t half = config.head_dim / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * heads * half) return;
   const int64_t pair = i % half;
   const int64_t row_head = i / half;
-  const int64_t t = (row_head / heads) % t_len;
-  const double angle = static_cast<double>(t) * rope_inverse_frequency(config, pair);
-  const auto c = static_cast<float>(cos(angle));
-  const float s = sign * static_cast<float>(sin(angle));
-  float* v = x + row_head * config.head_dim;
-  const float a = v[pair];
-  const float b = v[pair + half];
-  v[pair] = a * c - b * s;
-  v[pair + half] = b * c + a * s;
+  float c = 0.0f;
+  float s = 0.0f;
+  rope_cos_sin(rope_inverse_frequency(config, pair), first_position + (row_head / heads) % t_len, &c, &s);
+  rope_rotate_pair(x + row_head * config.head_dim, pair, half, c, sign * s);
 }
 
 __global__ void swiglu_forward_kernel(const float* gate, const float* up, float* act, int64_t n) {
@@ -211,7 +207,7 @@ Status rmsnorm_backward(const Context& ctx, const Config& config, const float* d
 Status rope(const Context& ctx, const Config& config, const BatchShape& shape, float* x, int64_t heads, bool inverse) {
   const int64_t count = shape.rows() * heads * (config.head_dim / 2);
   STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(count), kThreads, ctx.stream(), config, x, shape.rows(), shape.seq_len,
-                     heads, inverse ? -1.0f : 1.0f);
+                     int64_t{0}, heads, inverse ? -1.0f : 1.0f);
   return Status();
 }
 
