@@ -108,7 +108,8 @@ void print_summary(const GenerateSummary& s, const Options& o) {
                                    {"pool_bytes", s.pool_bytes},
                                    {"host_high_water_bytes", s.host_high_water_bytes},
                                    {"peak_rss_bytes", s.peak_rss_bytes}};
-    fmt::print("{}\n", json.dump());
+    // A sample may end inside a UTF-8 character: such bytes print as U+FFFD rather than throw.
+    fmt::print("{}\n", json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     return;
   }
   fmt::print("{}{}\n", o.prompt, s.text);
