@@ -422,8 +422,8 @@ __global__ void decode_attention_kernel(Config config, const float* q, const flo
   const int64_t r = blockIdx.x / config.n_head;
   const int64_t h = blockIdx.x % config.n_head;
   const int64_t d = config.head_dim;
-  const int64_t qw = config.q_width();
-  const int64_t kvw = config.kv_width();
+  const int64_t qw = config.n_head * d;  // Config's q_width / kv_width are host-only
+  const int64_t kvw = config.n_kv_head * d;
   const int64_t kv = kv_head_of(config, h);
   const int64_t count = past + r + 1;
   const float* q_row = q + r * qw + h * d;
