@@ -192,7 +192,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(device::Kind kind, device::parse_kind(config.device_kind));
   if (kind != device::Kind::cpu)
     return make_error(ErrorKind::unsupported,
-                      "strata generate runs on device.kind: cpu for now (the CUDA decode ops are not written yet)");
+                      "strata generate runs on device.kind: cpu for now (on CUDA, Llama's decode ops exist but "
+                      "GPT-2's and generation's device-side path are not written yet)");
   memory::StoreOptions store_options = store_options_for(config);
   store_options.read_only = true;
   STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options));

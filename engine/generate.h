@@ -2,15 +2,18 @@
 // from the NVMe store through the prefetch scheduler, within the config's byte budgets.
 //
 // How a pass runs. The model's compute copies (the store's `params.<unit>` tensors, bf16 or
-// fp32 as the run's precision) form an access plan of L + 2 steps — embed, h.0 … h.{L−1},
-// head (ln_f and the tied wte) — that repeats once per pass: the prompt is one pass (all its
+// fp32 as the run's precision) form an access plan of L + 2 steps over the model definition's
+// units (engine/models/model.h) — embed, one per block, head (the final unit, and the embedding
+// when the head is tied) — that repeats once per pass; the definition's decode ops run each
+// step, so GPT-2 and Llama share this one path: the prompt is one pass (all its
 // tokens at once), each sampled token one more. The scheduler prefetches and evicts within the
 // host (and device) budget exactly as in training, so a model larger than the host budget is
 // read from NVMe every pass, and the I/O floor of a token is the bytes of its weights ÷ the
 // tuned read bandwidth. Every block keeps a KV cache (keys and values of every position so
-// far, fp32), so a token costs one pass over the weights, not one per position. When the
-// window (seq_len, GPT-2's learned positions) is full, the last half is encoded again as a new
-// prompt.
+// far, fp32, its k/v heads only: kv_cache_width per position), so a token costs one pass over
+// the weights, not one per position. The window is the model's seq_len (GPT-2's learned
+// positions end there; Llama's RoPE does not, but the cache is sized for it): when it is full,
+// its last half is encoded again as a new prompt at positions 0….
 //
 // Memory: the scheduler's pool is host.memory (+ device.memory on the CPU device) less the
 // fixed scratch — the KV cache, two activation buffers, the fp32 widening buffers, the decode

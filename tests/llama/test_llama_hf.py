@@ -4,8 +4,9 @@
 #   roundtrip  a tiny Llama folder written here (config.json with llama3 rope_scaling, 6 query
 #              heads over 3 k/v heads, head_dim 16, untied head; model.safetensors; a byte-level
 #              tokenizer.json) → `strata train` with `model: {init: DIR, seq_len: 16}`, 3 fp32
-#              steps → `--export OUT`: every tensor within 1e-4 of a float64 torch training of the
-#              same steps (test_llama_train.py's loop); OUT carries the tokenizer; OUT loads back
+#              steps (printing the end-of-run sample through the folder's tokenizer) → `--export
+#              OUT`: every tensor within 1e-4 of a float64 torch training of the same steps
+#              (test_llama_train.py's loop); OUT carries the tokenizer; OUT loads back
 #              (train 0 steps from it, export again: bit-identical); `strata generate --model OUT`
 #              encodes the prompt with OUT's tokenizer and its greedy tokens equal a float64 torch
 #              Llama's (HF semantics, a whole forward per token) from OUT's weights, across a
@@ -83,7 +84,7 @@ def write_llama_folder(torch, folder, model, seed, std=0.08):
     return init
 
 
-def train_config(folder, name, init, steps):
+def train_config(folder, name, init, steps, sample=None):
     nvme = os.path.join(folder, name + "-nvme")
     os.makedirs(nvme)
     cfg = {"model": {"init": init, "seq_len": 16}, "data": {"path": tt.CORPUS, "format": "text-bytes"},
@@ -92,6 +93,8 @@ def train_config(folder, name, init, steps):
            "precision": "fp32", "device": {"kind": "cpu", "memory": "64MiB"}, "host": {"memory": "64MiB"},
            "nvme": {"paths": [nvme]}, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
            "checkpoint_every": 10}
+    if sample:
+        cfg["sample"] = sample
     path = os.path.join(folder, name + ".yaml")
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -141,9 +144,16 @@ def case_roundtrip(folder):
     init = write_llama_folder(torch, hf_dir, model, seed=5)
 
     # Folder → train 3 steps → export a folder; against torch's training of the same steps.
-    cfg_path, cfg = train_config(folder, "train", hf_dir, steps=3)
+    cfg_path, cfg = train_config(folder, "train", hf_dir, steps=3, sample={"tokens": 8, "prompt": "The"})
     out = os.path.join(folder, "out")
-    tt.strata("train", cfg_path, "--export", out)
+    # (the sample may hold bytes that are not UTF-8: read stderr leniently)
+    trained = subprocess.run([tt.STRATA, "train", cfg_path, "--export", out], capture_output=True, text=True,
+                             errors="replace", timeout=600)
+    if trained.returncode != 0:
+        tt.fail(f"strata train exited {trained.returncode}:\n{trained.stderr}")
+    # The end-of-run sample: the Llama store through generation, the folder's tokenizer.
+    if "sample from the trained model" not in trained.stderr:
+        tt.fail(f"strata train printed no sample:\n{trained.stderr[-600:]}")
     if not os.path.exists(os.path.join(out, "tokenizer.json")):
         tt.fail(f"{out} holds no tokenizer.json: {sorted(os.listdir(out))}")
     ours = read_folder_tensors(torch, out)
