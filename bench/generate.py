@@ -110,7 +110,8 @@ def write_weights(folder, shapes, rng, is_ones):
     with open(os.path.join(folder, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
         for name, shape in shapes.items():
-            value = np.ones(shape, np.float32) if is_ones(name) else (0.02 * rng.standard_normal(shape)).astype(np.float32)
+            value = (np.ones(shape, np.float32) if is_ones(name)
+                     else (0.02 * rng.standard_normal(shape)).astype(np.float32))
             f.write(value.tobytes())
 
 

@@ -120,6 +120,14 @@ std::string TokenizerCodec::decode_all(std::span<const int32_t> tokens) const {
   return text;
 }
 
+int32_t TokenizerCodec::start_token(uint32_t vocab_size) const {
+  if (std::optional<uint32_t> bos = tokenizer_->bos_id(); bos && *bos < vocab_size) return static_cast<int32_t>(*bos);
+  if (Result<std::vector<uint32_t>> newline = tokenizer_->encode("\n"); newline.ok() && !newline->empty() &&
+                                                                       newline->front() < vocab_size)
+    return static_cast<int32_t>(newline->front());
+  return 0;
+}
+
 std::string tokenizer_path_for(const TrainConfig& config) {
   if (!config.data_tokenizer.empty()) return config.data_tokenizer;
   if (config.model.init != "random" && hf::is_folder(config.model.init)) {
@@ -220,7 +228,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const bool tied = definition.head_tied();
 
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, codec.encode(prompt, model.vocab_size));
-  if (context.empty()) context.push_back(model.vocab_size > '\n' ? '\n' : 0);
+  if (context.empty()) context.push_back(codec.start_token(model.vocab_size));
   if (static_cast<int64_t>(context.size()) > window)  // the window: the prompt's last `window` tokens
     context.erase(context.begin(), context.end() - window);
   const auto prompt_rows = static_cast<int64_t>(context.size());
@@ -236,7 +244,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     weight_bytes += unit.element_count * element_bytes;
   }
   plan.add_step("embed", {ids[layout.embed_unit()]});
-  for (int64_t i = 0; i < n_layer; ++i) plan.add_step(layout.units()[layout.block_unit(i)].name, {ids[layout.block_unit(i)]});
+  for (int64_t i = 0; i < n_layer; ++i)
+    plan.add_step(layout.units()[layout.block_unit(i)].name, {ids[layout.block_unit(i)]});
   if (tied)
     plan.add_step("head", {ids[layout.ln_f_unit()], ids[layout.embed_unit()]});
   else
@@ -260,8 +269,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t ln_f_widen_bytes = *precision == DType::f32 ? 0 : final_norm_elements * 4;
   const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(max_rows, window);
   const uint64_t logits_bytes = uint64_t(vocab) * 4;
-  const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) + 2 * device_bytes(activation_bytes) +
-                                 device_bytes(widen_bytes) + device_bytes(ln_f_widen_bytes) +
+  const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
+                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) + device_bytes(ln_f_widen_bytes) +
                                  device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
                                  device_bytes(token_ids_bytes);
   uint64_t largest_step_bytes = 0;
@@ -287,7 +296,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   for (int64_t i = 0; i < n_layer; ++i) {
     STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer keys, device->allocate(kv_block_bytes));
     STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer values, device->allocate(kv_block_bytes));
-    cache[static_cast<size_t>(i)] = {reinterpret_cast<float*>(keys.data()), reinterpret_cast<float*>(values.data()), window};
+    cache[static_cast<size_t>(i)] = {reinterpret_cast<float*>(keys.data()), reinterpret_cast<float*>(values.data()),
+                                     window};
     cache_buffers.push_back(std::move(keys));
     cache_buffers.push_back(std::move(values));
   }
@@ -338,7 +348,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     float* token_rows = widen_scratch;
     float* positions = widen_scratch + uint64_t(max_rows) * uint64_t(c);
     for (int64_t r = 0; r < rows; ++r)
-      STRATA_RETURN_IF_ERROR(backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c)));
+      STRATA_RETURN_IF_ERROR(
+          backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c)));
     if (learned_positions > 0)
       STRATA_RETURN_IF_ERROR(
           backend->cast_bf16_to_fp32(bits + vocab * c, positions, uint64_t(learned_positions) * uint64_t(c)));
@@ -378,8 +389,9 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
         const size_t unit = layout.block_unit(static_cast<int64_t>(s) - 1);
         Result<const float*> weights =
             widen(buffers.device_data(ids[unit]), layout.units()[unit].element_count, widen_scratch);
-        status = weights.ok() ? definition.block_decode(*backend, past, rows, *weights, x_a, x_b, cache[s - 1], workspace)
-                              : weights.status();
+        status = weights.ok()
+                     ? definition.block_decode(*backend, past, rows, *weights, x_a, x_b, cache[s - 1], workspace)
+                     : weights.status();
         std::swap(x_a, x_b);
       } else {
         status = head(buffers, rows);

@@ -56,6 +56,9 @@ class TokenCodec {
   // The text of a run of tokens: their bytes joined (a character split across tokens comes out
   // whole). By default the concatenation of decode(token).
   virtual std::string decode_all(std::span<const int32_t> tokens) const;
+  // The token an empty prompt starts from: by default a newline byte (0 if the vocabulary is
+  // smaller); a tokenizer's BOS when it has one.
+  virtual int32_t start_token(uint32_t vocab_size) const { return vocab_size > '\n' ? '\n' : 0; }
 };
 
 // Each byte is a token (data.format: text-bytes).
@@ -73,6 +76,7 @@ class TokenizerCodec final : public TokenCodec {
   Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const override;
   std::string decode(int32_t token) const override;
   std::string decode_all(std::span<const int32_t> tokens) const override;
+  int32_t start_token(uint32_t vocab_size) const override;
 
  private:
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
@@ -82,7 +86,8 @@ class TokenizerCodec final : public TokenCodec {
 // the config's data.tokenizer, else a tokenizer.json / tokenizer.model in the Hugging Face folder
 // model.init names, else the byte codec — which only a text-bytes model may use: token data
 // with no tokenizer to be found is refused, saying what to give.
-[[nodiscard]] Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config, const std::string& tokenizer_path);
+[[nodiscard]] Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config,
+                                                              const std::string& tokenizer_path);
 // The tokenizer make_codec would load without an override ("" when it would use bytes).
 std::string tokenizer_path_for(const TrainConfig& config);
 

@@ -218,7 +218,11 @@ def case_offload(folder):
     torch = import_torch()
     tiny = os.path.join(folder, "tiny")
     write_llama_folder(torch, tiny, {**LLAMA, "vocab_size": 260, "tie_word_embeddings": True}, seed=3)
-    baseline_rss = generate(tiny, os.path.join(folder, "nvme-tiny"), "1MiB", "--tokens", "4")["peak_rss_bytes"]
+    # (an empty prompt starts from the tokenizer's newline: this one has no BOS)
+    tiny_out = generate(tiny, os.path.join(folder, "nvme-tiny"), "1MiB", "--tokens", "4", "--prompt", "")
+    if tiny_out["prompt_tokens"] != 1 or len(tiny_out["tokens"]) != 4:
+        tt.fail(f"an empty prompt: {tiny_out}")
+    baseline_rss = tiny_out["peak_rss_bytes"]
     big_model = {**LLAMA, "vocab_size": 260, "n_layer": 10, "n_embd": 256, "n_head": 4, "n_kv_head": 2, "head_dim": 64,
                  "intermediate_size": 512, "tie_word_embeddings": False}
     big = os.path.join(folder, "big")
