@@ -3,8 +3,9 @@
 # set by reading its weights once per token at the drive's read bandwidth (issue 14's target:
 # tokens/s ≥ 0.9× that bound).
 #
-# The model: a GPT-2 of the given shape with random weights, written as a Hugging Face folder
-# (fp32), staged once by `strata generate --model` into a bf16 store. The reference, in the same
+# The model: a GPT-2 (or, --arch llama, a Llama: GQA, SwiGLU, untied head) of the given shape
+# with random weights, written as a Hugging Face folder (fp32), staged once by `strata generate
+# --model` into a store of --precision. The reference, in the same
 # run and alternated with it: `strata io-bench` reading a file of the staged weights' size with
 # the engine, block size and queue depth `strata tune` chose (its MB/s is the bandwidth in the
 # bound), and each generate run is given that tuned io: file so its own floor uses it too.
@@ -12,8 +13,9 @@
 # and, alternated too, the same generation resident (a host budget holding every weight: the
 # compute-only rate), which says whether the kernels or the drive set the pace.
 #
-# Usage: bench/generate.py [--strata build/strata] [--dir DIR] [--layers 12] [--embd 768]
-#        [--vocab 50257] [--budget 128MiB] [--precision fp32] [--tokens 24] [--repeats 3]
+# Usage: bench/generate.py [--strata build/strata] [--dir DIR] [--arch gpt2|llama] [--layers 12]
+#        [--embd 768] [--vocab 50257] [--kv-heads 4] [--intermediate 2048] [--budget 128MiB]
+#        [--precision fp32] [--tokens 24] [--repeats 3]
 import argparse
 import json
 import os
@@ -27,10 +29,13 @@ import numpy as np
 parser = argparse.ArgumentParser()
 parser.add_argument("--strata", default="build/strata")
 parser.add_argument("--dir", default=os.path.join("strata-data", "bench-generate"))
+parser.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
 parser.add_argument("--layers", type=int, default=12)
 parser.add_argument("--embd", type=int, default=768)
 parser.add_argument("--vocab", type=int, default=50257)
 parser.add_argument("--positions", type=int, default=256)
+parser.add_argument("--kv-heads", type=int, default=4, help="llama: k/v heads (query heads: embd / 64)")
+parser.add_argument("--intermediate", type=int, default=2048, help="llama: the SwiGLU width")
 parser.add_argument("--budget", default="128MiB", help="host and device budget each")
 parser.add_argument("--precision", default="fp32",
                     help="the staged compute copy; bf16 halves the bytes but needs an fp32 copy of the largest "
@@ -49,11 +54,35 @@ def run(*cmd):
     return result
 
 
+def llama_shapes():
+    c, heads = args.embd, args.embd // 64
+    qw, kvw, inter = heads * 64, args.kv_heads * 64, args.intermediate
+    shapes = {"model.embed_tokens.weight": (args.vocab, c)}
+    for i in range(args.layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (c,), p + "self_attn.q_proj.weight": (qw, c),
+                       p + "self_attn.k_proj.weight": (kvw, c), p + "self_attn.v_proj.weight": (kvw, c),
+                       p + "self_attn.o_proj.weight": (c, qw), p + "post_attention_layernorm.weight": (c,),
+                       p + "mlp.gate_proj.weight": (inter, c), p + "mlp.up_proj.weight": (inter, c),
+                       p + "mlp.down_proj.weight": (c, inter)})
+    shapes.update({"model.norm.weight": (c,), "lm_head.weight": (args.vocab, c)})
+    config = {"model_type": "llama", "hidden_size": c, "intermediate_size": inter, "num_hidden_layers": args.layers,
+              "num_attention_heads": heads, "num_key_value_heads": args.kv_heads, "head_dim": 64,
+              "vocab_size": args.vocab, "max_position_embeddings": args.positions, "rope_theta": 500000.0,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    return shapes, config
+
+
 def write_model(folder):
     if os.path.exists(os.path.join(folder, "config.json")):
         return
     os.makedirs(folder, exist_ok=True)
     c, rng = args.embd, np.random.default_rng(1)
+    if args.arch == "llama":
+        shapes, config = llama_shapes()
+        write_weights(folder, shapes, rng, lambda name: name.endswith("norm.weight"))
+        json.dump(config, open(os.path.join(folder, "config.json"), "w"))
+        return
     shapes = {"wte.weight": (args.vocab, c), "wpe.weight": (args.positions, c)}
     for i in range(args.layers):
         p = f"h.{i}."
@@ -62,6 +91,15 @@ def write_model(folder):
                        p + "ln_2.weight": (c,), p + "ln_2.bias": (c,), p + "mlp.c_fc.weight": (c, 4 * c),
                        p + "mlp.c_fc.bias": (4 * c,), p + "mlp.c_proj.weight": (4 * c, c), p + "mlp.c_proj.bias": (c,)})
     shapes.update({"ln_f.weight": (c,), "ln_f.bias": (c,)})
+    write_weights(folder, shapes, rng,
+                  lambda name: name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight")
+    json.dump({"model_type": "gpt2", "n_layer": args.layers, "n_head": 12 if c % 12 == 0 else 8, "n_embd": c,
+               "vocab_size": args.vocab, "n_positions": args.positions, "layer_norm_epsilon": 1e-5},
+              open(os.path.join(folder, "config.json"), "w"))
+
+
+def write_weights(folder, shapes, rng, is_ones):
+    """model.safetensors in fp32: `is_ones(name)` tensors (norm gains) 1, the rest N(0, 0.02)."""
     header, offset = {}, 0
     for name, shape in shapes.items():
         size = int(np.prod(shape)) * 4
@@ -72,16 +110,13 @@ def write_model(folder):
     with open(os.path.join(folder, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
         for name, shape in shapes.items():
-            ones = name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name == "ln_f.weight"
-            value = np.ones(shape, np.float32) if ones else (0.02 * rng.standard_normal(shape)).astype(np.float32)
+            value = (np.ones(shape, np.float32) if is_ones(name)
+                     else (0.02 * rng.standard_normal(shape)).astype(np.float32))
             f.write(value.tobytes())
-    json.dump({"model_type": "gpt2", "n_layer": args.layers, "n_head": 12 if c % 12 == 0 else 8, "n_embd": c,
-               "vocab_size": args.vocab, "n_positions": args.positions, "layer_norm_epsilon": 1e-5},
-              open(os.path.join(folder, "config.json"), "w"))
 
 
-model = os.path.join(args.dir, "model")
-nvme = os.path.join(args.dir, "nvme-" + args.precision)
+model = os.path.join(args.dir, "model" if args.arch == "gpt2" else "model-llama")
+nvme = os.path.join(args.dir, ("nvme-" if args.arch == "gpt2" else "nvme-llama-") + args.precision)
 write_model(model)
 tuned = os.path.join(args.dir, "tuned.yaml")
 if not os.path.exists(tuned):

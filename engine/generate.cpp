@@ -70,6 +70,90 @@ std::string ByteCodec::decode(int32_t token) const {
   return token < 256 ? std::string(1, static_cast<char>(token)) : fmt::format("<{}>", token);
 }
 
+std::string TokenCodec::decode_all(std::span<const int32_t> tokens) const {
+  std::string text;
+  for (const int32_t token : tokens) text += decode(token);
+  return text;
+}
+
+Result<std::vector<int32_t>> TokenizerCodec::encode(std::string_view text, uint32_t vocab_size) const {
+  STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenizer_->encode(text));
+  std::vector<int32_t> tokens;
+  tokens.reserve(ids.size());
+  for (const uint32_t id : ids) {
+    if (id >= vocab_size)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("the prompt's token {} is outside the model's vocabulary of {} (the tokenizer is "
+                                    "not this model's)", id, vocab_size));
+    tokens.push_back(static_cast<int32_t>(id));
+  }
+  return tokens;
+}
+
+std::string TokenizerCodec::decode(int32_t token) const {
+  const auto id = static_cast<uint32_t>(token);
+  Result<std::string> text = tokenizer_->decode(std::span<const uint32_t>(&id, 1));
+  return text.ok() ? *text : fmt::format("<{}>", token);
+}
+
+std::string TokenizerCodec::decode_all(std::span<const int32_t> tokens) const {
+  std::vector<uint32_t> ids(tokens.begin(), tokens.end());
+  if (Result<std::string> text = tokenizer_->decode(ids); text.ok()) return *text;
+  // Some id is not the tokenizer's: decode the runs between such ids, and print those as <id>.
+  std::string text;
+  std::vector<uint32_t> run;
+  auto flush = [&] {
+    if (run.empty()) return;
+    Result<std::string> piece = tokenizer_->decode(run);
+    text += piece.ok() ? *piece : std::string();
+    run.clear();
+  };
+  for (const uint32_t id : ids) {
+    if (tokenizer_->decode(std::span<const uint32_t>(&id, 1)).ok()) {
+      run.push_back(id);
+    } else {
+      flush();
+      text += fmt::format("<{}>", id);
+    }
+  }
+  flush();
+  return text;
+}
+
+int32_t TokenizerCodec::start_token(uint32_t vocab_size) const {
+  if (std::optional<uint32_t> bos = tokenizer_->bos_id(); bos && *bos < vocab_size) return static_cast<int32_t>(*bos);
+  if (Result<std::vector<uint32_t>> newline = tokenizer_->encode("\n"); newline.ok() && !newline->empty() &&
+                                                                       newline->front() < vocab_size)
+    return static_cast<int32_t>(newline->front());
+  return 0;
+}
+
+std::string tokenizer_path_for(const TrainConfig& config) {
+  if (!config.data_tokenizer.empty()) return config.data_tokenizer;
+  if (config.model.init != "random" && hf::is_folder(config.model.init)) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      std::error_code error;
+      const std::filesystem::path path = std::filesystem::path(config.model.init) / name;
+      if (std::filesystem::is_regular_file(path, error)) return config.model.init;
+    }
+  }
+  return std::string();
+}
+
+Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config, const std::string& tokenizer_path) {
+  const std::string path = tokenizer_path.empty() ? tokenizer_path_for(config) : tokenizer_path;
+  if (path.empty()) {
+    if (config.data_format != DataFormat::text_bytes)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: the data are tokens but no tokenizer is known to turn text into them: give "
+                                    "data.tokenizer, a model.init folder with tokenizer.json or tokenizer.model, or "
+                                    "--tokenizer PATH (or --prompt-ids)", config.source_path));
+    return std::unique_ptr<TokenCodec>(std::make_unique<ByteCodec>());
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer, tokenizer::load_tokenizer(path));
+  return std::unique_ptr<TokenCodec>(std::make_unique<TokenizerCodec>(std::move(tokenizer)));
+}
+
 int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, std::mt19937_64& rng,
                      std::vector<std::pair<float, int32_t>>& order) {
   if (options.temperature <= 0.0)
@@ -116,7 +200,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(device::Kind kind, device::parse_kind(config.device_kind));
   if (kind != device::Kind::cpu)
     return make_error(ErrorKind::unsupported,
-                      "strata generate runs on device.kind: cpu for now (the CUDA decode ops are not written yet)");
+                      "strata generate runs on device.kind: cpu for now (on CUDA, Llama's decode ops exist but "
+                      "GPT-2's and generation's device-side path are not written yet)");
   memory::StoreOptions store_options = store_options_for(config);
   store_options.read_only = true;
   STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options));
@@ -128,12 +213,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   if (!precision.ok() || *precision == DType::f16)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'precision' is not fp32 or bf16", dir));
   const uint64_t element_bytes = dtype_size_bytes(*precision);
-  // The decode ops with a KV cache are GPT-2's so far (kernels/backend.h); a Llama store is
-  // refused here, before any work, rather than sampled with the whole model in RAM.
-  if (model.arch != "gpt2")
-    return make_error(ErrorKind::unsupported,
-                      fmt::format("strata generate: the {} decode ops (KV cache) are not written yet; gpt2 only",
-                                  model.arch));
+  // The definition drives the pass (its units, its decode ops): GPT-2 and Llama share it.
   const ModelLayout layout(model);
   // A ZeRO stage-3 rank's store holds only its share of the compute copies (engine/zero.h):
   // generation reads whole units from one store, so the set is exported first.
@@ -148,19 +228,27 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                     store.committed_metadata().count("parallel.ranks") != 0
                                         ? store.committed_metadata().at("parallel.ranks")
                                         : std::string("several")));
-  const gk::Config kc = models::gpt2_kernel_config(model);
-  const int64_t c = kc.n_embd;
-  const int64_t n_ctx = kc.n_ctx;
+  const models::ModelDefinition& definition = layout.definition();
+  const int64_t c = model.n_embd;
+  const int64_t vocab = model.vocab_size;
+  const int64_t n_layer = model.n_layer;
+  // The window: seq_len. GPT-2 cannot pass it (its positions are learned); Llama's RoPE could,
+  // but the KV cache is sized for it — either way a full window starts over from its last half.
+  const int64_t window = model.seq_len;
+  const int64_t learned_positions = definition.learned_positions();
+  const int64_t kv_width = definition.kv_cache_width();
+  const uint64_t final_norm_elements = definition.final_norm_elements();
+  const bool tied = definition.head_tied();
 
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, codec.encode(prompt, model.vocab_size));
-  if (context.empty()) context.push_back(model.vocab_size > '\n' ? '\n' : 0);
-  if (static_cast<int64_t>(context.size()) > n_ctx)  // the window: the prompt's last n_ctx tokens
-    context.erase(context.begin(), context.end() - n_ctx);
+  if (context.empty()) context.push_back(codec.start_token(model.vocab_size));
+  if (static_cast<int64_t>(context.size()) > window)  // the window: the prompt's last `window` tokens
+    context.erase(context.begin(), context.end() - window);
   const auto prompt_rows = static_cast<int64_t>(context.size());
-  const int64_t refill_rows = std::max<int64_t>(1, n_ctx / 2);
+  const int64_t refill_rows = std::max<int64_t>(1, window / 2);
   const int64_t max_rows = std::max(prompt_rows, refill_rows);
 
-  // The plan: one pass = embed, h.0 … h.{L−1}, head; it repeats per pass.
+  // The plan: one pass = embed, blocks 0 … L−1, head; it repeats per pass.
   sch::AccessPlan plan;
   std::vector<sch::TensorId> ids;
   uint64_t weight_bytes = 0;
@@ -169,29 +257,34 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     weight_bytes += unit.element_count * element_bytes;
   }
   plan.add_step("embed", {ids[layout.embed_unit()]});
-  for (int64_t i = 0; i < kc.n_layer; ++i) plan.add_step(fmt::format("h.{}", i), {ids[layout.block_unit(i)]});
-  plan.add_step("head", {ids[layout.ln_f_unit()], ids[layout.embed_unit()]});
+  for (int64_t i = 0; i < n_layer; ++i)
+    plan.add_step(layout.units()[layout.block_unit(i)].name, {ids[layout.block_unit(i)]});
+  if (tied)
+    plan.add_step("head", {ids[layout.ln_f_unit()], ids[layout.embed_unit()]});
+  else
+    plan.add_step("head", {ids[layout.ln_f_unit()]});
   STRATA_RETURN_IF_ERROR(plan.validate());
 
   // The fixed scratch, on the device (on the CPU device: host memory out of the same budgets).
-  const uint64_t kv_bytes = uint64_t(kc.n_layer) * 2 * uint64_t(n_ctx) * uint64_t(c) * 4;
+  const uint64_t kv_block_bytes = uint64_t(window) * uint64_t(kv_width) * 4;
+  const uint64_t kv_bytes = uint64_t(n_layer) * 2 * kv_block_bytes;
   const uint64_t activation_bytes = uint64_t(max_rows) * uint64_t(c) * 4;
-  // bf16 weights are widened to fp32 for the kernels: a block whole, but the embedding (GPT-2's
-  // is the largest unit by far) only where it is read — the new tokens' rows and the position
-  // table for the embedding, kHeadChunkRows-row pieces of wte for the head — so the scratch is
-  // a block's size, not the vocabulary's.
+  // bf16 weights are widened to fp32 for the kernels: a block whole, but the embedding and the
+  // output projection (the largest units by far) only where they are read — the new tokens'
+  // rows and any learned position table for the embedding, kHeadChunkRows-row pieces for the
+  // head — so the scratch is a block's size, not the vocabulary's.
   constexpr int64_t kHeadChunkRows = 4096;
   const uint64_t block_elements = layout.units()[layout.block_unit(0)].element_count;
   const uint64_t embed_piece_elements =
-      uint64_t(std::min<int64_t>(kHeadChunkRows, kc.vocab_size) + n_ctx + max_rows) * uint64_t(c);
+      uint64_t(std::max(std::min(kHeadChunkRows, vocab), max_rows + learned_positions)) * uint64_t(c);
   const uint64_t widen_bytes = *precision == DType::f32 ? 0 : std::max(block_elements, embed_piece_elements) * 4;
   const uint64_t token_ids_bytes = uint64_t(max_rows) * 4;
-  const uint64_t ln_f_widen_bytes = *precision == DType::f32 ? 0 : uint64_t(2 * c) * 4;
-  const uint64_t workspace_bytes = gk::decode_workspace_size_bytes(kc, max_rows, n_ctx);
-  const uint64_t logits_bytes = uint64_t(kc.vocab_size) * 4;
-  const uint64_t scratch_bytes = uint64_t(kc.n_layer) * 2 * device_bytes(uint64_t(n_ctx) * uint64_t(c) * 4) +
-                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
-                                 device_bytes(ln_f_widen_bytes) + device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
+  const uint64_t ln_f_widen_bytes = *precision == DType::f32 ? 0 : final_norm_elements * 4;
+  const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(max_rows, window);
+  const uint64_t logits_bytes = uint64_t(vocab) * 4;
+  const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
+                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) + device_bytes(ln_f_widen_bytes) +
+                                 device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
                                  device_bytes(token_ids_bytes);
   uint64_t largest_step_bytes = 0;
   for (size_t s = 0; s < plan.step_count(); ++s)
@@ -212,11 +305,12 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
                           kernels::make_backend(*device, gk::BatchShape{1, max_rows}));
   std::vector<device::DeviceBuffer> cache_buffers;
-  std::vector<gk::KvCacheBlock> cache(static_cast<size_t>(kc.n_layer));
-  for (int64_t i = 0; i < kc.n_layer; ++i) {
-    STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer keys, device->allocate(uint64_t(n_ctx) * c * 4));
-    STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer values, device->allocate(uint64_t(n_ctx) * c * 4));
-    cache[static_cast<size_t>(i)] = {reinterpret_cast<float*>(keys.data()), reinterpret_cast<float*>(values.data()), n_ctx};
+  std::vector<gk::KvCacheBlock> cache(static_cast<size_t>(n_layer));
+  for (int64_t i = 0; i < n_layer; ++i) {
+    STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer keys, device->allocate(kv_block_bytes));
+    STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer values, device->allocate(kv_block_bytes));
+    cache[static_cast<size_t>(i)] = {reinterpret_cast<float*>(keys.data()), reinterpret_cast<float*>(values.data()),
+                                     window};
     cache_buffers.push_back(std::move(keys));
     cache_buffers.push_back(std::move(values));
   }
@@ -252,57 +346,68 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   };
   auto* widen_scratch = reinterpret_cast<float*>(widen_buffer.data());
   auto* ln_f_scratch = reinterpret_cast<float*>(ln_f_buffer.data());
+  const size_t head_step = plan.step_count() - 1;
+  // The embedding step: x_a = the new tokens' embeddings.
+  auto embed_step = [&](const sch::StepBuffers& buffers, const int32_t* tokens, int64_t past, int64_t rows) -> Status {
+    void* embed_params = buffers.device_data(ids[layout.embed_unit()]);
+    if (*precision == DType::f32) {
+      const auto* embed = static_cast<const float*>(embed_params);
+      return definition.embedding_decode(*backend, past, rows, tokens, embed, vocab,
+                                         learned_positions > 0 ? embed + vocab * c : nullptr, x_a);
+    }
+    // The new tokens' rows, widened in order, then any position table: the embedding of row r
+    // is piece row r (ids 0…rows−1) (plus position past + r).
+    const auto* bits = static_cast<const uint16_t*>(embed_params);
+    float* token_rows = widen_scratch;
+    float* positions = widen_scratch + uint64_t(max_rows) * uint64_t(c);
+    for (int64_t r = 0; r < rows; ++r)
+      STRATA_RETURN_IF_ERROR(
+          backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c)));
+    if (learned_positions > 0)
+      STRATA_RETURN_IF_ERROR(
+          backend->cast_bf16_to_fp32(bits + vocab * c, positions, uint64_t(learned_positions) * uint64_t(c)));
+    return definition.embedding_decode(*backend, past, rows, row_ids, token_rows, rows,
+                                       learned_positions > 0 ? positions : nullptr, x_a);
+  };
+  // The head step: the logits of the last new row.
+  auto head = [&](const sch::StepBuffers& buffers, int64_t rows) -> Status {
+    void* final_params = buffers.device_data(ids[layout.ln_f_unit()]);
+    STRATA_ASSIGN_OR_RETURN(const float* norm, widen(final_params, final_norm_elements, ln_f_scratch));
+    // The output projection [vocab, C]: the embedding's token rows (tied) or after the norm.
+    const void* projection = tied ? buffers.device_data(ids[layout.embed_unit()])
+                                  : static_cast<const char*>(final_params) + final_norm_elements * element_bytes;
+    if (*precision == DType::f32)
+      return definition.head_logits(*backend, rows, norm, static_cast<const float*>(projection), vocab, x_a, logits,
+                                    workspace);
+    // kHeadChunkRows vocabulary rows at a time, each piece widened first.
+    const auto* bits = static_cast<const uint16_t*>(projection);
+    for (int64_t r0 = 0; r0 < vocab; r0 += kHeadChunkRows) {
+      const int64_t piece_rows = std::min(kHeadChunkRows, vocab - r0);
+      STRATA_RETURN_IF_ERROR(
+          backend->cast_bf16_to_fp32(bits + r0 * c, widen_scratch, uint64_t(piece_rows) * uint64_t(c)));
+      STRATA_RETURN_IF_ERROR(
+          definition.head_logits(*backend, rows, norm, widen_scratch, piece_rows, x_a, logits + r0, workspace));
+    }
+    return Status();
+  };
   // One pass over the weights for `rows` new tokens at positions past…; leaves the logits of
   // the last one in `logits`.
   auto pass = [&](const int32_t* tokens, int64_t past, int64_t rows) -> Status {
     for (size_t s = 0; s < plan.step_count(); ++s) {
       STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler->acquire(s));
       Status status;
-      const bool uses_embed = s == 0 || s + 1 == plan.step_count();
-      void* embed_params = uses_embed ? buffers.device_data(ids[layout.embed_unit()]) : nullptr;
-      if (s == 0 && *precision == DType::f32) {
-        const auto* embed = static_cast<const float*>(embed_params);
-        status = backend->embedding_decode(kc, past, rows, tokens, embed, embed + kc.vocab_size * c, x_a);
-      } else if (s == 0) {
-        // The new tokens' wte rows, widened in order, then the position table: the embedding of
-        // row r is piece row r (ids 0…rows−1) plus position past + r.
-        const auto* bits = static_cast<const uint16_t*>(embed_params);
-        float* token_rows = widen_scratch;
-        float* positions = widen_scratch + uint64_t(max_rows) * uint64_t(c);
-        for (int64_t r = 0; r < rows && status.ok(); ++r)
-          status = backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c));
-        if (status.ok())
-          status = backend->cast_bf16_to_fp32(bits + kc.vocab_size * c, positions, uint64_t(n_ctx) * uint64_t(c));
-        gk::Config piece = kc;
-        piece.vocab_size = rows;
-        if (status.ok()) status = backend->embedding_decode(piece, past, rows, row_ids, token_rows, positions, x_a);
-      } else if (s + 1 < plan.step_count()) {
+      if (s == 0) {
+        status = embed_step(buffers, tokens, past, rows);
+      } else if (s < head_step) {
         const size_t unit = layout.block_unit(static_cast<int64_t>(s) - 1);
         Result<const float*> weights =
             widen(buffers.device_data(ids[unit]), layout.units()[unit].element_count, widen_scratch);
-        status = weights.ok() ? backend->block_decode(kc, past, rows, gk::bind_block(kc, *weights), x_a, x_b,
-                                                      cache[s - 1], workspace)
-                              : weights.status();
+        status = weights.ok()
+                     ? definition.block_decode(*backend, past, rows, *weights, x_a, x_b, cache[s - 1], workspace)
+                     : weights.status();
         std::swap(x_a, x_b);
       } else {
-        Result<const float*> ln_f = widen(buffers.device_data(ids[layout.ln_f_unit()]), uint64_t(2 * c), ln_f_scratch);
-        if (!ln_f.ok()) {
-          status = ln_f.status();
-        } else if (*precision == DType::f32) {
-          status = backend->head_logits(kc, rows, gk::HeadWeights{*ln_f, *ln_f + c, static_cast<const float*>(embed_params)},
-                                        x_a, logits, workspace);
-        } else {
-          // The logits kHeadChunkRows vocabulary rows at a time, each piece of wte widened first.
-          const auto* bits = static_cast<const uint16_t*>(embed_params);
-          for (int64_t r0 = 0; r0 < kc.vocab_size && status.ok(); r0 += kHeadChunkRows) {
-            gk::Config piece = kc;
-            piece.vocab_size = std::min(kHeadChunkRows, kc.vocab_size - r0);
-            status = backend->cast_bf16_to_fp32(bits + r0 * c, widen_scratch, uint64_t(piece.vocab_size) * uint64_t(c));
-            if (status.ok())
-              status = backend->head_logits(piece, rows, gk::HeadWeights{*ln_f, *ln_f + c, widen_scratch}, x_a,
-                                            logits + r0, workspace);
-          }
-        }
+        status = head(buffers, rows);
       }
       Status released = scheduler->release_after(s, backend->compute_stream());
       STRATA_RETURN_IF_ERROR(status);
@@ -326,13 +431,12 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   Clock::time_point last_progress = decode_start;
   uint64_t passes = 0;
   for (uint32_t produced = 0; produced < options.tokens; ++produced) {
-    const int32_t next = sample_token(std::span<const float>(logits, static_cast<size_t>(kc.vocab_size)), options, rng, order);
+    const int32_t next = sample_token(std::span<const float>(logits, static_cast<size_t>(vocab)), options, rng, order);
     summary.tokens.push_back(next);
-    summary.text += codec.decode(next);
     context.push_back(next);
     if (produced + 1 == options.tokens) break;  // the last token needs no pass after it
-    if (past == n_ctx) {
-      // The window is full: its last half becomes the prompt again (GPT-2's positions end here).
+    if (past == window) {
+      // The window is full: its last half becomes the prompt again, at positions 0….
       STRATA_RETURN_IF_ERROR(pass(context.data() + context.size() - refill_rows, 0, refill_rows));
       past = refill_rows;
     } else {
@@ -348,6 +452,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   }
   if (options.progress && passes > 0) fmt::print(stderr, "\n");
   summary.decode_seconds = seconds_since(decode_start);
+  summary.text = codec.decode_all(summary.tokens);
   summary.tokens_per_s = summary.decode_seconds > 0 ? static_cast<double>(passes) / summary.decode_seconds : 0.0;
   const sch::SchedulerStats stats = scheduler->stats();
   const sch::TransferStats& reads = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)];

@@ -2,15 +2,18 @@
 // from the NVMe store through the prefetch scheduler, within the config's byte budgets.
 //
 // How a pass runs. The model's compute copies (the store's `params.<unit>` tensors, bf16 or
-// fp32 as the run's precision) form an access plan of L + 2 steps — embed, h.0 … h.{L−1},
-// head (ln_f and the tied wte) — that repeats once per pass: the prompt is one pass (all its
+// fp32 as the run's precision) form an access plan of L + 2 steps over the model definition's
+// units (engine/models/model.h) — embed, one per block, head (the final unit, and the embedding
+// when the head is tied) — that repeats once per pass; the definition's decode ops run each
+// step, so GPT-2 and Llama share this one path: the prompt is one pass (all its
 // tokens at once), each sampled token one more. The scheduler prefetches and evicts within the
 // host (and device) budget exactly as in training, so a model larger than the host budget is
 // read from NVMe every pass, and the I/O floor of a token is the bytes of its weights ÷ the
 // tuned read bandwidth. Every block keeps a KV cache (keys and values of every position so
-// far, fp32), so a token costs one pass over the weights, not one per position. When the
-// window (seq_len, GPT-2's learned positions) is full, the last half is encoded again as a new
-// prompt.
+// far, fp32, its k/v heads only: kv_cache_width per position), so a token costs one pass over
+// the weights, not one per position. The window is the model's seq_len (GPT-2's learned
+// positions end there; Llama's RoPE does not, but the cache is sized for it): when it is full,
+// its last half is encoded again as a new prompt at positions 0….
 //
 // Memory: the scheduler's pool is host.memory (+ device.memory on the CPU device) less the
 // fixed scratch — the KV cache, two activation buffers, the fp32 widening buffers, the decode
@@ -21,9 +24,9 @@
 // most likely tokens whose probability reaches top_p (1: all), drawn with a std::mt19937_64
 // seeded by `seed` — the same seed gives the same tokens.
 //
-// The text seam: a TokenCodec turns the prompt into token ids and ids back into text. strata
-// ships the byte codec (text-bytes vocabularies); a tokenizer (engine/tokenizer/) plugs in by
-// implementing the two calls.
+// The text seam: a TokenCodec turns the prompt into token ids and ids back into text: the byte
+// codec (text-bytes vocabularies) or a tokenizer (engine/tokenizer/, TokenizerCodec); the
+// sampled text is decoded once, all tokens together, so a character split across tokens is whole.
 //
 // Threads: one call on one thread; compute fans out through TBB, the scheduler runs its own.
 #pragma once
@@ -35,7 +38,10 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
 #include "common/status.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "engine/train_config.h"
 
 namespace strata {
@@ -47,6 +53,12 @@ class TokenCodec {
   [[nodiscard]] virtual Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const = 0;
   // The text of one token (may be part of a UTF-8 character; concatenation is the output).
   virtual std::string decode(int32_t token) const = 0;
+  // The text of a run of tokens: their bytes joined (a character split across tokens comes out
+  // whole). By default the concatenation of decode(token).
+  virtual std::string decode_all(std::span<const int32_t> tokens) const;
+  // The token an empty prompt starts from: by default a newline byte (0 if the vocabulary is
+  // smaller); a tokenizer's BOS when it has one.
+  virtual int32_t start_token(uint32_t vocab_size) const { return vocab_size > '\n' ? '\n' : 0; }
 };
 
 // Each byte is a token (data.format: text-bytes).
@@ -55,6 +67,29 @@ class ByteCodec final : public TokenCodec {
   Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const override;
   std::string decode(int32_t token) const override;
 };
+
+// A tokenizer (engine/tokenizer/: tokenizer.json BPE or SentencePiece) as the codec. Ids the
+// model has but the tokenizer lacks (a vocabulary padded past the tokenizer's) print as <id>.
+class TokenizerCodec final : public TokenCodec {
+ public:
+  explicit TokenizerCodec(std::unique_ptr<tokenizer::Tokenizer> tokenizer) : tokenizer_(std::move(tokenizer)) {}
+  Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const override;
+  std::string decode(int32_t token) const override;
+  std::string decode_all(std::span<const int32_t> tokens) const override;
+  int32_t start_token(uint32_t vocab_size) const override;
+
+ private:
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+};
+
+// The codec of a run's text: the tokenizer at `tokenizer_path` when given (--tokenizer), else
+// the config's data.tokenizer, else a tokenizer.json / tokenizer.model in the Hugging Face folder
+// model.init names, else the byte codec — which only a text-bytes model may use: token data
+// with no tokenizer to be found is refused, saying what to give.
+[[nodiscard]] Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config,
+                                                              const std::string& tokenizer_path);
+// The tokenizer make_codec would load without an override ("" when it would use bytes).
+std::string tokenizer_path_for(const TrainConfig& config);
 
 struct SamplingOptions {
   uint32_t tokens = 200;     // tokens to sample after the prompt

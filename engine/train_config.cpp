@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "engine/generate.h"
 #include "engine/hf/hf.h"
 #include "engine/monitor/monitor.h"
 
@@ -249,10 +250,11 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
-  // generate() reads the prompt and writes the sample as bytes: with real tokens it would print
-  // noise, so refuse until generation decodes through the tokenizer.
-  if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes)
-    return sample.error_at("tokens", "samples are bytes (data.format text-bytes) for now; drop sample: with token data");
+  // The sample goes through the run's tokenizer (engine/generate.h, make_codec): token data
+  // with none to be found would print noise.
+  if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes && tokenizer_path_for(config).empty())
+    return sample.error_at("tokens", "needs a tokenizer with token data: give data.tokenizer or a model.init folder "
+                                     "holding tokenizer.json / tokenizer.model (or drop sample:)");
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode monitor_node, root.child("monitor"));
   STRATA_READ(config.monitor_serve, monitor_node.string("serve", std::string()));

@@ -82,6 +82,8 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
                    {"step", std::to_string(step)},
                    {"precision", dtype_name(config.precision)},
                    {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
+  // The run's tokenizer, for an exported Hugging Face folder to carry (export_store_weights).
+  if (const std::string tokenizer = tokenizer_path_for(config); !tokenizer.empty()) metadata["tokenizer"] = tokenizer;
   return metadata;
 }
 
@@ -1317,6 +1319,13 @@ Status export_store_weights(const std::vector<std::string>& store_dirs, const st
       else STRATA_RETURN_IF_ERROR(folder_writer->write_next(values));
     }
   }
+  if (auto tokenizer = store.committed_metadata().find("tokenizer");
+      folder_writer && tokenizer != store.committed_metadata().end()) {
+    if (std::error_code error; std::filesystem::exists(tokenizer->second, error))
+      STRATA_RETURN_IF_ERROR(folder_writer->copy_tokenizer(tokenizer->second));
+    else
+      spdlog::warn("the run's tokenizer {} is gone; {} is exported without one", tokenizer->second, out_path);
+  }
   if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->finish());
   else STRATA_RETURN_IF_ERROR(folder_writer->finish());
   spdlog::info("exported {} tensors of step {} to {}{}", tensors.size(), store.committed_step(), out_path,
@@ -1334,7 +1343,8 @@ Result<std::string> generate(const TrainConfig& config, const std::string& promp
   options.tokens = tokens;
   options.temperature = temperature;
   options.seed = seed;
-  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, ByteCodec()));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenCodec> codec, make_codec(config, std::string()));
+  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, *codec));
   return summary.text;
 }
 

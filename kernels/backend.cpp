@@ -43,6 +43,22 @@ Status ComputeBackend::head_logits(const gpt2::Config&, int64_t, const gpt2::Hea
   return no_decode(*this);
 }
 
+size_t ComputeBackend::llama_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows,
+                                                         int64_t max_positions) const {
+  return llama::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+Status ComputeBackend::llama_embedding_decode(const llama::Config&, int64_t, const int32_t*, const float*, float*) {
+  return no_decode(*this);
+}
+Status ComputeBackend::llama_block_decode(const llama::Config&, int64_t, int64_t, const llama::BlockWeights&,
+                                          const float*, float*, const gpt2::KvCacheBlock&, const gpt2::Workspace&) {
+  return no_decode(*this);
+}
+Status ComputeBackend::llama_head_logits(const llama::Config&, int64_t, const llama::HeadWeights&, const float*,
+                                         float*, const gpt2::Workspace&) {
+  return no_decode(*this);
+}
+
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
   if (kind == device::Kind::cuda) return cuda_workspace_size_bytes(config, max_shape);

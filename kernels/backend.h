@@ -145,9 +145,9 @@ class ComputeBackend {
                                                            const gpt2::Workspace& workspace) = 0;
 
   // --- generation: GPT-2 decoding with a KV cache (gpt2.h's decode semantics) ---
-  // Ops per model definition: a Llama decode gets its own trio beside these. `tokens` is host
+  // Ops per model definition (Llama's trio follows). `tokens` is host
   // memory; the cache, activations, logits and workspace are the backend's memory. A backend
-  // without them (CUDA, for now: its twin is not written yet) returns `unsupported`.
+  // without them returns `unsupported` (CUDA has Llama's twin, llama_cuda.h, not GPT-2's yet).
   virtual size_t decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows,
                                              int64_t max_positions) const;
   [[nodiscard]] virtual Status embedding_decode(const gpt2::Config& config, int64_t past, int64_t rows,
@@ -158,6 +158,20 @@ class ComputeBackend {
   // Logits [vocab] of the last of `rows` new rows of x_final.
   [[nodiscard]] virtual Status head_logits(const gpt2::Config& config, int64_t rows, const gpt2::HeadWeights& weights,
                                            const float* x_final, float* logits, const gpt2::Workspace& workspace);
+
+  // --- generation: Llama decoding with a KV cache (llama.h's decode semantics; the same rules) ---
+  virtual size_t llama_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows,
+                                                   int64_t max_positions) const;
+  [[nodiscard]] virtual Status llama_embedding_decode(const llama::Config& config, int64_t rows, const int32_t* tokens,
+                                                      const float* embed, float* x0);
+  [[nodiscard]] virtual Status llama_block_decode(const llama::Config& config, int64_t past, int64_t rows,
+                                                  const llama::BlockWeights& weights, const float* x_in, float* x_out,
+                                                  const gpt2::KvCacheBlock& cache, const gpt2::Workspace& workspace);
+  // Logits [config.vocab_size] of the last of `rows` new rows (a piece of the head when the
+  // caller passes fewer vocabulary rows).
+  [[nodiscard]] virtual Status llama_head_logits(const llama::Config& config, int64_t rows,
+                                                 const llama::HeadWeights& weights, const float* x_final,
+                                                 float* logits, const gpt2::Workspace& workspace);
 
   // --- elementwise and the optimizer ---
   [[nodiscard]] virtual Status zero(float* values, uint64_t count) = 0;

@@ -32,14 +32,15 @@ struct Options {
   std::string precision = "bf16";
   std::string prompt = "The ";
   std::string prompt_ids;
+  std::string tokenizer;
   SamplingOptions sampling;
   bool json = false;
 };
 
 Error usage(const std::string& what) { return make_error(ErrorKind::invalid_argument, what); }
 
-// --prompt-ids: the prompt as token ids ("15496,11"), for models whose tokenizer strata does
-// not load yet; sampled tokens print as " <id>". (The tokenizer plugs in as a TokenCodec.)
+// --prompt-ids: the prompt as token ids ("15496,11"), for a model without a tokenizer at hand;
+// sampled tokens print as " <id>".
 class IdCodec final : public TokenCodec {
  public:
   Result<std::vector<int32_t>> encode(std::string_view text, uint32_t vocab_size) const override {
@@ -71,10 +72,6 @@ Result<TrainConfig> config_from_flags(const Options& o) {
   if (!hf::is_folder(folder)) return usage(fmt::format("--model {}: not a folder", o.model_dir));
   STRATA_ASSIGN_OR_RETURN(config.model, hf::read_config(folder));
   config.model.init = folder;
-  if (config.model.arch != "gpt2")
-    return make_error(ErrorKind::unsupported, fmt::format("--model {}: generation runs GPT-2 models in this build; the {} "
-                                                          "decode arrives with its model definition",
-                                                          o.model_dir, config.model.arch));
   if (o.seq_len > 0) {
     if (o.seq_len > config.model.seq_len)
       return usage(fmt::format("--seq-len {} exceeds {}'s {} positions", o.seq_len, o.model_dir, config.model.seq_len));
@@ -111,7 +108,8 @@ void print_summary(const GenerateSummary& s, const Options& o) {
                                    {"pool_bytes", s.pool_bytes},
                                    {"host_high_water_bytes", s.host_high_water_bytes},
                                    {"peak_rss_bytes", s.peak_rss_bytes}};
-    fmt::print("{}\n", json.dump());
+    // A sample may end inside a UTF-8 character: such bytes print as U+FFFD rather than throw.
+    fmt::print("{}\n", json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     return;
   }
   fmt::print("{}{}\n", o.prompt, s.text);
@@ -144,6 +142,9 @@ void add_generate_command(CLI::App& app, CliState& state) {
       ->capture_default_str();
   gen->add_option("--prompt", o->prompt, "text to continue")->capture_default_str();
   gen->add_option("--prompt-ids", o->prompt_ids, "the prompt as comma-separated token ids (instead of --prompt)");
+  gen->add_option("--tokenizer", o->tokenizer,
+                  "tokenizer.json, tokenizer.model or their folder (default: data.tokenizer, or the one in the model's "
+                  "Hugging Face folder; none: bytes)");
   gen->add_option("--tokens", o->sampling.tokens, "tokens to sample")->capture_default_str();
   gen->add_option("--temperature", o->sampling.temperature, "softmax temperature; 0 is greedy")
       ->capture_default_str()
@@ -164,9 +165,11 @@ void add_generate_command(CLI::App& app, CliState& state) {
     if (!o->model_dir.empty() && failed(stage_hf_weights(*config, !o->json), state)) return;
     const bool ids = !o->prompt_ids.empty();
     if (ids) o->prompt.clear();
+    Result<std::unique_ptr<TokenCodec>> codec =
+        ids ? Result<std::unique_ptr<TokenCodec>>(std::make_unique<IdCodec>()) : make_codec(*config, o->tokenizer);
+    if (failed(codec, state)) return;
     Result<GenerateSummary> summary =
-        ids ? generate_offloaded(*config, o->prompt_ids, o->sampling, IdCodec())
-            : generate_offloaded(*config, o->prompt, o->sampling, ByteCodec());
+        generate_offloaded(*config, ids ? o->prompt_ids : o->prompt, o->sampling, **codec);
     if (failed(summary, state)) return;
     print_summary(*summary, *o);
   });

@@ -592,6 +592,24 @@ static Status write_small_file(const fs::path& path, const std::string& text) {
   return Status();
 }
 
+Status FolderWriter::copy_tokenizer(const std::string& path) {
+  std::error_code error;
+  std::vector<std::pair<fs::path, std::string>> files;  // source, name in the folder
+  if (fs::is_directory(path, error)) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"})
+      if (fs::is_regular_file(fs::path(path) / name, error)) files.emplace_back(fs::path(path) / name, name);
+  } else {
+    files.emplace_back(path, fs::path(path).extension() == ".json" ? "tokenizer.json" : "tokenizer.model");
+  }
+  for (const auto& [source, name] : files) {
+    fs::copy_file(source, fs::path(temp_folder_) / name, fs::copy_options::overwrite_existing, error);
+    if (error)
+      return make_error(ErrorKind::io, fmt::format("copying the tokenizer {} into {}: {}", source.string(), folder_,
+                                                   error.message()));
+  }
+  return Status();
+}
+
 Status FolderWriter::finish() {
   STRATA_RETURN_IF_ERROR(writer_->finish());
   writer_.reset();

@@ -116,6 +116,10 @@ class FolderWriter {
 
   // The next declared tensor's fp32 values (spec.element_count() floats).
   [[nodiscard]] Status write_next(const float* values);
+  // The model's tokenizer beside its weights, so the folder samples text as is: `path` is a
+  // tokenizer file (copied as tokenizer.json or tokenizer.model) or a folder (its tokenizer.json,
+  // tokenizer.model, tokenizer_config.json and special_tokens_map.json, those present).
+  [[nodiscard]] Status copy_tokenizer(const std::string& path);
   // After every tensor: the index and config.json, fsync, rename into place.
   [[nodiscard]] Status finish();
   size_t shard_count() const { return shards_.size(); }

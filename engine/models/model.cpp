@@ -121,6 +121,33 @@ class Gpt2 final : public ModelDefinition {
                                          d_x_final, gk::HeadGrads{ln_f_grads, ln_f_grads + kc_.n_embd, embed_grads},
                                          workspace);
   }
+  int64_t kv_cache_width() const override { return kc_.n_embd; }
+  int64_t learned_positions() const override { return kc_.n_ctx; }
+  uint64_t final_norm_elements() const override { return uint64_t(2 * kc_.n_embd); }
+  bool head_tied() const override { return true; }
+  size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const override {
+    return gk::decode_workspace_size_bytes(kc_, max_rows, max_positions);
+  }
+  Status embedding_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const int32_t* tokens,
+                          const float* token_table, int64_t table_rows, const float* positions,
+                          float* x0) const override {
+    gk::Config piece = kc_;
+    piece.vocab_size = table_rows;
+    return backend.embedding_decode(piece, past, rows, tokens, token_table, positions, x0);
+  }
+  Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
+                      const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
+                      const Workspace& workspace) const override {
+    return backend.block_decode(kc_, past, rows, gk::bind_block(kc_, block), x_in, x_out, cache, workspace);
+  }
+  Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* ln_f, const float* projection,
+                     int64_t projection_rows, const float* x_final, float* logits,
+                     const Workspace& workspace) const override {
+    gk::Config piece = kc_;
+    piece.vocab_size = projection_rows;
+    return backend.head_logits(piece, rows, gk::HeadWeights{ln_f, ln_f + kc_.n_embd, projection}, x_final, logits,
+                               workspace);
+  }
   size_t host_workspace_size_bytes(const BatchShape& shape) const override {
     return gk::workspace_size_bytes(kc_, shape);
   }
@@ -221,6 +248,32 @@ class Llama final : public ModelDefinition {
                                float* embed_grads, const Workspace& workspace) const override {
     return backend.llama_head_forward_backward(kc_, shape, head_weights(norm, embed), x_final, d_x_final,
                                                head_weights(norm_grads, embed_grads), workspace);
+  }
+  int64_t kv_cache_width() const override { return kc_.kv_width(); }
+  int64_t learned_positions() const override { return 0; }
+  uint64_t final_norm_elements() const override { return uint64_t(kc_.n_embd); }
+  bool head_tied() const override { return kc_.tie_word_embeddings; }
+  size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const override {
+    return lk::decode_workspace_size_bytes(kc_, max_rows, max_positions);
+  }
+  Status embedding_decode(kernels::ComputeBackend& backend, int64_t /*past*/, int64_t rows, const int32_t* tokens,
+                          const float* token_table, int64_t table_rows, const float* /*positions*/,
+                          float* x0) const override {
+    lk::Config piece = kc_;
+    piece.vocab_size = table_rows;
+    return backend.llama_embedding_decode(piece, rows, tokens, token_table, x0);
+  }
+  Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
+                      const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                      const Workspace& workspace) const override {
+    return backend.llama_block_decode(kc_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache, workspace);
+  }
+  Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* norm, const float* projection,
+                     int64_t projection_rows, const float* x_final, float* logits,
+                     const Workspace& workspace) const override {
+    lk::Config piece = kc_;
+    piece.vocab_size = projection_rows;
+    return backend.llama_head_logits(piece, rows, lk::HeadWeights{norm, projection}, x_final, logits, workspace);
   }
   size_t host_workspace_size_bytes(const BatchShape& shape) const override {
     return lk::workspace_size_bytes(kc_, shape);

@@ -104,6 +104,35 @@ class ModelDefinition {
                                                      const float* x_final, float* d_x_final, float* final_grads,
                                                      float* embed_grads, const Workspace& workspace) const = 0;
 
+  // --- generation with a KV cache (engine/generate.h; fp32 weights in the backend's memory) ---
+  // What generation needs to know of the units' insides, so one generate path serves every
+  // definition: K (and V) elements cached per position per block (GPT-2: C; Llama: KV·D);
+  // learned position rows the embedding unit holds after its vocab token rows (GPT-2's wpe:
+  // the window cannot pass them; Llama: 0, RoPE); the final unit's norm elements, which come
+  // first in it; whether the output projection [vocab, C] is the embedding's token rows (tied)
+  // or follows the norm in the final unit.
+  virtual int64_t kv_cache_width() const = 0;
+  virtual int64_t learned_positions() const = 0;
+  virtual uint64_t final_norm_elements() const = 0;
+  virtual bool head_tied() const = 0;
+  // Workspace of the decode ops for up to `max_rows` new rows and `max_positions` cached.
+  virtual size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const = 0;
+  // x0 of `rows` new tokens at positions past…: `tokens` index `token_table` ([table_rows, C]:
+  // the embedding's token rows, or a gathered piece of them); `positions` is the learned
+  // position table (all learned_positions() rows), nullptr when there is none.
+  [[nodiscard]] virtual Status embedding_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
+                                                const int32_t* tokens, const float* token_table, int64_t table_rows,
+                                                const float* positions, float* x0) const = 0;
+  [[nodiscard]] virtual Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
+                                            const float* block, const float* x_in, float* x_out,
+                                            const kernels::gpt2::KvCacheBlock& cache,
+                                            const Workspace& workspace) const = 0;
+  // Logits of `projection_rows` vocabulary rows (`projection`: those rows of the output
+  // projection) for the last of `rows` new rows, after the final norm (`final_norm`).
+  [[nodiscard]] virtual Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* final_norm,
+                                           const float* projection, int64_t projection_rows, const float* x_final,
+                                           float* logits, const Workspace& workspace) const = 0;
+
   // --- sampling on the host (the CPU kernels, fp32 weights in host memory) ---
   virtual size_t host_workspace_size_bytes(const BatchShape& max_shape) const = 0;
   virtual void host_embedding_forward(const BatchShape& shape, const int32_t* tokens, const float* embed,

@@ -122,6 +122,23 @@ class CpuBackend final : public ComputeBackend {
     return Status();
   }
 
+  Status llama_embedding_decode(const llama::Config& config, int64_t rows, const int32_t* tokens, const float* embed,
+                                float* x0) override {
+    llama::embedding_decode(config, rows, tokens, embed, x0);
+    return Status();
+  }
+  Status llama_block_decode(const llama::Config& config, int64_t past, int64_t rows, const llama::BlockWeights& weights,
+                            const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
+                            const gk::Workspace& workspace) override {
+    llama::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace);
+    return Status();
+  }
+  Status llama_head_logits(const llama::Config& config, int64_t rows, const llama::HeadWeights& weights,
+                           const float* x_final, float* logits, const gk::Workspace& workspace) override {
+    llama::head_decode(config, rows, weights, x_final, logits, workspace);
+    return Status();
+  }
+
   Status zero(float* values, uint64_t count) override {
     std::fill(values, values + count, 0.0f);
     return Status();

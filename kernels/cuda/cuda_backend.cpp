@@ -78,6 +78,27 @@ class CudaBackend final : public ComputeBackend {
     return StepScalars{host.loss, host.grad_sum_squares};
   }
   Status synchronize() override { return device_.synchronize(stream_); }
+
+  // Llama decoding (llama_cuda.h): the new tokens go through the step's token buffer.
+  size_t llama_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows,
+                                           int64_t max_positions) const override {
+    return llama::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
+  }
+  Status llama_embedding_decode(const llama::Config& config, int64_t rows, const int32_t* tokens, const float* embed,
+                                float* x0) override {
+    assert(rows <= max_shape_.rows());
+    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, static_cast<uint64_t>(rows) * 4));
+    return llama::cuda::embedding_decode(context_, config, rows, tokens_, embed, x0);
+  }
+  Status llama_block_decode(const llama::Config& config, int64_t past, int64_t rows, const llama::BlockWeights& weights,
+                            const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
+                            const gk::Workspace& workspace) override {
+    return llama::cuda::block_decode(context_, config, past, rows, weights, x_in, x_out, cache, workspace);
+  }
+  Status llama_head_logits(const llama::Config& config, int64_t rows, const llama::HeadWeights& weights,
+                           const float* x_final, float* logits, const gk::Workspace& workspace) override {
+    return llama::cuda::head_decode(context_, config, rows, weights, x_final, logits, workspace);
+  }
   Result<double> grad_sum_squares_now() override {
     StepSlots host{};
     STRATA_RETURN_IF_ERROR(device_.copy_to_host(stream_, &host, slots_, sizeof host));

@@ -226,22 +226,19 @@ void rmsnorm_backward(const float* dy, const float* x, const float* rstd, const 
   });
 }
 
-// cos/sin [T, D/2] of pos·inv_freq, in double then rounded.
-void rope_tables(const Config& config, int64_t t_len, float* cos_table, float* sin_table) {
+// cos/sin [T, D/2] of the angles at positions first..first+T−1 (llama_math.h's rope_cos_sin).
+void rope_tables(const Config& config, int64_t first_position, int64_t t_len, float* cos_table, float* sin_table) {
   const int64_t half = config.head_dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   rope_inverse_frequencies(config, inv_freq.data());
-  for (int64_t t = 0; t < t_len; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
-      cos_table[t * half + i] = static_cast<float>(std::cos(angle));
-      sin_table[t * half + i] = static_cast<float>(std::sin(angle));
-    }
-  }
+  for (int64_t t = 0; t < t_len; ++t)
+    for (int64_t i = 0; i < half; ++i)
+      rope_cos_sin(inv_freq[static_cast<size_t>(i)], first_position + t, cos_table + t * half + i,
+                   sin_table + t * half + i);
 }
 
-// rotate_half RoPE on every head of [N, heads·D] rows in place; `inverse` applies the
-// transpose (the backward: the rotation by −angle).
+// rotate_half RoPE on every head of [N, heads·D] rows in place, row r at table row r % T;
+// `inverse` applies the transpose (the backward: the rotation by −angle).
 void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t heads, const float* cos_table,
                 const float* sin_table, bool inverse) {
   const int64_t d = config.head_dim;
@@ -251,16 +248,8 @@ void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t
     const int64_t t = r % shape.seq_len;
     const float* c_row = cos_table + t * half;
     const float* s_row = sin_table + t * half;
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * d;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = v[i];
-        const float b = v[i + half];
-        const float s = sign * s_row[i];
-        v[i] = a * c_row[i] - b * s;
-        v[i + half] = b * c_row[i] + a * s;
-      }
-    }
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) rope_rotate_pair(x + (r * heads + h) * d, i, half, c_row[i], sign * s_row[i]);
   });
 }
 
@@ -273,17 +262,16 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   linear_forward(ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q);
   linear_forward(ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k);
   linear_forward(ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v);
-  rope_tables(config, shape.seq_len, ws.cos, ws.sin);
+  rope_tables(config, 0, shape.seq_len, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
   const int64_t t = shape.seq_len;
   const int64_t d = config.head_dim;
-  const int64_t group = config.n_head / config.n_kv_head;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for_rows(shape.batch * config.n_head, 1, [&](int64_t bh) {
     const int64_t b = bh / config.n_head;
     const int64_t h = bh % config.n_head;
-    const int64_t kv = h / group;
+    const int64_t kv = kv_head_of(config, h);
     const cpu_math::AttentionHead s{t, d, ws.q + b * t * config.q_width() + h * d, config.q_width(),
                                     ws.k + b * t * config.kv_width() + kv * d, ws.v + b * t * config.kv_width() + kv * d,
                                     config.kv_width()};
@@ -485,6 +473,111 @@ void head_forward(const Config& config, const BatchShape& shape, const HeadWeigh
     sgemm(false, true, rows, config.vocab_size, c, ws.normed, c, w.lm_head, c, 0.0f, logits + b0 * config.vocab_size,
           config.vocab_size);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding with a KV cache (generation)
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// block_forward's layout for `rows` new rows (its attention scratch unused; cos/sin hold the
+// new rows' positions), then one score row of `max_positions` per query head.
+struct DecodeLayout {
+  BlockLayout block;
+  float* scores;  // [H, max_positions]
+  size_t size_bytes;
+};
+
+DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  DecodeLayout layout{};
+  layout.block = block_layout(config, BatchShape{1, rows}, base);
+  Carver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
+  layout.scores = carve.take(config.n_head * max_positions);
+  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
+  return layout;
+}
+
+// head_decode's scratch: one normed row and its rstd (the logits go to the caller's buffer).
+size_t head_decode_size_bytes(const Config& config) {
+  Carver carve(nullptr);
+  carve.take(config.n_embd);
+  carve.take(1);
+  return carve.used_bytes();
+}
+
+}  // namespace
+
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions) {
+  return std::max(decode_layout(config, max_rows, max_positions, nullptr).size_bytes, head_decode_size_bytes(config));
+}
+
+void embedding_decode(const Config& config, int64_t rows, const int32_t* tokens, const float* embed, float* x0) {
+  embedding_forward(config, BatchShape{1, rows}, tokens, embed, x0);
+}
+
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
+  cpu_math::pin_blas_to_one_thread();
+  assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
+  assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
+  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  check_workspace(workspace, layout.size_bytes);
+  const BlockLayout& ws = layout.block;
+  const BatchShape shape{1, rows};
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  const int64_t d = config.head_dim;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+  rmsnorm_forward(x_in, c, w.input_layernorm, rows, c, config.norm_eps, ws.n1, ws.rstd1);
+  linear_forward(ws.n1, w.q_proj, nullptr, rows, c, qw, ws.q);
+  linear_forward(ws.n1, w.k_proj, nullptr, rows, c, kvw, ws.k);
+  linear_forward(ws.n1, w.v_proj, nullptr, rows, c, kvw, ws.v);
+  rope_tables(config, past, rows, ws.cos, ws.sin);
+  rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
+  rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
+  std::memcpy(cache.keys + past * kvw, ws.k, static_cast<size_t>(rows * kvw) * sizeof(float));
+  std::memcpy(cache.values + past * kvw, ws.v, static_cast<size_t>(rows * kvw) * sizeof(float));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // One task per query head: its score row is its own, and each output element is one head's.
+  for_rows(config.n_head, 1, [&](int64_t h) {
+    const int64_t kv = kv_head_of(config, h);
+    float* p = layout.scores + h * cache.max_positions;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t count = past + r + 1;
+      const float* q = ws.q + r * qw + h * d;
+      for (int64_t j = 0; j < count; ++j) {
+        const float* k = cache.keys + j * kvw + kv * d;
+        float dot = 0.0f;
+        for (int64_t e = 0; e < d; ++e) dot += q[e] * k[e];
+        p[j] = dot;
+      }
+      gpt2::softmax_scaled_inplace(p, count, scale);
+      float* out = ws.att + r * qw + h * d;
+      std::fill(out, out + d, 0.0f);
+      for (int64_t j = 0; j < count; ++j) gpt2::axpy(p[j], cache.values + j * kvw + kv * d, out, d);
+    }
+  });
+  linear_forward(ws.att, w.o_proj, x_in, rows, qw, c, ws.h);
+  rmsnorm_forward(ws.h, c, w.post_attention_layernorm, rows, c, config.norm_eps, ws.n2, ws.rstd2);
+  linear_forward(ws.n2, w.gate_proj, nullptr, rows, c, inter, ws.gate);
+  linear_forward(ws.n2, w.up_proj, nullptr, rows, c, inter, ws.up);
+  const int64_t hidden = rows * inter;
+  for (int64_t i = 0; i < hidden; ++i) ws.act[i] = ws.gate[i] * silu_sigmoid(ws.gate[i]) * ws.up[i];
+  linear_forward(ws.act, w.down_proj, ws.h, rows, inter, c, x_out);
+}
+
+void head_decode(const Config& config, int64_t rows, const HeadWeights& w, const float* x_final, float* logits,
+                 const Workspace& workspace) {
+  cpu_math::pin_blas_to_one_thread();
+  check_workspace(workspace, head_decode_size_bytes(config));
+  const int64_t c = config.n_embd;
+  Carver carve(workspace.data);
+  float* normed = carve.take(c);
+  float* rstd = carve.take(1);
+  rmsnorm_forward(x_final + (rows - 1) * c, c, w.norm_weight, 1, c, config.norm_eps, normed, rstd);
+  sgemm(false, true, 1, config.vocab_size, c, normed, c, w.lm_head, c, 0.0f, logits, config.vocab_size);
 }
 
 }  // namespace strata::kernels::llama

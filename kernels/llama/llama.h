@@ -124,6 +124,31 @@ float head_forward_backward(const Config& config, const BatchShape& shape, const
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& weights, const float* x_final,
                   float* logits, const Workspace& workspace);
 
+// --- Decoding with a KV cache (generation); gpt2.h's decode contract, with Llama's shapes ---
+// A block's cache is a gpt2::KvCacheBlock whose keys and values are [max_positions, KV·D]
+// (k/v head g in columns g·D..): the keys cached after RoPE at their absolute positions, so a
+// new row only rotates itself. Llama has no learned positions: max_positions is the caller's
+// window (<= n_ctx is not required; RoPE has no table of it).
+using gpt2::KvCacheBlock;
+
+// Workspace for block_decode and head_decode with up to `max_rows` new rows per call and a
+// cache of `max_positions`.
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions);
+
+// x0[r] = embed[tokens[r]] for the `rows` new tokens (positions enter through RoPE, in the block).
+void embedding_decode(const Config& config, int64_t rows, const int32_t* tokens, const float* embed, float* x0);
+
+// The block for `rows` new positions past..past+rows−1 over the cached 0..past−1: RMSNorm, the
+// q/k/v projections, RoPE at the absolute positions, the new k and v into the cache, causal GQA
+// attention over the cache, o_proj, RMSNorm, SwiGLU — block_forward's math for those rows.
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& weights, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace);
+
+// logits [vocab] of the last of `rows` rows of x_final: the final RMSNorm and the output
+// projection (config.vocab_size rows of weights.lm_head: a caller may pass a piece).
+void head_decode(const Config& config, int64_t rows, const HeadWeights& weights, const float* x_final, float* logits,
+                 const Workspace& workspace);
+
 // RoPE's inverse frequencies (head_dim / 2 of them), llama3 scaling applied: the CPU and CUDA
 // kernels both take them from here.
 void rope_inverse_frequencies(const Config& config, double* inv_freq);

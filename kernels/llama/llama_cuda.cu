@@ -83,23 +83,19 @@ __global__ void rmsnorm_backward_w_kernel(const float* dy, const float* x, const
   dw[j] += static_cast<float>(acc);
 }
 
-// rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; `sign` −1
-// applies the transpose (the backward).
-__global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t heads, float sign) {
+// rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; row r at
+// position first_position + r % t_len; `sign` −1 applies the transpose (the backward).
+__global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t first_position,
+                            int64_t heads, float sign) {
   const int64_t half = config.head_dim / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * heads * half) return;
   const int64_t pair = i % half;
   const int64_t row_head = i / half;
-  const int64_t t = (row_head / heads) % t_len;
-  const double angle = static_cast<double>(t) * rope_inverse_frequency(config, pair);
-  const auto c = static_cast<float>(cos(angle));
-  const float s = sign * static_cast<float>(sin(angle));
-  float* v = x + row_head * config.head_dim;
-  const float a = v[pair];
-  const float b = v[pair + half];
-  v[pair] = a * c - b * s;
-  v[pair + half] = b * c + a * s;
+  float c = 0.0f;
+  float s = 0.0f;
+  rope_cos_sin(rope_inverse_frequency(config, pair), first_position + (row_head / heads) % t_len, &c, &s);
+  rope_rotate_pair(x + row_head * config.head_dim, pair, half, c, sign * s);
 }
 
 __global__ void swiglu_forward_kernel(const float* gate, const float* up, float* act, int64_t n) {
@@ -211,7 +207,7 @@ Status rmsnorm_backward(const Context& ctx, const Config& config, const float* d
 Status rope(const Context& ctx, const Config& config, const BatchShape& shape, float* x, int64_t heads, bool inverse) {
   const int64_t count = shape.rows() * heads * (config.head_dim / 2);
   STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(count), kThreads, ctx.stream(), config, x, shape.rows(), shape.seq_len,
-                     heads, inverse ? -1.0f : 1.0f);
+                     int64_t{0}, heads, inverse ? -1.0f : 1.0f);
   return Status();
 }
 
@@ -408,6 +404,134 @@ Status head_forward_backward(const Context& ctx, const Config& config, const Bat
   }
   STRATA_CUDA_LAUNCH(gpt2::cuda::mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss);
   return Status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding with a KV cache (generation): llama.cpp's block_decode step for step
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// One block per (new row r, query head h): p_j = softmax_j(scale·q·k_j) over cached positions
+// 0..past+r, then out = Σ_j p_j v_j in position order. `scores` [rows, H, max_positions].
+__global__ void decode_attention_kernel(Config config, const float* q, const float* keys, const float* values,
+                                        int64_t past, int64_t max_positions, float scale, float* scores,
+                                        float* att) {
+  __shared__ double sum_shared[kThreads];
+  __shared__ float max_shared[kThreads];
+  const int64_t r = blockIdx.x / config.n_head;
+  const int64_t h = blockIdx.x % config.n_head;
+  const int64_t d = config.head_dim;
+  const int64_t qw = config.n_head * d;  // Config's q_width / kv_width are host-only
+  const int64_t kvw = config.n_kv_head * d;
+  const int64_t kv = kv_head_of(config, h);
+  const int64_t count = past + r + 1;
+  const float* q_row = q + r * qw + h * d;
+  float* p = scores + (r * config.n_head + h) * max_positions;
+  float local_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < count; j += kThreads) {
+    const float* k = keys + j * kvw + kv * d;
+    float dot = 0.0f;
+    for (int64_t e = 0; e < d; ++e) dot += q_row[e] * k[e];
+    p[j] = dot * scale;
+    local_max = fmaxf(local_max, p[j]);
+  }
+  const float max_value = gpt2::cuda::block_max(local_max, max_shared);
+  double local_sum = 0.0;
+  for (int64_t j = threadIdx.x; j < count; j += kThreads) {
+    p[j] = expf(p[j] - max_value);
+    local_sum += p[j];
+  }
+  const auto inv_sum = static_cast<float>(1.0 / gpt2::cuda::block_sum(local_sum, sum_shared));
+  __syncthreads();  // every p_j written before any thread reads them all
+  for (int64_t e = threadIdx.x; e < d; e += kThreads) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < count; ++j) acc += (p[j] * inv_sum) * values[j * kvw + kv * d + e];
+    att[r * qw + h * d + e] = acc;
+  }
+}
+
+struct DecodeLayout {
+  BlockLayout block;
+  float* scores;  // [rows, H, max_positions]
+  size_t size_bytes;
+};
+
+DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  DecodeLayout layout{};
+  layout.block = block_layout(config, BatchShape{1, rows}, base);
+  WorkspaceCarver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
+  layout.scores = carve.take(rows * config.n_head * max_positions);
+  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
+  return layout;
+}
+
+size_t head_decode_size_bytes(const Config& config) {
+  WorkspaceCarver carve(nullptr);
+  carve.take(config.n_embd);
+  carve.take(1);
+  return carve.used_bytes();
+}
+
+}  // namespace
+
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions) {
+  return std::max(decode_layout(config, max_rows, max_positions, nullptr).size_bytes, head_decode_size_bytes(config));
+}
+
+Status embedding_decode(const Context& ctx, const Config& config, int64_t rows, const int32_t* tokens,
+                        const float* embed, float* x0) {
+  STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(rows * config.n_embd), kThreads, ctx.stream(), tokens,
+                     embed, rows, config.n_embd, x0);
+  return Status();
+}
+
+Status block_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows, const BlockWeights& w,
+                    const float* x_in, float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
+  assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
+  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  check_call(config, BatchShape{1, 1}, &workspace, layout.size_bytes);
+  const BlockLayout& ws = layout.block;
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+  STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x_in, c, w.input_layernorm, rows, ws.n1, ws.rstd1));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.q_proj, nullptr, rows, c, qw, ws.q));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.k_proj, nullptr, rows, c, kvw, ws.k));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.v_proj, nullptr, rows, c, kvw, ws.v));
+  // RoPE at the absolute positions past…past+rows−1 (row r of t_len = rows is position past + r).
+  const int64_t half = config.head_dim / 2;
+  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_head * half), kThreads, ctx.stream(), config, ws.q, rows,
+                     rows, past, config.n_head, 1.0f);
+  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_kv_head * half), kThreads, ctx.stream(), config, ws.k,
+                     rows, rows, past, config.n_kv_head, 1.0f);
+  const size_t kv_bytes = static_cast<size_t>(rows * kvw) * sizeof(float);
+  cudaError_t code = cudaMemcpyAsync(cache.keys + past * kvw, ws.k, kv_bytes, cudaMemcpyDeviceToDevice, ctx.stream());
+  if (code != cudaSuccess) return cuda_error("memcpy k into the cache", code);
+  code = cudaMemcpyAsync(cache.values + past * kvw, ws.v, kv_bytes, cudaMemcpyDeviceToDevice, ctx.stream());
+  if (code != cudaSuccess) return cuda_error("memcpy v into the cache", code);
+  STRATA_CUDA_LAUNCH(decode_attention_kernel, static_cast<unsigned>(rows * config.n_head), kThreads, ctx.stream(),
+                     config, ws.q, cache.keys, cache.values, past, cache.max_positions,
+                     1.0f / std::sqrt(static_cast<float>(config.head_dim)), layout.scores, ws.att);
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, rows, qw, c, ws.h));
+  STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, rows, ws.n2, ws.rstd2));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.gate_proj, nullptr, rows, c, inter, ws.gate));
+  STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.up_proj, nullptr, rows, c, inter, ws.up));
+  STRATA_CUDA_LAUNCH(swiglu_forward_kernel, blocks_for(rows * inter), kThreads, ctx.stream(), ws.gate, ws.up, ws.act,
+                     rows * inter);
+  return linear_forward(ctx, ws.act, w.down_proj, ws.h, rows, inter, c, x_out);
+}
+
+Status head_decode(const Context& ctx, const Config& config, int64_t rows, const HeadWeights& w, const float* x_final,
+                   float* logits, const Workspace& workspace) {
+  check_call(config, BatchShape{1, 1}, &workspace, head_decode_size_bytes(config));
+  const int64_t c = config.n_embd;
+  WorkspaceCarver carve(workspace.data);
+  float* normed = carve.take(c);
+  float* rstd = carve.take(1);
+  STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x_final + (rows - 1) * c, c, w.norm_weight, 1, normed, rstd));
+  return gemm(ctx, false, true, 1, config.vocab_size, c, normed, c, w.lm_head, c, 0.0f, logits, config.vocab_size);
 }
 
 }  // namespace strata::kernels::llama::cuda

@@ -41,4 +41,16 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                            float* d_x_final, const HeadGrads& grads, float* loss,
                                            const Workspace& workspace);
 
+// --- Decoding with a KV cache (llama.h's decode contract; device pointers; `tokens` DEVICE memory) ---
+// Attention: one thread block per (new row, query head) scores the cached keys, softmaxes (max
+// and sum by fixed block trees) and sums the cached values in position order — no atomics.
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions);
+[[nodiscard]] Status embedding_decode(const Context& ctx, const Config& config, int64_t rows, const int32_t* tokens,
+                                      const float* embed, float* x0);
+[[nodiscard]] Status block_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows,
+                                  const BlockWeights& weights, const float* x_in, float* x_out,
+                                  const KvCacheBlock& cache, const Workspace& workspace);
+[[nodiscard]] Status head_decode(const Context& ctx, const Config& config, int64_t rows, const HeadWeights& weights,
+                                 const float* x_final, float* logits, const Workspace& workspace);
+
 }  // namespace strata::kernels::llama::cuda

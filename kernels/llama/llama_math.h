@@ -30,6 +30,30 @@ STRATA_HOST_DEVICE inline double rope_inverse_frequency(const Config& config, in
   return f;
 }
 
+// The k/v head that query head h reads (Hugging Face's repeat_kv: n_head / n_kv_head query
+// heads share one).
+STRATA_HOST_DEVICE inline int64_t kv_head_of(const Config& config, int64_t h) {
+  return h / (config.n_head / config.n_kv_head);
+}
+
+// The cos and sin of pair i's angle at absolute position `position`: position·inv_freq in
+// double, then rounded — so a decode step at position p rotates exactly as a full forward does
+// at row p.
+STRATA_HOST_DEVICE inline void rope_cos_sin(double inv_freq, int64_t position, float* cos_a, float* sin_a) {
+  const double angle = static_cast<double>(position) * inv_freq;
+  *cos_a = static_cast<float>(cos(angle));
+  *sin_a = static_cast<float>(sin(angle));
+}
+
+// rotate_half on one head vector: the pair (i, i + D/2) rotated by the angle (sin negated: its
+// transpose, the backward).
+STRATA_HOST_DEVICE inline void rope_rotate_pair(float* head, int64_t i, int64_t half, float cos_a, float sin_a) {
+  const float a = head[i];
+  const float b = head[i + half];
+  head[i] = a * cos_a - b * sin_a;
+  head[i + half] = b * cos_a + a * sin_a;
+}
+
 STRATA_HOST_DEVICE inline float silu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 }  // namespace strata::kernels::llama

@@ -299,7 +299,7 @@ inline kernels::llama::Config small_llama_config() {
 }
 
 inline const char* const kLlamaScenarios[] = {"llama_embedding", "llama_block_forward", "llama_block_backward",
-                                              "llama_head"};
+                                              "llama_head", "llama_decode"};
 
 inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   namespace lk = kernels::llama;
@@ -350,6 +350,36 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     expect_ok(b.sum_squares(grads, block_n));
     out.tensors.push_back({"d_in", env.download(d_x, act)});
     out.tensors.push_back({"grads", env.download(grads, block_n)});
+  } else if (name == "llama_decode") {
+    // Generation: a 5-token prompt, then two tokens one at a time, against a 12-position cache:
+    // each pass's block output and logits, and the cache (keys after RoPE) at the end.
+    constexpr int64_t kPrompt = 5;
+    constexpr int64_t kWindow = 12;
+    const size_t cache_n = static_cast<size_t>(kWindow * c.kv_width());
+    float* w = env.upload(weights);
+    float* embed = env.upload(random_floats(table, 0.5f, 33));
+    float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 34, 1.0f));
+    float* lm_head = env.upload(random_floats(table, 0.1f, 35));
+    float* keys = env.zeros<float>(cache_n);
+    float* values = env.zeros<float>(cache_n);
+    float* x0 = env.zeros<float>(static_cast<size_t>(kPrompt * c.n_embd));
+    float* x1 = env.zeros<float>(static_cast<size_t>(kPrompt * c.n_embd));
+    float* logits = env.zeros<float>(static_cast<size_t>(c.vocab_size));
+    const gk::Workspace decode_ws = env.workspace_for(b.llama_decode_workspace_size_bytes(c, kPrompt, kWindow));
+    const gk::KvCacheBlock cache{keys, values, kWindow};
+    int64_t past = 0;
+    for (const int64_t rows : {kPrompt, int64_t{1}, int64_t{1}}) {
+      expect_ok(b.llama_embedding_decode(c, rows, tokens.data() + past, embed, x0));
+      expect_ok(b.llama_block_decode(c, past, rows, lk::bind_block(c, static_cast<const float*>(w)), x0, x1, cache,
+                                     decode_ws));
+      expect_ok(b.llama_head_logits(c, rows, lk::HeadWeights{norm, lm_head}, x1, logits, decode_ws));
+      const std::string at = "@" + std::to_string(past);
+      out.tensors.push_back({"x_out" + at, env.download(x1, static_cast<size_t>(rows * c.n_embd))});
+      out.tensors.push_back({"logits" + at, env.download(logits, static_cast<size_t>(c.vocab_size))});
+      past += rows;
+    }
+    out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * c.kv_width()))});
+    out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * c.kv_width()))});
   } else if (name == "llama_head") {
     float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 29, 1.0f));
     float* lm_head = env.upload(random_floats(table, 0.1f, 30));

@@ -8,7 +8,9 @@
 #
 # Usage: llama_reference.py DIR [DIR ...]. Each DIR holds config.txt ("key value" lines),
 # tensors.txt ("name dim0 [dim1]"), <name>.f32, tokens.i32, targets.i32; writes out/loss.f64,
-# out/<name>.grad.f64 and out/logits_last.f64. Exit 77 when torch cannot be imported.
+# out/<name>.grad.f64 and out/logits_last.f64, and with "greedy N" in config.txt out/greedy.f64:
+# N greedy tokens after the first sequence, each from a whole forward over all before it.
+# Exit 77 when torch cannot be imported.
 import math
 import os
 import sys
@@ -81,6 +83,32 @@ def block(p, i, x, cfg, cos, sin):
     return x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, p[pre + "mlp.down_proj.weight"])
 
 
+def forward_logits(params, tokens, cfg):
+    """Logits [batch, t, vocab] of a full forward over `tokens` [batch, t]."""
+    inv_freq = inverse_frequencies(cfg)
+    freqs = torch.arange(tokens.shape[1], dtype=torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x = params["model.embed_tokens.weight"][tokens]
+    for i in range(int(cfg["n_layer"])):
+        x = block(params, i, x, cfg, cos, sin)
+    x = rms_norm(x, params["model.norm.weight"], cfg["norm_eps"])
+    head = params["model.embed_tokens.weight"] if cfg["tied"] else params["lm_head.weight"]
+    return torch.nn.functional.linear(x, head)
+
+
+def greedy(params, tokens, cfg, count):
+    """`count` greedy tokens after tokens[0], each by a whole forward over everything so far."""
+    sequence = tokens[:1].clone()
+    produced = []
+    with torch.no_grad():
+        for _ in range(count):
+            nxt = int(torch.argmax(forward_logits(params, sequence, cfg)[0, -1]))
+            produced.append(nxt)
+            sequence = torch.cat((sequence, torch.tensor([[nxt]], dtype=sequence.dtype)), dim=1)
+    return produced
+
+
 def run_reference(folder):
     cfg = {}
     with open(os.path.join(folder, "config.txt")) as f:
@@ -98,17 +126,7 @@ def run_reference(folder):
     tokens = read_raw(os.path.join(folder, "tokens.i32"), torch.int32, batch * seq).long().view(batch, seq)
     targets = read_raw(os.path.join(folder, "targets.i32"), torch.int32, batch * seq).long().view(batch, seq)
 
-    inv_freq = inverse_frequencies(cfg)
-    freqs = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
-
-    x = params["model.embed_tokens.weight"][tokens]
-    for i in range(int(cfg["n_layer"])):
-        x = block(params, i, x, cfg, cos, sin)
-    x = rms_norm(x, params["model.norm.weight"], cfg["norm_eps"])
-    head = params["model.embed_tokens.weight"] if cfg["tied"] else params["lm_head.weight"]
-    logits = torch.nn.functional.linear(x, head)
+    logits = forward_logits(params, tokens, cfg)
     loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1))
     loss.backward()
 
@@ -121,6 +139,10 @@ def run_reference(folder):
     for name, tensor in params.items():
         with open(os.path.join(out, name + ".grad.f64"), "wb") as f:
             f.write(tensor.grad.detach().contiguous().numpy().tobytes())
+    if cfg.get("greedy", 0) > 0:
+        with open(os.path.join(out, "greedy.f64"), "wb") as f:
+            produced = greedy(params, tokens, cfg, int(cfg["greedy"]))
+            f.write(torch.tensor(produced, dtype=torch.float64).numpy().tobytes())
     print(f"{folder}: reference loss {loss.item():.10f}")
 
 

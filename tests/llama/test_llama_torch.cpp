@@ -6,6 +6,7 @@
 // backward recomputes each block), against the independent float64 PyTorch implementation in
 // llama_reference.py. Error per tensor: max|a − b| / max|b| ≤ 1e-5. A second test runs the
 // same model twice and requires the same bits (determinism). Exit 77 without torch.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,7 @@ struct Case {
   const char* name;
   lk::Config config;
   lk::BatchShape shape;
+  int64_t greedy = 0;  // > 0: the reference also writes this many greedy tokens after the first sequence
 };
 
 lk::Config make_config(int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t embd, int64_t inter,
@@ -79,7 +81,8 @@ struct Tensor {
 // norm (+ lm_head when untied). Random: N(0, 0.1) matrices, norm weights 1 + N(0, 0.1).
 class TinyLlama {
  public:
-  TinyLlama(const lk::Config& config, const lk::BatchShape& shape, uint32_t seed) : config_(config), shape_(shape) {
+  TinyLlama(const lk::Config& config, const lk::BatchShape& shape, uint32_t seed, int64_t greedy = 0)
+      : config_(config), shape_(shape), greedy_(greedy) {
     auto add = [&](std::string name, std::vector<int64_t> dims) {
       Tensor t{std::move(name), std::move(dims), total_, 1};
       for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
@@ -159,7 +162,8 @@ class TinyLlama {
         << "\nseq_len " << shape_.seq_len << "\nrope_theta " << config_.rope_theta << "\nrope_factor "
         << config_.rope_factor << "\nrope_low " << config_.rope_low_freq_factor << "\nrope_high "
         << config_.rope_high_freq_factor << "\nrope_original " << config_.rope_original_max_positions
-        << "\nnorm_eps " << config_.norm_eps << "\ntied " << (config_.tie_word_embeddings ? 1 : 0) << "\n";
+        << "\nnorm_eps " << config_.norm_eps << "\ntied " << (config_.tie_word_embeddings ? 1 : 0) << "\ngreedy "
+        << greedy_ << "\n";
     std::ofstream list(folder / "tensors.txt");
     for (const Tensor& t : tensors_) {
       list << t.name;
@@ -174,6 +178,7 @@ class TinyLlama {
  private:
   lk::Config config_;
   lk::BatchShape shape_;
+  int64_t greedy_ = 0;
   std::vector<Tensor> tensors_;
   size_t total_ = 0;
   std::vector<float> params_;
@@ -242,6 +247,115 @@ TEST_P(LlamaMatchesTorch, Deterministic) {
   EXPECT_EQ(std::memcmp(&loss_a, &loss_b, sizeof loss_a), 0);
   ASSERT_EQ(grads_a.size(), grads_b.size());
   EXPECT_EQ(std::memcmp(grads_a.data(), grads_b.data(), grads_a.size() * 4), 0);
+}
+
+// Aligned fp32 scratch for the kernels.
+struct Aligned {
+  explicit Aligned(size_t bytes)
+      : size_bytes((bytes + 63) / 64 * 64), data(static_cast<float*>(std::aligned_alloc(64, size_bytes))) {}
+  ~Aligned() { std::free(data); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  size_t size_bytes;
+  float* data;
+};
+
+// Generation's decode with a KV cache (llama.h: embedding_decode, block_decode, head_decode):
+// a 5-token prompt in one call then greedy tokens one at a time to the end of the window, and
+// the same sequence again one token at a time from position 0; the logits at every position
+// must equal the full-sequence forward's over that prefix (≤ 1e-5), and the greedy tokens a
+// float64 PyTorch Llama's, which recomputes everything for each token. Odd shape: 6 query heads
+// over 3 k/v heads (groups of 2), head_dim 16, llama3 rope scaling, untied head.
+TEST(LlamaDecode, KvCacheMatchesFullForwardAndTorchGreedy) {
+  constexpr int64_t kPrompt = 5;
+  const lk::Config config = make_config(2, 6, 3, 16, 80, 112, 67, 24, false, 8.0);
+  const int64_t window = config.n_ctx;
+  const int64_t greedy = window - kPrompt;
+  const TinyLlama model(config, lk::BatchShape{1, kPrompt}, kSeed, greedy);
+  const float* p = model.params().data();
+  const int64_t c = config.n_embd;
+  const int64_t vocab = config.vocab_size;
+  const float* norm = p + model.norm_offset();
+  const lk::HeadWeights head{norm, norm + c};
+
+  Aligned workspace(lk::decode_workspace_size_bytes(config, kPrompt, window));
+  const lk::Workspace ws{workspace.data, workspace.size_bytes};
+  std::vector<std::vector<float>> keys(static_cast<size_t>(config.n_layer)), values(keys.size());
+  std::vector<lk::KvCacheBlock> cache;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    keys[i].assign(static_cast<size_t>(window * config.kv_width()), 0.0f);
+    values[i].assign(keys[i].size(), 0.0f);
+    cache.push_back({keys[i].data(), values[i].data(), window});
+  }
+  std::vector<float> x_a(static_cast<size_t>(kPrompt * c)), x_b(x_a.size());
+  // One decode pass for `rows` tokens at positions past…; the logits of the last one.
+  auto pass = [&](const int32_t* tokens, int64_t past, int64_t rows) {
+    lk::embedding_decode(config, rows, tokens, p, x_a.data());
+    for (int64_t i = 0; i < config.n_layer; ++i) {
+      lk::block_decode(config, past, rows, lk::bind_block(config, p + model.block_offset(i)), x_a.data(), x_b.data(),
+                       cache[static_cast<size_t>(i)], ws);
+      std::swap(x_a, x_b);
+    }
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    lk::head_decode(config, rows, head, x_a.data(), logits.data(), ws);
+    return logits;
+  };
+  // The reference of one position: the whole prefix through block_forward.
+  auto full = [&](const std::vector<int32_t>& sequence, int64_t length) {
+    const lk::BatchShape shape{1, length};
+    Aligned full_ws(lk::workspace_size_bytes(config, shape));
+    std::vector<float> a(static_cast<size_t>(length * c)), b(a.size()), logits(static_cast<size_t>(vocab));
+    lk::embedding_forward(config, shape, sequence.data(), p, a.data());
+    for (int64_t i = 0; i < config.n_layer; ++i) {
+      lk::block_forward(config, shape, lk::bind_block(config, p + model.block_offset(i)), a.data(), b.data(),
+                        {full_ws.data, full_ws.size_bytes});
+      std::swap(a, b);
+    }
+    lk::head_forward(config, shape, head, a.data(), logits.data(), {full_ws.data, full_ws.size_bytes});
+    return logits;
+  };
+  auto argmax = [](const std::vector<float>& v) {
+    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+  };
+
+  std::vector<int32_t> sequence(model.tokens().begin(), model.tokens().begin() + kPrompt);
+  std::vector<std::vector<float>> decoded;  // logits at positions kPrompt−1 … window−2
+  decoded.push_back(pass(sequence.data(), 0, kPrompt));
+  while (static_cast<int64_t>(sequence.size()) < window) {
+    sequence.push_back(argmax(decoded.back()));
+    if (static_cast<int64_t>(sequence.size()) < window)
+      decoded.push_back(pass(&sequence.back(), static_cast<int64_t>(sequence.size()) - 1, 1));
+  }
+  double worst = 0.0;
+  for (size_t k = 0; k < decoded.size(); ++k) {
+    const int64_t length = kPrompt + static_cast<int64_t>(k);
+    const double error = relative_error(decoded[k].data(), [&] {
+      std::vector<float> f = full(sequence, length);
+      return std::vector<double>(f.begin(), f.end());
+    }());
+    EXPECT_LE(error, kMaxRelativeError) << "prompt-then-tokens decode at position " << length - 1;
+    worst = std::max(worst, error);
+  }
+  // Again from position 0, one token per pass: every position of the window.
+  for (int64_t t = 0; t < window; ++t) {
+    const std::vector<float> logits = pass(&sequence[static_cast<size_t>(t)], t, 1);
+    const std::vector<float> f = full(sequence, t + 1);
+    const double error = relative_error(logits.data(), std::vector<double>(f.begin(), f.end()));
+    EXPECT_LE(error, kMaxRelativeError) << "token-at-a-time decode at position " << t;
+    worst = std::max(worst, error);
+  }
+  std::printf("decode vs full forward over %lld positions: worst relative error %.2e\n",
+              static_cast<long long>(window), worst);
+
+  TempDir dir;
+  model.write(dir.path() / "decode");
+  const std::string command =
+      std::string(STRATA_PYTHON3) + " " + STRATA_LLAMA_REFERENCE + " " + (dir.path() / "decode").string();
+  ASSERT_EQ(std::system(command.c_str()), 0) << "the PyTorch reference script failed";
+  const std::vector<double> reference = read_f64((dir.path() / "decode" / "out" / "greedy.f64").string(), greedy);
+  for (int64_t k = 0; k < greedy; ++k)
+    EXPECT_EQ(sequence[static_cast<size_t>(kPrompt + k)], static_cast<int32_t>(reference[static_cast<size_t>(k)]))
+        << "greedy token " << k;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaMatchesTorch, ::testing::ValuesIn(kCases),

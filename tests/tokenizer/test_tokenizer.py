@@ -294,7 +294,19 @@ def case_cli():
         refused = run([STRATA, "train", train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, 300)], expect=2)
         if len(refused.stderr.strip().splitlines()) != 1 or "outside the vocabulary" not in refused.stderr:
             fail(f"a token file beyond the model's vocabulary: {refused.stderr!r}")
-        # The end-of-run sample is bytes: with token data it is refused before any work.
+        # The end-of-run sample goes through the run's tokenizer (data.tokenizer) ...
+        run_dir = os.path.join(folder, "run4")
+        os.makedirs(run_dir)
+        path = train_config(run_dir, {"path": txt, "format": "text", "tokenizer": llama3}, vocab)
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["sample"] = {"tokens": 6, "prompt": "The"}
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        sampled = run([STRATA, "train", path])
+        if "sample from the trained model" not in sampled.stderr:
+            fail(f"sample through the tokenizer: {sampled.stderr[-400:]!r}")
+        # ... and token data with no tokenizer to be found is refused before any work.
         path = train_config(run_dir, {"path": out_llama, "format": "tokens-u16"}, vocab)
         with open(path) as f:
             cfg = json.load(f)

@@ -1,0 +1,256 @@
+#!/usr/bin/python3
+# tests/llama/test_llama_hf.py — a Llama Hugging Face folder end to end through the `strata` binary.
+#
+#   roundtrip  a tiny Llama folder written here (config.json with llama3 rope_scaling, 6 query
+#              heads over 3 k/v heads, head_dim 16, untied head; model.safetensors; a byte-level
+#              tokenizer.json) → `strata train` with `model: {init: DIR, seq_len: 16}`, 3 fp32
+#              steps (printing the end-of-run sample through the folder's tokenizer) → `--export
+#              OUT`: every tensor within 1e-4 of a float64 torch training of the same steps
+#              (test_llama_train.py's loop); OUT carries the tokenizer; OUT loads back
+#              (train 0 steps from it, export again: bit-identical); `strata generate --model OUT`
+#              encodes the prompt with OUT's tokenizer and its greedy tokens equal a float64 torch
+#              Llama's (HF semantics, a whole forward per token) from OUT's weights, across a
+#              window refill; the text is the tokens' bytes.
+#   offload    a Llama folder 2.5× larger than its budgets generates from NVMe each pass, the
+#              scheduler's pool within its budget and the peak RSS within the budgets plus the
+#              process's baseline (measured on the tiny model).
+# Usage: test_llama_hf.py STRATA CASE. Exit 77 where torch or numpy is missing.
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "engine"))
+sys.path.insert(0, HERE)
+import test_train as tt  # noqa: E402  (strata runner, safetensors helpers; reads sys.argv[1])
+from test_llama_train import LLAMA, import_torch, shapes_of, torch_training  # noqa: E402
+
+CASE = sys.argv[2]
+
+
+def hf_config(model):
+    rs = model["rope_scaling"]
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": model["n_embd"],
+            "intermediate_size": model["intermediate_size"], "num_hidden_layers": model["n_layer"],
+            "num_attention_heads": model["n_head"], "num_key_value_heads": model["n_kv_head"],
+            "head_dim": model["head_dim"], "vocab_size": model["vocab_size"], "max_position_embeddings": 64,
+            "rope_theta": model["rope_theta"],
+            "rope_scaling": {"rope_type": "llama3", "factor": rs["factor"], "low_freq_factor": rs["low_freq_factor"],
+                             "high_freq_factor": rs["high_freq_factor"],
+                             "original_max_position_embeddings": rs["original_max_position_embeddings"]},
+            "rms_norm_eps": model["norm_eps"], "tie_word_embeddings": model.get("tie_word_embeddings", True),
+            "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def byte_tokenizer_json():
+    """A byte-level BPE whose first 256 tokens are the bytes (GPT-2's byte alphabet) — the
+    text-bytes ids the model trains on — plus one merge, "Th" = 256, so a prompt encoded by the
+    tokenizer differs from its bytes."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    codes, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            codes[b] = b
+        else:
+            codes[b] = 256 + extra
+            extra += 1
+    vocab = {chr(codes[b]): b for b in range(256)}
+    vocab["Th"] = 256
+    return {"version": "1.0", "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+            "post_processor": None, "decoder": {"type": "ByteLevel"},
+            "model": {"type": "BPE", "vocab": vocab, "merges": ["T h"]}}
+
+
+def detokenize(ids):
+    return b"".join(b"Th" if i == 256 else bytes([i]) for i in ids)
+
+
+def write_llama_folder(torch, folder, model, seed, std=0.08):
+    os.makedirs(folder)
+    torch.manual_seed(seed)
+    init, blobs = {}, {}
+    for name, shape in shapes_of(model).items():
+        value = (1.0 + 0.1 * torch.randn(shape)) if len(shape) == 1 else std * torch.randn(shape)
+        init[name] = value.float()
+        blobs[name] = (shape, init[name].numpy().tobytes())
+    tt.write_safetensors(os.path.join(folder, "model.safetensors"), blobs)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(model), f)
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        json.dump(byte_tokenizer_json(), f)
+    return init
+
+
+def train_config(folder, name, init, steps, sample=None):
+    nvme = os.path.join(folder, name + "-nvme")
+    os.makedirs(nvme)
+    cfg = {"model": {"init": init, "seq_len": 16}, "data": {"path": tt.CORPUS, "format": "text-bytes"},
+           "batch_size": 3, "steps": steps,
+           "optimizer": {"lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.0e-6, "weight_decay": 0.1, "grad_clip": 1.0},
+           "precision": "fp32", "device": {"kind": "cpu", "memory": "64MiB"}, "host": {"memory": "64MiB"},
+           "nvme": {"paths": [nvme]}, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
+           "checkpoint_every": 10}
+    if sample:
+        cfg["sample"] = sample
+    path = os.path.join(folder, name + ".yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path, cfg
+
+
+def read_folder_tensors(torch, folder):
+    tensors, _ = tt.read_safetensors(os.path.join(folder, "model.safetensors"))
+    return tensors
+
+
+def torch_greedy(torch, params, model, prompt, count, window):
+    """Greedy tokens of a float64 HF-semantics Llama, a whole forward over the window per token;
+    a full window keeps its last half (as strata generate does). With each token, the margin
+    between the two best logits (a near-tie may go either way in fp32)."""
+    import llama_reference as ref
+    rs = model["rope_scaling"]
+    cfg = {"n_layer": model["n_layer"], "n_head": model["n_head"], "n_kv_head": model["n_kv_head"],
+           "head_dim": model["head_dim"], "rope_theta": model["rope_theta"], "rope_factor": rs["factor"],
+           "rope_low": rs["low_freq_factor"], "rope_high": rs["high_freq_factor"],
+           "rope_original": rs["original_max_position_embeddings"], "norm_eps": model["norm_eps"],
+           "tied": 1.0 if model.get("tie_word_embeddings", True) else 0.0}
+    context, start, out = list(prompt), 0, []
+    with torch.no_grad():
+        for _ in range(count):
+            logits = ref.forward_logits(params, torch.tensor([context[start:]]), cfg)[0, -1]
+            top2 = torch.topk(logits, 2).values
+            nxt = int(torch.argmax(logits))
+            out.append((nxt, float(top2[0] - top2[1])))
+            context.append(nxt)
+            if len(context) - start > window:
+                start = len(context) - window // 2
+    return out
+
+
+def generate(model_dir, nvme, budget, *extra, temperature="0"):
+    result = tt.strata("--log-level", "warn", "generate", "--model", model_dir, "--nvme", nvme, "--host-memory",
+                       budget, "--device-memory", budget, "--precision", "fp32", "--temperature", temperature, "--json",
+                       *extra)
+    return json.loads(result.stdout)
+
+
+def case_roundtrip(folder):
+    torch = import_torch()
+    model = {**LLAMA, "vocab_size": 260, "tie_word_embeddings": False}
+    hf_dir = os.path.join(folder, "tiny-llama")
+    init = write_llama_folder(torch, hf_dir, model, seed=5)
+
+    # Folder → train 3 steps → export a folder; against torch's training of the same steps.
+    cfg_path, cfg = train_config(folder, "train", hf_dir, steps=3, sample={"tokens": 8, "prompt": "The"})
+    out = os.path.join(folder, "out")
+    # (the sample may hold bytes that are not UTF-8: read stderr leniently)
+    trained = subprocess.run([tt.STRATA, "train", cfg_path, "--export", out], capture_output=True, text=True,
+                             errors="replace", timeout=600)
+    if trained.returncode != 0:
+        tt.fail(f"strata train exited {trained.returncode}:\n{trained.stderr}")
+    # The end-of-run sample: the Llama store through generation, the folder's tokenizer.
+    if "sample from the trained model" not in trained.stderr:
+        tt.fail(f"strata train printed no sample:\n{trained.stderr[-600:]}")
+    if not os.path.exists(os.path.join(out, "tokenizer.json")):
+        tt.fail(f"{out} holds no tokenizer.json: {sorted(os.listdir(out))}")
+    ours = read_folder_tensors(torch, out)
+    _, ref_params = torch_training(torch, model, init, cfg)
+    if set(ours) != set(init):
+        tt.fail(f"exported tensors {sorted(set(ours) ^ set(init))} differ from the folder's")
+    worst = 0.0
+    for name in init:
+        a = torch.frombuffer(bytearray(ours[name]), dtype=torch.float32).double()
+        b = ref_params[name].detach().reshape(-1)
+        rel = ((a - b).abs().max() / b.abs().max()).item()
+        worst = max(worst, rel)
+        if rel > 1e-4:
+            tt.fail(f"weight {name} differs from torch's training by {rel:.2e} relative")
+    print(f"roundtrip: {len(init)} trained weights within {worst:.2e} of torch")
+
+    # The exported folder loads back bit for bit.
+    again_path, _ = train_config(folder, "again", out, steps=0)
+    out2 = os.path.join(folder, "out2")
+    tt.strata("train", again_path, "--export", out2)
+    again = read_folder_tensors(torch, out2)
+    for name in ours:
+        if again[name] != ours[name]:
+            tt.fail(f"{name}: {out} → strata → {out2} is not bit-identical")
+
+    # Generation from the exported folder with its tokenizer, against torch's greedy tokens.
+    prompt_text, count = "Thé ", 24  # 4 tokens + 24: one refill of the 16-position window
+    prompt_ids = [256] + list("é ".encode())
+    got = generate(out, os.path.join(folder, "gen-nvme"), "8MiB", "--prompt", prompt_text, "--tokens", str(count),
+                   "--seq-len", "16")
+    params = {name: torch.frombuffer(bytearray(raw), dtype=torch.float32).double().view(init[name].shape)
+              for name, raw in ours.items()}
+    want = torch_greedy(torch, params, model, prompt_ids, count, 16)
+    for k, (token, margin) in enumerate(want):
+        if got["tokens"][k] != token:
+            if margin < 1e-4:
+                print(f"generate: stopped comparing at token {k} (a tie within {margin:.1e})")
+                break
+            tt.fail(f"greedy token {k}: strata {got['tokens'][k]}, torch {token} (margin {margin:.2e})\n"
+                    f"{got['tokens']}\n{[t for t, _ in want]}")
+    raw = detokenize(got["tokens"])
+    try:
+        expected_text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        expected_text = None
+    if expected_text is not None and got["text"] != expected_text:
+        tt.fail(f"the text {got['text']!r} is not the tokens' bytes {raw!r}")
+    if got["prompt_tokens"] != len(prompt_ids):
+        tt.fail(f"the prompt encoded to {got['prompt_tokens']} tokens, not the tokenizer's {len(prompt_ids)}")
+    # Sampled (temperature 1): the text is the tokens' bytes, joined then decoded.
+    sampled = generate(out, os.path.join(folder, "gen-nvme"), "8MiB", "--prompt", prompt_text, "--tokens", "40",
+                       "--seq-len", "16", "--seed", "9", temperature="1")
+    raw = detokenize(sampled["tokens"])
+    if sampled["text"] != raw.decode("utf-8", errors="replace") and raw.decode("utf-8", errors="ignore") != \
+            sampled["text"].replace("\ufffd", ""):
+        tt.fail(f"sampled text {sampled['text']!r} is not the tokens' bytes {raw!r}")
+    print(f"roundtrip: generate --model {os.path.basename(out)}: prompt {prompt_ids}, greedy tokens match torch; "
+          f"sampled {sampled['text']!r}")
+
+
+def case_offload(folder):
+    torch = import_torch()
+    tiny = os.path.join(folder, "tiny")
+    write_llama_folder(torch, tiny, {**LLAMA, "vocab_size": 260, "tie_word_embeddings": True}, seed=3)
+    # (an empty prompt starts from the tokenizer's newline: this one has no BOS)
+    tiny_out = generate(tiny, os.path.join(folder, "nvme-tiny"), "1MiB", "--tokens", "4", "--prompt", "")
+    if tiny_out["prompt_tokens"] != 1 or len(tiny_out["tokens"]) != 4:
+        tt.fail(f"an empty prompt: {tiny_out}")
+    baseline_rss = tiny_out["peak_rss_bytes"]
+    big_model = {**LLAMA, "vocab_size": 260, "n_layer": 10, "n_embd": 256, "n_head": 4, "n_kv_head": 2, "head_dim": 64,
+                 "intermediate_size": 512, "tie_word_embeddings": False}
+    big = os.path.join(folder, "big")
+    write_llama_folder(torch, big, big_model, seed=4, std=0.05)
+    budget = 4 << 20
+    out = generate(big, os.path.join(folder, "nvme-big"), "4MiB", "--prompt", "The ", "--tokens", "12",
+                   "--seq-len", "32")
+    weights = out["weight_bytes"]
+    if weights < 2.5 * 2 * budget:
+        tt.fail(f"the big model ({weights} bytes) is not 2.5× its budgets")
+    passes = 12
+    if out["nvme_read_bytes"] < 0.5 * passes * weights:
+        tt.fail(f"read {out['nvme_read_bytes']} bytes from NVMe for {passes} passes over {weights} bytes of weights")
+    if out["host_high_water_bytes"] > out["pool_bytes"]:
+        tt.fail(f"the scheduler's pool peaked at {out['host_high_water_bytes']} over its {out['pool_bytes']}")
+    over = out["peak_rss_bytes"] - baseline_rss
+    if over > 2 * budget + (4 << 20):
+        tt.fail(f"peak RSS {out['peak_rss_bytes']} is {over} bytes above the tiny model's {baseline_rss}; the "
+                f"budgets are {2 * budget} (the weights are {weights})")
+    if len(out["tokens"]) != 12 or not out["tokens_per_s"] > 0:
+        tt.fail(f"generate --json: {out['tokens']} at {out['tokens_per_s']} tokens/s")
+    print(f"offload: Llama {weights >> 20} MiB in {2 * budget >> 20} MiB of budgets, peak RSS "
+          f"{out['peak_rss_bytes'] >> 20} MiB (tiny model {baseline_rss >> 20} MiB), {out['tokens_per_s']:.1f} "
+          f"tokens/s, floor {out['io_floor_tokens_per_s']:.1f}")
+
+
+if __name__ == "__main__":
+    base = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
+    os.makedirs(base, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=base) as work:
+        {"roundtrip": case_roundtrip, "offload": case_offload}[CASE](work)
