@@ -211,7 +211,9 @@ def case_bad_input(folder):
     wrong_init = os.path.join(folder, "wrong.safetensors")
     write_safetensors(wrong_init, {"wte.weight": ((10, 10), b"\0" * 400)})
     cases = [
-        ("block too big for the device", {"device": {"memory": "1MiB"}}, "device.memory"),
+        # The CPU device's one pool (device.memory + host.memory) too small for a 12 MiB block.
+        ("block too big for the pool", {"model": {"n_embd": 512, "n_head": 8}, "device": {"memory": "1MiB"},
+                                        "host": {"memory": "1MiB"}}, "'device.memory' + 'host.memory'"),
         ("data shorter than one window", {"data": {"path": short}}, "shorter than one window"),
         ("safetensors with wrong shapes", {"model": {"init": wrong_init}}, "wte.weight"),
         ("missing NVMe path", {"nvme": {"paths": [os.path.join(folder, "no-such-dir")]}}, "no-such-dir"),
