@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "engine"))
 sys.path.insert(0, HERE)
 import test_train as tt  # noqa: E402  (strata runner, safetensors helpers; reads sys.argv[1])
-from test_llama_train import LLAMA, import_torch, shapes_of, torch_training  # noqa: E402
+from test_llama_train import LLAMA, compare_with_torch, import_torch, shapes_of, torch_training  # noqa: E402
 
 CASE = sys.argv[2]
 
@@ -158,16 +158,7 @@ def case_roundtrip(folder):
         tt.fail(f"{out} holds no tokenizer.json: {sorted(os.listdir(out))}")
     ours = read_folder_tensors(torch, out)
     _, ref_params = torch_training(torch, model, init, cfg)
-    if set(ours) != set(init):
-        tt.fail(f"exported tensors {sorted(set(ours) ^ set(init))} differ from the folder's")
-    worst = 0.0
-    for name in init:
-        a = torch.frombuffer(bytearray(ours[name]), dtype=torch.float32).double()
-        b = ref_params[name].detach().reshape(-1)
-        rel = ((a - b).abs().max() / b.abs().max()).item()
-        worst = max(worst, rel)
-        if rel > 1e-4:
-            tt.fail(f"weight {name} differs from torch's training by {rel:.2e} relative")
+    worst = compare_with_torch(torch, ours, ref_params, set(init), "roundtrip")
     print(f"roundtrip: {len(init)} trained weights within {worst:.2e} of torch")
 
     # The exported folder loads back bit for bit.

@@ -95,6 +95,22 @@ def torch_training(torch, model, init, cfg):
     return losses, params
 
 
+def compare_with_torch(torch, ours, ref_params, names, label):
+    """Exported fp32 bytes per tensor vs torch's trained float64 weights: the same names, each
+    within 1e-4 of the tensor's largest magnitude. Returns the worst relative difference."""
+    if set(ours) != names:
+        tt.fail(f"{label}: exported tensors {sorted(set(ours) ^ names)} differ from the model's")
+    worst = 0.0
+    for name in sorted(names):
+        a = torch.frombuffer(bytearray(ours[name]), dtype=torch.float32).double()
+        b = ref_params[name].detach().reshape(-1)
+        rel = ((a - b).abs().max() / b.abs().max()).item()
+        worst = max(worst, rel)
+        if rel > 1e-4:
+            tt.fail(f"{label}: weight {name} differs from torch's training by {rel:.2e} relative")
+    return worst
+
+
 def case_reference(folder):
     torch = import_torch()
     sys.path.insert(0, HERE)
@@ -126,16 +142,7 @@ def case_reference(folder):
             if rel > 1e-4:
                 tt.fail(f"tied {tied} step {step}: loss differs by {rel:.2e} relative")
         ours, header = tt.read_safetensors(final)
-        if set(ours) != set(init):
-            tt.fail(f"tied {tied}: exported tensors {sorted(set(ours) ^ set(init))} differ from the model's")
-        worst = 0.0
-        for name in init:
-            a = torch.frombuffer(bytearray(ours[name]), dtype=torch.float32).double()
-            b = ref_params[name].detach().reshape(-1)
-            rel = ((a - b).abs().max() / b.abs().max()).item()
-            worst = max(worst, rel)
-            if rel > 1e-4:
-                tt.fail(f"tied {tied}: weight {name} differs by {rel:.2e} relative")
+        worst = compare_with_torch(torch, ours, ref_params, set(init), f"tied {tied}")
         print(f"tied {tied}: all {len(init)} exported weights within {worst:.2e} relative of torch")
 
 
