@@ -7,8 +7,8 @@
 # switched) leaves a state that the old N resumes bit-identically or the new N resumes correctly
 # (`kill`); a missing old rank store, stores at unreconcilable steps, another model and another
 # optimizer.chunk_elements are refused in one line naming the folder or key (`bad`). At ZeRO stage 3
-# (each store holds only its share of the compute copies, re-cut at chunk boundaries): 2 → 3, 3 → 2
-# and 2 → 1 equal the run that never changed N within the same tolerance, the new stores' params
+# (each store holds only its share of the compute copies, re-cut at chunk boundaries): 2 → 3, 3 → 2,
+# 2 → 1 and 1 → 2 equal the run that never changed N within the same tolerance, the new stores' params
 # tensors are disjoint (by name and by chunk range) and add up to the model once, and their
 # `strata store export` equals --export (`stage3`).
 # Usage: test_reslice.py STRATA CASE (equal | kill | bad | stage3).
@@ -160,7 +160,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         reference, ref_summary = straight(tmp, "one", 0, stage=3)
         param_count = sum(len(v) for v in weights(reference).values())
         share = re.compile(r"^params\.(.+?)(?:\.(\d+)-(\d+))?$")
-        for old, new in ((2, 3), (3, 2), (2, 1)):
+        for old, new in ((2, 3), (3, 2), (2, 1), (1, 2)):
             name = f"s3n{old}to{new}"
             cfg = config(tmp, name, stage=3)
             run(old, "train", cfg, "--steps", "3")
