@@ -262,13 +262,6 @@ Result<OldSet> inspect_old_stores(const TrainConfig& config, int new_ranks, bool
   STRATA_ASSIGN_OR_RETURN(const uint64_t old_ranks64, ranks_of(metadata0, dir0.string()));
   const int old_ranks = static_cast<int>(old_ranks64);
   if (old_ranks == new_ranks) return OldSet{};
-  if (config.parallel.zero_stage == 3)
-    return make_error(ErrorKind::unsupported,
-                      fmt::format("{}: key 'parallel.zero_stage': {} was committed by {} ranks at stage 3, where each "
-                                  "store holds a share of the compute copies; re-slicing that onto {} rank{} is not "
-                                  "built — resume with mpirun -np {}",
-                                  config.source_path, dir0.string(), old_ranks, new_ranks, new_ranks == 1 ? "" : "s",
-                                  old_ranks));
   bool templated = false;
   for (const std::string& path : config.nvme_paths) templated = templated || path.find("{rank}") != std::string::npos;
   if (!templated)
@@ -334,6 +327,31 @@ Status wait_for(memory::Store& store, Result<memory::StoreTicket> ticket) {
   return store.wait(*ticket);
 }
 
+// Stage 3: where each old rank's share of each unit's compute copy sits — the plan that rank
+// trained with names it (engine/train_plan.h, params_share_name) and gives its element range.
+// One old rank (or stages 1 and 2) holds every unit whole.
+struct OldShare {
+  int rank = 0;
+  std::string name;
+  ElementRange range;
+};
+
+std::vector<std::vector<OldShare>> old_shares_by_unit(const TrainConfig& mine, const ModelLayout& layout,
+                                                      int old_ranks) {
+  const ChunkOwners owners = old_ranks > 1 ? optimizer_chunk_owners(layout, mine.optimizer.chunk_elements, old_ranks)
+                                           : ChunkOwners{};
+  std::vector<std::vector<OldShare>> shares(layout.units().size());
+  for (int r = 0; r < old_ranks; ++r) {
+    const TrainPlan plan = build_train_plan(mine, layout, owners, r);
+    for (size_t u = 0; u < plan.units.size(); ++u) {
+      const UnitIds& ids = plan.units[u];
+      if (ids.params == kNoTensor) continue;
+      shares[u].push_back(OldShare{r, plan.plan.tensors()[ids.params].name, ids.params_range});
+    }
+  }
+  return shares;
+}
+
 // Step 2 of the header for `rank` of `ranks`.
 Result<BuildFigures> build_new_store(const TrainConfig& config, int rank, int ranks, const OldSet& old) {
   const auto start = Clock::now();
@@ -360,15 +378,71 @@ Result<BuildFigures> build_new_store(const TrainConfig& config, int rank, int ra
   STRATA_ASSIGN_OR_RETURN(memory::Store fresh, memory::Store::create(next.string(), {},
                                                                       training_store_capacity_bytes(run),
                                                                       store_options_for(mine)));
+  // Stage 3: the compute copies are cut by rank (shares), so each new share is assembled from
+  // the old shares that overlap it; every other tensor moves whole by name.
+  const bool cut = mine.parallel.zero_stage == 3;
+  const uint32_t param_bytes = dtype_size_bytes(mine.precision);
+  std::vector<std::vector<OldShare>> old_shares;
+  if (cut) old_shares = old_shares_by_unit(mine, layout, old.ranks);
   uint64_t largest = 0;
   for (const scheduler::PlanTensor& tensor : run.plan.tensors()) largest = std::max(largest, tensor.size_bytes);
+  for (const std::vector<OldShare>& shares : old_shares)
+    for (const OldShare& share : shares) largest = std::max(largest, share.range.element_count * param_bytes);
   const uint64_t buffer_bytes = align_up(std::max<uint64_t>(largest, 1), 4096);
   std::unique_ptr<std::byte, AlignedFree> buffer(static_cast<std::byte*>(std::aligned_alloc(4096, buffer_bytes)));
-  if (!buffer) return make_error(ErrorKind::no_space, fmt::format("re-slice: cannot allocate {}", format_size(buffer_bytes)));
+  // The share being assembled (stage 3 only).
+  std::unique_ptr<std::byte, AlignedFree> assembled(
+      cut ? static_cast<std::byte*>(std::aligned_alloc(4096, buffer_bytes)) : nullptr);
+  if (!buffer || (cut && !assembled))
+    return make_error(ErrorKind::no_space, fmt::format("re-slice: cannot allocate {}", format_size(buffer_bytes)));
 
   BuildFigures figures;
+  std::vector<bool> is_share(run.plan.tensors().size(), false);
+  if (cut) {
+    for (size_t u = 0; u < run.units.size(); ++u) {
+      const UnitIds& ids = run.units[u];
+      if (ids.params == kNoTensor) continue;
+      is_share[ids.params] = true;
+      const scheduler::PlanTensor& tensor = run.plan.tensors()[ids.params];
+      const uint64_t begin = ids.params_range.begin_elements;
+      const uint64_t end = begin + ids.params_range.element_count;
+      uint64_t covered = 0;
+      for (const OldShare& share : old_shares[u]) {
+        const uint64_t from = std::max(begin, share.range.begin_elements);
+        const uint64_t to = std::min(end, share.range.begin_elements + share.range.element_count);
+        if (from >= to) continue;
+        memory::Store& holder = olds[static_cast<size_t>(share.rank)];
+        const std::optional<memory::TensorRecord> record = holder.find(share.name);
+        if (!record)
+          return make_error(ErrorKind::not_found,
+                            fmt::format("cannot re-slice: old rank {}'s share '{}' (for '{}' of rank {}) is not in {}",
+                                        share.rank, share.name, tensor.name, rank, holder.dir()));
+        if (record->size_bytes != share.range.element_count * param_bytes)
+          return make_error(ErrorKind::corrupt,
+                            fmt::format("cannot re-slice: tensor '{}' in {} has {} bytes, its share needs {}",
+                                        share.name, holder.dir(), record->size_bytes,
+                                        share.range.element_count * param_bytes));
+        STRATA_RETURN_IF_ERROR(wait_for(holder, holder.read_tensor_async(share.name, buffer.get(), buffer_bytes)));
+        std::memcpy(assembled.get() + (from - begin) * param_bytes,
+                    buffer.get() + (from - share.range.begin_elements) * param_bytes, (to - from) * param_bytes);
+        covered += to - from;
+        figures.bytes += (to - from) * param_bytes;
+      }
+      // The old shares partition each unit, so this is short only when a store lost one.
+      if (covered != ids.params_range.element_count)
+        return make_error(ErrorKind::corrupt,
+                          fmt::format("cannot re-slice: the old stores' shares cover {} of the {} elements of '{}' "
+                                      "(rank {}'s new share)",
+                                      covered, ids.params_range.element_count, tensor.name, rank));
+      const int64_t shape[] = {static_cast<int64_t>(ids.params_range.element_count)};
+      STRATA_RETURN_IF_ERROR(wait_for(fresh, fresh.write_tensor_async(tensor.name, mine.precision, shape,
+                                                                      assembled.get(), tensor.size_bytes)));
+      figures.tensors += 1;
+      if (figures.tensors == 1) maybe_stop("copy", rank);
+    }
+  }
   for (scheduler::TensorId id = 0; id < run.plan.tensors().size(); ++id) {
-    if (!is_store_tensor(run, id)) continue;
+    if (!is_store_tensor(run, id) || is_share[id]) continue;
     const scheduler::PlanTensor& tensor = run.plan.tensors()[id];
     if (!is_persistent(run, id)) {  // an NVMe-homed gradient: rewritten before it is read
       std::memset(buffer.get(), 0, tensor.size_bytes);

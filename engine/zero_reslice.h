@@ -9,9 +9,13 @@
 // unit, held by every old store at stages 1 and 2. New rank r builds the plan it will train with
 // (build_train_plan with the new owners) and copies each of its persistent tensors WHOLE, bytes
 // and checksums verified on the read, from whichever old store holds that name; NVMe-homed
-// gradients are written as zeros (they are rewritten before they are read). Nothing is cut. A
-// plan tensor that no old store holds, or holds with another size, is refused naming it (so a
-// stage that partitions the compute copies under other names is refused, not guessed).
+// gradients are written as zeros (they are rewritten before they are read). At stage 3 the
+// compute copies are cut into shares (`params.<unit>.<c0>-<c1>`, the elements of the chunks a
+// rank owns): each new share is assembled from the old shares that overlap it — their names and
+// ranges from the plans the old ranks trained with — each old share read whole (checksum
+// verified) and its overlapping element range copied; the cuts are chunk boundaries, so nothing
+// finer than a chunk moves. A plan tensor that no old store holds, or holds with another size,
+// and a share the old shares do not cover, are refused naming it.
 //
 // Crash safety (docs/parallel.md, "Resume on another number of ranks"). Folders: R_r is rank r's
 // expanded first nvme path, its store R_r/store.
@@ -39,7 +43,8 @@
 // (journal written, nothing switched), `switch` (first folder switched, the others not).
 //
 // Threads: the caller's only; before any Run exists. Allocates one staging buffer (the largest
-// tensor moved) per rank.
+// tensor moved, or old share read) per rank, and at stage 3 a second of that size, where a new
+// share is assembled.
 #pragma once
 
 #include <cstdint>

@@ -6,10 +6,15 @@
 # point of a re-slice (new store half written, new stores committed, journal written, one folder
 # switched) leaves a state that the old N resumes bit-identically or the new N resumes correctly
 # (`kill`); a missing old rank store, stores at unreconcilable steps, another model and another
-# optimizer.chunk_elements are refused in one line naming the folder or key (`bad`).
-# Usage: test_reslice.py STRATA CASE (equal | kill | bad).
+# optimizer.chunk_elements are refused in one line naming the folder or key (`bad`). At ZeRO stage 3
+# (each store holds only its share of the compute copies, re-cut at chunk boundaries): 2 → 3, 3 → 2,
+# 2 → 1 and 1 → 2 equal the run that never changed N within the same tolerance, the new stores' params
+# tensors are disjoint (by name and by chunk range) and add up to the model once, and their
+# `strata store export` equals --export (`stage3`).
+# Usage: test_reslice.py STRATA CASE (equal | kill | bad | stage3).
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -32,7 +37,7 @@ def fail(message):
     sys.exit(1)
 
 
-def config(folder, name, chunk=20000, n_embd=64):
+def config(folder, name, chunk=20000, n_embd=64, stage=2):
     os.makedirs(os.path.join(folder, name), exist_ok=True)
     cfg = {
         "model": {"n_layer": 2, "n_head": 4, "n_embd": n_embd, "vocab_size": 256, "seq_len": 16, "seed": 7},
@@ -45,7 +50,7 @@ def config(folder, name, chunk=20000, n_embd=64):
         "host": {"memory": "64MiB"},
         "nvme": {"paths": [os.path.join(folder, name, "rank{rank}")]},
         "placement": {"params": "nvme", "grads": "host", "optimizer": "nvme"},
-        "parallel": {"zero_stage": 2, "timeout_s": 60},
+        "parallel": {"zero_stage": stage, "timeout_s": 60},
         "checkpoint_every": 2,
     }
     path = os.path.join(folder, name + ".yaml")
@@ -98,9 +103,9 @@ def ranks_of(store):
     return int(manifest["metadata"]["parallel.ranks"]), manifest["step"]
 
 
-def straight(tmp, name, ranks):
+def straight(tmp, name, ranks, stage=2):
     """5 steps on one N: the reference."""
-    cfg = config(tmp, name)
+    cfg = config(tmp, name, stage=stage)
     out = os.path.join(tmp, name + ".safetensors")
     return out, summary_of(run(ranks, "train", cfg, "--json", "--export", out))
 
@@ -151,6 +156,53 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
             run(0, "store", "export", *stores, again)
             if not same_bytes(out, again):
                 fail(f"{old} → {new}: strata store export of the new stores differs from --export")
+    elif CASE == "stage3":
+        reference, ref_summary = straight(tmp, "one", 0, stage=3)
+        param_count = sum(len(v) for v in weights(reference).values())
+        share = re.compile(r"^params\.(.+?)(?:\.(\d+)-(\d+))?$")
+        for old, new in ((2, 3), (3, 2), (2, 1), (1, 2)):
+            name = f"s3n{old}to{new}"
+            cfg = config(tmp, name, stage=3)
+            run(old, "train", cfg, "--steps", "3")
+            out = os.path.join(tmp, name + ".safetensors")
+            result = run(new, "train", cfg, "--resume", "--json", "--export", out)
+            if "re-sliced step 3" not in result.stderr:
+                fail(f"stage 3, {old} → {new}: no re-slice was reported:\n{result.stderr[-2000:]}")
+            summary = summary_of(result)
+            if summary["first_step"] != 3 or summary["ranks"] != new:
+                fail(f"stage 3, {old} → {new}: resumed at step {summary['first_step']} on {summary['ranks']} ranks")
+            within(reference, ref_summary, out, summary, f"stage 3, {old} → {new} ranks after step 3")
+            stores = [os.path.join(tmp, name, f"rank{r}", "store") for r in range(new)]
+            for store in stores:
+                if ranks_of(store) != (new, 5):
+                    fail(f"{store} records (ranks, step) {ranks_of(store)}, not ({new}, 5)")
+            # The new shares: disjoint (by name and by chunk range within a unit), the model once.
+            names, chunks, total = set(), {}, 0
+            for r, store in enumerate(stores):
+                listing = json.loads(run(0, "store", "inspect", store, "--json").stdout)
+                params = [t for t in listing["tensors"] if t["name"].startswith("params.")]
+                held = sum(t["size_bytes"] for t in params)
+                if new > 1 and held >= 4 * param_count:
+                    fail(f"{store} holds the whole compute copy ({held} B) on {new} ranks")
+                for t in params:
+                    if t["name"] in names:
+                        fail(f"{t['name']} is in two of the new stores")
+                    names.add(t["name"])
+                    unit, c0, c1 = share.match(t["name"]).groups()
+                    span = set(range(int(c0), int(c1) + 1)) if c0 is not None else {"whole"}
+                    mine = chunks.setdefault(unit, set())
+                    if mine & span or ("whole" in mine) != ("whole" in span) and mine:
+                        fail(f"{t['name']} overlaps another new share of unit {unit}")
+                    mine |= span
+                total += held
+            if total != 4 * param_count:
+                fail(f"stage 3, {old} → {new}: the new stores hold {total} B of params, the model is "
+                     f"{4 * param_count} B")
+            print(f"  {new} new stores: {len(names)} params tensors, disjoint, {total} B = the model once")
+            again = os.path.join(tmp, name + ".again.safetensors")
+            run(0, "store", "export", *stores, again)
+            if not same_bytes(out, again):
+                fail(f"stage 3, {old} → {new}: strata store export of the new stores differs from --export")
     elif CASE == "kill":
         reference, ref_summary = straight(tmp, "one", 0)
 
