@@ -24,6 +24,14 @@
 //   - The write-back reserve: host room that read-ahead may not take (two of the largest
 //     NVMe-homed tensors a step writes, at most a quarter of the staging room), so a fresh
 //     write-back never evicts a copy prefetched for the next steps.
+//   - The resident subset: the plan repeats, so read-ahead that evicts whatever is used
+//     furthest from *now* slides a window over the plan and reads every tensor once per
+//     repetition, although the pool could hold most of them. Read-only NVMe-homed tensors are
+//     therefore split once, at construction: a subset kept in host memory across repetitions
+//     (most uses first, as many as fit beside a read-ahead ring of two of the largest steps'
+//     other tensors) and the rest, which stream through the ring. Read-ahead never evicts a
+//     kept copy (it waits instead); the cursor step may, as a last resort, so it always
+//     completes. Tensors a step writes are never kept.
 //   - In place (`compute_in_place`, the CPU device): one pool, the host budget; a step's
 //     tensors are used in their host blocks, there are no device copies, and a block being
 //     written to NVMe is not handed to a step that writes it until the write is done.
@@ -131,6 +139,7 @@ class Residency {
   uint64_t host_used_bytes() const { return host_used_bytes_; }
   uint64_t host_home_bytes() const { return host_home_bytes_; }
   uint64_t write_back_reserve_bytes() const { return write_back_reserve_bytes_; }
+  uint64_t resident_subset_bytes() const { return resident_subset_bytes_; }
   uint64_t aligned_bytes(TensorId tensor) const { return books_[tensor].aligned_bytes; }
 
  private:
@@ -159,6 +168,8 @@ class Residency {
 
     int64_t nvme_version = kNoVersion;
     std::optional<Error> read_error;
+    // In the resident subset (see choose_resident_subset): read-ahead never evicts its host copy.
+    bool keep = false;
   };
   struct StepTensor {
     TensorId tensor;
@@ -174,6 +185,7 @@ class Residency {
   bool device_droppable(const Book& book) const;
   bool host_droppable(const Book& book) const;
   void note_allocation(Tier tier, uint64_t used_bytes, uint64_t budget_bytes);
+  void choose_resident_subset();
   void rank_victims(Tier tier, TensorId id, uint64_t need_distance);
   bool allocate_in(Tier tier, TensorId id, uint64_t need_distance, bool write_back = false);
   void evict(Tier tier, TensorId victim);
@@ -195,6 +207,7 @@ class Residency {
   // evicting what it has just prefetched.
   uint64_t external_device_bytes_ = 0;
   uint64_t write_back_reserve_bytes_ = 0;
+  uint64_t resident_subset_bytes_ = 0;  // host bytes of the tensors marked `keep`
 
   uint64_t cursor_abs_ = 0;  // absolute index of the next step to acquire
   uint32_t pinned_tensors_ = 0;  // tensors with pins > 0 (held steps)
