@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -80,6 +81,33 @@ class NcclCommunicator final : public Communicator {
     return Request{1};
   }
   Status wait(Request) override { return cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  // NCCL has no allgatherv: one broadcast per rank with a block, each root sending its own block
+  // in place, fused into one launch by the group. Counts of 0 are skipped (NCCL would still
+  // synchronize the ranks for them).
+  Result<Request> allgatherv_inplace_async(void* data, std::span<const uint64_t> counts_bytes,
+                                           std::span<const uint64_t> displs_bytes) override {
+    if (counts_bytes.size() != static_cast<size_t>(size()) || displs_bytes.size() != static_cast<size_t>(size()))
+      return make_error(ErrorKind::internal, "comm: allgatherv needs one count and one displacement per rank");
+    auto* bytes = static_cast<uint8_t*>(data);
+    uint64_t others_bytes = 0;
+    STRATA_RETURN_IF_ERROR(nccl_check(ncclGroupStart(), "ncclGroupStart"));
+    for (size_t r = 0; r < counts_bytes.size(); ++r) {
+      if (counts_bytes[r] == 0) continue;
+      if (static_cast<int>(r) != rank()) others_bytes += counts_bytes[r];
+      const ncclResult_t code = ncclBroadcast(bytes + displs_bytes[r], bytes + displs_bytes[r], counts_bytes[r],
+                                              ncclUint8, static_cast<int>(r), comm_, stream_);
+      if (code != ncclSuccess) {
+        (void)ncclGroupEnd();  // close the group before reporting; the first error is the one to tell
+        return nccl_check(code, "broadcast (allgatherv)");
+      }
+    }
+    STRATA_RETURN_IF_ERROR(nccl_check(ncclGroupEnd(), "ncclGroupEnd (allgatherv)"));
+    // Accounted as MPI's allgatherv: this rank's block leaves once per other rank; it takes in
+    // every other rank's block.
+    stats_.sent_bytes += counts_bytes[static_cast<size_t>(rank())] * static_cast<uint64_t>(size() - 1);
+    stats_.received_bytes += others_bytes;
+    return Request{1};
+  }
 
  private:
   // Counts a rank's share of the traffic by ZeRO's accounting ((N−1)/N of `unit_bytes` per

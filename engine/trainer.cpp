@@ -738,20 +738,30 @@ std::vector<size_t> Run::gathered_units(const StepInfo& info) const {
 }
 
 // The step's units into `slot`: this rank's share of each is copied to its place in the
-// unit's layout (so MPI never reads a scheduler block, which may move once the step is
-// released), then the in-place allgatherv is left in flight. The caller has synchronized the
-// stream: no queued op still reads the slot or writes a share. Host memory: the CPU device only
-// (N > 1 ranks on CUDA are refused in train()).
+// unit's layout (so the transport never reads a scheduler block, which may move once the step
+// is released), then the in-place allgatherv is left in flight. The caller has synchronized the
+// stream: no queued op still reads the slot or writes a share. CPU device: host memory, a
+// memcpy, MPI. CUDA ranks: the share is copied on the compute stream and that stream is
+// synchronized before NCCL's own stream may read the slot.
 Status Run::start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers) {
   const uint32_t param_bytes = dtype_size_bytes(config_.precision);
+  const bool on_cpu = device_->kind() == device::Kind::cpu;
   const std::vector<size_t>& units = step_gathers_[step_index];
   for (size_t position = 0; position < units.size(); ++position) {
     auto* unit_params = static_cast<std::byte*>(slot.buffer.data()) +
                         (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
     const UnitIds& ids = run_.units[units[position]];
-    if (ids.params != kNoTensor)
-      std::memcpy(unit_params + ids.params_range.begin_elements * param_bytes, buffers.device_data(ids.params),
-                  ids.params_range.element_count * param_bytes);
+    if (ids.params != kNoTensor) {
+      std::byte* share = unit_params + ids.params_range.begin_elements * param_bytes;
+      const uint64_t share_bytes = ids.params_range.element_count * param_bytes;
+      if (on_cpu) {
+        std::memcpy(share, buffers.device_data(ids.params), share_bytes);
+      } else {
+        device::Stream& compute = backend_->compute_stream();
+        STRATA_RETURN_IF_ERROR(device_->copy_on_device(compute, share, buffers.device_data(ids.params), share_bytes));
+        STRATA_RETURN_IF_ERROR(device_->synchronize(compute));
+      }
+    }
     STRATA_ASSIGN_OR_RETURN(comm::Request request, zero_->gather_params_async(units[position], unit_params));
     slot.requests.push_back(request);
   }
@@ -1221,11 +1231,6 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   // CUDA ranks: gradients and compute copies move between the GPUs over NCCL (engine/zero.h).
   std::unique_ptr<comm::Communicator> gpus;
   if (ranks > 1 && config.device_kind == "cuda") {
-    if (config.parallel.zero_stage == 3)
-      return make_error(ErrorKind::unsupported,
-                        fmt::format("{}: key 'parallel.zero_stage': stage 3 on {} CUDA ranks is not built (its "
-                                    "parameter gather is MPI over host memory); use stage 1 or 2 on CUDA ranks",
-                                    config.source_path, ranks));
     if (optimizer_site(config) == OptimizerSite::host)
       return make_error(ErrorKind::unsupported,
                         fmt::format("{}: key 'placement.optimizer': host updates on {} CUDA ranks are not wired to ZeRO "

@@ -184,7 +184,8 @@ ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const Tr
 }
 
 Result<comm::Request> ZeroStep::gather_params_async(size_t unit, void* unit_params) {
-  return comm_.allgatherv_inplace_async(unit_params, share_bytes_[unit], share_offset_bytes_[unit]);
+  comm::Communicator& comm = device_comm_ != nullptr ? *device_comm_ : comm_;  // NCCL: device pointers
+  return comm.allgatherv_inplace_async(unit_params, share_bytes_[unit], share_offset_bytes_[unit]);
 }
 
 Status ZeroStep::reduce_gradients(size_t unit, float* grads) {

@@ -114,9 +114,12 @@ class ZeroStep {
   bool gathers_params() const { return stage_ >= 3 && active(); }
   // Stage 3: starts the in-place all-gather of `unit`'s whole compute copy into `unit_params`
   // (the unit's layout, p bytes per element), where this rank's share must already sit at its
-  // range. `unit_params` stays untouched by the caller until wait() returns.
+  // range. `unit_params` stays untouched by the caller until wait() returns. On CUDA ranks
+  // (device_tensors()) it is device memory gathered over NCCL, else host memory over MPI.
   [[nodiscard]] Result<comm::Request> gather_params_async(size_t unit, void* unit_params);
-  [[nodiscard]] Status wait(comm::Request request) { return comm_.wait(request); }
+  [[nodiscard]] Status wait(comm::Request request) {
+    return device_comm_ != nullptr ? device_comm_->wait(request) : comm_.wait(request);
+  }
 
   void begin_step() { sum_squares_ = 0.0, clip_scale_known_ = false; }
   // The unit's whole gradient (host memory, the unit's elements), local mean → global mean:

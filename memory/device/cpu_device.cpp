@@ -210,6 +210,12 @@ class CpuDevice final : public Device {
     own(stream).enqueue([=] { std::memcpy(host_dst, device_src, size_bytes); });
     return Status();
   }
+  Status copy_on_device(Stream& stream, void* device_dst, const void* device_src,
+                        uint64_t size_bytes) override {
+    assert(in_region(device_dst, size_bytes) && in_region(device_src, size_bytes));
+    own(stream).enqueue([=] { std::memcpy(device_dst, device_src, size_bytes); });
+    return Status();
+  }
   Status launch(Stream& stream, std::function<void()> fn) override {
     own(stream).enqueue(std::move(fn));
     return Status();

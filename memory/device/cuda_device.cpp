@@ -124,6 +124,12 @@ class CudaDevice final : public Device {
                       "cudaMemcpyAsync(device→host)");
     return Status();
   }
+  Status copy_on_device(Stream& stream, void* device_dst, const void* device_src,
+                        uint64_t size_bytes) override {
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, size_bytes, cudaMemcpyDeviceToDevice, own(stream)),
+                      "cudaMemcpyAsync(device→device)");
+    return Status();
+  }
   Status launch(Stream& stream, std::function<void()> fn) override {
     // The callback owns its function object and frees it after running: one small heap node
     // per host callback, which on CUDA is rare (compute runs as kernels, not callbacks).

@@ -151,6 +151,9 @@ class Device {
                                               uint64_t size_bytes) = 0;
   [[nodiscard]] virtual Status copy_to_host(Stream& stream, void* host_dst, const void* device_src,
                                             uint64_t size_bytes) = 0;
+  // Copies `size_bytes` device → device (both inside this device's memory), ordered on `stream`.
+  [[nodiscard]] virtual Status copy_on_device(Stream& stream, void* device_dst, const void* device_src,
+                                              uint64_t size_bytes) = 0;
   // Runs `fn` on the host in stream order: on the CPU device this is how compute runs; on
   // CUDA it is a host callback (cudaLaunchHostFunc) that must not call CUDA itself.
   [[nodiscard]] virtual Status launch(Stream& stream, std::function<void()> fn) = 0;

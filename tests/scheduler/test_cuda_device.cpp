@@ -1,5 +1,6 @@
 // Proves the CUDA device on a real GPU: stream order, events, a host→device→host round trip
-// from registered (pinned) memory that is bit-exact, and the arena budget. Exits 77 (skip)
+// from registered (pinned) memory that is bit-exact, a device → device copy of an unaligned
+// range that moves exactly it, and the arena budget. Exits 77 (skip)
 // where no GPU is visible, so CPU-only machines report it skipped, never passed.
 #include <gtest/gtest.h>
 
@@ -36,6 +37,26 @@ TEST(CudaDevice, RoundTripThroughTwoStreamsIsBitExact) {
   EXPECT_EQ(std::memcmp(source.data(), back.data(), size_bytes), 0);
   device->unregister_host_memory(source.data());
   device->unregister_host_memory(back.data());
+}
+
+TEST(CudaDevice, CopyOnDeviceMovesExactlyTheRange) {
+  auto device = make_device(Kind::cuda, 64 << 20).value();
+  Stream stream = device->create_stream("compute").value();
+  const uint64_t size_bytes = 4099;
+  std::vector<uint8_t> source(size_bytes), zeros(size_bytes, 0), back(size_bytes, 0);
+  for (uint64_t i = 0; i < size_bytes; ++i) source[i] = static_cast<uint8_t>(i * 37 + 11);
+  DeviceBuffer from = device->allocate(size_bytes).value();
+  DeviceBuffer to = device->allocate(size_bytes).value();
+  ASSERT_TRUE(device->copy_to_device(stream, from.data(), source.data(), size_bytes).ok());
+  ASSERT_TRUE(device->copy_to_device(stream, to.data(), zeros.data(), size_bytes).ok());
+  ASSERT_TRUE(device->copy_on_device(stream, static_cast<uint8_t*>(to.data()) + 3,
+                                     static_cast<const uint8_t*>(from.data()) + 5, 1000)
+                  .ok());
+  ASSERT_TRUE(device->copy_to_host(stream, back.data(), to.data(), size_bytes).ok());
+  ASSERT_TRUE(device->synchronize(stream).ok());
+  std::vector<uint8_t> expected(size_bytes, 0);
+  std::memcpy(expected.data() + 3, source.data() + 5, 1000);
+  EXPECT_EQ(back, expected);
 }
 
 TEST(CudaDevice, ArenaHoldsItsBudget) {

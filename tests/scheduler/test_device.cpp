@@ -1,8 +1,9 @@
 // Proves the CPU device behaves like a GPU where the scheduler relies on it: a stream runs its
 // work in order, two streams really run at the same time (each waits for the other to have
 // started, which only finishes if they overlap), events complete when — and only when — the
-// work before them has run, a stream can wait on another's event, copies are byte-exact, and
-// the arena never hands out more than its budget.
+// work before them has run, a stream can wait on another's event, copies (host ↔ device and
+// device → device, at unaligned offsets, neighbours untouched) are byte-exact, and the arena
+// never hands out more than its budget.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -117,6 +118,29 @@ TEST(CpuDevice, CopiesRoundTripBitExact) {
   ASSERT_TRUE(device->copy_to_host(d2h, back.data(), buffer.data(), size_bytes).ok());
   ASSERT_TRUE(device->synchronize(d2h).ok());
   EXPECT_EQ(std::memcmp(source.data(), back.data(), size_bytes), 0);
+}
+
+// ZeRO stage 3's share into its gather slot: a device → device copy lands exactly the bytes
+// asked for at the offset asked for, and nothing around them.
+TEST(CpuDevice, CopyOnDeviceMovesExactlyTheRange) {
+  auto device = cpu();
+  Stream stream = device->create_stream("compute").value();
+  const uint64_t size_bytes = 4099;
+  std::vector<uint8_t> source(size_bytes), back(size_bytes, 0);
+  for (size_t i = 0; i < size_bytes; ++i) source[i] = static_cast<uint8_t>(i * 37 + 11);
+  DeviceBuffer from = device->allocate(size_bytes).value();
+  DeviceBuffer to = device->allocate(size_bytes).value();
+  std::vector<uint8_t> zeros(size_bytes, 0);
+  ASSERT_TRUE(device->copy_to_device(stream, from.data(), source.data(), size_bytes).ok());
+  ASSERT_TRUE(device->copy_to_device(stream, to.data(), zeros.data(), size_bytes).ok());
+  auto* from_bytes = static_cast<uint8_t*>(from.data());
+  auto* to_bytes = static_cast<uint8_t*>(to.data());
+  ASSERT_TRUE(device->copy_on_device(stream, to_bytes + 3, from_bytes + 5, 1000).ok());
+  ASSERT_TRUE(device->copy_to_host(stream, back.data(), to.data(), size_bytes).ok());
+  ASSERT_TRUE(device->synchronize(stream).ok());
+  std::vector<uint8_t> expected(size_bytes, 0);
+  std::memcpy(expected.data() + 3, source.data() + 5, 1000);
+  EXPECT_EQ(back, expected);
 }
 
 TEST(CpuDevice, ArenaHoldsItsBudget) {

@@ -491,6 +491,7 @@ class NoStreamDevice final : private TestRegion, public device::Device {
   Status synchronize(device::Stream&) override { return Status(); }
   Status copy_to_device(device::Stream&, void*, const void*, uint64_t) override { return Status(); }
   Status copy_to_host(device::Stream&, void*, const void*, uint64_t) override { return Status(); }
+  Status copy_on_device(device::Stream&, void*, const void*, uint64_t) override { return Status(); }
   Status launch(device::Stream&, std::function<void()>) override { return Status(); }
   Status register_host_memory(void*, uint64_t) override {
     ++registered;

@@ -1,6 +1,6 @@
 # Issue 15: ZeRO on CUDA ranks, gradients and compute copies over NCCL (engine/zero.h), through the
 # real binary. Proves, where at least two GPUs are visible: `mpirun -np 2` with device.kind cuda
-# (stages 1 and 2, fp32, grad_clip 1.0) ends with the fp32 master weights and last loss of a 1-GPU
+# (stages 1, 2 and 3, fp32, grad_clip 1.0; stage 3 gathers each unit over NCCL) ends with the fp32 master weights and last loss of a 1-GPU
 # run of the same global batch within relative L2 1e-5 (NCCL sums in its own order, and the CUDA
 # kernels differ from the CPU ones; docs/parallel.md), and bytes were counted between the ranks.
 # Skips with 77 where fewer than two GPUs (or no nvidia-smi) are visible: no GPU runs in CI here.
@@ -67,7 +67,7 @@ def weights(path):
 
 with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tmp:
     reference, ref = train(tmp, "one", 1, 1)
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         out, summary = train(tmp, f"s{stage}", 2, stage)
         wa, wb = weights(reference), weights(out)
         num = sum((x - y) ** 2 for n in wa for x, y in zip(wa[n], wb[n]))
