@@ -286,7 +286,6 @@ HostNeed host_need(const TrainPlan& run) {
 }  // namespace
 
 Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
-  const DeviceScratchSizes scratch = device_scratch(config, layout, &run);
   const HostNeed host = host_need(run);
   const RunBudgets budgets = run_budgets(config, layout, &run);
   if (budgets.one_pool) {
@@ -298,12 +297,13 @@ Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const
                                     "what placement puts on host) and {} that one step stages from NVMe; give the "
                                     "two at least {} together",
                                     config.source_path, format_size(config.device_memory_bytes),
-                                    format_size(config.host_memory_bytes), format_size(scratch.total()),
+                                    format_size(config.host_memory_bytes), format_size(budgets.scratch_bytes),
                                     config.placement.grads == Tier::device ? " and device-resident gradients" : "",
                                     format_size(host.homed_bytes), format_size(host.largest_nvme_step_bytes),
                                     format_size(align_up(needed, kMiB))));
     return Status();
   }
+  const DeviceScratchSizes scratch = device_scratch(config, layout, &run);
   uint64_t largest_step_bytes = 0;
   size_t largest_step = 0;
   for (size_t step = 0; step < run.plan.step_count(); ++step) {

@@ -14,8 +14,7 @@ struct ComputeThreadLimit::Control {
   tbb::global_control control;
 };
 
-ComputeThreadLimit::ComputeThreadLimit(int threads)
-    : threads_(threads), control_(std::make_unique<Control>(threads)) {}
+ComputeThreadLimit::ComputeThreadLimit(int threads) : control_(std::make_unique<Control>(threads)) {}
 
 ComputeThreadLimit::~ComputeThreadLimit() = default;
 

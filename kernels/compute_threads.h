@@ -26,13 +26,11 @@ class ComputeThreadLimit {
   ~ComputeThreadLimit();
   ComputeThreadLimit(const ComputeThreadLimit&) = delete;
   ComputeThreadLimit& operator=(const ComputeThreadLimit&) = delete;
-  int threads() const { return threads_; }
 
  private:
   friend Result<std::unique_ptr<ComputeThreadLimit>> limit_compute_threads_from_env();
   struct Control;
   explicit ComputeThreadLimit(int threads);
-  int threads_;
   std::unique_ptr<Control> control_;
 };
 

@@ -136,10 +136,6 @@ class Residency {
   const AccessPlan& plan() const { return plan_; }
   const ResidencyCounters& counters() const { return counters_; }
   const std::vector<Eviction>& evictions() const { return eviction_log_; }
-  uint64_t host_used_bytes() const { return host_used_bytes_; }
-  uint64_t host_home_bytes() const { return host_home_bytes_; }
-  uint64_t write_back_reserve_bytes() const { return write_back_reserve_bytes_; }
-  uint64_t resident_subset_bytes() const { return resident_subset_bytes_; }
   uint64_t aligned_bytes(TensorId tensor) const { return books_[tensor].aligned_bytes; }
 
  private:
