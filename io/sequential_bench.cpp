@@ -1,13 +1,11 @@
 // strata/io/sequential_bench.cpp — see io/sequential_bench.h.
 #include "io/sequential_bench.h"
 
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <latch>
 #include <thread>
@@ -15,6 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/pages.h"
 #include "common/size.h"
 
 namespace strata::io {
@@ -42,52 +41,23 @@ bool stamp_matches(const char* data, uint64_t length_bytes, uint64_t logical_off
   return true;
 }
 
-// The one buffer region of a run: page aligned, touched and locked before the clock starts.
-class LockedRegion {
- public:
-  explicit LockedRegion(uint64_t length_bytes, bool huge_pages = false) : length_bytes_(length_bytes) {
-    void* base = ::mmap(nullptr, length_bytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return;
-    base_ = static_cast<char*>(base);
-    // Transparent huge pages where the kernel has them: a 1 MiB buffer is then one
-    // physically contiguous segment instead of 256 pages, so the block layer need not split
-    // a request at the device's segment limit (254 on virtio-blk). mlock faults it all in.
-    if (huge_pages) (void)::madvise(base_, length_bytes_, MADV_HUGEPAGE);
-    locked_ = ::mlock(base_, length_bytes_) == 0;
-    if (!locked_) std::memset(base_, 0, length_bytes_);
-  }
-  LockedRegion(const LockedRegion&) = delete;
-  LockedRegion& operator=(const LockedRegion&) = delete;
-  ~LockedRegion() {
-    if (base_ == nullptr) return;
-    if (locked_) ::munlock(base_, length_bytes_);
-    ::munmap(base_, length_bytes_);
-  }
-  char* data() const { return base_; }
-  bool locked() const { return locked_; }
+// The one buffer region of a run: touched and locked before the clock starts; in huge pages
+// when asked (common/pages.h: a 1 MiB buffer is then one segment, not 256 pages split at
+// virtio-blk's 254-segment limit). A null data() means the mapping failed.
+char* chars(const PageMapping& mapping) { return reinterpret_cast<char*>(mapping.data()); }
 
- private:
-  char* base_ = nullptr;
-  uint64_t length_bytes_;
-  bool locked_ = false;
-};
+PageMapping locked_region(uint64_t length_bytes, bool huge_pages = false) {
+  PageMappingOptions options;
+  options.huge_pages = huge_pages;
+  options.lock = true;
+  Result<PageMapping> mapping = PageMapping::map(length_bytes, options, "bench buffers");
+  return mapping.ok() ? std::move(*mapping) : PageMapping();
+}
 
 Result<Volume> open_volume(const SequentialBenchOptions& options) {
   OpenOptions open_options;
   open_options.create = true;
   return Volume::open(options.paths, options.stripe_bytes, open_options);
-}
-
-// AnonHugePages of this process (kB in /proc/self/smaps_rollup), to say what we got.
-uint64_t anon_huge_page_bytes() {
-  std::ifstream in("/proc/self/smaps_rollup");
-  std::string key;
-  uint64_t value = 0;
-  while (in >> key) {
-    if (key == "AnonHugePages:" && in >> value) return value * 1024;
-  }
-  return 0;
 }
 
 struct ThreadOutcome {
@@ -115,22 +85,22 @@ Status prepare_bench_volume(const SequentialBenchOptions& options, bool stamp, b
   Result<std::unique_ptr<Engine>> engine = make_engine(config);
   if (!engine.ok()) return engine.error();
   const uint64_t chunk_bytes = 8 * kMiB;
-  LockedRegion buffer(2 * chunk_bytes);
+  PageMapping buffer = locked_region(2 * chunk_bytes);
   if (buffer.data() == nullptr) return make_errno_error(errno, "allocate buffer", "", 0, 2 * chunk_bytes);
   // Already stamped (a previous run)? Check the first and last 4 KiB.
   const uint64_t last = align_down(options.size_bytes - kStampCheckBytes, kStampCheckBytes);
   if (*current >= options.size_bytes &&
-      read_exact(**engine, *volume, buffer.data(), kStampCheckBytes, 0).ok() &&
-      stamp_matches(buffer.data(), kStampCheckBytes, 0) &&
-      read_exact(**engine, *volume, buffer.data(), kStampCheckBytes, last).ok() &&
-      stamp_matches(buffer.data(), kStampCheckBytes, last))
+      read_exact(**engine, *volume, chars(buffer), kStampCheckBytes, 0).ok() &&
+      stamp_matches(chars(buffer), kStampCheckBytes, 0) &&
+      read_exact(**engine, *volume, chars(buffer), kStampCheckBytes, last).ok() &&
+      stamp_matches(chars(buffer), kStampCheckBytes, last))
     return Status();
   spdlog::info("writing the offset stamp over {} of {} (once; later runs reuse it)",
                format_size(options.size_bytes), volume->describe());
   // Two chunks alternate so stamping the next one overlaps writing the last.
   std::optional<RequestId> in_flight[2];
   for (uint64_t offset = 0, index = 0; offset < options.size_bytes; offset += chunk_bytes, ++index) {
-    char* chunk = buffer.data() + (index % 2) * chunk_bytes;
+    char* chunk = chars(buffer) + (index % 2) * chunk_bytes;
     if (in_flight[index % 2]) STRATA_RETURN_IF_ERROR((*engine)->wait(*in_flight[index % 2]));
     const uint64_t length = std::min(chunk_bytes, options.size_bytes - offset);
     fill_stamp(chunk, length, offset);
@@ -170,8 +140,8 @@ Result<SequentialBenchResult> run_sequential_bench(const SequentialBenchOptions&
   // Everything the timed loop touches is made here, before the clock starts.
   const uint64_t buffers = static_cast<uint64_t>(threads) * queue_depth;
   result.buffer_region_bytes = buffers * block_bytes;
-  LockedRegion region(result.buffer_region_bytes, options.huge_pages);
-  result.huge_page_bytes = anon_huge_page_bytes();
+  PageMapping region = locked_region(result.buffer_region_bytes, options.huge_pages);
+  result.huge_page_bytes = region.huge_page_bytes();
   if (region.data() == nullptr)
     return make_errno_error(errno, "allocate buffers", "", 0, result.buffer_region_bytes);
   result.buffers_locked = region.locked();
@@ -180,7 +150,7 @@ Result<SequentialBenchResult> run_sequential_bench(const SequentialBenchOptions&
                  format_size(result.buffer_region_bytes));
   if (options.op == Op::write) {
     for (uint64_t b = 0; b < buffers; ++b) {
-      auto* words = reinterpret_cast<uint64_t*>(region.data() + b * block_bytes);
+      auto* words = reinterpret_cast<uint64_t*>(chars(region) + b * block_bytes);
       for (uint64_t w = 0; w < block_bytes / 8; ++w) words[w] = write_word(b, w);
     }
   }
@@ -193,7 +163,7 @@ Result<SequentialBenchResult> run_sequential_bench(const SequentialBenchOptions&
     if (!engine.ok()) return engine.error();
     if (result.buffers_registered) {
       Status registered = (*engine)->register_buffer(
-          region.data() + static_cast<uint64_t>(t) * queue_depth * block_bytes, queue_depth * block_bytes);
+          chars(region) + static_cast<uint64_t>(t) * queue_depth * block_bytes, queue_depth * block_bytes);
       if (!registered.ok()) {
         spdlog::warn("{}", registered.to_string());
         result.buffers_registered = false;
@@ -215,7 +185,7 @@ Result<SequentialBenchResult> run_sequential_bench(const SequentialBenchOptions&
     workers.emplace_back([&, t] {
       ThreadOutcome& out = outcomes[t];
       Engine& engine = *engines[t];
-      char* base = region.data() + static_cast<uint64_t>(t) * queue_depth * block_bytes;
+      char* base = chars(region) + static_cast<uint64_t>(t) * queue_depth * block_bytes;
       out.last_offset_in_buffer.assign(queue_depth, UINT64_MAX);
       std::vector<RequestId> ids(queue_depth);
       const uint64_t slice_start = t * slice_bytes;
@@ -294,7 +264,7 @@ Result<SequentialBenchResult> run_sequential_bench(const SequentialBenchOptions&
       for (uint32_t slot = 0; slot < queue_depth; ++slot) {
         const uint64_t offset = outcomes[t].last_offset_in_buffer[slot];
         if (offset == UINT64_MAX) continue;
-        const char* data = region.data() + (static_cast<uint64_t>(t) * queue_depth + slot) * block_bytes;
+        const char* data = chars(region) + (static_cast<uint64_t>(t) * queue_depth + slot) * block_bytes;
         if (!stamp_matches(data, block_bytes, offset)) {
           Error error = make_error(ErrorKind::corrupt, "the bytes read do not carry their offset stamp");
           error.op = "read";
@@ -315,15 +285,15 @@ Result<SequentialBenchResult> run_sequential_bench(const SequentialBenchOptions&
     config.block_size_bytes = block_bytes;
     Result<std::unique_ptr<Engine>> checker = make_engine(config);
     if (!checker.ok()) return checker.error();
-    LockedRegion check(block_bytes);
+    PageMapping check = locked_region(block_bytes);
     const uint64_t blocks = last_writer.size();
     const uint64_t samples = std::min<uint64_t>(blocks, 16);
     for (uint64_t i = 0; i < samples; ++i) {
       const uint64_t block = i * blocks / samples;
       if (last_writer[block] == UINT32_MAX) continue;
       const uint64_t offset = (block / blocks_per_slice) * slice_bytes + (block % blocks_per_slice) * block_bytes;
-      STRATA_RETURN_IF_ERROR(read_exact(**checker, volume, check.data(), block_bytes, offset));
-      if (std::memcmp(check.data(), region.data() + last_writer[block] * block_bytes, block_bytes) != 0) {
+      STRATA_RETURN_IF_ERROR(read_exact(**checker, volume, chars(check), block_bytes, offset));
+      if (std::memcmp(chars(check), chars(region) + last_writer[block] * block_bytes, block_bytes) != 0) {
         Error error = make_error(ErrorKind::corrupt, "a block read back differs from what was written");
         error.op = "write";
         error.path = volume.describe();

@@ -51,7 +51,7 @@ struct SequentialBenchResult {
   uint64_t buffer_region_bytes = 0;
   bool buffers_locked = false;      // mlock succeeded
   bool buffers_registered = false;  // every engine registered its part (uring)
-  uint64_t huge_page_bytes = 0;     // of this process's anonymous memory in THP, after set-up
+  uint64_t huge_page_bytes = 0;     // of the buffer region in transparent huge pages, after set-up
   uint64_t fixed_buffer_ops = 0;
   uint64_t verified_blocks = 0;
   bool prepared_volume = false;     // the run had to write the stamp first (reads)

@@ -6,12 +6,12 @@
 #include <cstring>
 #include <utility>
 
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
+#include "common/pages.h"
 #include "common/size.h"
 #include "io/io.h"
 #include "strata_build_config.h"
@@ -32,32 +32,27 @@ const char* pin_kind_name(PinKind kind) {
 }
 
 struct HostArena::Region {
-  Region(std::byte* base, uint64_t capacity, uint64_t mapped, uint64_t alignment, PinKind kind)
+  Region(std::byte* base, uint64_t capacity, uint64_t alignment, PinKind kind, PageMapping pages = {})
       : base(base),
         capacity_bytes(capacity),
-        mapped_bytes(mapped),
         alignment_bytes(alignment),
         pin_kind(kind),
+        pages(std::move(pages)),
         allocator(capacity, alignment) {}
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
   ~Region() {
-    if (base == nullptr) return;
 #if STRATA_HAVE_CUDA
-    if (pin_kind == PinKind::cuda_host) {
-      cudaFreeHost(base);
-      return;
-    }
+    if (base != nullptr && pin_kind == PinKind::cuda_host) cudaFreeHost(base);
 #endif
-    if (pin_kind == PinKind::mlock) munlock(base, mapped_bytes);
-    munmap(base, mapped_bytes);
+    // Otherwise `pages` unlocks and unmaps.
   }
 
   std::byte* base;
   uint64_t capacity_bytes;
-  uint64_t mapped_bytes;
   uint64_t alignment_bytes;
   PinKind pin_kind;
+  PageMapping pages;  // the mapping on the mlock / unpinned path; empty under cudaHostAlloc
   RangeAllocator allocator;
 };
 
@@ -99,44 +94,35 @@ Result<HostArena> HostArena::create(const HostArenaOptions& options) {
   if (options.try_cuda) {
     if (std::byte* base = try_cuda_host_alloc(mapped)) {
       spdlog::debug("host arena: {} pinned with cudaHostAlloc", format_size(capacity));
-      return HostArena(std::make_unique<Region>(base, capacity, mapped, options.alignment_bytes,
-                                                PinKind::cuda_host));
+      return HostArena(std::make_unique<Region>(base, capacity, options.alignment_bytes, PinKind::cuda_host));
     }
   }
 #endif
 
-  // MAP_POPULATE faults every page in now, at start-up, not during the first reads.
-  void* mapping = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (mapping == MAP_FAILED) {
-    Error error = make_errno_error(errno, "mmap", "host arena", 0, mapped);
-    error.kind = ErrorKind::no_space;
-    return error;
-  }
-  auto* base = static_cast<std::byte*>(mapping);
-  PinKind kind = PinKind::unpinned;
-  std::string why_unpinned = "pinning not requested";
-  if (options.try_mlock) {
-    // Root with CAP_IPC_LOCK may lock past the limit, so try mlock whatever the limit says
-    // and only use the limit to explain a refusal.
-    if (mlock(base, mapped) == 0) {
-      kind = PinKind::mlock;
-    } else {
-      const int mlock_errno = errno;
+  // Huge pages, faulted in now (common/pages.h): the store's direct reads land here, and a
+  // 4 KiB-page buffer costs them a split request per 254 pages on virtio-blk.
+  PageMappingOptions page_options;
+  page_options.lock = options.try_mlock;
+  STRATA_ASSIGN_OR_RETURN(PageMapping pages, PageMapping::map(mapped, page_options, "host arena"));
+  PinKind kind = pages.locked() ? PinKind::mlock : PinKind::unpinned;
+  if (kind == PinKind::unpinned) {
+    std::string why_unpinned = "pinning not requested";
+    if (options.try_mlock) {
+      // Root with CAP_IPC_LOCK may lock past the limit, so mlock was tried whatever the limit
+      // says; the limit only explains a refusal.
       rlimit limit{};
       getrlimit(RLIMIT_MEMLOCK, &limit);
-      why_unpinned = std::string("mlock failed: ") + std::strerror(mlock_errno) +
+      why_unpinned = std::string("mlock failed: ") + std::strerror(pages.lock_errno()) +
                      (limit.rlim_cur == RLIM_INFINITY
                           ? std::string()
                           : " (RLIMIT_MEMLOCK is " + format_size(limit.rlim_cur) +
                                 "; raise it with `ulimit -l` or grant CAP_IPC_LOCK)");
     }
-  }
-  if (kind == PinKind::unpinned) {
     spdlog::warn("host arena: {} of plain pageable memory, not pinned — {}; NVMe reads may be slower",
                  format_size(capacity), why_unpinned);
   }
-  return HostArena(std::make_unique<Region>(base, capacity, mapped, options.alignment_bytes, kind));
+  std::byte* base = pages.data();
+  return HostArena(std::make_unique<Region>(base, capacity, options.alignment_bytes, kind, std::move(pages)));
 }
 
 HostArena::HostArena(std::unique_ptr<Region> region) : region_(std::move(region)) {}

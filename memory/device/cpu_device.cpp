@@ -2,7 +2,6 @@
 // events are completion counters behind a mutex and a condition variable, memory is one
 // page-aligned mapping of exactly the budget. Copies are real memcpy on the copy stream's own
 // thread, so a copy and a compute task on two streams really run at the same time.
-#include <sys/mman.h>
 
 #include <cassert>
 #include <cerrno>
@@ -14,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "common/pages.h"
 #include "common/size.h"
 #include "memory/device/backend.h"
 
@@ -130,39 +130,14 @@ class CpuEvent final : public EventBackend {
   uint64_t recorded_ = 0, completed_ = 0;
 };
 
-// One anonymous mapping of exactly the budget, pre-faulted so the first copies are not
-// page-fault bound. Move-only owner.
-class Region {
- public:
-  static Result<Region> map(uint64_t size_bytes) {
-    void* base = mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (base == MAP_FAILED) {
-      Error error = make_errno_error(errno, "mmap", "cpu device region", 0, size_bytes);
-      error.message = fmt::format("cannot map the CPU device region of {}", format_size(size_bytes));
-      return error;
-    }
-    return Region(base, size_bytes);
-  }
-  Region(Region&& other) noexcept : base_(other.base_), size_bytes_(other.size_bytes_) {
-    other.base_ = nullptr;
-  }
-  Region& operator=(Region&&) = delete;
-  ~Region() {
-    if (base_ != nullptr) munmap(base_, size_bytes_);
-  }
-  void* base() const { return base_; }
-
- private:
-  Region(void* base, uint64_t size_bytes) : base_(base), size_bytes_(size_bytes) {}
-  void* base_ = nullptr;
-  uint64_t size_bytes_ = 0;
-};
+// One anonymous mapping of the budget (rounded to 2 MiB), in huge pages and pre-faulted
+// (common/pages.h) so the first copies are neither page-fault bound nor split per 4 KiB page.
+using Region = PageMapping;
 
 class CpuDevice final : public Device {
  public:
   CpuDevice(Region region, uint64_t budget_bytes)
-      : Device(budget_bytes, region.base()), region_(std::move(region)) {}
+      : Device(budget_bytes, region.data()), region_(std::move(region)) {}
 
   Kind kind() const override { return Kind::cpu; }
   std::string describe() const override {
@@ -233,7 +208,7 @@ class CpuDevice final : public Device {
     return static_cast<CpuEvent&>(event.backend());
   }
   bool in_region(const void* data, uint64_t size_bytes) const {
-    auto* begin = static_cast<const char*>(region_.base());
+    auto* begin = reinterpret_cast<const char*>(region_.data());
     auto* p = static_cast<const char*>(data);
     return p >= begin && p + size_bytes <= begin + budget_bytes();
   }
@@ -244,7 +219,7 @@ class CpuDevice final : public Device {
 }  // namespace
 
 Result<std::unique_ptr<Device>> make_cpu_device(uint64_t budget_bytes) {
-  STRATA_ASSIGN_OR_RETURN(Region region, Region::map(budget_bytes));
+  STRATA_ASSIGN_OR_RETURN(Region region, Region::map(budget_bytes, PageMappingOptions{}, "cpu device region"));
   return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(region), budget_bytes));
 }
 
