@@ -457,6 +457,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const sch::SchedulerStats stats = scheduler->stats();
   const sch::TransferStats& reads = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)];
   summary.nvme_read_bytes = reads.bytes;
+  summary.read_busy_seconds = static_cast<double>(reads.busy_ns) * 1e-9;
+  summary.stall_seconds = static_cast<double>(stats.stall_ns) * 1e-9;
   summary.host_high_water_bytes = stats.host_high_water_bytes;
   summary.tuned = config.io.read.measured_MBps.has_value();
   // Untuned: this run's own NVMe read rate while reads were running stands in for the tuned one.

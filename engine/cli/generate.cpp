@@ -104,6 +104,8 @@ void print_summary(const GenerateSummary& s, const Options& o) {
                                    {"read_MBps", s.read_MBps},
                                    {"tuned", s.tuned},
                                    {"io_floor_tokens_per_s", s.io_floor_tokens_per_s},
+                                   {"read_busy_seconds", s.read_busy_seconds},
+                                   {"stall_seconds", s.stall_seconds},
                                    {"kv_cache_bytes", s.kv_cache_bytes},
                                    {"pool_bytes", s.pool_bytes},
                                    {"host_high_water_bytes", s.host_high_water_bytes},
