@@ -16,25 +16,15 @@ import json
 import os
 import re
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from safetensors_file import read_entries  # noqa: E402
+from zero_runs import MPI_ENV, fail, relative_difference, run_strata, same_bytes, summary_of, weights  # noqa: E402
 
 STRATA = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2]
 CORPUS = "/usr/share/common-licenses/GPL-3"
 TOLERANCE = 1e-6
-MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "btl", "self,vader"]
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-ENV.pop("STRATA_TEST_RESLICE_KILL", None)
-
-
-def fail(message):
-    print("FAIL: " + message, file=sys.stderr)
-    sys.exit(1)
 
 
 def config(folder, name, chunk=20000, n_embd=64, stage=2):
@@ -60,41 +50,10 @@ def config(folder, name, chunk=20000, n_embd=64, stage=2):
 
 
 def run(ranks, *args, expect_ok=True, kill_at=None):
-    """ranks 0: a plain `strata train` (no MPI at all)."""
-    command = ([STRATA] if ranks == 0 else MPIRUN + ["-np", str(ranks), STRATA]) + list(args)
-    env = dict(ENV, STRATA_TEST_RESLICE_KILL=kill_at) if kill_at else ENV
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    if expect_ok and result.returncode != 0:
-        fail(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
-    return result
-
-
-def summary_of(result):
-    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    if len(summaries) != 1:
-        fail(f"expected one JSON summary (rank 0's), got {len(summaries)}")
-    return summaries[0]
-
-
-def weights(path):
-    return {name: struct.unpack(f"<{len(raw) // 4}f", raw) for name, (_, raw) in read_entries(path)[0].items()}
-
-
-def relative_difference(a, b):
-    wa, wb = weights(a), weights(b)
-    if wa.keys() != wb.keys():
-        fail("the exports name different tensors")
-    num = den = 0.0
-    for name in wa:
-        for x, y in zip(wa[name], wb[name]):
-            num += (x - y) ** 2
-            den += x * x
-    return (num / den) ** 0.5
-
-
-def same_bytes(a, b):
-    with open(a, "rb") as f, open(b, "rb") as g:
-        return f.read() == g.read()
+    """ranks 0: a plain `strata train` (no MPI at all). kill_at: the re-slice point at which the
+    binary kills itself (STRATA_TEST_RESLICE_KILL)."""
+    env = dict(MPI_ENV, STRATA_TEST_RESLICE_KILL=kill_at) if kill_at else MPI_ENV
+    return run_strata(STRATA, ranks, *args, expect_ok=expect_ok, env=env)
 
 
 def ranks_of(store):
@@ -111,7 +70,7 @@ def straight(tmp, name, ranks, stage=2):
 
 
 def within(reference, ref_summary, out, summary, what):
-    diff = relative_difference(reference, out)
+    diff, _ = relative_difference(reference, out)
     loss = abs(summary["last_loss"] - ref_summary["last_loss"]) / abs(ref_summary["last_loss"])
     print(f"{what}: relative L2 weight difference {diff:.2e}, last loss {summary['last_loss']:.7f} vs "
           f"{ref_summary['last_loss']:.7f} (rel {loss:.1e})")

@@ -20,24 +20,17 @@
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from safetensors_file import read_entries  # noqa: E402
+from zero_runs import MPIRUN, MPI_ENV, fail, relative_difference, run_strata, same_bytes, summary_of, weights  # noqa: E402
 
 STRATA = os.path.abspath(sys.argv[1])
 CASE = sys.argv[2]
 CORPUS = "/usr/share/common-licenses/GPL-3"
 TOLERANCE = 1e-6
-MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root", "--mca", "btl", "self,vader"]
-
-
-def fail(message):
-    print("FAIL: " + message, file=sys.stderr)
-    sys.exit(1)
 
 
 def config(folder, name, stage=1, batch=6, per_rank=True, steps=5, **overrides):
@@ -65,48 +58,14 @@ def config(folder, name, stage=1, batch=6, per_rank=True, steps=5, **overrides):
 
 
 def run(ranks, *args, expect_ok=True, timeout=600):
-    command = ([STRATA] if ranks == 0 else MPIRUN + ["-np", str(ranks), STRATA]) + list(args)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    if expect_ok and result.returncode != 0:
-        fail(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
-    return result
-
-
-def weights(path):
-    return {name: struct.unpack(f"<{len(raw) // 4}f", raw) for name, (_, raw) in read_entries(path)[0].items()}
+    return run_strata(STRATA, ranks, *args, expect_ok=expect_ok, timeout=timeout)
 
 
 def train(folder, name, ranks, stage=1, extra=(), steps=5):
     cfg = config(folder, name, stage=stage, steps=steps)
     out = os.path.join(folder, name + ".safetensors")
     result = run(ranks, "train", cfg, "--json", "--export", out, *extra)
-    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    if len(summaries) != 1:
-        fail(f"{name}: expected one JSON summary (rank 0's), got {len(summaries)}")
-    return out, summaries[0]
-
-
-def relative_difference(a, b):
-    """‖a − b‖₂ / ‖a‖₂ over every weight of the model, and the largest |a − b|. The L2 figure is the
-    criterion: an element-wise one cannot hold under AdamW, whose update is ±lr·sign(g) for the
-    attention key bias, whose gradient is zero in exact arithmetic (softmax ignores a shift per
-    query) and fp32 noise of either sign in practice — a reduction order flips it."""
-    wa, wb = weights(a), weights(b)
-    if wa.keys() != wb.keys():
-        fail("the exports name different tensors")
-    num = den = worst = 0.0
-    for name in wa:
-        for x, y in zip(wa[name], wb[name]):
-            num += (x - y) ** 2
-            den += x * x
-            worst = max(worst, abs(x - y))
-    return (num / den) ** 0.5, worst
-
-
-def same_bytes(a, b):
-    with open(a, "rb") as f, open(b, "rb") as g:
-        return f.read() == g.read()
+    return out, summary_of(result, name)
 
 
 if os.environ.get("STRATA_TEST_TMPDIR"):
@@ -168,7 +127,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         # Another N on --resume is no longer refused: it re-slices (tests/zero/test_reslice.py).
         # A per-rank path relative to a config named by its bare file name: the folder is ".".
         cfg = config(tmp, "relative", steps=1, nvme={"paths": ["relative-rank{rank}"]})
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env = MPI_ENV
         result = subprocess.run(MPIRUN + ["-np", "2", STRATA, "train", os.path.basename(cfg)], cwd=tmp,
                                 capture_output=True, text=True, timeout=600, env=env)
         if result.returncode != 0 or not all(os.path.isdir(os.path.join(tmp, f"relative-rank{r}", "store"))
@@ -245,7 +204,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         steps = 30  # long enough that rank 1 is still mid-run when it is killed
         reference, _ = train(tmp, "whole", 2, stage, steps=steps)
         cfg = config(tmp, "killed", stage=stage, steps=steps)
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env = MPI_ENV
         job = subprocess.Popen(MPIRUN + ["-np", "2", STRATA, "train", cfg], stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
 
