@@ -9,7 +9,8 @@
 //   task over the rows in order; attention heads reduce inside one task.
 // - pin_blas_to_one_thread() must have run on the calling thread before any of it (every model
 //   entry point calls it first).
-// - Pointers are row-major fp32 host memory owned by the caller; nothing allocates.
+// - Pointers are row-major fp32 host memory owned by the caller (bf16 weights: their 16-bit
+//   patterns as uint16_t); nothing allocates.
 #pragma once
 
 #include <cstdint>

@@ -231,7 +231,7 @@ void head_decode(const Config& config, int64_t rows, const HeadWeights& weights,
 // its bf16 matrix once through cpu_math::matmul_bf16 (a register-widening GEMV for a decoded
 // token, L2-sized widened pieces for a prompt), whose pieces live in `scratch` too. The
 // results equal widening the weights and calling the fp32 ops up to fp32 summation order
-// (tests/engine/test_generate.cpp: logits within 1e-5). `scratch`: decode_bf16_scratch_bytes
+// (tests/engine/test_decode_bf16.cpp: logits within 1e-5). `scratch`: decode_bf16_scratch_bytes
 // bytes, 64-byte aligned, beside the decode workspace.
 using BlockWeightsBf16 = BlockTensors<const uint16_t>;
 struct HeadWeightsBf16 {
