@@ -269,21 +269,20 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t kv_block_bytes = uint64_t(window) * uint64_t(kv_width) * 4;
   const uint64_t kv_bytes = uint64_t(n_layer) * 2 * kv_block_bytes;
   const uint64_t activation_bytes = uint64_t(max_rows) * uint64_t(c) * 4;
-  // bf16 weights are widened to fp32 for the kernels: a block whole, but the embedding and the
-  // output projection (the largest units by far) only where they are read — the new tokens'
-  // rows and any learned position table for the embedding, kHeadChunkRows-row pieces for the
-  // head — so the scratch is a block's size, not the vocabulary's.
-  constexpr int64_t kHeadChunkRows = 4096;
-  const uint64_t block_elements = layout.units()[layout.block_unit(0)].element_count;
-  const uint64_t embed_piece_elements =
-      uint64_t(std::max(std::min(kHeadChunkRows, vocab), max_rows + learned_positions)) * uint64_t(c);
-  const uint64_t widen_bytes = *precision == DType::f32 ? 0 : std::max(block_elements, embed_piece_elements) * 4;
+  // bf16 weights: the blocks and the head run the definition's bf16 decode ops, whose scratch
+  // the backend sizes (on the CPU ~1 MiB: the 1-D tensors and L2-sized pieces; a backend that
+  // widens first needs a block whole); the embedding's new token rows and their learned
+  // positions are widened here into the same scratch, before those ops run.
+  const uint64_t embed_piece_elements = uint64_t(max_rows) * uint64_t(c) * (learned_positions > 0 ? 2 : 1);
+  const uint64_t widen_bytes =
+      *precision == DType::f32 ? 0
+                               : std::max<uint64_t>(definition.decode_bf16_scratch_bytes(kind),
+                                                    align_up(embed_piece_elements * 4, 64));
   const uint64_t token_ids_bytes = uint64_t(max_rows) * 4;
-  const uint64_t ln_f_widen_bytes = *precision == DType::f32 ? 0 : final_norm_elements * 4;
   const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(max_rows, window);
   const uint64_t logits_bytes = uint64_t(vocab) * 4;
   const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
-                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) + device_bytes(ln_f_widen_bytes) +
+                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
                                  device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
                                  device_bytes(token_ids_bytes);
   uint64_t largest_step_bytes = 0;
@@ -293,7 +292,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   if (budget_bytes < scratch_bytes + largest_step_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: host.memory + device.memory = {} cannot hold generation's scratch ({}: the KV "
-                                  "cache {}, fp32 widening {}{}, activations, workspace) and its "
+                                  "cache {}, bf16 scratch {}{}, activations, workspace) and its "
                                   "largest step ({})",
                                   config.source_path, format_size(budget_bytes), format_size(scratch_bytes),
                                   format_size(kv_bytes), format_size(widen_bytes),
@@ -317,7 +316,6 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer x_a_buffer, device->allocate(activation_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer x_b_buffer, device->allocate(activation_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer widen_buffer, device->allocate(std::max<uint64_t>(widen_bytes, 1)));
-  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer ln_f_buffer, device->allocate(std::max<uint64_t>(ln_f_widen_bytes, 1)));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer workspace_buffer, device->allocate(workspace_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer logits_buffer, device->allocate(logits_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer token_ids_buffer, device->allocate(token_ids_bytes));
@@ -338,14 +336,8 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::Scheduler> scheduler,
                           sch::Scheduler::create(plan, *device, arena, backing.get(), scheduler_options));
 
-  // The compute copy of a unit as fp32: itself, or widened into `scratch`.
-  auto widen = [&](void* params, uint64_t count, float* scratch) -> Result<const float*> {
-    if (*precision == DType::f32) return static_cast<const float*>(params);
-    STRATA_RETURN_IF_ERROR(backend->cast_bf16_to_fp32(static_cast<const uint16_t*>(params), scratch, count));
-    return static_cast<const float*>(scratch);
-  };
   auto* widen_scratch = reinterpret_cast<float*>(widen_buffer.data());
-  auto* ln_f_scratch = reinterpret_cast<float*>(ln_f_buffer.data());
+  const gk::Workspace bf16_scratch{widen_scratch, widen_bytes};
   const size_t head_step = plan.step_count() - 1;
   // The embedding step: x_a = the new tokens' embeddings.
   auto embed_step = [&](const sch::StepBuffers& buffers, const int32_t* tokens, int64_t past, int64_t rows) -> Status {
@@ -355,8 +347,9 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
       return definition.embedding_decode(*backend, past, rows, tokens, embed, vocab,
                                          learned_positions > 0 ? embed + vocab * c : nullptr, x_a);
     }
-    // The new tokens' rows, widened in order, then any position table: the embedding of row r
-    // is piece row r (ids 0…rows−1) (plus position past + r).
+    // The new tokens' rows, widened in order, then their positions' rows: the embedding of row
+    // r is piece row r (ids 0…rows−1) plus position piece row r — position past + r, so the op
+    // is told past 0 over the piece.
     const auto* bits = static_cast<const uint16_t*>(embed_params);
     float* token_rows = widen_scratch;
     float* positions = widen_scratch + uint64_t(max_rows) * uint64_t(c);
@@ -364,31 +357,22 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
       STRATA_RETURN_IF_ERROR(
           backend->cast_bf16_to_fp32(bits + int64_t{tokens[r]} * c, token_rows + r * c, uint64_t(c)));
     if (learned_positions > 0)
-      STRATA_RETURN_IF_ERROR(
-          backend->cast_bf16_to_fp32(bits + vocab * c, positions, uint64_t(learned_positions) * uint64_t(c)));
-    return definition.embedding_decode(*backend, past, rows, row_ids, token_rows, rows,
+      STRATA_RETURN_IF_ERROR(backend->cast_bf16_to_fp32(bits + (vocab + past) * c, positions,
+                                                        uint64_t(rows) * uint64_t(c)));
+    return definition.embedding_decode(*backend, 0, rows, row_ids, token_rows, rows,
                                        learned_positions > 0 ? positions : nullptr, x_a);
   };
   // The head step: the logits of the last new row.
   auto head = [&](const sch::StepBuffers& buffers, int64_t rows) -> Status {
     void* final_params = buffers.device_data(ids[layout.ln_f_unit()]);
-    STRATA_ASSIGN_OR_RETURN(const float* norm, widen(final_params, final_norm_elements, ln_f_scratch));
     // The output projection [vocab, C]: the embedding's token rows (tied) or after the norm.
     const void* projection = tied ? buffers.device_data(ids[layout.embed_unit()])
                                   : static_cast<const char*>(final_params) + final_norm_elements * element_bytes;
     if (*precision == DType::f32)
-      return definition.head_logits(*backend, rows, norm, static_cast<const float*>(projection), vocab, x_a, logits,
-                                    workspace);
-    // kHeadChunkRows vocabulary rows at a time, each piece widened first.
-    const auto* bits = static_cast<const uint16_t*>(projection);
-    for (int64_t r0 = 0; r0 < vocab; r0 += kHeadChunkRows) {
-      const int64_t piece_rows = std::min(kHeadChunkRows, vocab - r0);
-      STRATA_RETURN_IF_ERROR(
-          backend->cast_bf16_to_fp32(bits + r0 * c, widen_scratch, uint64_t(piece_rows) * uint64_t(c)));
-      STRATA_RETURN_IF_ERROR(
-          definition.head_logits(*backend, rows, norm, widen_scratch, piece_rows, x_a, logits + r0, workspace));
-    }
-    return Status();
+      return definition.head_logits(*backend, rows, static_cast<const float*>(final_params),
+                                    static_cast<const float*>(projection), vocab, x_a, logits, workspace);
+    return definition.head_logits_bf16(*backend, rows, static_cast<const uint16_t*>(final_params),
+                                       static_cast<const uint16_t*>(projection), x_a, logits, workspace, bf16_scratch);
   };
   // One pass over the weights for `rows` new tokens at positions past…; leaves the logits of
   // the last one in `logits`.
@@ -399,12 +383,12 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
       if (s == 0) {
         status = embed_step(buffers, tokens, past, rows);
       } else if (s < head_step) {
-        const size_t unit = layout.block_unit(static_cast<int64_t>(s) - 1);
-        Result<const float*> weights =
-            widen(buffers.device_data(ids[unit]), layout.units()[unit].element_count, widen_scratch);
-        status = weights.ok()
-                     ? definition.block_decode(*backend, past, rows, *weights, x_a, x_b, cache[s - 1], workspace)
-                     : weights.status();
+        void* block = buffers.device_data(ids[layout.block_unit(static_cast<int64_t>(s) - 1)]);
+        status = *precision == DType::f32
+                     ? definition.block_decode(*backend, past, rows, static_cast<const float*>(block), x_a, x_b,
+                                               cache[s - 1], workspace)
+                     : definition.block_decode_bf16(*backend, past, rows, static_cast<const uint16_t*>(block), x_a,
+                                                    x_b, cache[s - 1], workspace, bf16_scratch);
         std::swap(x_a, x_b);
       } else {
         status = head(buffers, rows);
@@ -420,6 +404,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   summary.prompt_tokens = static_cast<uint32_t>(prompt_rows);
   summary.weight_bytes = weight_bytes;
   summary.kv_cache_bytes = kv_bytes;
+  summary.bf16_scratch_bytes = widen_bytes;
   summary.pool_bytes = pool_bytes;
   std::mt19937_64 rng(options.seed);
   std::vector<std::pair<float, int32_t>> order;

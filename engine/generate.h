@@ -16,8 +16,9 @@
 // its last half is encoded again as a new prompt at positions 0….
 //
 // Memory: the scheduler's pool is host.memory (+ device.memory on the CPU device) less the
-// fixed scratch — the KV cache, two activation buffers, the fp32 widening buffers, the decode
-// workspace and the logits — which is allocated once at start; nothing grows per token. A
+// fixed scratch — the KV cache, two activation buffers, the bf16 decode ops' scratch (the
+// backend's size: ~1 MiB on the CPU, which multiplies bf16 weights without widening a unit
+// whole), the decode workspace and the logits — which is allocated once at start; nothing grows per token. A
 // config whose budgets cannot hold the scratch and the largest step is refused naming both.
 //
 // Sampling: greedy at temperature 0; otherwise softmax(logits / T), cut to the smallest set of
@@ -114,6 +115,7 @@ struct GenerateSummary {
   bool tuned = false;
   double io_floor_tokens_per_s = 0.0;  // read_MBps·1e6 / weight_bytes: reading the weights once per token
   uint64_t kv_cache_bytes = 0;
+  uint64_t bf16_scratch_bytes = 0;  // bf16 weights: the decode ops' scratch (0 for fp32)
   uint64_t pool_bytes = 0;       // the scheduler's host budget
   uint64_t host_high_water_bytes = 0;
   uint64_t peak_rss_bytes = 0;

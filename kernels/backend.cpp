@@ -1,6 +1,8 @@
 // make_backend and the sizes: the one place that picks a backend from a device kind.
 #include "kernels/backend.h"
 
+#include <algorithm>
+
 #include "kernels/cpu/cpu_backend.h"
 
 namespace strata::kernels {
@@ -57,6 +59,110 @@ Status ComputeBackend::llama_block_decode(const llama::Config&, int64_t, int64_t
 Status ComputeBackend::llama_head_logits(const llama::Config&, int64_t, const llama::HeadWeights&, const float*,
                                          float*, const gpt2::Workspace&) {
   return no_decode(*this);
+}
+
+// --- bf16 decoding: the default widens into the caller's scratch and runs the fp32 op ---
+namespace {
+
+size_t floats_bytes(int64_t count) { return static_cast<size_t>((count + 15) / 16 * 16) * sizeof(float); }
+
+// A block widened whole, or the head: its norm vectors (64-byte aligned slices of C floats)
+// and one piece of kDecodeHeadPieceRows vocabulary rows.
+size_t widen_all_bytes(int64_t block_elements, int64_t norm_vectors, int64_t c, int64_t vocab) {
+  return std::max(floats_bytes(block_elements),
+                  static_cast<size_t>(norm_vectors) * floats_bytes(c) +
+                      floats_bytes(std::min(vocab, kDecodeHeadPieceRows) * c));
+}
+
+size_t default_bf16_scratch_bytes(const gpt2::Config& config) {
+  return widen_all_bytes(gpt2::block_param_count(config), 2, config.n_embd, config.vocab_size);
+}
+size_t default_bf16_scratch_bytes(const llama::Config& config) {
+  return widen_all_bytes(llama::block_param_count(config), 1, config.n_embd, config.vocab_size);
+}
+
+}  // namespace
+
+size_t ComputeBackend::decode_bf16_scratch_bytes(const gpt2::Config& config) const {
+  return default_bf16_scratch_bytes(config);
+}
+
+Status ComputeBackend::block_decode_bf16(const gpt2::Config& config, int64_t past, int64_t rows,
+                                         const gpt2::BlockWeightsBf16& weights, const float* x_in, float* x_out,
+                                         const gpt2::KvCacheBlock& cache, const gpt2::Workspace& workspace,
+                                         const gpt2::Workspace& scratch) {
+  const gpt2::BlockGrads widened = gpt2::bind_block(config, scratch.data);  // fp32, packed like the unit
+  const auto specs = gpt2::block_param_specs(config);
+  for (int i = 0; i < gpt2::kBlockParamCount; ++i)
+    STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.at(i), widened.at(i), static_cast<uint64_t>(specs[i].numel())));
+  return block_decode(config, past, rows, gpt2::bind_block(config, static_cast<const float*>(scratch.data)), x_in,
+                      x_out, cache, workspace);
+}
+
+Status ComputeBackend::head_logits_bf16(const gpt2::Config& config, int64_t rows, const gpt2::HeadWeightsBf16& weights,
+                                        const float* x_final, float* logits, const gpt2::Workspace& workspace,
+                                        const gpt2::Workspace& scratch) {
+  const int64_t c = config.n_embd;
+  float* gain = scratch.data;
+  float* bias = gain + floats_bytes(c) / sizeof(float);
+  float* piece = bias + floats_bytes(c) / sizeof(float);
+  STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.ln_f_weight, gain, uint64_t(c)));
+  STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.ln_f_bias, bias, uint64_t(c)));
+  for (int64_t r0 = 0; r0 < config.vocab_size; r0 += kDecodeHeadPieceRows) {
+    gpt2::Config piece_config = config;
+    piece_config.vocab_size = std::min(kDecodeHeadPieceRows, config.vocab_size - r0);
+    STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.wte + r0 * c, piece, uint64_t(piece_config.vocab_size * c)));
+    STRATA_RETURN_IF_ERROR(
+        head_logits(piece_config, rows, gpt2::HeadWeights{gain, bias, piece}, x_final, logits + r0, workspace));
+  }
+  return Status();
+}
+
+size_t ComputeBackend::llama_decode_bf16_scratch_bytes(const llama::Config& config) const {
+  return default_bf16_scratch_bytes(config);
+}
+
+Status ComputeBackend::llama_block_decode_bf16(const llama::Config& config, int64_t past, int64_t rows,
+                                               const llama::BlockWeightsBf16& weights, const float* x_in,
+                                               float* x_out, const gpt2::KvCacheBlock& cache,
+                                               const gpt2::Workspace& workspace, const gpt2::Workspace& scratch) {
+  const llama::BlockGrads widened = llama::bind_block(config, scratch.data);
+  const auto specs = llama::block_param_specs(config);
+  const uint16_t* from[llama::kBlockParamCount] = {weights.input_layernorm, weights.q_proj,    weights.k_proj,
+                                                   weights.v_proj,          weights.o_proj,    weights.post_attention_layernorm,
+                                                   weights.gate_proj,       weights.up_proj,   weights.down_proj};
+  float* to[llama::kBlockParamCount] = {widened.input_layernorm, widened.q_proj,    widened.k_proj,
+                                        widened.v_proj,          widened.o_proj,    widened.post_attention_layernorm,
+                                        widened.gate_proj,       widened.up_proj,   widened.down_proj};
+  for (int i = 0; i < llama::kBlockParamCount; ++i)
+    STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(from[i], to[i], static_cast<uint64_t>(specs[i].numel())));
+  return llama_block_decode(config, past, rows, llama::bind_block(config, static_cast<const float*>(scratch.data)),
+                            x_in, x_out, cache, workspace);
+}
+
+Status ComputeBackend::llama_head_logits_bf16(const llama::Config& config, int64_t rows,
+                                              const llama::HeadWeightsBf16& weights, const float* x_final,
+                                              float* logits, const gpt2::Workspace& workspace,
+                                              const gpt2::Workspace& scratch) {
+  const int64_t c = config.n_embd;
+  float* norm = scratch.data;
+  float* piece = norm + floats_bytes(c) / sizeof(float);
+  STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.norm_weight, norm, uint64_t(c)));
+  for (int64_t r0 = 0; r0 < config.vocab_size; r0 += kDecodeHeadPieceRows) {
+    llama::Config piece_config = config;
+    piece_config.vocab_size = std::min(kDecodeHeadPieceRows, config.vocab_size - r0);
+    STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.lm_head + r0 * c, piece, uint64_t(piece_config.vocab_size * c)));
+    STRATA_RETURN_IF_ERROR(
+        llama_head_logits(piece_config, rows, llama::HeadWeights{norm, piece}, x_final, logits + r0, workspace));
+  }
+  return Status();
+}
+
+size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config) {
+  return kind == device::Kind::cpu ? gpt2::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
+}
+size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config) {
+  return kind == device::Kind::cpu ? llama::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
 }
 
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape) {

@@ -173,6 +173,34 @@ class ComputeBackend {
                                                  const llama::HeadWeights& weights, const float* x_final,
                                                  float* logits, const gpt2::Workspace& workspace);
 
+  // --- generation on bf16 weights (the store's compute copy as it is; both models) ---
+  // The block and head decode ops above with bf16 weights (gpt2.h / llama.h, "Decoding on bf16
+  // weights"). `scratch` is the backend's memory, 64-byte aligned, at least
+  // `decode_bf16_scratch_bytes` for the config (before any backend exists: the free functions
+  // below). The base class widens into it and runs the fp32 op — a block whole, the head
+  // kDecodeHeadPieceRows vocabulary rows at a time — which is what generation did before and
+  // what CUDA still does; the CPU backend multiplies the bf16 weights directly, widening only
+  // the 1-D tensors and L2-sized pieces, so its scratch is ~1 MiB instead of a block.
+  virtual size_t decode_bf16_scratch_bytes(const gpt2::Config& config) const;
+  [[nodiscard]] virtual Status block_decode_bf16(const gpt2::Config& config, int64_t past, int64_t rows,
+                                                 const gpt2::BlockWeightsBf16& weights, const float* x_in,
+                                                 float* x_out, const gpt2::KvCacheBlock& cache,
+                                                 const gpt2::Workspace& workspace, const gpt2::Workspace& scratch);
+  [[nodiscard]] virtual Status head_logits_bf16(const gpt2::Config& config, int64_t rows,
+                                                const gpt2::HeadWeightsBf16& weights, const float* x_final,
+                                                float* logits, const gpt2::Workspace& workspace,
+                                                const gpt2::Workspace& scratch);
+  virtual size_t llama_decode_bf16_scratch_bytes(const llama::Config& config) const;
+  [[nodiscard]] virtual Status llama_block_decode_bf16(const llama::Config& config, int64_t past, int64_t rows,
+                                                       const llama::BlockWeightsBf16& weights, const float* x_in,
+                                                       float* x_out, const gpt2::KvCacheBlock& cache,
+                                                       const gpt2::Workspace& workspace,
+                                                       const gpt2::Workspace& scratch);
+  [[nodiscard]] virtual Status llama_head_logits_bf16(const llama::Config& config, int64_t rows,
+                                                      const llama::HeadWeightsBf16& weights, const float* x_final,
+                                                      float* logits, const gpt2::Workspace& workspace,
+                                                      const gpt2::Workspace& scratch);
+
   // --- elementwise and the optimizer ---
   [[nodiscard]] virtual Status zero(float* values, uint64_t count) = 0;
   [[nodiscard]] virtual Status copy(void* dst, const void* src, uint64_t size_bytes) = 0;
@@ -201,5 +229,10 @@ class ComputeBackend {
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
 size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
+// The bf16 decode ops' scratch on a device kind (ComputeBackend::decode_bf16_scratch_bytes).
+size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
+size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);
+// Vocabulary rows the base class's bf16 head widens and multiplies at a time.
+inline constexpr int64_t kDecodeHeadPieceRows = 4096;
 
 }  // namespace strata::kernels

@@ -107,6 +107,7 @@ void print_summary(const GenerateSummary& s, const Options& o) {
                                    {"read_busy_seconds", s.read_busy_seconds},
                                    {"stall_seconds", s.stall_seconds},
                                    {"kv_cache_bytes", s.kv_cache_bytes},
+                                   {"bf16_scratch_bytes", s.bf16_scratch_bytes},
                                    {"pool_bytes", s.pool_bytes},
                                    {"host_high_water_bytes", s.host_high_water_bytes},
                                    {"peak_rss_bytes", s.peak_rss_bytes}};
@@ -117,11 +118,11 @@ void print_summary(const GenerateSummary& s, const Options& o) {
   fmt::print("{}{}\n", o.prompt, s.text);
   fmt::print(stderr,
              "{} tokens: {:.2f} tokens/s (prompt of {} in {:.2f} s) | I/O floor {:.2f} tokens/s = {} of weights per "
-             "token at {:.0f} MB/s ({}) | NVMe read {} | host pool {} (peak {}), KV cache {}, peak RSS {}\n",
+             "token at {:.0f} MB/s ({}) | NVMe read {} | host pool {} (peak {}), KV cache {}, bf16 scratch {}, peak RSS {}\n",
              s.tokens.size(), s.tokens_per_s, s.prompt_tokens, s.prefill_seconds, s.io_floor_tokens_per_s,
              format_size(s.weight_bytes), s.read_MBps, s.tuned ? "tuned" : "untuned: this run's read rate",
              format_size(s.nvme_read_bytes), format_size(s.pool_bytes), format_size(s.host_high_water_bytes),
-             format_size(s.kv_cache_bytes), format_size(s.peak_rss_bytes));
+             format_size(s.kv_cache_bytes), format_size(s.bf16_scratch_bytes), format_size(s.peak_rss_bytes));
 }
 
 }  // namespace

@@ -148,6 +148,21 @@ class Gpt2 final : public ModelDefinition {
     return backend.head_logits(piece, rows, gk::HeadWeights{ln_f, ln_f + kc_.n_embd, projection}, x_final, logits,
                                workspace);
   }
+  size_t decode_bf16_scratch_bytes(device::Kind kind) const override {
+    return kernels::decode_bf16_scratch_bytes(kind, kc_);
+  }
+  Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
+                           const float* x_in, float* x_out, const gk::KvCacheBlock& cache, const Workspace& workspace,
+                           const Workspace& scratch) const override {
+    return backend.block_decode_bf16(kc_, past, rows, gk::bind_block(kc_, block), x_in, x_out, cache, workspace,
+                                     scratch);
+  }
+  Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows, const uint16_t* ln_f,
+                          const uint16_t* projection, const float* x_final, float* logits, const Workspace& workspace,
+                          const Workspace& scratch) const override {
+    return backend.head_logits_bf16(kc_, rows, gk::HeadWeightsBf16{ln_f, ln_f + kc_.n_embd, projection}, x_final,
+                                    logits, workspace, scratch);
+  }
   size_t host_workspace_size_bytes(const BatchShape& shape) const override {
     return gk::workspace_size_bytes(kc_, shape);
   }
@@ -274,6 +289,21 @@ class Llama final : public ModelDefinition {
     lk::Config piece = kc_;
     piece.vocab_size = projection_rows;
     return backend.llama_head_logits(piece, rows, lk::HeadWeights{norm, projection}, x_final, logits, workspace);
+  }
+  size_t decode_bf16_scratch_bytes(device::Kind kind) const override {
+    return kernels::decode_bf16_scratch_bytes(kind, kc_);
+  }
+  Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
+                           const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                           const Workspace& workspace, const Workspace& scratch) const override {
+    return backend.llama_block_decode_bf16(kc_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache, workspace,
+                                           scratch);
+  }
+  Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows, const uint16_t* norm,
+                          const uint16_t* projection, const float* x_final, float* logits, const Workspace& workspace,
+                          const Workspace& scratch) const override {
+    return backend.llama_head_logits_bf16(kc_, rows, lk::HeadWeightsBf16{norm, projection}, x_final, logits,
+                                          workspace, scratch);
   }
   size_t host_workspace_size_bytes(const BatchShape& shape) const override {
     return lk::workspace_size_bytes(kc_, shape);

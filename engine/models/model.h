@@ -119,7 +119,8 @@ class ModelDefinition {
   virtual size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const = 0;
   // x0 of `rows` new tokens at positions past…: `tokens` index `token_table` ([table_rows, C]:
   // the embedding's token rows, or a gathered piece of them); `positions` is the learned
-  // position table (all learned_positions() rows), nullptr when there is none.
+  // position table read at rows past… (all learned_positions() rows, or just the new rows'
+  // piece with past 0), nullptr when there is none.
   [[nodiscard]] virtual Status embedding_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
                                                 const int32_t* tokens, const float* token_table, int64_t table_rows,
                                                 const float* positions, float* x0) const = 0;
@@ -132,6 +133,19 @@ class ModelDefinition {
   [[nodiscard]] virtual Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* final_norm,
                                            const float* projection, int64_t projection_rows, const float* x_final,
                                            float* logits, const Workspace& workspace) const = 0;
+
+  // The same on bf16 units, as the store holds them (no unit widened whole where the backend
+  // multiplies bf16 directly): `scratch` is the backend's memory of decode_bf16_scratch_bytes
+  // for the device kind (kernels/backend.h). The head reads the whole output projection.
+  virtual size_t decode_bf16_scratch_bytes(device::Kind kind) const = 0;
+  [[nodiscard]] virtual Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
+                                                 const uint16_t* block, const float* x_in, float* x_out,
+                                                 const kernels::gpt2::KvCacheBlock& cache, const Workspace& workspace,
+                                                 const Workspace& scratch) const = 0;
+  [[nodiscard]] virtual Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows,
+                                                const uint16_t* final_norm, const uint16_t* projection,
+                                                const float* x_final, float* logits, const Workspace& workspace,
+                                                const Workspace& scratch) const = 0;
 
   // --- sampling on the host (the CPU kernels, fp32 weights in host memory) ---
   virtual size_t host_workspace_size_bytes(const BatchShape& max_shape) const = 0;

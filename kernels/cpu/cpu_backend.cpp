@@ -139,6 +139,38 @@ class CpuBackend final : public ComputeBackend {
     return Status();
   }
 
+  size_t decode_bf16_scratch_bytes(const gk::Config& config) const override {
+    return gk::decode_bf16_scratch_bytes(config);
+  }
+  Status block_decode_bf16(const gk::Config& config, int64_t past, int64_t rows, const gk::BlockWeightsBf16& weights,
+                           const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
+                           const gk::Workspace& workspace, const gk::Workspace& scratch) override {
+    gk::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace, scratch);
+    return Status();
+  }
+  Status head_logits_bf16(const gk::Config& config, int64_t rows, const gk::HeadWeightsBf16& weights,
+                          const float* x_final, float* logits, const gk::Workspace& workspace,
+                          const gk::Workspace& scratch) override {
+    gk::head_decode(config, rows, weights, x_final, logits, workspace, scratch);
+    return Status();
+  }
+  size_t llama_decode_bf16_scratch_bytes(const llama::Config& config) const override {
+    return llama::decode_bf16_scratch_bytes(config);
+  }
+  Status llama_block_decode_bf16(const llama::Config& config, int64_t past, int64_t rows,
+                                 const llama::BlockWeightsBf16& weights, const float* x_in, float* x_out,
+                                 const gk::KvCacheBlock& cache, const gk::Workspace& workspace,
+                                 const gk::Workspace& scratch) override {
+    llama::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace, scratch);
+    return Status();
+  }
+  Status llama_head_logits_bf16(const llama::Config& config, int64_t rows, const llama::HeadWeightsBf16& weights,
+                                const float* x_final, float* logits, const gk::Workspace& workspace,
+                                const gk::Workspace& scratch) override {
+    llama::head_decode(config, rows, weights, x_final, logits, workspace, scratch);
+    return Status();
+  }
+
   Status zero(float* values, uint64_t count) override {
     std::fill(values, values + count, 0.0f);
     return Status();

@@ -3,11 +3,20 @@
 #include "kernels/cpu/cpu_math.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
+#include <cstring>
+#include <span>
 
 #include <cblas.h>
+#include <immintrin.h>
 
 #include "kernels/gpt2/gpt2_math.h"
+#include "kernels/optim/cast.h"
+
+// The bf16 GEMV's loops: compiled for AVX2+FMA whatever the baseline flags, and run only where
+// detect_cpu_isa() found them (kernels/optim/cast.h).
+#define STRATA_AVX2 __attribute__((target("avx2,fma")))
 
 namespace strata::kernels::cpu_math {
 
@@ -65,6 +74,187 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const fl
                 static_cast<blasint>(lda), b_tile, static_cast<blasint>(ldb), beta, c + m0 * ldc + n0,
                 static_cast<blasint>(ldc));
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Products on bf16 weights
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t wide = uint32_t{bits} << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+STRATA_AVX2 inline __m256 load_bf16x8(const uint16_t* src) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+STRATA_AVX2 inline float horizontal_sum(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+  return _mm_cvtss_f32(sum);
+}
+
+// W [in, out]: one task owns 64 output columns (eight accumulators, one row of x at a time)
+// and walks all of K down its column strip, so each y element is one sum in k order.
+constexpr int64_t kGemvColumns = 64;
+
+STRATA_AVX2 void gemv_in_out_block(int64_t rows, int64_t in, int64_t out, const float* x, const uint16_t* w,
+                                   bool accumulate, float* y, int64_t j0) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x_row = x + r * in;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int64_t k = 0; k < in; ++k) {
+      const __m256 xk = _mm256_set1_ps(x_row[k]);
+      const uint16_t* wk = w + k * out + j0;
+      a0 = _mm256_fmadd_ps(xk, load_bf16x8(wk), a0);
+      a1 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 8), a1);
+      a2 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 16), a2);
+      a3 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 24), a3);
+      a4 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 32), a4);
+      a5 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 40), a5);
+      a6 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 48), a6);
+      a7 = _mm256_fmadd_ps(xk, load_bf16x8(wk + 56), a7);
+    }
+    float* y_row = y + r * out + j0;
+    const __m256 sums[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int v = 0; v < 8; ++v) {
+      const __m256 total = accumulate ? _mm256_add_ps(_mm256_loadu_ps(y_row + 8 * v), sums[v]) : sums[v];
+      _mm256_storeu_ps(y_row + 8 * v, total);
+    }
+  }
+}
+
+// The last out % 64 columns, one element at a time (the same k order).
+void gemv_in_out_tail(int64_t rows, int64_t in, int64_t out, const float* x, const uint16_t* w, bool accumulate,
+                      float* y, int64_t j0) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = j0; j < out; ++j) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < in; ++k) sum += x[r * in + k] * bf16_to_float(w[k * out + j]);
+      y[r * out + j] = accumulate ? y[r * out + j] + sum : sum;
+    }
+  }
+}
+
+// W [out, in]: output rows o0..o1, each a dot product of W's contiguous row with each of the R
+// rows of x; V vectors of eight per step (independent accumulators to cover the FMA latency;
+// fewer when R rows need their own).
+template <int R, int V>
+STRATA_AVX2 void gemv_out_in_rows(int64_t in, int64_t out, const float* x, const uint16_t* w, bool accumulate,
+                                  float* y, int64_t o0, int64_t o1) {
+  constexpr int64_t kStep = 8 * V;
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint16_t* w_row = w + o * in;
+    __m256 acc[R][V];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+    }
+    int64_t k = 0;
+    for (; k + kStep <= in; k += kStep) {
+      __m256 wv[V];
+#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) wv[v] = load_bf16x8(w_row + k + 8 * v);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+        for (int v = 0; v < V; ++v)
+          acc[r][v] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * in + k + 8 * v), wv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      __m256 total = acc[r][0];
+#pragma GCC unroll 16
+      for (int v = 1; v < V; ++v) total = _mm256_add_ps(total, acc[r][v]);
+      float sum = horizontal_sum(total);
+      for (int64_t kk = k; kk < in; ++kk) sum += x[r * in + kk] * bf16_to_float(w_row[kk]);
+      float* y_at = y + r * out + o;
+      *y_at = accumulate ? *y_at + sum : sum;
+    }
+  }
+}
+
+template <int R>
+void gemv_out_in(int64_t in, int64_t out, const float* x, const uint16_t* w, bool accumulate, float* y) {
+  // 32 output rows per task: a 50k-row head is ~1,600 tasks, a 768-row projection 24.
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, out, 32), [&](const tbb::blocked_range<int64_t>& range) {
+    gemv_out_in_rows<R, (R <= 2 ? 4 : 2)>(in, out, x, w, accumulate, y, range.begin(), range.end());
+  });
+}
+
+bool have_avx2() {
+  static const bool avx2 = detect_cpu_isa() == CpuIsa::avx2;
+  return avx2;
+}
+
+}  // namespace
+
+void widen_bf16(const uint16_t* src, int64_t count, float* dst) {
+  kernels::cast_bf16_to_fp32(std::span<const uint16_t>(src, static_cast<size_t>(count)),
+                             std::span<float>(dst, static_cast<size_t>(count)));
+}
+
+// Widened pieces and one single-threaded sgemm each: lane l takes column tiles l, l + lanes, …
+// and, for each, the K range in kBf16PieceK steps into its own kBf16PieceK × kBf16PieceN piece.
+void matmul_bf16_pieces(bool w_out_major, int64_t rows, int64_t in, int64_t out, const float* x, const uint16_t* w,
+                        bool accumulate, float* y, float* pieces) {
+  const int64_t tiles = (out + kBf16PieceN - 1) / kBf16PieceN;
+  const int64_t lanes = std::min(kBf16Lanes, tiles);
+  for_rows(lanes, 1, [&](int64_t lane) {
+    float* piece = pieces + lane * kBf16PieceK * kBf16PieceN;
+    for (int64_t tile = lane; tile < tiles; tile += lanes) {
+      const int64_t n0 = tile * kBf16PieceN;
+      const int64_t cols = std::min(kBf16PieceN, out - n0);
+      for (int64_t k0 = 0; k0 < in; k0 += kBf16PieceK) {
+        const int64_t depth = std::min(kBf16PieceK, in - k0);
+        const float beta = k0 == 0 && !accumulate ? 0.0f : 1.0f;
+        if (w_out_major) {  // piece [cols, depth] = W[n0.., k0..]; y += x[:, k0..] · pieceᵀ
+          for (int64_t j = 0; j < cols; ++j) widen_bf16(w + (n0 + j) * in + k0, depth, piece + j * depth);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows), static_cast<blasint>(cols),
+                      static_cast<blasint>(depth), 1.0f, x + k0, static_cast<blasint>(in), piece,
+                      static_cast<blasint>(depth), beta, y + n0, static_cast<blasint>(out));
+        } else {  // piece [depth, cols] = W[k0.., n0..]; y += x[:, k0..] · piece
+          for (int64_t kk = 0; kk < depth; ++kk) widen_bf16(w + (k0 + kk) * out + n0, cols, piece + kk * cols);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows),
+                      static_cast<blasint>(cols), static_cast<blasint>(depth), 1.0f, x + k0, static_cast<blasint>(in),
+                      piece, static_cast<blasint>(cols), beta, y + n0, static_cast<blasint>(out));
+        }
+      }
+    }
+  });
+}
+
+void matmul_bf16(bool w_out_major, int64_t rows, int64_t in, int64_t out, const float* x, const uint16_t* w,
+                 bool accumulate, float* y, float* pieces) {
+  assert(rows > 0 && in > 0 && out > 0);
+  if (rows <= kBf16GemvRows && have_avx2()) {
+    if (w_out_major) {
+      switch (rows) {
+        case 1: gemv_out_in<1>(in, out, x, w, accumulate, y); break;
+        case 2: gemv_out_in<2>(in, out, x, w, accumulate, y); break;
+        case 3: gemv_out_in<3>(in, out, x, w, accumulate, y); break;
+        default: gemv_out_in<4>(in, out, x, w, accumulate, y); break;
+      }
+    } else {
+      const int64_t blocks = out / kGemvColumns;
+      for_rows(blocks, 1, [&](int64_t block) {
+        gemv_in_out_block(rows, in, out, x, w, accumulate, y, block * kGemvColumns);
+      });
+      if (blocks * kGemvColumns < out) gemv_in_out_tail(rows, in, out, x, w, accumulate, y, blocks * kGemvColumns);
+    }
+    return;
+  }
+  assert(pieces != nullptr);
+  matmul_bf16_pieces(w_out_major, rows, in, out, x, w, accumulate, y, pieces);
 }
 
 void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* out) {

@@ -9,7 +9,8 @@
 //   task over the rows in order; attention heads reduce inside one task.
 // - pin_blas_to_one_thread() must have run on the calling thread before any of it (every model
 //   entry point calls it first).
-// - Pointers are row-major fp32 host memory owned by the caller; nothing allocates.
+// - Pointers are row-major fp32 host memory owned by the caller (bf16 weights: their 16-bit
+//   patterns as uint16_t); nothing allocates.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,32 @@ void pin_blas_to_one_thread();
 // C[M,N] = op(A)·op(B) + beta·C, all row-major, tiled over TBB in fixed tiles.
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
            int64_t ldb, float beta, float* c, int64_t ldc);
+
+// --- Products on bf16 weights (generation: decode on the store's bf16 compute copy) ---
+// y[rows, out] = x[rows, in] · W (accumulate: y += …) for W given as bf16 bit patterns, stored
+// [in, out] (GPT-2's Conv1D: y = x·W) or, with `w_out_major`, [out, in] (nn.Linear and a head:
+// y = x·Wᵀ). The point is the memory traffic: W's bf16 bytes are read once and never written
+// back widened. With AVX2+FMA and rows ≤ kBf16GemvRows (a decoded token) it is a GEMV that widens
+// eight weights at a time in registers; otherwise (a prompt's rows, or no AVX2) each of
+// kBf16Lanes fixed lanes widens kBf16PieceK × kBf16PieceN pieces into its part of `pieces`
+// (kBf16PiecesFloats floats: small enough to stay in L2) and adds each piece's product with one
+// single-threaded cblas_sgemm (beta 1). Both are thread-count invariant (fixed column blocks /
+// fixed lanes, each output element summed by one task in a fixed order); they differ from
+// widening W whole and calling sgemm only in fp32 summation order. `pieces` may be null when
+// rows ≤ kBf16GemvRows and the CPU has AVX2 (bf16_matmul_needs_pieces says).
+inline constexpr int64_t kBf16GemvRows = 4;
+inline constexpr int64_t kBf16PieceK = 64;
+inline constexpr int64_t kBf16PieceN = 512;
+inline constexpr int64_t kBf16Lanes = 8;
+inline constexpr int64_t kBf16PiecesFloats = kBf16Lanes * kBf16PieceK * kBf16PieceN;  // 1 MiB
+void matmul_bf16(bool w_out_major, int64_t rows, int64_t in, int64_t out, const float* x, const uint16_t* w,
+                 bool accumulate, float* y, float* pieces);
+// matmul_bf16's pieces path alone, for any rows and any CPU (what it runs without AVX2; tests
+// and bench/bf16_decode_timing.cpp call it to compare).
+void matmul_bf16_pieces(bool w_out_major, int64_t rows, int64_t in, int64_t out, const float* x, const uint16_t* w,
+                        bool accumulate, float* y, float* pieces);
+// bf16 → fp32, exact (the bits shifted up); small spans, on the calling thread.
+void widen_bf16(const uint16_t* src, int64_t count, float* dst);
 
 // out[j] += Σ_r in[r, j] over all rows in row order, summed in double.
 void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* out);

@@ -97,8 +97,10 @@ BlockTensors<T> bind_block(const Config& config, T* base) {
 
 template struct BlockTensors<const float>;
 template struct BlockTensors<float>;
+template struct BlockTensors<const uint16_t>;
 template BlockTensors<const float> bind_block(const Config&, const float*);
 template BlockTensors<float> bind_block(const Config&, float*);
+template BlockTensors<const uint16_t> bind_block(const Config&, const uint16_t*);
 
 namespace {
 
@@ -629,11 +631,36 @@ void embedding_decode(const Config& config, int64_t past, int64_t rows, const in
   }
 }
 
+namespace {
+
+// A decode step's product, y = x @ W + b (+ residual): fp32 weights through linear_forward
+// (the fp32 path's bits are today's), bf16 ones through cpu_math::matmul_bf16 after the same
+// bias (+ residual) start.
+void decode_linear(const float* x, const float* weight, const float* bias, const float* residual, int64_t rows,
+                   int64_t in, int64_t out, float* y, float* /*pieces*/) {
+  linear_forward(x, weight, bias, residual, rows, in, out, y);
+}
+void decode_linear(const float* x, const uint16_t* weight, const float* bias, const float* residual, int64_t rows,
+                   int64_t in, int64_t out, float* y, float* pieces) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* y_row = y + r * out;
+    if (residual == nullptr) {
+      std::memcpy(y_row, bias, static_cast<size_t>(out) * sizeof(float));
+    } else {
+      const float* res_row = residual + r * out;
+      for (int64_t j = 0; j < out; ++j) y_row[j] = res_row[j] + bias[j];
+    }
+  }
+  cpu_math::matmul_bf16(false, rows, in, out, x, weight, true, y, pieces);
+}
+
 // The block's math as block_forward_into, for `rows` new positions past..past+rows-1: their
 // k and v join the cache first, then each new row attends over cache rows 0..its position.
-void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
-                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
-  pin_blas_to_one_thread();
+// The matrices come from `mats` (fp32 or bf16), the LayerNorm parameters and biases from `w`.
+template <typename W>
+void block_decode_with(const Config& config, int64_t past, int64_t rows, const BlockTensors<const W>& mats,
+                       const BlockWeights& w, const float* x_in, float* x_out, const KvCacheBlock& cache,
+                       const Workspace& workspace, float* pieces) {
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
   const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
   check_workspace(workspace, layout.size_bytes);
@@ -641,7 +668,7 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
   const int64_t c = config.n_embd;
   const int64_t hd = config.head_dim();
   layernorm_forward(x_in, c, w.ln_1_weight, w.ln_1_bias, rows, c, ws.ln1_out, ws.ln1_mean, ws.ln1_rstd);
-  linear_forward(ws.ln1_out, w.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, rows, c, 3 * c, ws.qkv);
+  decode_linear(ws.ln1_out, mats.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, rows, c, 3 * c, ws.qkv, pieces);
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(cache.keys + (past + r) * c, ws.qkv + r * 3 * c + c, static_cast<size_t>(c) * sizeof(float));
     std::memcpy(cache.values + (past + r) * c, ws.qkv + r * 3 * c + 2 * c, static_cast<size_t>(c) * sizeof(float));
@@ -665,12 +692,72 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
       for (int64_t j = 0; j < count; ++j) axpy(p[j], cache.values + j * c + h * hd, out, hd);
     }
   });
-  linear_forward(ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, rows, c, c, ws.x1);
+  decode_linear(ws.att, mats.attn_c_proj_weight, w.attn_c_proj_bias, x_in, rows, c, c, ws.x1, pieces);
   layernorm_forward(ws.x1, c, w.ln_2_weight, w.ln_2_bias, rows, c, ws.ln2_out, ws.ln2_mean, ws.ln2_rstd);
-  linear_forward(ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, rows, c, 4 * c, ws.fc_pre);
+  decode_linear(ws.ln2_out, mats.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, rows, c, 4 * c, ws.fc_pre, pieces);
   const int64_t hidden = rows * 4 * c;
   for (int64_t i = 0; i < hidden; ++i) ws.fc_act[i] = gelu_tanh(ws.fc_pre[i]);
-  linear_forward(ws.fc_act, w.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, rows, 4 * c, c, x_out);
+  decode_linear(ws.fc_act, mats.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, rows, 4 * c, c, x_out, pieces);
+}
+
+// decode_bf16_scratch_bytes' layout: the block's 1-D tensors widened (in canonical order), then
+// matmul_bf16's pieces. The head's two ln_f vectors use the first slices.
+struct Bf16Scratch {
+  BlockWeights vectors;  // the 1-D members only; the matrices stay null
+  float* pieces;
+  size_t size_bytes;
+};
+
+Bf16Scratch bf16_scratch(const Config& config, float* base) {
+  Bf16Scratch layout{};
+  Carver carve(base);
+  const auto specs = block_param_specs(config);
+  for (int i = 0; i < kBlockParamCount; ++i)
+    if (specs[i].rank == 1) layout.vectors.at(i) = carve.take(specs[i].numel());
+  layout.pieces = carve.take(cpu_math::kBf16PiecesFloats);
+  layout.size_bytes = carve.used_bytes();
+  return layout;
+}
+
+}  // namespace
+
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
+  pin_blas_to_one_thread();
+  block_decode_with(config, past, rows, w, w, x_in, x_out, cache, workspace, nullptr);
+}
+
+size_t decode_bf16_scratch_bytes(const Config& config) { return bf16_scratch(config, nullptr).size_bytes; }
+
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeightsBf16& weights, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace, const Workspace& scratch) {
+  pin_blas_to_one_thread();
+  const Bf16Scratch layout = bf16_scratch(config, scratch.data);
+  check_workspace(scratch, layout.size_bytes);
+  const auto specs = block_param_specs(config);
+  for (int i = 0; i < kBlockParamCount; ++i)
+    if (specs[i].rank == 1)
+      cpu_math::widen_bf16(weights.at(i), specs[i].numel(), const_cast<float*>(layout.vectors.at(i)));
+  block_decode_with(config, past, rows, weights, layout.vectors, x_in, x_out, cache, workspace, layout.pieces);
+}
+
+void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& w, const float* x_final, float* logits,
+                 const Workspace& workspace, const Workspace& scratch) {
+  pin_blas_to_one_thread();
+  check_workspace(workspace, head_decode_size_bytes(config));
+  const Bf16Scratch layout = bf16_scratch(config, scratch.data);
+  check_workspace(scratch, layout.size_bytes);
+  const int64_t c = config.n_embd;
+  auto* gain = const_cast<float*>(layout.vectors.ln_1_weight);  // scratch slices of C floats each
+  auto* bias = const_cast<float*>(layout.vectors.ln_1_bias);
+  cpu_math::widen_bf16(w.ln_f_weight, c, gain);
+  cpu_math::widen_bf16(w.ln_f_bias, c, bias);
+  Carver carve(workspace.data);
+  float* ln_out = carve.take(c);
+  float* mean = carve.take(1);
+  float* rstd = carve.take(1);
+  layernorm_forward(x_final + (rows - 1) * c, c, gain, bias, 1, c, ln_out, mean, rstd);
+  cpu_math::matmul_bf16(true, 1, c, config.vocab_size, ln_out, w.wte, false, logits, layout.pieces);
 }
 
 }  // namespace strata::kernels::gpt2

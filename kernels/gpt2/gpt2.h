@@ -224,4 +224,25 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
 void head_decode(const Config& config, int64_t rows, const HeadWeights& weights, const float* x_final, float* logits,
                  const Workspace& workspace);
 
+// --- Decoding on bf16 weights (the store's compute copy as it is) ---
+// The same block_decode and head_decode with every weight a bf16 bit pattern, bound like the
+// fp32 ones (bind_block on the packed bf16 unit). No unit is widened whole: the 1-D tensors
+// (LayerNorm gains and biases, every bias) are widened into `scratch`, and each product reads
+// its bf16 matrix once through cpu_math::matmul_bf16 (a register-widening GEMV for a decoded
+// token, L2-sized widened pieces for a prompt), whose pieces live in `scratch` too. The
+// results equal widening the weights and calling the fp32 ops up to fp32 summation order
+// (tests/engine/test_decode_bf16.cpp: logits within 1e-5). `scratch`: decode_bf16_scratch_bytes
+// bytes, 64-byte aligned, beside the decode workspace.
+using BlockWeightsBf16 = BlockTensors<const uint16_t>;
+struct HeadWeightsBf16 {
+  const uint16_t* ln_f_weight = nullptr;  // [C]
+  const uint16_t* ln_f_bias = nullptr;    // [C]
+  const uint16_t* wte = nullptr;          // [vocab, C]
+};
+size_t decode_bf16_scratch_bytes(const Config& config);
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeightsBf16& weights, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace, const Workspace& scratch);
+void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& weights, const float* x_final,
+                 float* logits, const Workspace& workspace, const Workspace& scratch);
+
 }  // namespace strata::kernels::gpt2

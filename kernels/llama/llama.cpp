@@ -65,6 +65,7 @@ BlockTensors<T> bind_block(const Config& config, T* base) {
 
 template BlockTensors<const float> bind_block(const Config&, const float*);
 template BlockTensors<float> bind_block(const Config&, float*);
+template BlockTensors<const uint16_t> bind_block(const Config&, const uint16_t*);
 
 void rope_inverse_frequencies(const Config& config, double* inv_freq) {
   for (int64_t i = 0; i < config.head_dim / 2; ++i) inv_freq[i] = rope_inverse_frequency(config, i);
@@ -516,9 +517,26 @@ void embedding_decode(const Config& config, int64_t rows, const int32_t* tokens,
   embedding_forward(config, BatchShape{1, rows}, tokens, embed, x0);
 }
 
-void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
-                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
-  cpu_math::pin_blas_to_one_thread();
+namespace {
+
+// A decode step's product y = x · Wᵀ (+ residual): fp32 weights through linear_forward (the
+// fp32 path's bits are today's), bf16 ones through cpu_math::matmul_bf16.
+void decode_linear(const float* x, const float* weight, const float* residual, int64_t rows, int64_t in, int64_t out,
+                   float* y, float* /*pieces*/) {
+  linear_forward(x, weight, residual, rows, in, out, y);
+}
+void decode_linear(const float* x, const uint16_t* weight, const float* residual, int64_t rows, int64_t in,
+                   int64_t out, float* y, float* pieces) {
+  if (residual != nullptr) std::memcpy(y, residual, static_cast<size_t>(rows * out) * sizeof(float));
+  cpu_math::matmul_bf16(true, rows, in, out, x, weight, residual != nullptr, y, pieces);
+}
+
+// block_decode's math; the matrices from `mats` (fp32 or bf16), the RMSNorm gains from
+// `norm_1` and `norm_2` (fp32).
+template <typename W>
+void block_decode_with(const Config& config, int64_t past, int64_t rows, const BlockTensors<const W>& mats,
+                       const float* norm_1, const float* norm_2, const float* x_in, float* x_out,
+                       const KvCacheBlock& cache, const Workspace& workspace, float* pieces) {
   assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
   const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
@@ -530,10 +548,10 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
   const int64_t d = config.head_dim;
   const int64_t qw = config.q_width();
   const int64_t kvw = config.kv_width();
-  rmsnorm_forward(x_in, c, w.input_layernorm, rows, c, config.norm_eps, ws.n1, ws.rstd1);
-  linear_forward(ws.n1, w.q_proj, nullptr, rows, c, qw, ws.q);
-  linear_forward(ws.n1, w.k_proj, nullptr, rows, c, kvw, ws.k);
-  linear_forward(ws.n1, w.v_proj, nullptr, rows, c, kvw, ws.v);
+  rmsnorm_forward(x_in, c, norm_1, rows, c, config.norm_eps, ws.n1, ws.rstd1);
+  decode_linear(ws.n1, mats.q_proj, nullptr, rows, c, qw, ws.q, pieces);
+  decode_linear(ws.n1, mats.k_proj, nullptr, rows, c, kvw, ws.k, pieces);
+  decode_linear(ws.n1, mats.v_proj, nullptr, rows, c, kvw, ws.v, pieces);
   rope_tables(config, past, rows, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
@@ -559,13 +577,40 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
       for (int64_t j = 0; j < count; ++j) gpt2::axpy(p[j], cache.values + j * kvw + kv * d, out, d);
     }
   });
-  linear_forward(ws.att, w.o_proj, x_in, rows, qw, c, ws.h);
-  rmsnorm_forward(ws.h, c, w.post_attention_layernorm, rows, c, config.norm_eps, ws.n2, ws.rstd2);
-  linear_forward(ws.n2, w.gate_proj, nullptr, rows, c, inter, ws.gate);
-  linear_forward(ws.n2, w.up_proj, nullptr, rows, c, inter, ws.up);
+  decode_linear(ws.att, mats.o_proj, x_in, rows, qw, c, ws.h, pieces);
+  rmsnorm_forward(ws.h, c, norm_2, rows, c, config.norm_eps, ws.n2, ws.rstd2);
+  decode_linear(ws.n2, mats.gate_proj, nullptr, rows, c, inter, ws.gate, pieces);
+  decode_linear(ws.n2, mats.up_proj, nullptr, rows, c, inter, ws.up, pieces);
   const int64_t hidden = rows * inter;
   for (int64_t i = 0; i < hidden; ++i) ws.act[i] = ws.gate[i] * silu_sigmoid(ws.gate[i]) * ws.up[i];
-  linear_forward(ws.act, w.down_proj, ws.h, rows, inter, c, x_out);
+  decode_linear(ws.act, mats.down_proj, ws.h, rows, inter, c, x_out, pieces);
+}
+
+// decode_bf16_scratch_bytes' layout: the two RMSNorm gains widened, then matmul_bf16's pieces.
+struct Bf16Scratch {
+  float* norm_1;  // [C]; the head's final norm too
+  float* norm_2;  // [C]
+  float* pieces;
+  size_t size_bytes;
+};
+
+Bf16Scratch bf16_scratch(const Config& config, float* base) {
+  Carver carve(base);
+  Bf16Scratch layout{};
+  layout.norm_1 = carve.take(config.n_embd);
+  layout.norm_2 = carve.take(config.n_embd);
+  layout.pieces = carve.take(cpu_math::kBf16PiecesFloats);
+  layout.size_bytes = carve.used_bytes();
+  return layout;
+}
+
+}  // namespace
+
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
+  cpu_math::pin_blas_to_one_thread();
+  block_decode_with(config, past, rows, w, w.input_layernorm, w.post_attention_layernorm, x_in, x_out, cache,
+                    workspace, nullptr);
 }
 
 void head_decode(const Config& config, int64_t rows, const HeadWeights& w, const float* x_final, float* logits,
@@ -578,6 +623,34 @@ void head_decode(const Config& config, int64_t rows, const HeadWeights& w, const
   float* rstd = carve.take(1);
   rmsnorm_forward(x_final + (rows - 1) * c, c, w.norm_weight, 1, c, config.norm_eps, normed, rstd);
   sgemm(false, true, 1, config.vocab_size, c, normed, c, w.lm_head, c, 0.0f, logits, config.vocab_size);
+}
+
+size_t decode_bf16_scratch_bytes(const Config& config) { return bf16_scratch(config, nullptr).size_bytes; }
+
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeightsBf16& weights, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace, const Workspace& scratch) {
+  cpu_math::pin_blas_to_one_thread();
+  const Bf16Scratch layout = bf16_scratch(config, scratch.data);
+  check_workspace(scratch, layout.size_bytes);
+  cpu_math::widen_bf16(weights.input_layernorm, config.n_embd, layout.norm_1);
+  cpu_math::widen_bf16(weights.post_attention_layernorm, config.n_embd, layout.norm_2);
+  block_decode_with(config, past, rows, weights, layout.norm_1, layout.norm_2, x_in, x_out, cache, workspace,
+                    layout.pieces);
+}
+
+void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& w, const float* x_final, float* logits,
+                 const Workspace& workspace, const Workspace& scratch) {
+  cpu_math::pin_blas_to_one_thread();
+  check_workspace(workspace, head_decode_size_bytes(config));
+  const Bf16Scratch layout = bf16_scratch(config, scratch.data);
+  check_workspace(scratch, layout.size_bytes);
+  const int64_t c = config.n_embd;
+  cpu_math::widen_bf16(w.norm_weight, c, layout.norm_1);
+  Carver carve(workspace.data);
+  float* normed = carve.take(c);
+  float* rstd = carve.take(1);
+  rmsnorm_forward(x_final + (rows - 1) * c, c, layout.norm_1, 1, c, config.norm_eps, normed, rstd);
+  cpu_math::matmul_bf16(true, 1, c, config.vocab_size, normed, w.lm_head, false, logits, layout.pieces);
 }
 
 }  // namespace strata::kernels::llama

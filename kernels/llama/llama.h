@@ -149,6 +149,21 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
 void head_decode(const Config& config, int64_t rows, const HeadWeights& weights, const float* x_final, float* logits,
                  const Workspace& workspace);
 
+// --- Decoding on bf16 weights (gpt2.h's bf16 decode contract, with Llama's shapes) ---
+// block_decode and head_decode on bf16 bit patterns: the RMSNorm gains widened into `scratch`
+// (decode_bf16_scratch_bytes, beside the workspace), every nn.Linear product read once through
+// cpu_math::matmul_bf16. Equal to widening first and the fp32 ops up to fp32 summation order.
+using BlockWeightsBf16 = BlockTensors<const uint16_t>;
+struct HeadWeightsBf16 {
+  const uint16_t* norm_weight = nullptr;  // [C]
+  const uint16_t* lm_head = nullptr;      // [vocab, C] (config.vocab_size rows)
+};
+size_t decode_bf16_scratch_bytes(const Config& config);
+void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeightsBf16& weights, const float* x_in,
+                  float* x_out, const KvCacheBlock& cache, const Workspace& workspace, const Workspace& scratch);
+void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& weights, const float* x_final,
+                 float* logits, const Workspace& workspace, const Workspace& scratch);
+
 // RoPE's inverse frequencies (head_dim / 2 of them), llama3 scaling applied: the CPU and CUDA
 // kernels both take them from here.
 void rope_inverse_frequencies(const Config& config, double* inv_freq);
