@@ -22,20 +22,47 @@ using cpu_math::kRowGrain;
 using cpu_math::sgemm;
 using gpt2::kHeadChunkRows;
 
-std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config) {
+namespace {
+
+inline constexpr int kBlockSlotCount = 13;
+
+// Every tensor a block may hold, in canonical order, each with whether this config has it:
+// block_param_specs lists the present ones and bind_block walks the same table, so the two
+// never disagree on the packed layout.
+struct BlockSlot {
+  ParamSpec spec;
+  bool present;
+};
+
+std::array<BlockSlot, kBlockSlotCount> block_slots(const Config& config) {
   const int64_t c = config.n_embd;
   const int64_t i = config.intermediate_size;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
   return {{
-      {"input_layernorm.weight", {c, 0}, 1, false},
-      {"self_attn.q_proj.weight", {config.q_width(), c}, 2, true},
-      {"self_attn.k_proj.weight", {config.kv_width(), c}, 2, true},
-      {"self_attn.v_proj.weight", {config.kv_width(), c}, 2, true},
-      {"self_attn.o_proj.weight", {c, config.q_width()}, 2, true},
-      {"post_attention_layernorm.weight", {c, 0}, 1, false},
-      {"mlp.gate_proj.weight", {i, c}, 2, true},
-      {"mlp.up_proj.weight", {i, c}, 2, true},
-      {"mlp.down_proj.weight", {c, i}, 2, true},
+      {{"input_layernorm.weight", {c, 0}, 1, false}, true},
+      {{"self_attn.q_proj.weight", {qw, c}, 2, true}, true},
+      {{"self_attn.q_proj.bias", {qw, 0}, 1, false}, config.qkv_bias},
+      {{"self_attn.k_proj.weight", {kvw, c}, 2, true}, true},
+      {{"self_attn.k_proj.bias", {kvw, 0}, 1, false}, config.qkv_bias},
+      {{"self_attn.v_proj.weight", {kvw, c}, 2, true}, true},
+      {{"self_attn.v_proj.bias", {kvw, 0}, 1, false}, config.qkv_bias},
+      {{"self_attn.o_proj.weight", {c, qw}, 2, true}, true},
+      {{"self_attn.o_proj.bias", {c, 0}, 1, false}, config.o_bias},
+      {{"post_attention_layernorm.weight", {c, 0}, 1, false}, true},
+      {{"mlp.gate_proj.weight", {i, c}, 2, true}, true},
+      {{"mlp.up_proj.weight", {i, c}, 2, true}, true},
+      {{"mlp.down_proj.weight", {c, i}, 2, true}, true},
   }};
+}
+
+}  // namespace
+
+std::vector<ParamSpec> block_param_specs(const Config& config) {
+  std::vector<ParamSpec> specs;
+  for (const BlockSlot& slot : block_slots(config))
+    if (slot.present) specs.push_back(slot.spec);
+  return specs;
 }
 
 std::string block_param_name(int64_t layer, std::string_view name_suffix) {
@@ -52,13 +79,15 @@ int64_t block_param_count(const Config& config) {
 
 template <typename T>
 BlockTensors<T> bind_block(const Config& config, T* base) {
-  const auto specs = block_param_specs(config);
   BlockTensors<T> t;
-  T** members[kBlockParamCount] = {&t.input_layernorm, &t.q_proj,    &t.k_proj,  &t.v_proj,   &t.o_proj,
-                                   &t.post_attention_layernorm, &t.gate_proj, &t.up_proj, &t.down_proj};
-  for (int i = 0; i < kBlockParamCount; ++i) {
+  T** members[kBlockSlotCount] = {&t.input_layernorm, &t.q_proj,      &t.q_proj_bias, &t.k_proj, &t.k_proj_bias,
+                                  &t.v_proj,          &t.v_proj_bias, &t.o_proj,      &t.o_proj_bias,
+                                  &t.post_attention_layernorm,        &t.gate_proj,   &t.up_proj, &t.down_proj};
+  const auto slots = block_slots(config);
+  for (int i = 0; i < kBlockSlotCount; ++i) {
+    if (!slots[i].present) continue;  // stays nullptr
     *members[i] = base;
-    base += specs[i].numel();
+    base += slots[i].spec.numel();
   }
   return t;
 }
@@ -181,6 +210,15 @@ void linear_backward(const float* x, const float* weight, const float* dy, int64
   if (dx != nullptr) sgemm(false, false, rows, in, out, dy, out, weight, in, accumulate ? 1.0f : 0.0f, dx, in);
 }
 
+// y[r, :] += bias for each of `rows` rows of `width`: nn.Linear's bias, added after the
+// product (a separate step, so a projection's GEMM is the same with or without one).
+void add_bias(float* y, const float* bias, int64_t rows, int64_t width) {
+  for_rows(rows, kRowGrain, [&](int64_t r) {
+    float* y_row = y + r * width;
+    for (int64_t j = 0; j < width; ++j) y_row[j] += bias[j];
+  });
+}
+
 // y = w · x · rstd per row, rstd = 1/sqrt(mean(x²) + eps) with the mean in double. x rows are
 // x_stride floats apart (the head picks the last position of each sequence).
 void rmsnorm_forward(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t c, double eps,
@@ -260,8 +298,11 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   const int64_t inter = config.intermediate_size;
   rmsnorm_forward(x_in, c, w.input_layernorm, n, c, config.norm_eps, ws.n1, ws.rstd1);
   linear_forward(ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q);
+  if (config.qkv_bias) add_bias(ws.q, w.q_proj_bias, n, config.q_width());
   linear_forward(ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k);
+  if (config.qkv_bias) add_bias(ws.k, w.k_proj_bias, n, config.kv_width());
   linear_forward(ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v);
+  if (config.qkv_bias) add_bias(ws.v, w.v_proj_bias, n, config.kv_width());
   rope_tables(config, 0, shape.seq_len, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
@@ -279,6 +320,7 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
                                      ws.att + b * t * config.q_width() + h * d, config.q_width());
   });
   linear_forward(ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h);
+  if (config.o_bias) add_bias(ws.h, w.o_proj_bias, n, c);
   rmsnorm_forward(ws.h, c, w.post_attention_layernorm, n, c, config.norm_eps, ws.n2, ws.rstd2);
   linear_forward(ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate);
   linear_forward(ws.n2, w.up_proj, nullptr, n, c, inter, ws.up);
@@ -377,7 +419,8 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
   if (d_in != d_out) std::memcpy(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float));
   rmsnorm_backward(d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, c, d_in, true, g.post_attention_layernorm);
 
-  // Attention: h = x_in + att·Woᵀ. d_att overwrites att once dWo has read it.
+  // Attention: h = x_in + att·Woᵀ (+ bo). d_att overwrites att once dWo has read it.
+  if (config.o_bias) column_sums_accumulate(d_in, n, c, g.o_proj_bias);
   float* d_att = ws.att;
   sgemm(true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw);
   sgemm(false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw);
@@ -407,6 +450,12 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
   // Back through RoPE (its transpose) to the projections' outputs.
   rope_apply(config, shape, ws.dq, config.n_head, ws.cos, ws.sin, true);
   rope_apply(config, shape, ws.dk, config.n_kv_head, ws.cos, ws.sin, true);
+  // The biases' gradients: the projections' output gradients summed over the rows.
+  if (config.qkv_bias) {
+    column_sums_accumulate(ws.dq, n, qw, g.q_proj_bias);
+    column_sums_accumulate(ws.dk, n, kvw, g.k_proj_bias);
+    column_sums_accumulate(ws.dv, n, kvw, g.v_proj_bias);
+  }
   linear_backward(ws.n1, w.q_proj, ws.dq, n, c, qw, nullptr, false, g.q_proj);
   linear_backward(ws.n1, w.k_proj, ws.dk, n, c, kvw, nullptr, false, g.k_proj);
   linear_backward(ws.n1, w.v_proj, ws.dv, n, c, kvw, nullptr, false, g.v_proj);
@@ -532,8 +581,11 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
   const int64_t kvw = config.kv_width();
   rmsnorm_forward(x_in, c, w.input_layernorm, rows, c, config.norm_eps, ws.n1, ws.rstd1);
   linear_forward(ws.n1, w.q_proj, nullptr, rows, c, qw, ws.q);
+  if (config.qkv_bias) add_bias(ws.q, w.q_proj_bias, rows, qw);
   linear_forward(ws.n1, w.k_proj, nullptr, rows, c, kvw, ws.k);
+  if (config.qkv_bias) add_bias(ws.k, w.k_proj_bias, rows, kvw);
   linear_forward(ws.n1, w.v_proj, nullptr, rows, c, kvw, ws.v);
+  if (config.qkv_bias) add_bias(ws.v, w.v_proj_bias, rows, kvw);
   rope_tables(config, past, rows, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
@@ -560,6 +612,7 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
     }
   });
   linear_forward(ws.att, w.o_proj, x_in, rows, qw, c, ws.h);
+  if (config.o_bias) add_bias(ws.h, w.o_proj_bias, rows, c);
   rmsnorm_forward(ws.h, c, w.post_attention_layernorm, rows, c, config.norm_eps, ws.n2, ws.rstd2);
   linear_forward(ws.n2, w.gate_proj, nullptr, rows, c, inter, ws.gate);
   linear_forward(ws.n2, w.up_proj, nullptr, rows, c, inter, ws.up);
