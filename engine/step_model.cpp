@@ -377,8 +377,9 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   const DeviceScratchSizes scratch = device_scratch(config, layout, &run);
   const auto parameters = static_cast<double>(layout.parameter_count());
   const ModelConfig& m = config.model;
-  const std::string heads = m.arch == "llama" ? fmt::format("{} heads ({} k/v) of {}, MLP {}, {} head", m.n_head,
-                                                            m.kv_heads(), m.head_size(), m.intermediate_size,
+  const char* biases = m.o_proj_bias ? ", q/k/v/o biases" : m.qkv_bias ? ", q/k/v biases" : "";
+  const std::string heads = m.arch == "llama" ? fmt::format("{} heads ({} k/v) of {}{}, MLP {}, {} head", m.n_head,
+                                                            m.kv_heads(), m.head_size(), biases, m.intermediate_size,
                                                             m.tie_word_embeddings ? "tied" : "untied")
                                               : fmt::format("{} heads", m.n_head);
   append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({} × {})",

@@ -80,12 +80,15 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
       STRATA_READ(value, model.number(key, std::nullopt, 0.0, 1.0e12));
       STRATA_RETURN_IF_ERROR(agree(key, value, std::string_view(key) == "rope_theta" ? f.rope_theta : f.norm_eps));
     }
-    if (model.has("tie_word_embeddings")) {
-      bool tied = false;
-      STRATA_READ(tied, model.boolean("tie_word_embeddings", std::nullopt));
-      if (tied != f.tie_word_embeddings)
-        return model.error_at("tie_word_embeddings", fmt::format("is {} but {} says {}", tied, folder_config,
-                                                                 f.tie_word_embeddings));
+    struct FlagKey { const char* key; bool ModelConfig::*field; };
+    for (const FlagKey& k : {FlagKey{"tie_word_embeddings", &ModelConfig::tie_word_embeddings},
+                             FlagKey{"qkv_bias", &ModelConfig::qkv_bias},
+                             FlagKey{"o_proj_bias", &ModelConfig::o_proj_bias}}) {
+      if (!model.has(k.key)) continue;
+      bool value = false;
+      STRATA_READ(value, model.boolean(k.key, std::nullopt));
+      if (value != f.*k.field)
+        return model.error_at(k.key, fmt::format("is {} but {} says {}", value, folder_config, f.*k.field));
     }
     if (model.has("rope_scaling"))
       return model.error_at("rope_scaling", fmt::format("comes from {} when model.init is a folder", folder_config));
@@ -115,6 +118,11 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
       STRATA_READ(m.rope_theta, model.number("rope_theta", 10000.0, 1.0, 1.0e12));
       STRATA_READ(m.norm_eps, model.number("norm_eps", 1.0e-5, 0.0, 1.0));
       STRATA_READ(m.tie_word_embeddings, model.boolean("tie_word_embeddings", true));
+      STRATA_READ(m.qkv_bias, model.boolean("qkv_bias", false));
+      STRATA_READ(m.o_proj_bias, model.boolean("o_proj_bias", false));
+      if (m.o_proj_bias && !m.qkv_bias)
+        return model.error_at("o_proj_bias",
+                              "is true without model.qkv_bias (Hugging Face's attention_bias sets both)");
       if (model.has("rope_scaling")) {
         STRATA_ASSIGN_OR_RETURN(ConfigNode scaling, model.child("rope_scaling"));
         RopeScaling& r = m.rope_scaling;

@@ -57,6 +57,10 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double norm_eps = 1.0e-5;        // rms_norm_eps (GPT-2's LayerNorm keeps its 1e-5)
   bool tie_word_embeddings = true; // lm_head shares embed_tokens
+  // Attention biases (kernels/llama/llama.h): q/k/v (Qwen 2 / 2.5 always; HF Llama's
+  // attention_bias), and o_proj's (HF Llama's attention_bias only; never without q/k/v).
+  bool qkv_bias = false;
+  bool o_proj_bias = false;
 
   uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }

@@ -126,16 +126,10 @@ Status ComputeBackend::llama_block_decode_bf16(const llama::Config& config, int6
                                                const llama::BlockWeightsBf16& weights, const float* x_in,
                                                float* x_out, const gpt2::KvCacheBlock& cache,
                                                const gpt2::Workspace& workspace, const gpt2::Workspace& scratch) {
-  const llama::BlockGrads widened = llama::bind_block(config, scratch.data);
-  const auto specs = llama::block_param_specs(config);
-  const uint16_t* from[llama::kBlockParamCount] = {weights.input_layernorm, weights.q_proj,    weights.k_proj,
-                                                   weights.v_proj,          weights.o_proj,    weights.post_attention_layernorm,
-                                                   weights.gate_proj,       weights.up_proj,   weights.down_proj};
-  float* to[llama::kBlockParamCount] = {widened.input_layernorm, widened.q_proj,    widened.k_proj,
-                                        widened.v_proj,          widened.o_proj,    widened.post_attention_layernorm,
-                                        widened.gate_proj,       widened.up_proj,   widened.down_proj};
-  for (int i = 0; i < llama::kBlockParamCount; ++i)
-    STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(from[i], to[i], static_cast<uint64_t>(specs[i].numel())));
+  // bind_block packs a block back to back from its first tensor, so the whole block widens in
+  // one cast whichever optional tensors (biases) the config has.
+  STRATA_RETURN_IF_ERROR(cast_bf16_to_fp32(weights.input_layernorm, scratch.data,
+                                           static_cast<uint64_t>(llama::block_param_count(config))));
   return llama_block_decode(config, past, rows, llama::bind_block(config, static_cast<const float*>(scratch.data)),
                             x_in, x_out, cache, workspace);
 }

@@ -181,10 +181,7 @@ Status parse_rope_block(const Json& block, const std::string& path, const char* 
 
 Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::string& path,
                                 const std::string& model_type) {
-  // Qwen2's q/k/v projections always carry biases (no key turns them off); the checkpoint's
-  // bias tensors would have nowhere to go.
-  if (model_type == "qwen2")
-    return keys.error("model_type", "is 'qwen2', whose q/k/v projections carry biases; strata's Llama has none");
+  const bool qwen2 = model_type == "qwen2";
   ModelConfig m;
   m.arch = "llama";
   HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
@@ -207,16 +204,35 @@ Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::s
   std::string act;
   HF_READ(act, keys.string("hidden_act", std::string("silu")));
   if (act != "silu") return keys.error("hidden_act", fmt::format("is '{}'; strata's Llama MLP is SwiGLU (silu)", act));
-  bool bias = false;
-  HF_READ(bias, keys.boolean("attention_bias", false));
-  if (bias) return keys.error("attention_bias", "is true; strata's Llama attention has no biases");
-  HF_READ(bias, keys.boolean("mlp_bias", false));
-  if (bias) return keys.error("mlp_bias", "is true; strata's Llama MLP has no biases");
+  if (qwen2) {
+    // Qwen2Attention: q/k/v always carry biases, o_proj never; it reads neither attention_bias
+    // nor mlp_bias (Qwen2MLP has no biases), so neither key means anything here.
+    m.qkv_bias = true;
+    m.o_proj_bias = false;
+  } else {
+    // LlamaAttention: attention_bias puts a bias on all four projections (Mistral has no such
+    // key: never). Llama's MLP bias is not computed.
+    bool bias = false;
+    HF_READ(bias, keys.boolean("attention_bias", false));
+    m.qkv_bias = m.o_proj_bias = bias;
+    HF_READ(bias, keys.boolean("mlp_bias", false));
+    if (bias) return keys.error("mlp_bias", "is true; strata's Llama MLP has no biases");
+  }
   // Mistral and Qwen name a window; a null one (or use_sliding_window: false) is full attention.
-  bool use_window = true;
-  HF_READ(use_window, keys.boolean("use_sliding_window", true));
+  // Qwen2Config's use_sliding_window defaults to false (its checkpoints carry sliding_window and
+  // max_window_layers with the window off); Mistral has no switch, its window is on when set.
+  bool use_window = !qwen2;
+  HF_READ(use_window, keys.boolean("use_sliding_window", !qwen2));
   if (use_window && keys.find("sliding_window") != nullptr)
     return keys.error("sliding_window", "is set; strata's attention is full causal attention (no sliding window)");
+  // Newer transformers spell the window per layer; any layer that is not full attention is one.
+  if (const Json* layer_types = keys.find("layer_types")) {
+    if (!layer_types->is_array()) return keys.error("layer_types", "is not a list");
+    for (const Json& type : *layer_types)
+      if (!type.is_string() || type.get<std::string>() != "full_attention")
+        return keys.error("layer_types", fmt::format("holds {}; strata's attention is full causal attention (no "
+                                                     "sliding window)", type.dump()));
+  }
   if (m.n_head % m.n_kv_head != 0)
     return keys.error("num_key_value_heads", fmt::format("{} does not divide num_attention_heads = {}", m.n_kv_head, m.n_head));
   if (m.head_dim == 0 && m.n_embd % m.n_head != 0)
@@ -276,7 +292,7 @@ Result<ModelConfig> parse_config_json(std::string_view text, const std::string& 
   if (model_type == "gpt2") return parse_gpt2(keys, path);
   if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2")
     return parse_llama(json, keys, path, model_type);
-  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama and mistral", model_type));
+  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama, mistral and qwen2", model_type));
 }
 
 Result<ModelConfig> read_config(const std::string& folder) {
@@ -290,9 +306,12 @@ Result<ModelConfig> read_config(const std::string& folder) {
 
 std::string config_json(const ModelConfig& m) {
   nlohmann::ordered_json json;
+  // q/k/v biases alone are Qwen 2's attention (Qwen2ForCausalLM); with o_proj's too, Llama's
+  // attention_bias. Either way the folder loads in transformers as the model strata trained.
+  const bool qwen2 = m.arch == "llama" && m.qkv_bias && !m.o_proj_bias;
   if (m.arch == "llama") {
-    json["architectures"] = {"LlamaForCausalLM"};
-    json["model_type"] = "llama";
+    json["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    json["model_type"] = qwen2 ? "qwen2" : "llama";
     json["hidden_size"] = m.n_embd;
     json["num_hidden_layers"] = m.n_layer;
     json["num_attention_heads"] = m.n_head;
@@ -312,8 +331,14 @@ std::string config_json(const ModelConfig& m) {
     else
       json["rope_scaling"] = nullptr;
     json["hidden_act"] = "silu";
-    json["attention_bias"] = false;
-    json["mlp_bias"] = false;
+    if (qwen2) {
+      json["use_sliding_window"] = false;
+      json["sliding_window"] = nullptr;
+      json["max_window_layers"] = m.n_layer;
+    } else {
+      json["attention_bias"] = m.o_proj_bias;
+      json["mlp_bias"] = false;
+    }
     json["tie_word_embeddings"] = m.tie_word_embeddings;
   } else {
     json["architectures"] = {"GPT2LMHeadModel"};

@@ -5,8 +5,10 @@
 // folder is untrusted input. Every refusal is one error of kind invalid_argument (the CLI's
 // exit 2) whose text names the file and the key or tensor:
 // - config.json: malformed JSON, a key of the wrong type or out of strata's range, or a
-//   feature strata's definitions do not compute (attention or MLP biases, a sliding window,
-//   a rope type other than llama3, hidden_act other than silu, Qwen2's fixed q/k/v biases).
+//   feature strata's definitions do not compute (MLP biases, a sliding window, a rope type
+//   other than llama3, hidden_act other than silu). model_type llama, mistral and qwen2 are
+//   the Llama definition: qwen2 with q/k/v biases (always, as Qwen2Attention), llama with
+//   `attention_bias: true` with biases on q/k/v and o_proj (as LlamaAttention).
 // - the index: a file name that leaves the folder (absolute, `..`, a separator, a symlink
 //   whose target lies outside the folder), a tensor that its shard does not hold.
 // - a tensor: missing, of another shape than the config implies, of a dtype other than
@@ -19,7 +21,9 @@
 // writes it). GPT-2's position table may hold more rows (n_positions) than the run's seq_len:
 // the first seq_len rows are read, which is exact for every window a run computes.
 //
-// Out: `FolderWriter` writes config.json (model_type, torch_dtype float32, every shape key),
+// Out: `FolderWriter` writes config.json (model_type, torch_dtype float32, every shape key;
+// a Llama with q/k/v biases and none on o_proj is written as qwen2, the model transformers
+// builds with exactly those biases),
 // and model.safetensors — or, above `shard_size_bytes`, `model-0000k-of-0000n.safetensors`
 // plus `model.safetensors.index.json` — into a temporary sibling folder, fsyncs, and renames
 // it into place: a failed export leaves nothing under the final name. An existing folder at

@@ -212,6 +212,8 @@ class Llama final : public ModelDefinition {
     }
     kc_.norm_eps = model.norm_eps;
     kc_.tie_word_embeddings = model.tie_word_embeddings;
+    kc_.qkv_bias = model.qkv_bias;
+    kc_.o_bias = model.o_proj_bias;
     const int64_t vocab = model.vocab_size;
     const int64_t c = model.n_embd;
     Unit embed{"embed", -1, {}, 0};
@@ -221,9 +223,12 @@ class Llama final : public ModelDefinition {
     for (int64_t layer = 0; layer < kc_.n_layer; ++layer) {
       Unit block{"layers." + std::to_string(layer), layer, {}, 0};
       for (const auto& spec : specs) {
-        const bool is_norm = spec.rank == 1;
+        // RMSNorm weights start at 1, biases at 0 (neither decays: spec.weight_decay), matrices
+        // normal(0, init_std).
+        const bool is_norm = spec.name_suffix.ends_with("layernorm.weight");
+        const bool is_bias = spec.name_suffix.ends_with(".bias");
         add_tensor(block, lk::block_param_name(layer, spec.name_suffix), shape_of(spec), spec.weight_decay,
-                   is_norm ? 0.0 : model.init_std, is_norm ? 1.0f : 0.0f);
+                   is_norm || is_bias ? 0.0 : model.init_std, is_norm ? 1.0f : 0.0f);
       }
       units_.push_back(std::move(block));
     }
@@ -399,6 +404,8 @@ std::map<std::string, std::string> store_metadata(const ModelConfig& m) {
   keys["model.rope_theta"] = fmt::format("{}", m.rope_theta);
   keys["model.norm_eps"] = fmt::format("{}", m.norm_eps);
   keys["model.tie_word_embeddings"] = m.tie_word_embeddings ? "1" : "0";
+  keys["model.qkv_bias"] = m.qkv_bias ? "1" : "0";
+  keys["model.o_proj_bias"] = m.o_proj_bias ? "1" : "0";
   keys["model.rope_scaling.type"] = m.rope_scaling.type.empty() ? "none" : m.rope_scaling.type;
   if (!m.rope_scaling.type.empty()) {
     keys["model.rope_scaling.factor"] = fmt::format("{}", m.rope_scaling.factor);
@@ -436,6 +443,16 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
   STRATA_ASSIGN_OR_RETURN(model.norm_eps, read_number(metadata, "model.norm_eps", 0.0, 1.0, dir));
   STRATA_ASSIGN_OR_RETURN(const uint64_t tied, metadata_integer(metadata, "model.tie_word_embeddings", 0, 1, dir));
   model.tie_word_embeddings = tied == 1;
+  // Stores written before attention biases existed hold neither key: no biases.
+  for (auto [key, field] : {std::pair{"model.qkv_bias", &ModelConfig::qkv_bias},
+                            std::pair{"model.o_proj_bias", &ModelConfig::o_proj_bias}}) {
+    if (metadata.count(key) == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(const uint64_t flag, metadata_integer(metadata, key, 0, 1, dir));
+    model.*field = flag == 1;
+  }
+  if (model.o_proj_bias && !model.qkv_bias)
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.o_proj_bias is 1 but model.qkv_bias "
+                                                      "is 0", dir));
   if (model.n_head % model.n_kv_head != 0 || model.head_dim % 2 != 0)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_kv_head {} / model.head_dim {} do "
                                                       "not fit model.n_head {}", dir, model.n_kv_head, model.head_dim,

@@ -22,20 +22,47 @@ using cpu_math::kRowGrain;
 using cpu_math::sgemm;
 using gpt2::kHeadChunkRows;
 
-std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config) {
+namespace {
+
+inline constexpr int kBlockSlotCount = 13;
+
+// Every tensor a block may hold, in canonical order, each with whether this config has it:
+// block_param_specs lists the present ones and bind_block walks the same table, so the two
+// never disagree on the packed layout.
+struct BlockSlot {
+  ParamSpec spec;
+  bool present;
+};
+
+std::array<BlockSlot, kBlockSlotCount> block_slots(const Config& config) {
   const int64_t c = config.n_embd;
   const int64_t i = config.intermediate_size;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
   return {{
-      {"input_layernorm.weight", {c, 0}, 1, false},
-      {"self_attn.q_proj.weight", {config.q_width(), c}, 2, true},
-      {"self_attn.k_proj.weight", {config.kv_width(), c}, 2, true},
-      {"self_attn.v_proj.weight", {config.kv_width(), c}, 2, true},
-      {"self_attn.o_proj.weight", {c, config.q_width()}, 2, true},
-      {"post_attention_layernorm.weight", {c, 0}, 1, false},
-      {"mlp.gate_proj.weight", {i, c}, 2, true},
-      {"mlp.up_proj.weight", {i, c}, 2, true},
-      {"mlp.down_proj.weight", {c, i}, 2, true},
+      {{"input_layernorm.weight", {c, 0}, 1, false}, true},
+      {{"self_attn.q_proj.weight", {qw, c}, 2, true}, true},
+      {{"self_attn.q_proj.bias", {qw, 0}, 1, false}, config.qkv_bias},
+      {{"self_attn.k_proj.weight", {kvw, c}, 2, true}, true},
+      {{"self_attn.k_proj.bias", {kvw, 0}, 1, false}, config.qkv_bias},
+      {{"self_attn.v_proj.weight", {kvw, c}, 2, true}, true},
+      {{"self_attn.v_proj.bias", {kvw, 0}, 1, false}, config.qkv_bias},
+      {{"self_attn.o_proj.weight", {c, qw}, 2, true}, true},
+      {{"self_attn.o_proj.bias", {c, 0}, 1, false}, config.o_bias},
+      {{"post_attention_layernorm.weight", {c, 0}, 1, false}, true},
+      {{"mlp.gate_proj.weight", {i, c}, 2, true}, true},
+      {{"mlp.up_proj.weight", {i, c}, 2, true}, true},
+      {{"mlp.down_proj.weight", {c, i}, 2, true}, true},
   }};
+}
+
+}  // namespace
+
+std::vector<ParamSpec> block_param_specs(const Config& config) {
+  std::vector<ParamSpec> specs;
+  for (const BlockSlot& slot : block_slots(config))
+    if (slot.present) specs.push_back(slot.spec);
+  return specs;
 }
 
 std::string block_param_name(int64_t layer, std::string_view name_suffix) {
@@ -52,13 +79,15 @@ int64_t block_param_count(const Config& config) {
 
 template <typename T>
 BlockTensors<T> bind_block(const Config& config, T* base) {
-  const auto specs = block_param_specs(config);
   BlockTensors<T> t;
-  T** members[kBlockParamCount] = {&t.input_layernorm, &t.q_proj,    &t.k_proj,  &t.v_proj,   &t.o_proj,
-                                   &t.post_attention_layernorm, &t.gate_proj, &t.up_proj, &t.down_proj};
-  for (int i = 0; i < kBlockParamCount; ++i) {
+  T** members[kBlockSlotCount] = {&t.input_layernorm, &t.q_proj,      &t.q_proj_bias, &t.k_proj, &t.k_proj_bias,
+                                  &t.v_proj,          &t.v_proj_bias, &t.o_proj,      &t.o_proj_bias,
+                                  &t.post_attention_layernorm,        &t.gate_proj,   &t.up_proj, &t.down_proj};
+  const auto slots = block_slots(config);
+  for (int i = 0; i < kBlockSlotCount; ++i) {
+    if (!slots[i].present) continue;  // stays nullptr
     *members[i] = base;
-    base += specs[i].numel();
+    base += slots[i].spec.numel();
   }
   return t;
 }
@@ -182,6 +211,15 @@ void linear_backward(const float* x, const float* weight, const float* dy, int64
   if (dx != nullptr) sgemm(false, false, rows, in, out, dy, out, weight, in, accumulate ? 1.0f : 0.0f, dx, in);
 }
 
+// y[r, :] += bias for each of `rows` rows of `width`: nn.Linear's bias, added after the
+// product (a separate step, so a projection's GEMM is the same with or without one).
+void add_bias(float* y, const float* bias, int64_t rows, int64_t width) {
+  for_rows(rows, kRowGrain, [&](int64_t r) {
+    float* y_row = y + r * width;
+    for (int64_t j = 0; j < width; ++j) y_row[j] += bias[j];
+  });
+}
+
 // y = w · x · rstd per row, rstd = 1/sqrt(mean(x²) + eps) with the mean in double. x rows are
 // x_stride floats apart (the head picks the last position of each sequence).
 void rmsnorm_forward(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t c, double eps,
@@ -261,8 +299,11 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   const int64_t inter = config.intermediate_size;
   rmsnorm_forward(x_in, c, w.input_layernorm, n, c, config.norm_eps, ws.n1, ws.rstd1);
   linear_forward(ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q);
+  if (config.qkv_bias) add_bias(ws.q, w.q_proj_bias, n, config.q_width());
   linear_forward(ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k);
+  if (config.qkv_bias) add_bias(ws.k, w.k_proj_bias, n, config.kv_width());
   linear_forward(ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v);
+  if (config.qkv_bias) add_bias(ws.v, w.v_proj_bias, n, config.kv_width());
   rope_tables(config, 0, shape.seq_len, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
@@ -280,6 +321,7 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
                                      ws.att + b * t * config.q_width() + h * d, config.q_width());
   });
   linear_forward(ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h);
+  if (config.o_bias) add_bias(ws.h, w.o_proj_bias, n, c);
   rmsnorm_forward(ws.h, c, w.post_attention_layernorm, n, c, config.norm_eps, ws.n2, ws.rstd2);
   linear_forward(ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate);
   linear_forward(ws.n2, w.up_proj, nullptr, n, c, inter, ws.up);
@@ -378,7 +420,8 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
   if (d_in != d_out) std::memcpy(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float));
   rmsnorm_backward(d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, c, d_in, true, g.post_attention_layernorm);
 
-  // Attention: h = x_in + att·Woᵀ. d_att overwrites att once dWo has read it.
+  // Attention: h = x_in + att·Woᵀ (+ bo). d_att overwrites att once dWo has read it.
+  if (config.o_bias) column_sums_accumulate(d_in, n, c, g.o_proj_bias);
   float* d_att = ws.att;
   sgemm(true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw);
   sgemm(false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw);
@@ -408,6 +451,12 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
   // Back through RoPE (its transpose) to the projections' outputs.
   rope_apply(config, shape, ws.dq, config.n_head, ws.cos, ws.sin, true);
   rope_apply(config, shape, ws.dk, config.n_kv_head, ws.cos, ws.sin, true);
+  // The biases' gradients: the projections' output gradients summed over the rows.
+  if (config.qkv_bias) {
+    column_sums_accumulate(ws.dq, n, qw, g.q_proj_bias);
+    column_sums_accumulate(ws.dk, n, kvw, g.k_proj_bias);
+    column_sums_accumulate(ws.dv, n, kvw, g.v_proj_bias);
+  }
   linear_backward(ws.n1, w.q_proj, ws.dq, n, c, qw, nullptr, false, g.q_proj);
   linear_backward(ws.n1, w.k_proj, ws.dk, n, c, kvw, nullptr, false, g.k_proj);
   linear_backward(ws.n1, w.v_proj, ws.dv, n, c, kvw, nullptr, false, g.v_proj);
@@ -531,12 +580,22 @@ void decode_linear(const float* x, const uint16_t* weight, const float* residual
   cpu_math::matmul_bf16(true, rows, in, out, x, weight, residual != nullptr, y, pieces);
 }
 
-// block_decode's math; the matrices from `mats` (fp32 or bf16), the RMSNorm gains from
-// `norm_1` and `norm_2` (fp32).
+// A block's small tensors as fp32 (the weights' own, or widened from bf16): the RMSNorm gains
+// and the attention biases (nullptr where the config has none).
+struct SmallTensors {
+  const float* norm_1 = nullptr;
+  const float* norm_2 = nullptr;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* o_bias = nullptr;
+};
+
+// block_decode's math; the matrices from `mats` (fp32 or bf16), the rest from `small`.
 template <typename W>
 void block_decode_with(const Config& config, int64_t past, int64_t rows, const BlockTensors<const W>& mats,
-                       const float* norm_1, const float* norm_2, const float* x_in, float* x_out,
-                       const KvCacheBlock& cache, const Workspace& workspace, float* pieces) {
+                       const SmallTensors& small, const float* x_in, float* x_out, const KvCacheBlock& cache,
+                       const Workspace& workspace, float* pieces) {
   assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
   const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
@@ -548,10 +607,13 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
   const int64_t d = config.head_dim;
   const int64_t qw = config.q_width();
   const int64_t kvw = config.kv_width();
-  rmsnorm_forward(x_in, c, norm_1, rows, c, config.norm_eps, ws.n1, ws.rstd1);
+  rmsnorm_forward(x_in, c, small.norm_1, rows, c, config.norm_eps, ws.n1, ws.rstd1);
   decode_linear(ws.n1, mats.q_proj, nullptr, rows, c, qw, ws.q, pieces);
+  if (config.qkv_bias) add_bias(ws.q, small.q_bias, rows, qw);
   decode_linear(ws.n1, mats.k_proj, nullptr, rows, c, kvw, ws.k, pieces);
+  if (config.qkv_bias) add_bias(ws.k, small.k_bias, rows, kvw);
   decode_linear(ws.n1, mats.v_proj, nullptr, rows, c, kvw, ws.v, pieces);
+  if (config.qkv_bias) add_bias(ws.v, small.v_bias, rows, kvw);
   rope_tables(config, past, rows, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
@@ -578,7 +640,8 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
     }
   });
   decode_linear(ws.att, mats.o_proj, x_in, rows, qw, c, ws.h, pieces);
-  rmsnorm_forward(ws.h, c, norm_2, rows, c, config.norm_eps, ws.n2, ws.rstd2);
+  if (config.o_bias) add_bias(ws.h, small.o_bias, rows, c);
+  rmsnorm_forward(ws.h, c, small.norm_2, rows, c, config.norm_eps, ws.n2, ws.rstd2);
   decode_linear(ws.n2, mats.gate_proj, nullptr, rows, c, inter, ws.gate, pieces);
   decode_linear(ws.n2, mats.up_proj, nullptr, rows, c, inter, ws.up, pieces);
   const int64_t hidden = rows * inter;
@@ -586,10 +649,15 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
   decode_linear(ws.act, mats.down_proj, ws.h, rows, inter, c, x_out, pieces);
 }
 
-// decode_bf16_scratch_bytes' layout: the two RMSNorm gains widened, then matmul_bf16's pieces.
+// decode_bf16_scratch_bytes' layout: the two RMSNorm gains and any attention biases widened,
+// then matmul_bf16's pieces.
 struct Bf16Scratch {
   float* norm_1;  // [C]; the head's final norm too
   float* norm_2;  // [C]
+  float* q_bias;  // [H·D] with qkv_bias
+  float* k_bias;  // [KV·D] with qkv_bias
+  float* v_bias;  // [KV·D] with qkv_bias
+  float* o_bias;  // [C] with o_bias
   float* pieces;
   size_t size_bytes;
 };
@@ -599,6 +667,10 @@ Bf16Scratch bf16_scratch(const Config& config, float* base) {
   Bf16Scratch layout{};
   layout.norm_1 = carve.take(config.n_embd);
   layout.norm_2 = carve.take(config.n_embd);
+  layout.q_bias = carve.take(config.qkv_bias ? config.q_width() : 0);
+  layout.k_bias = carve.take(config.qkv_bias ? config.kv_width() : 0);
+  layout.v_bias = carve.take(config.qkv_bias ? config.kv_width() : 0);
+  layout.o_bias = carve.take(config.o_bias ? config.n_embd : 0);
   layout.pieces = carve.take(cpu_math::kBf16PiecesFloats);
   layout.size_bytes = carve.used_bytes();
   return layout;
@@ -609,8 +681,9 @@ Bf16Scratch bf16_scratch(const Config& config, float* base) {
 void block_decode(const Config& config, int64_t past, int64_t rows, const BlockWeights& w, const float* x_in,
                   float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
   cpu_math::pin_blas_to_one_thread();
-  block_decode_with(config, past, rows, w, w.input_layernorm, w.post_attention_layernorm, x_in, x_out, cache,
-                    workspace, nullptr);
+  const SmallTensors small{w.input_layernorm, w.post_attention_layernorm, w.q_proj_bias, w.k_proj_bias,
+                           w.v_proj_bias, w.o_proj_bias};
+  block_decode_with(config, past, rows, w, small, x_in, x_out, cache, workspace, nullptr);
 }
 
 void head_decode(const Config& config, int64_t rows, const HeadWeights& w, const float* x_final, float* logits,
@@ -632,10 +705,22 @@ void block_decode(const Config& config, int64_t past, int64_t rows, const BlockW
   cpu_math::pin_blas_to_one_thread();
   const Bf16Scratch layout = bf16_scratch(config, scratch.data);
   check_workspace(scratch, layout.size_bytes);
+  SmallTensors small{layout.norm_1, layout.norm_2};
   cpu_math::widen_bf16(weights.input_layernorm, config.n_embd, layout.norm_1);
   cpu_math::widen_bf16(weights.post_attention_layernorm, config.n_embd, layout.norm_2);
-  block_decode_with(config, past, rows, weights, layout.norm_1, layout.norm_2, x_in, x_out, cache, workspace,
-                    layout.pieces);
+  if (config.qkv_bias) {
+    cpu_math::widen_bf16(weights.q_proj_bias, config.q_width(), layout.q_bias);
+    cpu_math::widen_bf16(weights.k_proj_bias, config.kv_width(), layout.k_bias);
+    cpu_math::widen_bf16(weights.v_proj_bias, config.kv_width(), layout.v_bias);
+    small.q_bias = layout.q_bias;
+    small.k_bias = layout.k_bias;
+    small.v_bias = layout.v_bias;
+  }
+  if (config.o_bias) {
+    cpu_math::widen_bf16(weights.o_proj_bias, config.n_embd, layout.o_bias);
+    small.o_bias = layout.o_bias;
+  }
+  block_decode_with(config, past, rows, weights, small, x_in, x_out, cache, workspace, layout.pieces);
 }
 
 void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& w, const float* x_final, float* logits,

@@ -1,10 +1,14 @@
 // strata/kernels/llama/llama.h — Llama forward and backward on the CPU, one block at a time.
 //
 // Contract (the same shape as gpt2.h; what differs is said here)
-// - Math: exactly Hugging Face's LlamaForCausalLM in fp32 with no dropout and no biases.
+// - Math: exactly Hugging Face's LlamaForCausalLM in fp32 with no dropout (and Qwen2ForCausalLM,
+//   which is the same block with biases on q/k/v).
 //   x0 = embed_tokens[token]; each block is pre-norm:
 //     h  = x + o_proj(attention(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1))),  n1 = rms_1(x)
 //     x' = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),                       n2 = rms_2(h)
+//   Projections carry no bias, except: `qkv_bias` (Qwen 2 / 2.5, and HF Llama's
+//   attention_bias) adds one to q_proj, k_proj and v_proj — before RoPE, as HF does, so the
+//   cached keys hold it rotated — and `o_bias` (HF Llama's attention_bias only) one to o_proj.
 //   then model.norm; logits = norm(x) @ Wᵀ with W = lm_head, or embed_tokens when tied; loss =
 //   mean cross-entropy over the B·T positions.
 //   RMSNorm: w · x · rsqrt(mean(x²) + eps) (the mean of squares in double; HF computes it in
@@ -15,9 +19,11 @@
 //   head_dim independent of n_embd / n_head.
 // - Layout: every tensor fp32 row-major in Hugging Face's layout: nn.Linear weights [out, in]
 //   (y = x · Wᵀ, a transposed GEMM). A block's tensors, in canonical order (BlockTensors'
-//   members): input_layernorm [C], q_proj [H·D, C], k_proj [KV·D, C], v_proj [KV·D, C],
-//   o_proj [C, H·D], post_attention_layernorm [C], gate_proj [I, C], up_proj [I, C],
-//   down_proj [C, I]. Names: block_param_name.
+//   members; a bias right after its weight, as HF's state_dict lists them, and only when the
+//   config has it): input_layernorm [C], q_proj [H·D, C], (q_proj_bias [H·D]), k_proj [KV·D, C],
+//   (k_proj_bias [KV·D]), v_proj [KV·D, C], (v_proj_bias [KV·D]), o_proj [C, H·D],
+//   (o_proj_bias [C]), post_attention_layernorm [C], gate_proj [I, C], up_proj [I, C],
+//   down_proj [C, I]. Names: block_param_name (a bias is `self_attn.q_proj.bias`...).
 // - Ownership, gradients (ACCUMULATED into weight grads, OVERWRITTEN for activation grads),
 //   threads (TBB fan-out; OpenBLAS pinned to one thread; fixed GEMM tiles) and determinism
 //   (bit-identical run after run whatever the thread count) exactly as gpt2.h says.
@@ -31,6 +37,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels/gpt2/gpt2.h"
 
@@ -57,13 +64,15 @@ struct Config {
   double rope_original_max_positions = 8192.0;
   double norm_eps = 1e-5;
   bool tie_word_embeddings = true;
+  bool qkv_bias = false;  // q_proj, k_proj and v_proj carry biases (Qwen 2, HF attention_bias)
+  bool o_bias = false;    // o_proj carries one (HF Llama's attention_bias; never Qwen 2)
   int64_t q_width() const { return n_head * head_dim; }
   int64_t kv_width() const { return n_kv_head * head_dim; }
 };
 
-inline constexpr int kBlockParamCount = 9;
-// A block's tensors in canonical order, with suffixes after "model.layers.{i}.".
-std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config);
+// A block's tensors in canonical order, with suffixes after "model.layers.{i}.": 9 without
+// biases, 12 with qkv_bias, 13 with both.
+std::vector<ParamSpec> block_param_specs(const Config& config);
 // "model.layers.{layer}.{suffix}".
 std::string block_param_name(int64_t layer, std::string_view name_suffix);
 int64_t block_param_count(const Config& config);
@@ -72,9 +81,13 @@ template <typename T>
 struct BlockTensors {
   T* input_layernorm = nullptr;           // [C]
   T* q_proj = nullptr;                    // [H·D, C]
+  T* q_proj_bias = nullptr;               // [H·D]; nullptr without qkv_bias
   T* k_proj = nullptr;                    // [KV·D, C]
+  T* k_proj_bias = nullptr;               // [KV·D]; nullptr without qkv_bias
   T* v_proj = nullptr;                    // [KV·D, C]
+  T* v_proj_bias = nullptr;               // [KV·D]; nullptr without qkv_bias
   T* o_proj = nullptr;                    // [C, H·D]
+  T* o_proj_bias = nullptr;               // [C]; nullptr without o_bias
   T* post_attention_layernorm = nullptr;  // [C]
   T* gate_proj = nullptr;                 // [I, C]
   T* up_proj = nullptr;                   // [I, C]

@@ -17,6 +17,7 @@ using gpt2::WorkspaceCarver;
 using gpt2::kHeadChunkRows;
 using gpt2::cuda::blocks_for;
 using gpt2::cuda::check_launch;
+using gpt2::cuda::column_sums;
 using gpt2::cuda::cuda_error;
 using gpt2::cuda::gemm;
 using gpt2::cuda::gemm_batched;
@@ -96,6 +97,12 @@ __global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len
   float s = 0.0f;
   rope_cos_sin(rope_inverse_frequency(config, pair), first_position + (row_head / heads) % t_len, &c, &s);
   rope_rotate_pair(x + row_head * config.head_dim, pair, half, c, sign * s);
+}
+
+// y[r, j] += bias[j]: nn.Linear's bias after the product (llama.cpp's add_bias).
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * cols) y[i] += bias[i % cols];
 }
 
 __global__ void swiglu_forward_kernel(const float* gate, const float* up, float* act, int64_t n) {
@@ -186,6 +193,11 @@ Status linear_forward(const Context& ctx, const float* x, const float* w, const 
     if (code != cudaSuccess) return cuda_error("memcpy residual", code);
   }
   return gemm(ctx, false, true, rows, out, in, x, in, w, in, residual != nullptr ? 1.0f : 0.0f, y, out);
+}
+
+Status add_bias(const Context& ctx, float* y, const float* bias, int64_t rows, int64_t cols) {
+  STRATA_CUDA_LAUNCH(add_bias_kernel, blocks_for(rows * cols), kThreads, ctx.stream(), y, bias, rows, cols);
+  return Status();
 }
 
 Status rmsnorm_forward(const Context& ctx, const Config& config, const float* x, int64_t x_stride, const float* w,
@@ -289,12 +301,16 @@ Status block_forward_into(const Context& ctx, const Config& config, const BatchS
   const int64_t inter = config.intermediate_size;
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x_in, c, w.input_layernorm, n, ws.n1, ws.rstd1));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.q, w.q_proj_bias, n, config.q_width()));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.k, w.k_proj_bias, n, config.kv_width()));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.v, w.v_proj_bias, n, config.kv_width()));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.q, config.n_head, false));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.k, config.n_kv_head, false));
   STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h));
+  if (config.o_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.h, w.o_proj_bias, n, c));
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, n, ws.n2, ws.rstd2));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.up_proj, nullptr, n, c, inter, ws.up));
@@ -365,12 +381,18 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
   STRATA_RETURN_IF_ERROR(
       rmsnorm_backward(ctx, config, d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, d_in, true,
                        g.post_attention_layernorm));
+  if (config.o_bias) STRATA_RETURN_IF_ERROR(column_sums(ctx, d_in, n, c, g.o_proj_bias));
   STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw));
   float* d_att = ws.att;
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw));
   STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dq, config.n_head, true));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dk, config.n_kv_head, true));
+  if (config.qkv_bias) {
+    STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dq, n, qw, g.q_proj_bias));
+    STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dk, n, kvw, g.k_proj_bias));
+    STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dv, n, kvw, g.v_proj_bias));
+  }
   STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, qw, c, n, ws.dq, qw, ws.n1, c, 1.0f, g.q_proj, c));
   STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, kvw, c, n, ws.dk, kvw, ws.n1, c, 1.0f, g.k_proj, c));
   STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, kvw, c, n, ws.dv, kvw, ws.n1, c, 1.0f, g.v_proj, c));
@@ -498,8 +520,11 @@ Status block_decode(const Context& ctx, const Config& config, int64_t past, int6
   const int64_t kvw = config.kv_width();
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x_in, c, w.input_layernorm, rows, ws.n1, ws.rstd1));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.q_proj, nullptr, rows, c, qw, ws.q));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.q, w.q_proj_bias, rows, qw));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.k_proj, nullptr, rows, c, kvw, ws.k));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.k, w.k_proj_bias, rows, kvw));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.v_proj, nullptr, rows, c, kvw, ws.v));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.v, w.v_proj_bias, rows, kvw));
   // RoPE at the absolute positions past…past+rows−1 (row r of t_len = rows is position past + r).
   const int64_t half = config.head_dim / 2;
   STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_head * half), kThreads, ctx.stream(), config, ws.q, rows,
@@ -515,6 +540,7 @@ Status block_decode(const Context& ctx, const Config& config, int64_t past, int6
                      config, ws.q, cache.keys, cache.values, past, cache.max_positions,
                      1.0f / std::sqrt(static_cast<float>(config.head_dim)), layout.scores, ws.att);
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, rows, qw, c, ws.h));
+  if (config.o_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.h, w.o_proj_bias, rows, c));
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, rows, ws.n2, ws.rstd2));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.gate_proj, nullptr, rows, c, inter, ws.gate));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.up_proj, nullptr, rows, c, inter, ws.up));

@@ -298,12 +298,18 @@ inline kernels::llama::Config small_llama_config() {
   return c;
 }
 
-inline const char* const kLlamaScenarios[] = {"llama_embedding", "llama_block_forward", "llama_block_backward",
-                                              "llama_head", "llama_decode"};
+// "llama_bias_X" runs llama_X with q/k/v and o_proj biases (Qwen 2's and Llama's attention_bias).
+inline const char* const kLlamaScenarios[] = {"llama_embedding",         "llama_block_forward",
+                                              "llama_block_backward",    "llama_head",
+                                              "llama_decode",            "llama_bias_block_forward",
+                                              "llama_bias_block_backward", "llama_bias_decode"};
 
 inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   namespace lk = kernels::llama;
-  const lk::Config c = small_llama_config();
+  const bool biased = name.rfind("llama_bias_", 0) == 0;
+  const std::string op = biased ? "llama_" + name.substr(11) : name;
+  lk::Config c = small_llama_config();
+  c.qkv_bias = c.o_bias = biased;
   const gk::BatchShape s = small_shape();
   const auto rows = static_cast<size_t>(s.rows());
   const size_t act = rows * static_cast<size_t>(c.n_embd);
@@ -316,16 +322,16 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   const gk::Workspace ws = env.workspace_for(b.llama_workspace_size_bytes(c, s));
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
-  // Block weights: matrices N(0, 0.1), the two RMSNorm weights around 1.
+  // Block weights: matrices and biases N(0, 0.1), the two RMSNorm weights around 1.
   std::vector<float> weights = random_floats(block_n, 0.1f, 23);
   const auto specs = lk::block_param_specs(c);
   size_t offset = 0;
   for (const auto& spec : specs) {
-    if (spec.rank == 1)
+    if (spec.name_suffix.ends_with("layernorm.weight"))
       for (int64_t j = 0; j < spec.numel(); ++j) weights[offset + static_cast<size_t>(j)] += 1.0f;
     offset += static_cast<size_t>(spec.numel());
   }
-  if (name == "llama_embedding") {
+  if (op == "llama_embedding") {
     float* embed = env.upload(random_floats(table, 0.1f, 24));
     float* x0 = env.zeros<float>(act);
     float* d_x0 = env.upload(random_floats(act, 0.1f, 25));
@@ -334,13 +340,13 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     expect_ok(b.llama_embedding_backward(c, s, d_x0, d_embed));
     out.tensors.push_back({"x0", env.download(x0, act)});
     out.tensors.push_back({"d_embed", env.download(d_embed, table)});
-  } else if (name == "llama_block_forward") {
+  } else if (op == "llama_block_forward") {
     float* w = env.upload(weights);
     float* x_in = env.upload(random_floats(act, 1.0f, 27));
     float* x_out = env.zeros<float>(act);
     expect_ok(b.llama_block_forward(c, s, lk::bind_block(c, static_cast<const float*>(w)), x_in, x_out, ws));
     out.tensors.push_back({"x_out", env.download(x_out, act)});
-  } else if (name == "llama_block_backward") {
+  } else if (op == "llama_block_backward") {
     float* w = env.upload(weights);
     float* x_in = env.upload(random_floats(act, 1.0f, 27));
     float* d_x = env.upload(random_floats(act, 0.01f, 28));
@@ -350,7 +356,7 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     expect_ok(b.sum_squares(grads, block_n));
     out.tensors.push_back({"d_in", env.download(d_x, act)});
     out.tensors.push_back({"grads", env.download(grads, block_n)});
-  } else if (name == "llama_decode") {
+  } else if (op == "llama_decode") {
     // Generation: a 5-token prompt, then two tokens one at a time, against a 12-position cache:
     // each pass's block output and logits, and the cache (keys after RoPE) at the end.
     constexpr int64_t kPrompt = 5;
@@ -380,7 +386,7 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     }
     out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * c.kv_width()))});
     out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * c.kv_width()))});
-  } else if (name == "llama_head") {
+  } else if (op == "llama_head") {
     float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 29, 1.0f));
     float* lm_head = env.upload(random_floats(table, 0.1f, 30));
     float* x = env.upload(random_floats(act, 1.0f, 31));

@@ -185,8 +185,12 @@ TEST(DecodeBf16, Gpt2FusedMatchesWidenedFp32) {
   decode_and_compare(window, c, kc.vocab_size, run_pass, "gpt2");
 }
 
-TEST(DecodeBf16, LlamaGqaFusedMatchesWidenedFp32) {
+// The Llama checks, with or without the attention biases (Qwen 2's q/k/v; HF Llama's
+// attention_bias adds o_proj's), which the bf16 paths widen apart from the matrices.
+void check_llama_decode(bool qkv_bias, bool o_bias, const char* what) {
   lk::Config kc;
+  kc.qkv_bias = qkv_bias;
+  kc.o_bias = o_bias;
   kc.n_layer = 2;
   kc.n_head = 6;
   kc.n_kv_head = 3;
@@ -204,8 +208,8 @@ TEST(DecodeBf16, LlamaGqaFusedMatchesWidenedFp32) {
   for (int64_t i = 0; i < kc.n_layer; ++i) {
     Bf16Tensor block = random_bf16(static_cast<size_t>(lk::block_param_count(kc)), 0.25f, 0.0f, 31 + i);
     int64_t offset = 0;
-    for (int s = 0; s < lk::kBlockParamCount; ++s) {  // RMSNorm gains (specs 0 and 5) near 1
-      if (specs[s].rank == 1)
+    for (size_t s = 0; s < specs.size(); ++s) {  // RMSNorm gains near 1; biases stay random
+      if (specs[s].name_suffix.find("layernorm") != std::string_view::npos)
         for (int64_t j = 0; j < c; ++j) {
           block.bits[offset + j] = kernels::fp32_to_bf16_bits(1.0f - 0.01f * static_cast<float>(j % 5));
           block.widened[offset + j] = kernels::bf16_bits_to_fp32(block.bits[offset + j]);
@@ -263,8 +267,12 @@ TEST(DecodeBf16, LlamaGqaFusedMatchesWidenedFp32) {
           workspace.workspace(), default_scratch.workspace());
     ASSERT_TRUE(status.ok()) << status.to_string();
   };
-  decode_and_compare(window, c, kc.vocab_size, run_pass, "llama");
+  decode_and_compare(window, c, kc.vocab_size, run_pass, what);
 }
+
+TEST(DecodeBf16, LlamaGqaFusedMatchesWidenedFp32) { check_llama_decode(false, false, "llama"); }
+TEST(DecodeBf16, Qwen2BiasesFusedMatchWidenedFp32) { check_llama_decode(true, false, "qwen2 q/k/v biases"); }
+TEST(DecodeBf16, LlamaAttentionBiasFusedMatchesWidenedFp32) { check_llama_decode(true, true, "llama attention_bias"); }
 
 // The product itself against a double-precision reference: both layouts, rows on both sides
 // of kBf16GemvRows, widths with and without tails, y overwritten and accumulated.

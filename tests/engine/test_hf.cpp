@@ -1,5 +1,6 @@
 // tests/engine/test_hf.cpp — Hugging Face folders (engine/hf/hf.h): config.json → ModelConfig
-// for GPT-2 and the Llama family (both rope forms), every refusal naming file and key, the
+// for GPT-2 and the Llama family (both rope forms; Qwen 2's q/k/v biases and Llama's
+// attention_bias, and the config.json strata writes for each), every refusal naming file and key, the
 // index's escapes refused, bf16/fp16/fp32 read back exactly, and a sharded folder written and
 // read back bit for bit.
 //
@@ -13,12 +14,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "engine/hf/hf.h"
+#include "engine/models/model.h"
 #include "engine/safetensors.h"
 #include "tests/support/temp_dir.h"
 
@@ -83,6 +87,131 @@ TEST(HfConfig, NewerRopeParametersForm) {
   EXPECT_EQ(mistral->rope_scaling.type, "");
 }
 
+// Qwen2.5-0.5B's config.json, abridged: the window named but off, tied, theta 1e6, eps 1e-6.
+const char* kQwen25Config = R"({
+  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+  "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+  "num_key_value_heads": 2, "max_position_embeddings": 32768, "max_window_layers": 21,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+  "use_sliding_window": false, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "hidden_act": "silu", "vocab_size": 151936, "rope_scaling": null, "use_cache": true})";
+
+TEST(HfConfig, Qwen2BiasesAndItsConfigBack) {
+  Result<ModelConfig> m = hf::parse_config_json(kQwen25Config, "q/config.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->arch, "llama");
+  EXPECT_TRUE(m->qkv_bias);
+  EXPECT_FALSE(m->o_proj_bias);
+  EXPECT_TRUE(m->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(m->rope_theta, 1.0e6);
+  EXPECT_DOUBLE_EQ(m->norm_eps, 1e-6);
+  EXPECT_EQ(m->kv_heads(), 2u);
+  EXPECT_EQ(m->head_size(), 64u);
+  EXPECT_EQ(m->seq_len, 32768u);
+  // Qwen2Config's use_sliding_window defaults to false: a window named without the switch is off.
+  const std::string qwen_head = R"("model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
+  Result<ModelConfig> no_switch = hf::parse_config_json("{" + qwen_head + R"(, "sliding_window": 4096})", "c.json");
+  ASSERT_TRUE(no_switch.ok()) << no_switch.error().to_string();
+  EXPECT_TRUE(no_switch->qkv_bias);
+  EXPECT_FALSE(no_switch->tie_word_embeddings);  // Qwen2Config's default
+  // Qwen2Attention reads no attention_bias: o_proj never has one.
+  Result<ModelConfig> ignored = hf::parse_config_json("{" + qwen_head + R"(, "attention_bias": true})", "c.json");
+  ASSERT_TRUE(ignored.ok()) << ignored.error().to_string();
+  EXPECT_FALSE(ignored->o_proj_bias);
+  // What strata writes says qwen2 and reads back as the same model.
+  const std::string written = hf::config_json(*m);
+  EXPECT_NE(written.find(R"("model_type": "qwen2")"), std::string::npos) << written;
+  EXPECT_NE(written.find(R"("Qwen2ForCausalLM")"), std::string::npos) << written;
+  Result<ModelConfig> again = hf::parse_config_json(written, "c.json");
+  ASSERT_TRUE(again.ok()) << again.error().to_string();
+  EXPECT_TRUE(again->qkv_bias);
+  EXPECT_FALSE(again->o_proj_bias);
+  EXPECT_TRUE(again->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(again->rope_theta, 1.0e6);
+  EXPECT_DOUBLE_EQ(again->norm_eps, 1e-6);
+  EXPECT_EQ(again->n_kv_head, 2u);
+  EXPECT_EQ(again->head_dim, 64u);
+}
+
+// LlamaAttention's attention_bias: all four projections carry biases; written back as llama.
+TEST(HfConfig, LlamaAttentionBias) {
+  const char* text = R"({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50, "attention_bias": true})";
+  Result<ModelConfig> m = hf::parse_config_json(text, "c.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_TRUE(m->qkv_bias);
+  EXPECT_TRUE(m->o_proj_bias);
+  const std::string written = hf::config_json(*m);
+  EXPECT_NE(written.find(R"("model_type": "llama")"), std::string::npos) << written;
+  Result<ModelConfig> again = hf::parse_config_json(written, "c.json");
+  ASSERT_TRUE(again.ok()) << again.error().to_string();
+  EXPECT_TRUE(again->qkv_bias);
+  EXPECT_TRUE(again->o_proj_bias);
+  // Without the key: no biases, and none written.
+  Result<ModelConfig> plain = hf::parse_config_json(kLlama3Config, "c.json");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->qkv_bias);
+  EXPECT_FALSE(plain->o_proj_bias);
+  EXPECT_NE(hf::config_json(*plain).find(R"("attention_bias": false)"), std::string::npos);
+}
+
+// The Qwen 2 definition (engine/models/model.h) from its config.json: each bias right after its
+// weight in HF's names and shapes, none on o_proj, zero init and no decay; the store's keys
+// round-trip the biases, a store from before them reads as without, and a resume across them is
+// refused naming model.qkv_bias.
+TEST(HfConfig, Qwen2DefinitionAndStoreKeys) {
+  const char* text = R"({"model_type": "qwen2", "hidden_size": 80, "num_hidden_layers": 2,
+    "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 16, "intermediate_size": 112,
+    "vocab_size": 67, "max_position_embeddings": 16, "tie_word_embeddings": true})";
+  Result<ModelConfig> m = hf::parse_config_json(text, "c.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  const std::vector<hf::TensorSpec> tensors = hf::model_tensors(*m);
+  ASSERT_EQ(tensors.size(), 1u + 2u * 12u + 1u);  // embed, 12 per block, norm (tied: no lm_head)
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> block0 = {
+      {"model.layers.0.input_layernorm.weight", {80}},   {"model.layers.0.self_attn.q_proj.weight", {96, 80}},
+      {"model.layers.0.self_attn.q_proj.bias", {96}},    {"model.layers.0.self_attn.k_proj.weight", {48, 80}},
+      {"model.layers.0.self_attn.k_proj.bias", {48}},    {"model.layers.0.self_attn.v_proj.weight", {48, 80}},
+      {"model.layers.0.self_attn.v_proj.bias", {48}},    {"model.layers.0.self_attn.o_proj.weight", {80, 96}},
+      {"model.layers.0.post_attention_layernorm.weight", {80}}};
+  for (size_t i = 0; i < block0.size(); ++i) {
+    EXPECT_EQ(tensors[1 + i].name, block0[i].first);
+    EXPECT_EQ(tensors[1 + i].shape, block0[i].second) << block0[i].first;
+  }
+  const auto definition = models::make_model_definition(*m);
+  int biases = 0;
+  for (const Unit& unit : definition->units())
+    for (const UnitTensor& tensor : unit.tensors)
+      if (tensor.name.ends_with(".bias")) {
+        ++biases;
+        EXPECT_FALSE(tensor.weight_decay) << tensor.name;
+        EXPECT_EQ(tensor.init_std, 0.0) << tensor.name;
+        EXPECT_EQ(tensor.init_value, 0.0f) << tensor.name;
+      }
+  EXPECT_EQ(biases, 6);
+
+  const auto keys = models::store_metadata(*m);
+  EXPECT_EQ(keys.at("model.qkv_bias"), "1");
+  EXPECT_EQ(keys.at("model.o_proj_bias"), "0");
+  Result<ModelConfig> back = models::model_from_store_metadata(keys, "store");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_TRUE(back->qkv_bias);
+  EXPECT_FALSE(back->o_proj_bias);
+  EXPECT_EQ(models::first_shape_difference(*back, *m).value_or("none"), "none");
+  auto old_store = keys;  // written before the bias keys existed
+  old_store.erase("model.qkv_bias");
+  old_store.erase("model.o_proj_bias");
+  Result<ModelConfig> old = models::model_from_store_metadata(old_store, "store");
+  ASSERT_TRUE(old.ok()) << old.error().to_string();
+  EXPECT_FALSE(old->qkv_bias);
+  EXPECT_EQ(models::first_shape_difference(*old, *m).value_or("none"), "model.qkv_bias");
+  auto corrupt = keys;
+  corrupt["model.qkv_bias"] = "2";
+  Result<ModelConfig> refused = models::model_from_store_metadata(corrupt, "store");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("model.qkv_bias"), std::string::npos) << refused.error().message;
+}
+
 TEST(HfConfig, Gpt2Shape) {
   const char* text = R"({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768,
     "vocab_size": 50257, "n_positions": 1024, "n_ctx": 1024, "layer_norm_epsilon": 1e-05,
@@ -115,14 +244,19 @@ TEST(HfConfig, Gpt2Shape) {
 TEST(HfConfig, RefusalsNameFileAndKey) {
   const std::string llama_head = R"("model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
     "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
+  const std::string qwen_head = R"("model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{", "valid JSON"},
       {"[]", "JSON object"},
       {R"({"n_layer": 1})", "model_type"},
       {R"({"model_type": "bert"})", "model_type"},
-      {R"({"model_type": "qwen2", "hidden_size": 32})", "model_type"},
-      {"{" + llama_head + R"(, "attention_bias": true})", "attention_bias"},
+      {R"({"model_type": "qwen3", "hidden_size": 32})", "model_type"},
+      {"{" + llama_head + R"(, "attention_bias": "yes"})", "attention_bias"},
       {"{" + llama_head + R"(, "mlp_bias": true})", "mlp_bias"},
+      {"{" + qwen_head + R"(, "use_sliding_window": true, "sliding_window": 4096})", "sliding_window"},
+      {"{" + qwen_head + R"(, "layer_types": ["full_attention", "sliding_attention"]})", "layer_types"},
+      {"{" + qwen_head + R"(, "rope_scaling": {"type": "yarn", "factor": 4.0}})", "rope_scaling.type"},
       {"{" + llama_head + R"(, "sliding_window": 4096})", "sliding_window"},
       {"{" + llama_head + R"(, "hidden_act": "gelu"})", "hidden_act"},
       {"{" + llama_head + R"(, "rope_scaling": {"type": "linear", "factor": 2.0}})", "rope_scaling.type"},

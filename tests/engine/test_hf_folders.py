@@ -232,10 +232,10 @@ def case_refusals(folder):
     biased = os.path.join(folder, "biased")
     os.makedirs(biased)
     json.dump({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
-               "intermediate_size": 40, "vocab_size": 256, "attention_bias": True},
+               "intermediate_size": 40, "vocab_size": 256, "mlp_bias": True},
               open(os.path.join(biased, "config.json"), "w"))
     cfg, _ = train_config(folder, "biased.yaml", {"init": biased}, "nvme-3")
-    one_line_exit_2(strata("train", cfg, expect=None), "config.json", "attention_bias")
+    one_line_exit_2(strata("train", cfg, expect=None), "config.json", "mlp_bias")
 
     truncated = os.path.join(folder, "truncated")
     write_folder(truncated, gpt2_config(n_layer, n_head, n_embd, vocab, positions), tensors)

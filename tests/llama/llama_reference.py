@@ -3,8 +3,10 @@
 # LlamaForCausalLM's semantics, for tests/llama/test_llama_torch.cpp: RMSNorm computed as
 # x·rsqrt(mean(x²) + eps) times the weight, rotary embeddings in the rotate_half convention
 # (cos/sin of cat(freqs, freqs)) with the llama3 rope_scaling form, repeat_kv for grouped-query
-# attention, SwiGLU MLP down(silu(gate(x)) * up(x)), nn.Linear weights [out, in], no biases, a
-# tied or untied lm_head. Written from the HF semantics, not from strata's kernels.
+# attention, SwiGLU MLP down(silu(gate(x)) * up(x)), nn.Linear weights [out, in], a tied or
+# untied lm_head. Attention biases as their tensors are given: q/k/v (Qwen2Attention, and
+# LlamaAttention's attention_bias) added by nn.Linear before the rotary embedding, and o_proj's
+# (LlamaAttention's attention_bias). Written from the HF semantics, not from strata's kernels.
 #
 # Usage: llama_reference.py DIR [DIR ...]. Each DIR holds config.txt ("key value" lines),
 # tensors.txt ("name dim0 [dim1]"), <name>.f32, tokens.i32, targets.i32; writes out/loss.f64,
@@ -64,10 +66,14 @@ def block(p, i, x, cfg, cos, sin):
     pre = f"model.layers.{i}."
     b, t, _ = x.shape
     nh, nkv, hd = int(cfg["n_head"]), int(cfg["n_kv_head"]), int(cfg["head_dim"])
+    bias = lambda name: p.get(pre + f"self_attn.{name}.bias")  # noqa: E731  (None: nn.Linear(bias=False))
     h = rms_norm(x, p[pre + "input_layernorm.weight"], cfg["norm_eps"])
-    q = torch.nn.functional.linear(h, p[pre + "self_attn.q_proj.weight"]).view(b, t, nh, hd).transpose(1, 2)
-    k = torch.nn.functional.linear(h, p[pre + "self_attn.k_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
-    v = torch.nn.functional.linear(h, p[pre + "self_attn.v_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+    q = torch.nn.functional.linear(h, p[pre + "self_attn.q_proj.weight"], bias("q_proj"))
+    k = torch.nn.functional.linear(h, p[pre + "self_attn.k_proj.weight"], bias("k_proj"))
+    v = torch.nn.functional.linear(h, p[pre + "self_attn.v_proj.weight"], bias("v_proj"))
+    q = q.view(b, t, nh, hd).transpose(1, 2)
+    k = k.view(b, t, nkv, hd).transpose(1, 2)
+    v = v.view(b, t, nkv, hd).transpose(1, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     k = repeat_kv(k, nh // nkv)
@@ -76,7 +82,7 @@ def block(p, i, x, cfg, cos, sin):
     causal = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
     probs = torch.softmax(scores + causal, dim=-1)
     att = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, nh * hd)
-    x = x + torch.nn.functional.linear(att, p[pre + "self_attn.o_proj.weight"])
+    x = x + torch.nn.functional.linear(att, p[pre + "self_attn.o_proj.weight"], bias("o_proj"))
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg["norm_eps"])
     gate = torch.nn.functional.linear(h, p[pre + "mlp.gate_proj.weight"])
     up = torch.nn.functional.linear(h, p[pre + "mlp.up_proj.weight"])

@@ -11,12 +11,20 @@
 #              encodes the prompt with OUT's tokenizer and its greedy tokens equal a float64 torch
 #              Llama's (HF semantics, a whole forward per token) from OUT's weights, across a
 #              window refill; the text is the tokens' bytes.
+#   qwen2      a tiny Qwen 2 folder written here in bf16 (config.json as Qwen2.5's: model_type
+#              qwen2, use_sliding_window false with a sliding_window and max_window_layers,
+#              rope_theta 1e6, rms_norm_eps 1e-6, tied; 3 k/v heads × 2 groups, head_dim 16;
+#              random nonzero q/k/v biases) → train 3 fp32 steps → --export OUT: every tensor,
+#              the biases too, within 1e-4 of torch's training (HF's Qwen2 semantics: the biases
+#              before RoPE, no decay on them); OUT's config.json says qwen2 and loads back bit for
+#              bit; `strata generate --model OUT` greedy tokens equal torch's.
 #   offload    a Llama folder 2.5× larger than its budgets generates from NVMe each pass, the
 #              scheduler's pool within its budget and the peak RSS within the budgets plus the
 #              process's baseline (measured on the tiny model).
 # Usage: test_llama_hf.py STRATA CASE. Exit 77 where torch or numpy is missing.
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -25,7 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "engine"))
 sys.path.insert(0, HERE)
 import test_train as tt  # noqa: E402  (strata runner, safetensors helpers; reads sys.argv[1])
-from test_llama_train import LLAMA, compare_with_torch, import_torch, shapes_of, torch_training  # noqa: E402
+from test_llama_train import (LLAMA, QWEN2, compare_with_torch, import_torch, initial_value,  # noqa: E402
+                              reference_config, shapes_of, torch_training)
 
 CASE = sys.argv[2]
 
@@ -42,6 +51,33 @@ def hf_config(model):
                              "original_max_position_embeddings": rs["original_max_position_embeddings"]},
             "rms_norm_eps": model["norm_eps"], "tie_word_embeddings": model.get("tie_word_embeddings", True),
             "hidden_act": "silu", "torch_dtype": "float32"}
+
+
+def hf_qwen2_config(model):
+    """Qwen2.5's config.json shape: the window named but off, no attention_bias key (Qwen2's
+    q/k/v biases are implied by the model type). head_dim is given (newer transformers read it
+    for Qwen 2) because the test's odd shape has head_dim ≠ hidden_size / heads."""
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": model["n_embd"],
+            "intermediate_size": model["intermediate_size"], "num_hidden_layers": model["n_layer"],
+            "num_attention_heads": model["n_head"], "num_key_value_heads": model["n_kv_head"],
+            "head_dim": model["head_dim"], "vocab_size": model["vocab_size"], "max_position_embeddings": 64,
+            "rope_theta": model["rope_theta"], "rope_scaling": None, "rms_norm_eps": model["norm_eps"], "use_sliding_window": False,
+            "sliding_window": 64, "max_window_layers": 1, "tie_word_embeddings": model.get("tie_word_embeddings", True),
+            "hidden_act": "silu", "attention_dropout": 0.0, "torch_dtype": "bfloat16"}
+
+
+def write_safetensors_bf16(torch, path, tensors):
+    """tensors: name → float tensor, written as BF16 (rounded to nearest even by torch)."""
+    header, blobs, offset = {}, [], 0
+    for name, value in tensors.items():
+        raw = value.bfloat16().view(torch.int16).numpy().tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(value.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def byte_tokenizer_json():
@@ -68,17 +104,20 @@ def detokenize(ids):
     return b"".join(b"Th" if i == 256 else bytes([i]) for i in ids)
 
 
-def write_llama_folder(torch, folder, model, seed, std=0.08):
+def write_llama_folder(torch, folder, model, seed, std=0.08, bf16=False, config=None):
+    """The folder's weights (fp32, or bf16 with `bf16`), config.json (hf_config unless given) and
+    tokenizer; returns the initial weights as fp32 tensors (bf16 ones widened exactly)."""
     os.makedirs(folder)
     torch.manual_seed(seed)
-    init, blobs = {}, {}
-    for name, shape in shapes_of(model).items():
-        value = (1.0 + 0.1 * torch.randn(shape)) if len(shape) == 1 else std * torch.randn(shape)
-        init[name] = value.float()
-        blobs[name] = (shape, init[name].numpy().tobytes())
-    tt.write_safetensors(os.path.join(folder, "model.safetensors"), blobs)
+    init = {name: initial_value(torch, name, shape, std).float() for name, shape in shapes_of(model).items()}
+    if bf16:
+        init = {name: value.bfloat16().float() for name, value in init.items()}
+        write_safetensors_bf16(torch, os.path.join(folder, "model.safetensors"), init)
+    else:
+        tt.write_safetensors(os.path.join(folder, "model.safetensors"),
+                             {name: (tuple(value.shape), value.numpy().tobytes()) for name, value in init.items()})
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(hf_config(model), f)
+        json.dump(config or hf_config(model), f)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:
         json.dump(byte_tokenizer_json(), f)
     return init
@@ -111,12 +150,7 @@ def torch_greedy(torch, params, model, prompt, count, window):
     a full window keeps its last half (as strata generate does). With each token, the margin
     between the two best logits (a near-tie may go either way in fp32)."""
     import llama_reference as ref
-    rs = model["rope_scaling"]
-    cfg = {"n_layer": model["n_layer"], "n_head": model["n_head"], "n_kv_head": model["n_kv_head"],
-           "head_dim": model["head_dim"], "rope_theta": model["rope_theta"], "rope_factor": rs["factor"],
-           "rope_low": rs["low_freq_factor"], "rope_high": rs["high_freq_factor"],
-           "rope_original": rs["original_max_position_embeddings"], "norm_eps": model["norm_eps"],
-           "tied": 1.0 if model.get("tie_word_embeddings", True) else 0.0}
+    cfg = reference_config(model)
     context, start, out = list(prompt), 0, []
     with torch.no_grad():
         for _ in range(count):
@@ -177,14 +211,7 @@ def case_roundtrip(folder):
                    "--seq-len", "16")
     params = {name: torch.frombuffer(bytearray(raw), dtype=torch.float32).double().view(init[name].shape)
               for name, raw in ours.items()}
-    want = torch_greedy(torch, params, model, prompt_ids, count, 16)
-    for k, (token, margin) in enumerate(want):
-        if got["tokens"][k] != token:
-            if margin < 1e-4:
-                print(f"generate: stopped comparing at token {k} (a tie within {margin:.1e})")
-                break
-            tt.fail(f"greedy token {k}: strata {got['tokens'][k]}, torch {token} (margin {margin:.2e})\n"
-                    f"{got['tokens']}\n{[t for t, _ in want]}")
+    compare_greedy(got, torch_greedy(torch, params, model, prompt_ids, count, 16))
     raw = detokenize(got["tokens"])
     try:
         expected_text = raw.decode("utf-8")
@@ -203,6 +230,63 @@ def case_roundtrip(folder):
         tt.fail(f"sampled text {sampled['text']!r} is not the tokens' bytes {raw!r}")
     print(f"roundtrip: generate --model {os.path.basename(out)}: prompt {prompt_ids}, greedy tokens match torch; "
           f"sampled {sampled['text']!r}")
+
+
+def compare_greedy(got, want):
+    """strata's greedy tokens against torch's, up to a near-tie (which may go either way in fp32)."""
+    for k, (token, margin) in enumerate(want):
+        if got["tokens"][k] != token:
+            if margin < 1e-4:
+                print(f"generate: stopped comparing at token {k} (a tie within {margin:.1e})")
+                return
+            tt.fail(f"greedy token {k}: strata {got['tokens'][k]}, torch {token} (margin {margin:.2e})\n"
+                    f"{got['tokens']}\n{[t for t, _ in want]}")
+
+
+def case_qwen2(folder):
+    torch = import_torch()
+    model = {**QWEN2, "vocab_size": 260, "tie_word_embeddings": True}
+    hf_dir = os.path.join(folder, "tiny-qwen2")
+    init = write_llama_folder(torch, hf_dir, model, seed=6, bf16=True, config=hf_qwen2_config(model))
+    biases = [name for name in init if name.endswith(".bias")]
+    if len(biases) != 3 * model["n_layer"] or any(float(init[name].abs().min()) == 0.0 for name in biases):
+        tt.fail(f"the test folder's biases are not all there and nonzero: {biases}")
+
+    # Folder → train 3 steps → export; against torch's training of the same steps.
+    cfg_path, cfg = train_config(folder, "train", hf_dir, steps=3)
+    out = os.path.join(folder, "out")
+    tt.strata("--log-level", "warn", "train", cfg_path, "--export", out)
+    exported = json.load(open(os.path.join(out, "config.json")))
+    want = {"model_type": "qwen2", "tie_word_embeddings": True, "rope_theta": 1.0e6, "rms_norm_eps": 1.0e-6,
+            "num_key_value_heads": 3, "use_sliding_window": False}
+    if any(exported.get(key) != value for key, value in want.items()):
+        tt.fail(f"{out}/config.json is not Qwen 2's: {exported}")
+    ours = read_folder_tensors(torch, out)
+    _, ref_params = torch_training(torch, model, init, cfg)
+    worst = compare_with_torch(torch, ours, ref_params, set(init), "qwen2")
+    moved = max(float((torch.frombuffer(bytearray(ours[name]), dtype=torch.float32) - init[name].reshape(-1))
+                      .abs().max()) for name in biases)
+    if moved == 0.0:
+        tt.fail("training left every q/k/v bias where it started")
+    print(f"qwen2: {len(init)} trained weights ({len(biases)} biases) within {worst:.2e} of torch")
+
+    # The exported folder loads back (as qwen2) bit for bit.
+    again_path, _ = train_config(folder, "again", out, steps=0)
+    out2 = os.path.join(folder, "out2")
+    tt.strata("--log-level", "warn", "train", again_path, "--export", out2)
+    again = read_folder_tensors(torch, out2)
+    for name in ours:
+        if again[name] != ours[name]:
+            tt.fail(f"{name}: {out} → strata → {out2} is not bit-identical")
+
+    # Generation from the exported folder, the biases in the KV cache, against torch.
+    prompt_ids = [256] + list("é ".encode())
+    got = generate(out, os.path.join(folder, "gen-nvme"), "8MiB", "--prompt", "Thé ", "--tokens", "20",
+                   "--seq-len", "16")
+    params = {name: torch.frombuffer(bytearray(raw), dtype=torch.float32).double().view(init[name].shape)
+              for name, raw in ours.items()}
+    compare_greedy(got, torch_greedy(torch, params, model, prompt_ids, 20, 16))
+    print(f"qwen2: generate --model {os.path.basename(out)}: greedy tokens match torch")
 
 
 def case_offload(folder):
@@ -244,4 +328,4 @@ if __name__ == "__main__":
     base = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
     os.makedirs(base, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as work:
-        {"roundtrip": case_roundtrip, "offload": case_offload}[CASE](work)
+        {"roundtrip": case_roundtrip, "qwen2": case_qwen2, "offload": case_offload}[CASE](work)

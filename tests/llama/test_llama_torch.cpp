@@ -1,11 +1,13 @@
 // tests/llama/test_llama_torch.cpp — proves the CPU Llama kernels compute Hugging Face Llama's
 // loss, every gradient and the last-position logits: small models with random weights (odd
 // shapes: 6 query heads over 3 k/v heads, head_dim 16 with n_embd 80, MLP 112; multi-query
-// attention with llama3 rope scaling and a tied head; a head spread over two row chunks) run
+// attention with llama3 rope scaling and a tied head; a head spread over two row chunks; Qwen 2's
+// q/k/v biases on the odd shape; Llama's attention_bias, q/k/v and o_proj biases) run
 // through the per-block API as the trainer streams it (forward keeps only block inputs,
 // backward recomputes each block), against the independent float64 PyTorch implementation in
-// llama_reference.py. Error per tensor: max|a − b| / max|b| ≤ 1e-5. A second test runs the
-// same model twice and requires the same bits (determinism). Exit 77 without torch.
+// llama_reference.py. Error per tensor (the bias gradients too): max|a − b| / max|b| ≤ 1e-5. A
+// second test runs the same model twice and requires the same bits (determinism). Decode with a
+// KV cache is checked without and with biases. Exit 77 without torch.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -41,7 +43,8 @@ struct Case {
 };
 
 lk::Config make_config(int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t embd, int64_t inter,
-                       int64_t vocab, int64_t ctx, bool tied, double rope_factor) {
+                       int64_t vocab, int64_t ctx, bool tied, double rope_factor, bool qkv_bias = false,
+                       bool o_bias = false) {
   lk::Config c;
   c.n_layer = layers;
   c.n_head = heads;
@@ -54,6 +57,8 @@ lk::Config make_config(int64_t layers, int64_t heads, int64_t kv_heads, int64_t 
   c.rope_theta = 10000.0;
   c.norm_eps = 1e-5;
   c.tie_word_embeddings = tied;
+  c.qkv_bias = qkv_bias;
+  c.o_bias = o_bias;
   if (rope_factor > 0) {
     // A short original context, so the head_dim-8 frequencies hit all three llama3 branches.
     c.rope_factor = rope_factor;
@@ -64,10 +69,22 @@ lk::Config make_config(int64_t layers, int64_t heads, int64_t kv_heads, int64_t 
   return c;
 }
 
+// Qwen2.5's numbers on a small odd shape: q/k/v biases, rope_theta 1e6, rms_norm_eps 1e-6.
+lk::Config qwen_config(int64_t ctx, bool tied) {
+  lk::Config c = make_config(2, 6, 3, 16, 80, 112, 67, ctx, tied, 0.0, true);
+  c.rope_theta = 1.0e6;
+  c.norm_eps = 1e-6;
+  return c;
+}
+
 const Case kCases[] = {
     {"gqa_odd", make_config(2, 6, 3, 16, 80, 112, 67, 16, false, 0.0), {2, 13}},
     {"mqa_llama3_tied", make_config(1, 4, 1, 8, 48, 64, 50, 24, true, 8.0), {2, 20}},
     {"head_chunks", make_config(1, 2, 2, 16, 32, 40, 30, 16, false, 0.0), {20, 16}},
+    // Qwen 2, tied like Qwen2.5-0.5B.
+    {"qwen2_gqa_odd", qwen_config(16, true), {2, 13}},
+    // Llama's attention_bias: q/k/v and o_proj biases, untied, llama3 scaling.
+    {"llama_attention_bias", make_config(2, 6, 3, 16, 80, 112, 67, 24, false, 8.0, true, true), {2, 11}},
 };
 
 struct Tensor {
@@ -78,7 +95,8 @@ struct Tensor {
 };
 
 // A model's weights laid out as the trainer packs them: embed, each block (canonical order),
-// norm (+ lm_head when untied). Random: N(0, 0.1) matrices, norm weights 1 + N(0, 0.1).
+// norm (+ lm_head when untied). Random: N(0, 0.1) matrices and biases (nonzero, so a bias that
+// is dropped or misplaced shows), norm weights 1 + N(0, 0.1).
 class TinyLlama {
  public:
   TinyLlama(const lk::Config& config, const lk::BatchShape& shape, uint32_t seed, int64_t greedy = 0)
@@ -103,7 +121,7 @@ class TinyLlama {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 0.1f);
     for (const Tensor& t : tensors_) {
-      const bool is_norm = t.shape.size() == 1;
+      const bool is_norm = t.name.ends_with("norm.weight");
       for (size_t i = 0; i < t.numel; ++i) params_[t.offset + i] = (is_norm ? 1.0f : 0.0f) + normal(rng);
     }
     std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(config.vocab_size - 1));
@@ -117,8 +135,9 @@ class TinyLlama {
   const std::vector<float>& params() const { return params_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const std::vector<int32_t>& targets() const { return targets_; }
-  size_t block_offset(int64_t layer) const { return tensors_[1 + layer * lk::kBlockParamCount].offset; }
-  size_t norm_offset() const { return tensors_[1 + config_.n_layer * lk::kBlockParamCount].offset; }
+  size_t block_offset(int64_t layer) const { return tensors_[1 + layer * block_tensors()].offset; }
+  size_t norm_offset() const { return tensors_[1 + config_.n_layer * block_tensors()].offset; }
+  int64_t block_tensors() const { return static_cast<int64_t>(lk::block_param_specs(config_).size()); }
 
   // Streaming forward (block inputs only) and backward with recompute; returns the loss and
   // fills `grads` (the packed layout) and the last-position logits.
@@ -265,10 +284,10 @@ struct Aligned {
 // the same sequence again one token at a time from position 0; the logits at every position
 // must equal the full-sequence forward's over that prefix (≤ 1e-5), and the greedy tokens a
 // float64 PyTorch Llama's, which recomputes everything for each token. Odd shape: 6 query heads
-// over 3 k/v heads (groups of 2), head_dim 16, llama3 rope scaling, untied head.
-TEST(LlamaDecode, KvCacheMatchesFullForwardAndTorchGreedy) {
+// over 3 k/v heads (groups of 2), head_dim 16 — with llama3 rope scaling and an untied head, and
+// again with Qwen 2's biases, and with Llama's attention_bias.
+void check_decode(const lk::Config& config) {
   constexpr int64_t kPrompt = 5;
-  const lk::Config config = make_config(2, 6, 3, 16, 80, 112, 67, 24, false, 8.0);
   const int64_t window = config.n_ctx;
   const int64_t greedy = window - kPrompt;
   const TinyLlama model(config, lk::BatchShape{1, kPrompt}, kSeed, greedy);
@@ -276,7 +295,7 @@ TEST(LlamaDecode, KvCacheMatchesFullForwardAndTorchGreedy) {
   const int64_t c = config.n_embd;
   const int64_t vocab = config.vocab_size;
   const float* norm = p + model.norm_offset();
-  const lk::HeadWeights head{norm, norm + c};
+  const lk::HeadWeights head{norm, config.tie_word_embeddings ? p : norm + c};
 
   Aligned workspace(lk::decode_workspace_size_bytes(config, kPrompt, window));
   const lk::Workspace ws{workspace.data, workspace.size_bytes};
@@ -356,6 +375,18 @@ TEST(LlamaDecode, KvCacheMatchesFullForwardAndTorchGreedy) {
   for (int64_t k = 0; k < greedy; ++k)
     EXPECT_EQ(sequence[static_cast<size_t>(kPrompt + k)], static_cast<int32_t>(reference[static_cast<size_t>(k)]))
         << "greedy token " << k;
+}
+
+TEST(LlamaDecode, KvCacheMatchesFullForwardAndTorchGreedy) {
+  check_decode(make_config(2, 6, 3, 16, 80, 112, 67, 24, false, 8.0));
+}
+
+// Qwen 2's q/k/v biases: the cached keys hold k's bias rotated at its own position.
+TEST(LlamaDecode, Qwen2BiasesMatchFullForwardAndTorchGreedy) { check_decode(qwen_config(24, false)); }
+
+// Llama's attention_bias (o_proj's bias too), tied.
+TEST(LlamaDecode, AttentionBiasMatchesFullForwardAndTorchGreedy) {
+  check_decode(make_config(2, 6, 3, 16, 80, 112, 67, 24, true, 8.0, true, true));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaMatchesTorch, ::testing::ValuesIn(kCases),

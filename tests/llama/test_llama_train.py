@@ -3,9 +3,11 @@
 # binary: (reference) 5 fp32 steps from torch-written weights match an independent PyTorch
 # float64 training loop (llama_reference.py's model, torch.optim.AdamW with decay on 2-D tensors,
 # clip_grad_norm_ as the trainer clips) to 1e-4 in every loss and exported weight, tied and
-# untied; (offload) resident and fully offloaded runs (tiny budgets, chunked optimizer state)
-# export bit-identical weights; (resume) a store resumed with another shape is refused naming the
-# key, and the same shape resumes; (plan) `strata plan` sizes a Llama config.
+# untied, and with attention biases (Qwen 2's q/k/v biases, theta 1e6, tied; Llama's
+# attention_bias, q/k/v and o_proj, untied); (offload) resident and fully offloaded runs (tiny
+# budgets, chunked optimizer state) export bit-identical weights, without and with q/k/v biases;
+# (resume) a store resumed with another shape (k/v heads, rope scaling, biases) is refused naming
+# the key, and the same shape resumes; (plan) `strata plan` sizes a Llama config with biases.
 #
 # Usage: test_llama_train.py STRATA_BINARY CASE
 import json
@@ -23,6 +25,31 @@ LLAMA = {"arch": "llama", "n_layer": 2, "n_head": 6, "n_kv_head": 3, "head_dim":
          "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 8},
          "norm_eps": 1.0e-5, "init": "random", "seed": 7}
+
+# Qwen 2 / 2.5 on LLAMA's odd shape: q/k/v biases, rope_theta 1e6, rms_norm_eps 1e-6, no rope scaling.
+QWEN2 = {**{k: v for k, v in LLAMA.items() if k != "rope_scaling"}, "qkv_bias": True, "rope_theta": 1.0e6,
+         "norm_eps": 1.0e-6}
+
+
+def initial_value(torch, name, shape, std=0.08):
+    """A test checkpoint's value: RMSNorm weights 1 + N(0, 0.1), biases N(0, 0.1) (nonzero, so a
+    bias that is dropped shows), matrices N(0, std)."""
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * torch.randn(shape)
+    if name.endswith(".bias"):
+        return 0.1 * torch.randn(shape)
+    return std * torch.randn(shape)
+
+
+def reference_config(model):
+    """llama_reference.py's config keys for `model` (no rope_scaling: factor 0)."""
+    rs = model.get("rope_scaling") or {"factor": 0.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192}
+    return {"n_layer": model["n_layer"], "n_head": model["n_head"], "n_kv_head": model["n_kv_head"],
+            "head_dim": model["head_dim"], "rope_theta": model["rope_theta"], "rope_factor": rs["factor"],
+            "rope_low": rs["low_freq_factor"], "rope_high": rs["high_freq_factor"],
+            "rope_original": rs["original_max_position_embeddings"], "norm_eps": model["norm_eps"],
+            "tied": 1.0 if model.get("tie_word_embeddings", True) else 0.0}
 
 
 def import_torch():
@@ -45,6 +72,11 @@ def shapes_of(model):
                        p + "self_attn.o_proj.weight": (c, qw), p + "post_attention_layernorm.weight": (c,),
                        p + "mlp.gate_proj.weight": (i, c), p + "mlp.up_proj.weight": (i, c),
                        p + "mlp.down_proj.weight": (c, i)})
+        if model.get("qkv_bias"):
+            shapes.update({p + "self_attn.q_proj.bias": (qw,), p + "self_attn.k_proj.bias": (kvw,),
+                           p + "self_attn.v_proj.bias": (kvw,)})
+        if model.get("o_proj_bias"):
+            shapes[p + "self_attn.o_proj.bias"] = (c,)
     if not model.get("tie_word_embeddings", True):
         shapes["lm_head.weight"] = (v, c)
     return shapes
@@ -60,11 +92,7 @@ def torch_training(torch, model, init, cfg):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"])
-    rs = model["rope_scaling"]
-    rcfg = {"n_head": model["n_head"], "n_kv_head": model["n_kv_head"], "head_dim": model["head_dim"],
-            "rope_theta": model["rope_theta"], "rope_factor": rs["factor"], "rope_low": rs["low_freq_factor"],
-            "rope_high": rs["high_freq_factor"], "rope_original": rs["original_max_position_embeddings"],
-            "norm_eps": model["norm_eps"]}
+    rcfg = reference_config(model)
     seq, batch = model["seq_len"], cfg["batch_size"]
     with open(tt.CORPUS, "rb") as f:
         tokens_all = torch.tensor(list(f.read()), dtype=torch.long)
@@ -114,15 +142,17 @@ def compare_with_torch(torch, ours, ref_params, names, label):
 def case_reference(folder):
     torch = import_torch()
     sys.path.insert(0, HERE)
-    for tied in (False, True):
-        run_dir = os.path.join(folder, f"tied{int(tied)}")
+    variants = [("tied0", {**LLAMA, "tie_word_embeddings": False}), ("tied1", {**LLAMA, "tie_word_embeddings": True}),
+                ("qwen2-tied1", {**QWEN2, "tie_word_embeddings": True}),
+                ("attention-bias-tied0", {**LLAMA, "tie_word_embeddings": False, "qkv_bias": True,
+                                          "o_proj_bias": True})]
+    for label, model in variants:
+        run_dir = os.path.join(folder, label)
         os.makedirs(run_dir)
-        model = {**LLAMA, "tie_word_embeddings": tied}
         torch.manual_seed(5)
         init, blobs = {}, {}
         for name, shape in shapes_of(model).items():
-            value = (1.0 + 0.1 * torch.randn(shape)) if len(shape) == 1 else 0.08 * torch.randn(shape)
-            init[name] = value.float()
+            init[name] = initial_value(torch, name, shape).float()
             blobs[name] = (shape, init[name].numpy().tobytes())
         init_path = os.path.join(run_dir, "init.safetensors")
         tt.write_safetensors(init_path, blobs)
@@ -138,17 +168,19 @@ def case_reference(folder):
             tt.fail(f"{len(our_losses)} strata steps vs {len(ref_losses)} reference steps")
         for step, (ours, theirs) in enumerate(zip(our_losses, ref_losses), 1):
             rel = abs(ours - theirs) / abs(theirs)
-            print(f"tied {tied} step {step}: loss strata {ours:.7f} torch {theirs:.7f} rel {rel:.2e}")
+            print(f"{label} step {step}: loss strata {ours:.7f} torch {theirs:.7f} rel {rel:.2e}")
             if rel > 1e-4:
-                tt.fail(f"tied {tied} step {step}: loss differs by {rel:.2e} relative")
+                tt.fail(f"{label} step {step}: loss differs by {rel:.2e} relative")
         ours, header = tt.read_safetensors(final)
-        worst = compare_with_torch(torch, ours, ref_params, set(init), f"tied {tied}")
-        print(f"tied {tied}: all {len(init)} exported weights within {worst:.2e} relative of torch")
+        worst = compare_with_torch(torch, ours, ref_params, set(init), label)
+        print(f"{label}: all {len(init)} exported weights within {worst:.2e} relative of torch")
 
 
 def case_offload(folder):
     tiny = {"device": {"memory": "6MiB"}, "host": {"memory": "6MiB"}}
+    # Untied without biases; tied with Qwen 2's q/k/v biases.
     for tied in (False, True):
+        base = QWEN2 if tied else LLAMA
         exports = []
         variants = [
             ("resident", {"device": {"memory": "256MiB"}, "host": {"memory": "256MiB"},
@@ -161,7 +193,7 @@ def case_offload(folder):
             os.makedirs(run_dir)
             overrides = dict(overrides)
             optimizer = {"grad_clip": 1.0, **overrides.pop("optimizer", {})}
-            cfg_path, _ = tt.config(run_dir, model={**LLAMA, "n_layer": 3, "seq_len": 32, "tie_word_embeddings": tied},
+            cfg_path, _ = tt.config(run_dir, model={**base, "n_layer": 3, "seq_len": 32, "tie_word_embeddings": tied},
                                     batch_size=4, steps=12, precision="bf16", checkpoint_every=5,
                                     optimizer=optimizer, **overrides)
             out = os.path.join(run_dir, "weights.safetensors")
@@ -194,6 +226,11 @@ def case_resume(folder):
     result = tt.strata("train", other_path, "--resume", expect_ok=False)
     if result.returncode == 0 or "model.rope_scaling.factor" not in result.stderr:
         tt.fail(f"a resume with another rope_scaling.factor was not refused naming the key:\n{result.stderr}")
+    # Q/k/v biases: another model (three more tensors per block), refused naming the key.
+    other_path, _ = tt.config(folder, model={**LLAMA, "qkv_bias": True}, steps=4)
+    result = tt.strata("train", other_path, "--resume", expect_ok=False)
+    if result.returncode == 0 or "model.qkv_bias" not in result.stderr:
+        tt.fail(f"a resume with q/k/v biases was not refused naming the key:\n{result.stderr}")
     cfg_path, _ = tt.config(folder, model=LLAMA, steps=4)
     summary = json.loads(tt.strata("train", cfg_path, "--resume", "--json").stdout)
     if summary["first_step"] != 2 or summary["last_step"] != 4:
@@ -205,6 +242,16 @@ def case_plan(folder):
     cfg_path, _ = tt.config(folder, model=LLAMA)
     result = tt.strata("plan", cfg_path, "--json")
     plan = json.loads(result.stdout)
+    # With Qwen 2's biases the plan counts them (H·D + 2·KV·D per block) and says so.
+    biased_path, _ = tt.config(folder, model={**LLAMA, "qkv_bias": True})
+    biased = json.loads(tt.strata("plan", biased_path, "--json").stdout)
+    per_block = LLAMA["n_head"] * LLAMA["head_dim"] + 2 * LLAMA["n_kv_head"] * LLAMA["head_dim"]
+    if biased["parameters"] - plan["parameters"] != LLAMA["n_layer"] * per_block:
+        tt.fail(f"the plan counts {biased['parameters']} parameters with q/k/v biases, {plan['parameters']} "
+                f"without: not {LLAMA['n_layer']} × {per_block} more")
+    text = tt.strata("plan", biased_path).stdout
+    if "q/k/v biases" not in text:
+        tt.fail(f"strata plan does not name the q/k/v biases:\n{text[:400]}")
     if not os.listdir(os.path.join(folder, "nvme")) == []:
         tt.fail("strata plan wrote into the NVMe path")
     print("plan: " + json.dumps(plan)[:300])

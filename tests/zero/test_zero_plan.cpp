@@ -1,6 +1,7 @@
 // ZeRO stage 3's plan, without MPI (engine/zero.h, engine/train_plan.h): for 2 and 3 ranks, the
 // ranks' shares of every unit's compute copy are disjoint, each is exactly the elements of the
-// optimizer chunks that rank owns, and together they are the model once (a replicated P fails);
+// optimizer chunks that rank owns, and together they are the model once (a replicated P fails) —
+// for GPT-2 and for a Llama with Qwen 2's q/k/v biases (units of 1-D and 2-D tensors mixed);
 // every gathering step reads the next gathering step's shares (the lookahead the gather of unit
 // i+1 during unit i's compute needs) and owner-only updates write the share; the two gather
 // buffers are counted in the device scratch at stage 3 only; ZeRO's stage-3 formula.
@@ -34,47 +35,62 @@ TrainConfig small_config(uint32_t stage) {
   return config;
 }
 
+// A Qwen 2-shaped Llama (3 k/v heads × 2 groups, head_dim 16, q/k/v biases) on the same run.
+TrainConfig qwen_config(uint32_t stage) {
+  TrainConfig config = small_config(stage);
+  config.model.arch = "llama";
+  config.model.n_head = 6;
+  config.model.n_kv_head = 3;
+  config.model.head_dim = 16;
+  config.model.n_embd = 80;
+  config.model.intermediate_size = 112;
+  config.model.qkv_bias = true;
+  return config;
+}
+
 bool step_reads(const TrainPlan& run, size_t step, scheduler::TensorId id) {
   const std::vector<scheduler::TensorId>& reads = run.plan.steps()[step].reads;
   return std::find(reads.begin(), reads.end(), id) != reads.end();
 }
 
 TEST(ZeroStage3Plan, SharesAreTheModelOnceAndTheOwnedChunks) {
-  const TrainConfig config = small_config(3);
-  const ModelLayout layout(config.model);
-  for (int ranks : {2, 3}) {
-    const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
-    uint64_t total_bytes = 0;
-    std::set<std::string> names;
-    for (int rank = 0; rank < ranks; ++rank) {
-      const TrainPlan run = build_train_plan(config, layout, owners, rank);
-      ASSERT_TRUE(run.params_gathered);
-      uint64_t rank_bytes = 0;
-      for (size_t u = 0; u < layout.units().size(); ++u) {
-        const UnitIds& ids = run.units[u];
-        uint64_t owned_elements = 0;
-        for (size_t c = 0; c < ids.optim.size(); ++c)
-          if (owners[u][c] == rank) {
-            owned_elements += ids.optim[c].range.element_count;
-            EXPECT_GE(ids.optim[c].range.begin_elements, ids.params_range.begin_elements);
-            EXPECT_LE(ids.optim[c].range.begin_elements + ids.optim[c].range.element_count,
-                      ids.params_range.begin_elements + ids.params_range.element_count);
+  for (const TrainConfig& config : {small_config(3), qwen_config(3)}) {
+    SCOPED_TRACE(config.model.arch);
+    const ModelLayout layout(config.model);
+    for (int ranks : {2, 3}) {
+      const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
+      uint64_t total_bytes = 0;
+      std::set<std::string> names;
+      for (int rank = 0; rank < ranks; ++rank) {
+        const TrainPlan run = build_train_plan(config, layout, owners, rank);
+        ASSERT_TRUE(run.params_gathered);
+        uint64_t rank_bytes = 0;
+        for (size_t u = 0; u < layout.units().size(); ++u) {
+          const UnitIds& ids = run.units[u];
+          uint64_t owned_elements = 0;
+          for (size_t c = 0; c < ids.optim.size(); ++c)
+            if (owners[u][c] == rank) {
+              owned_elements += ids.optim[c].range.element_count;
+              EXPECT_GE(ids.optim[c].range.begin_elements, ids.params_range.begin_elements);
+              EXPECT_LE(ids.optim[c].range.begin_elements + ids.optim[c].range.element_count,
+                        ids.params_range.begin_elements + ids.params_range.element_count);
+            }
+          EXPECT_EQ(ids.params_range.element_count, owned_elements) << layout.units()[u].name << " rank " << rank;
+          if (owned_elements == 0) {
+            EXPECT_EQ(ids.params, kNoTensor);
+            continue;
           }
-        EXPECT_EQ(ids.params_range.element_count, owned_elements) << layout.units()[u].name << " rank " << rank;
-        if (owned_elements == 0) {
-          EXPECT_EQ(ids.params, kNoTensor);
-          continue;
+          ASSERT_NE(ids.params, kNoTensor);
+          const scheduler::PlanTensor& share = run.plan.tensors()[ids.params];
+          EXPECT_EQ(share.size_bytes, owned_elements * 4);
+          EXPECT_TRUE(names.insert(share.name).second) << share.name << " is held by two ranks";
+          rank_bytes += share.size_bytes;
         }
-        ASSERT_NE(ids.params, kNoTensor);
-        const scheduler::PlanTensor& share = run.plan.tensors()[ids.params];
-        EXPECT_EQ(share.size_bytes, owned_elements * 4);
-        EXPECT_TRUE(names.insert(share.name).second) << share.name << " is held by two ranks";
-        rank_bytes += share.size_bytes;
+        EXPECT_LT(rank_bytes, layout.parameter_count() * 4) << "rank " << rank << " holds the whole compute copy";
+        total_bytes += rank_bytes;
       }
-      EXPECT_LT(rank_bytes, layout.parameter_count() * 4) << "rank " << rank << " holds the whole compute copy";
-      total_bytes += rank_bytes;
+      EXPECT_EQ(total_bytes, layout.parameter_count() * 4) << ranks << " ranks";
     }
-    EXPECT_EQ(total_bytes, layout.parameter_count() * 4) << ranks << " ranks";
   }
 }
 
