@@ -11,8 +11,10 @@
 # eos_token / add_bos_token override the guess, frame `strata tokenize`'s documents and refuse
 # malformed values in one line;
 # (sentencepiece) BPE and unigram models trained here by Debian's python3-sentencepiece against
-# that library's own encode; each with decode(encode(x)) == x on ASCII, CJK, emoji, combining
-# marks, whitespace runs, digits, contractions and newlines. (cli) `strata tokenize` writes the
+# that library's own encode, and a Llama-like BPE converted to tokenizer.json as transformers
+# does it, strata's ids on the JSON against the library's on the .model; each with
+# decode(encode(x)) == x (or the reference's decode) on ASCII, CJK, emoji, combining marks,
+# whitespace runs, digits, contractions and newlines. (cli) `strata tokenize` writes the
 # ids framed by BOS/EOS, picks u16/u32, refuses u16 for a larger vocabulary, and `strata train`
 # runs on the token file and on data.format text; (bad_files) malformed tokenizer files are
 # refused with one line naming the file and key, exit 2.
@@ -323,6 +325,33 @@ def case_config():
               f"(loss {losses[0]:.6f}); {len(bad_cases)} malformed configs refused")
 
 
+def llama_tokenizer_json(sp):
+    """A SentencePiece BPE model as transformers' LlamaConverter writes its tokenizer.json (legacy):
+    every piece in the vocabulary; a merge (l, r) for every split of a piece into two pieces,
+    ordered by the merged piece's score, highest first (then by the ids of l and r)."""
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())}
+    merges = []
+    for piece, score in scores.items():
+        local = [(piece[:k], piece[k:], score) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges = sorted(merges, key=lambda m: m[2], reverse=True)
+    meta = "\u2581"
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": sp.id_to_piece(i), "special": True, "normalized": False} for i in range(3)],
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": meta},
+                                                           {"type": "Replace", "pattern": {"String": " "}, "content": meta}]},
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": meta}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                  "vocab": vocab, "merges": [f"{l} {r}" for l, r, _ in merges]},
+    }
+
+
 def case_sentencepiece():
     try:
         import sentencepiece as spm
@@ -348,8 +377,29 @@ def case_sentencepiece():
             if mismatched:
                 fail(f"sentencepiece {model_type}: decode differs on {mismatched[0]!r}")
             print(f"sentencepiece {model_type}: {len(texts)} texts equal python3-sentencepiece")
-        # A model folder (Llama 2, Mistral) holds a SentencePiece-style tokenizer.json that strata
-        # refuses (Metaspace) beside tokenizer.model: the folder loads the .model.
+        # A SentencePiece BPE trained as Llama's was (identity normalization, spaces kept, byte
+        # fallback), turned into tokenizer.json as transformers' LlamaConverter does it (legacy
+        # form; merges from the pieces, by the merged piece's score): strata's ids on the JSON
+        # equal the library's own on the .model.
+        prefix = os.path.join(folder, "llama-like")
+        spm.SentencePieceTrainer.train(input=CORPUS, model_prefix=prefix, vocab_size=800, model_type="bpe",
+                                       character_coverage=0.9995, byte_fallback=True, minloglevel=2,
+                                       normalization_rule_name="identity", remove_extra_whitespaces=False,
+                                       add_dummy_prefix=True, allow_whitespace_only_pieces=True)
+        reference = spm.SentencePieceProcessor(model_file=prefix + ".model")
+        converted = os.path.join(folder, "converted.json")
+        with open(converted, "w") as f:
+            json.dump(llama_tokenizer_json(reference), f)
+        # (SentencePiece reads "<s>" in a text as three characters, the JSON as the added token.)
+        more = texts + [t for t in EXTRA_TEXTS if "<" not in t]
+        ours = probe(converted, more, folder)
+        compare("tokenizer.json converted from a SentencePiece BPE vs python3-sentencepiece", more, ours["ids"],
+                [reference.encode(t) for t in more])
+        check_round_trip("converted SentencePiece BPE", [t for t in more if "\u2581" not in t],
+                         [d for t, d in zip(more, ours["decoded"]) if "\u2581" not in t])
+        print(f"sentencepiece → tokenizer.json (LlamaConverter's way): {len(more)} texts equal python3-sentencepiece")
+        # A model folder (Llama 2, Mistral) holds a tokenizer.json beside tokenizer.model; when
+        # strata refuses the JSON (here: it is empty), the folder loads the .model.
         model_dir = os.path.join(folder, "model-dir")
         os.makedirs(model_dir)
         shutil.copy(os.path.join(folder, "bpe.model"), os.path.join(model_dir, "tokenizer.model"))
