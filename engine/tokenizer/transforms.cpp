@@ -1,6 +1,8 @@
 // Normalizers and SentencePiece-style decoders of tokenizer.json (the contract is in transforms.h).
 #include "engine/tokenizer/transforms.h"
 
+#include "engine/tokenizer/tokenizer.h"
+
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -88,6 +90,11 @@ Status Replacer::apply(std::string_view in, std::string& out) const {
     out.append(in, at);
     return Status();
   }
+  // PCRE2 runs without its UTF check (it would rescan the subject on every call): check once.
+  // Only a decoder's ByteFallback output can be other than UTF-8 here.
+  if (std::optional<uint64_t> bad = first_invalid_utf8(in))
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("a Replace regex cannot run on bytes that are not UTF-8 (byte {})", *bad));
   Pcre2MatchData data(pcre2_match_data_create_from_pattern(regex_.get(), nullptr));
   if (!data) return make_error(ErrorKind::no_space, "cannot allocate regex match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(in.data());
