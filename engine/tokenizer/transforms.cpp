@@ -16,6 +16,17 @@ namespace {
 // The Unicode forms run over pieces of at most about this many bytes, so utf8proc's working
 // buffer (4 bytes per code point) stays small however long the text is.
 constexpr size_t kFormChunkBytes = 64u << 10;
+// No real normalizer or decoder step grows a text this much (NFKD's widest expansion is 18
+// characters for one); a file whose steps would — replacements feeding replacements — is
+// refused rather than let it grow without bound.
+constexpr size_t kMaxGrowth = 64;
+constexpr size_t kGrowthSlackBytes = 4096;
+
+Status check_growth(size_t in_bytes, size_t out_bytes) {
+  if (out_bytes <= kMaxGrowth * in_bytes + kGrowthSlackBytes) return Status();
+  return make_error(ErrorKind::invalid_argument,
+                    fmt::format("a step grows {} bytes of text into {} (more than {} times)", in_bytes, out_bytes, kMaxGrowth));
+}
 
 struct FreeDeleter {
   void operator()(void* pointer) const { std::free(pointer); }
@@ -86,6 +97,7 @@ Status Replacer::apply(std::string_view in, std::string& out) const {
       out.append(in, at, found - at);
       out.append(content_);
       at = found + literal_.size();
+      STRATA_RETURN_IF_ERROR(check_growth(in.size(), out.size()));
     }
     out.append(in, at);
     return Status();
@@ -117,6 +129,7 @@ Status Replacer::apply(std::string_view in, std::string& out) const {
     out.append(in, copied, ovector[0] - copied);
     out.append(content_);
     copied = at = ovector[1];
+    STRATA_RETURN_IF_ERROR(check_growth(in.size(), out.size()));
   }
   out.append(in, copied);
   return Status();
@@ -178,6 +191,7 @@ Status Normalizer::apply(std::string_view in, std::string& out) const {
         out.swap(next);
         break;
     }
+    STRATA_RETURN_IF_ERROR(check_growth(in.size(), out.size()));  // the steps together, too
   }
   return Status();
 }
@@ -249,7 +263,14 @@ Status Decoder::parse_step(const Loader& loader, const json& node, const std::st
 
 Result<std::string> Decoder::decode(std::vector<std::string> tokens) const {
   std::string scratch;
+  auto total_bytes = [&] {
+    size_t total = 0;
+    for (const std::string& token : tokens) total += token.size();
+    return total;
+  };
+  const size_t in_bytes = total_bytes();
   for (const Step& step : steps_) {
+    if (step.kind == Kind::replace) STRATA_RETURN_IF_ERROR(check_growth(in_bytes, total_bytes()));
     switch (step.kind) {
       case Kind::replace:
         for (std::string& token : tokens) {

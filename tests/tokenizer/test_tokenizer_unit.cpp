@@ -197,6 +197,23 @@ TEST(Normalizer, UnicodeFormsAcrossChunks) {
   EXPECT_EQ(out, "fi");
 }
 
+TEST(Normalizer, RefusesUnboundedGrowth) {
+  // Each step makes a space 50 spaces: one step is fine, three chained (125,000×) are refused.
+  detail::Loader loader("t.json");
+  std::string step = R"({"type":"Replace","pattern":{"String":" "},"content":")" + std::string(50, ' ') + R"("})";
+  auto one = detail::Normalizer::parse(loader, detail::json::parse(step), "normalizer");
+  auto three = detail::Normalizer::parse(
+      loader, detail::json::parse(R"({"type":"Sequence","normalizers":[)" + step + "," + step + "," + step + "]}"), "normalizer");
+  ASSERT_TRUE(one.ok() && three.ok());
+  std::string text(1000, ' ');
+  std::string out;
+  ASSERT_TRUE(one->apply(text, out).ok());
+  EXPECT_EQ(out.size(), 50000u);
+  Status refused = three->apply(text, out);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("more than 64 times"), std::string::npos) << refused.error().message;
+}
+
 TEST(TokenizerConfig, OverridesAndRefuses) {
   std::string added = R"([{"id":256,"content":"<s>","special":true},{"id":257,"content":"</s>","special":true},
                           {"id":258,"content":"<|im_end|>","special":true}])";
