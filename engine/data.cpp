@@ -54,7 +54,10 @@ Result<std::vector<uint32_t>> tokenize_text_file(const std::string& path, const 
   if (input.bad()) return make_errno_error(errno, "read data", path);
   const auto start = std::chrono::steady_clock::now();
   auto last_report = start;
+  // The file is one document, framed as `strata tokenize` frames a .txt: BOS (where the model's
+  // texts start with one) ids EOS.
   std::vector<uint32_t> ids;
+  if (tok->add_bos() && tok->bos_id()) ids.push_back(*tok->bos_id());
   Status status = tok->encode_into(text, ids, [&](uint64_t done_bytes) {
     auto now = std::chrono::steady_clock::now();
     if (now - last_report < std::chrono::seconds(2)) return;
@@ -67,6 +70,7 @@ Result<std::vector<uint32_t>> tokenize_text_file(const std::string& path, const 
     error.message = fmt::format("data file {}: {}", path, error.message);
     return error;
   }
+  if (tok->eos_id()) ids.push_back(*tok->eos_id());
   spdlog::info("tokenized {} ({} bytes) into {} tokens with {} in {:.1f} s", path, text.size(), ids.size(),
                tokenizer_path, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return ids;

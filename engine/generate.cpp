@@ -77,7 +77,10 @@ std::string TokenCodec::decode_all(std::span<const int32_t> tokens) const {
 }
 
 Result<std::vector<int32_t>> TokenizerCodec::encode(std::string_view text, uint32_t vocab_size) const {
-  STRATA_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenizer_->encode(text));
+  // The prompt starts with BOS where the model's texts do (tokenizer_config.json's add_bos_token).
+  std::vector<uint32_t> ids;
+  if (tokenizer_->add_bos() && tokenizer_->bos_id()) ids.push_back(*tokenizer_->bos_id());
+  STRATA_RETURN_IF_ERROR(tokenizer_->encode_into(text, ids));
   std::vector<int32_t> tokens;
   tokens.reserve(ids.size());
   for (const uint32_t id : ids) {

@@ -11,7 +11,7 @@ packages=(
   fio python3 python3-torch python3-numpy
   prometheus chromium chromium-driver python3-selenium
   clang libfuzzer-14-dev
-  libpcre2-dev libsentencepiece-dev python3-sentencepiece nodejs
+  libpcre2-dev libsentencepiece-dev libutf8proc-dev python3-sentencepiece nodejs
   openmpi-bin libopenmpi-dev
 )
 

@@ -1,8 +1,9 @@
 // `strata tokenize`: a text corpus (.txt, or .jsonl with one {"text": ...} object a line) →
 // a token file that `data.format: tokens-u16 | tokens-u32` trains on.
 //
-// Each document (the whole .txt, or one .jsonl line) is framed as BOS ids EOS where the
-// tokenizer has them (--no-special leaves them out), so windows that cross a document
+// Each document (the whole .txt, or one .jsonl line) is framed as BOS ids EOS — BOS where the
+// model's texts start with one (Tokenizer::add_bos), EOS where the tokenizer has one
+// (--no-special leaves them out), so windows that cross a document
 // boundary see the marker the model knows. The output is written to OUT.tmp and renamed when
 // complete: a failed run never leaves a half-written file under the final name.
 #include <algorithm>
@@ -177,7 +178,7 @@ Result<TokenizeSummary> run_tokenize(const TokenizeOptions& options) {
   std::vector<uint32_t> ids;
   auto encode_document = [&](std::string_view document, uint64_t offset_bytes, const std::string& where) -> Status {
     ids.clear();
-    if (!options.no_special && tok->bos_id()) ids.push_back(*tok->bos_id());
+    if (!options.no_special && tok->add_bos() && tok->bos_id()) ids.push_back(*tok->bos_id());
     auto encode_start = std::chrono::steady_clock::now();
     Status status = tok->encode_into(document, ids, [&](uint64_t done) { report(offset_bytes + done); });
     summary.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_start).count();
@@ -231,8 +232,9 @@ void add_tokenize_command(CLI::App& app, CliState& state) {
   CLI::App* command = app.add_subcommand(
       "tokenize",
       "Turn a text corpus (.txt: one document; .jsonl: one JSON object a line with a text field) into a token file "
-      "for data.format tokens-u16 or tokens-u32, with a Hugging Face tokenizer.json (byte-level BPE) or a "
-      "SentencePiece tokenizer.model. Each document is framed by the tokenizer's BOS and EOS where it has them.");
+      "for data.format tokens-u16 or tokens-u32, with a Hugging Face tokenizer.json (BPE) or a SentencePiece "
+      "tokenizer.model (and the tokenizer_config.json beside it). Each document is framed by BOS (where the model "
+      "adds one) and EOS.");
   command->add_option("--tokenizer", options->tokenizer_path, "tokenizer.json, tokenizer.model, or a folder holding one")
       ->required();
   command->add_option("--in", options->in_path, "the corpus: FILE.txt or FILE.jsonl")->required();

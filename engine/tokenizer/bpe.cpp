@@ -1,19 +1,26 @@
-// Byte-level BPE from a Hugging Face tokenizer.json (the contract is in tokenizer.h).
+// BPE from a Hugging Face tokenizer.json (the contract is in tokenizer.h). Two alphabets:
+// byte-level (a ByteLevel pre-tokenizer: GPT-2, Llama 3, Qwen 2 — symbols are bytes, the vocab
+// spells them in GPT-2's byte alphabet) and SentencePiece-style (no ByteLevel: Llama 2, Mistral —
+// symbols are characters, the vocab spells text with '▁' for spaces, byte_fallback and unk_token
+// cover the characters it lacks).
 //
 // Encoding, in the order Hugging Face's `tokenizers` applies it:
-//  1. added tokens split the raw text (leftmost match, the longest at a position wins);
-//  2. each stretch between them goes through the pre-tokenizer steps: Split steps run their
-//     regex and keep matches and gaps as separate pieces (Isolated) or drop the matches
-//     (Removed); ByteLevel optionally prefixes a space and, with use_regex, splits by GPT-2's
-//     pattern;
-//  3. each piece becomes one symbol per byte, and adjacent pairs merge by rank — the lowest rank
-//     first, leftmost among equals — until no pair has a merge (with ignore_merges, a piece that
-//     is itself in the vocabulary is taken whole first).
-// Pieces stream from one step to the next through callbacks: nothing is materialized per
-// piece, so a 1 GB text costs its ids and nothing proportional besides.
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
+//  1. added tokens that are not `normalized` split the raw text (leftmost match, the longest at a
+//     position wins);
+//  2. each stretch between them is normalized (transforms.h), and `normalized` added tokens split
+//     the normalized text the same way;
+//  3. each stretch goes through the pre-tokenizer steps: Split steps run their regex and keep
+//     matches and gaps as separate pieces (Isolated) or drop the matches (Removed); ByteLevel
+//     optionally prefixes a space and, with use_regex, splits by GPT-2's pattern; Metaspace
+//     writes spaces as its replacement, prefixes one (always, or first: only at the text's
+//     start) and optionally splits before each replacement;
+//  4. each piece becomes symbols (one per byte; or one per character, a character the vocab
+//     lacks becoming its <0xNN> byte tokens or unk_token), and adjacent pairs merge by rank — the
+//     lowest rank first, leftmost among equals — until no pair has a merge (with ignore_merges, a
+//     piece that is itself in the vocabulary is taken whole first).
+// Pieces stream from one step to the next through callbacks: nothing is materialized per piece,
+// so a 1 GB text costs its ids and nothing proportional besides (a normalizer adds one copy of
+// each stretch).
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -21,39 +28,25 @@
 #include <queue>
 #include <unordered_map>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
+#include "engine/tokenizer/internal.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/transforms.h"
 
 namespace strata::tokenizer {
 namespace {
 
-using json = nlohmann::json;
+using namespace detail;  // NOLINT: this file is the user of the shared helpers
 
 // The pattern ByteLevel(use_regex: true) splits by — GPT-2's, as Hugging Face writes it.
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// SentencePiece's space: Metaspace's default replacement, and the boundary words split at.
+constexpr std::string_view kMetaspace = "\u2581";
 
-// Bounds a pathological pattern (catastrophic backtracking) to an error, not a hang.
-constexpr uint32_t kMatchLimit = 10'000'000;
 // Words longer than this are not cached (they are rare and would crowd the cache out).
 constexpr size_t kCacheWordBytes = 64;
 constexpr size_t kCacheEntries = 1u << 18;
 constexpr uint64_t kProgressEveryBytes = 8u << 20;
-
-struct Pcre2CodeDeleter {
-  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
-};
-struct Pcre2MatchDataDeleter {
-  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
-};
-struct Pcre2MatchContextDeleter {
-  void operator()(pcre2_match_context* context) const { pcre2_match_context_free(context); }
-};
-using Pcre2Code = std::unique_ptr<pcre2_code, Pcre2CodeDeleter>;
-using Pcre2MatchData = std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter>;
-using Pcre2MatchContext = std::unique_ptr<pcre2_match_context, Pcre2MatchContextDeleter>;
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
 // for U+0100 onwards, in byte order.
@@ -67,55 +60,62 @@ std::array<uint32_t, 256> byte_to_code_point() {
   return table;
 }
 
-void append_utf8(std::string& out, uint32_t code_point) {
-  if (code_point < 0x80) {
-    out.push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else if (code_point < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (code_point >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  }
-}
-
-// Decodes one code point of well-formed UTF-8 at `text[at]`; returns its length in bytes.
-size_t next_code_point(std::string_view text, size_t at, uint32_t& code_point) {
-  auto byte = [&](size_t i) { return static_cast<uint8_t>(text[at + i]); };
-  uint8_t lead = byte(0);
-  if (lead < 0x80) { code_point = lead; return 1; }
-  if (lead < 0xE0) { code_point = ((lead & 0x1Fu) << 6) | (byte(1) & 0x3Fu); return 2; }
-  if (lead < 0xF0) {
-    code_point = ((lead & 0x0Fu) << 12) | ((byte(1) & 0x3Fu) << 6) | (byte(2) & 0x3Fu);
-    return 3;
-  }
-  code_point = ((lead & 0x07u) << 18) | ((byte(1) & 0x3Fu) << 12) | ((byte(2) & 0x3Fu) << 6) | (byte(3) & 0x3Fu);
-  return 4;
-}
+// Lookup by string_view without building a std::string per character.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+};
+using Vocab = std::unordered_map<std::string, uint32_t, StringHash, std::equal_to<>>;
 
 enum class SplitBehavior : uint8_t { isolated, removed };
+enum class PrependScheme : uint8_t { always, first, never };
+enum class StepKind : uint8_t { byte_level, split, metaspace };
 
 struct PreTokenizerStep {
-  bool byte_level = false;        // a ByteLevel step; otherwise a Split step
+  StepKind kind = StepKind::split;
   bool add_prefix_space = false;  // ByteLevel only
   pcre2_code* regex = nullptr;    // Split, or ByteLevel with use_regex; owned by BpeTokenizer::codes_
   SplitBehavior behavior = SplitBehavior::isolated;
   bool invert = false;
+  std::string replacement;        // Metaspace
+  PrependScheme prepend = PrependScheme::always;
+  bool split = true;
 };
 
 struct AddedToken {
-  std::string content;
+  std::string content;        // what decode gives back
+  std::string match_content;  // what encode looks for: content, normalized when `normalized`
   uint32_t id = 0;
   bool special = false;
+  bool normalized = false;
   bool single_word = false;
   bool lstrip = false;
   bool rstrip = false;
+};
+
+// The added tokens matched on one side of the normalizer, longest first.
+struct AddedMatcher {
+  std::vector<const AddedToken*> tokens;
+  std::array<bool, 256> first_byte{};
+
+  const AddedToken* match(std::string_view text, size_t at) const {
+    if (!first_byte[static_cast<uint8_t>(text[at])]) return nullptr;
+    for (const AddedToken* token : tokens) {
+      if (text.compare(at, token->match_content.size(), token->match_content) != 0) continue;
+      if (token->single_word) {
+        auto word_byte = [](char c) {
+          auto u = static_cast<unsigned char>(c);
+          return u >= 0x80 || std::isalnum(u) || c == '_';
+        };
+        bool before = at > 0 && word_byte(text[at - 1]);
+        size_t end = at + token->match_content.size();
+        bool after = end < text.size() && word_byte(text[end]);
+        if (before || after) continue;
+      }
+      return token;
+    }
+    return nullptr;
+  }
 };
 
 struct MergeEntry {
@@ -130,21 +130,34 @@ class BpeTokenizer final : public Tokenizer {
   uint32_t vocab_size() const override { return vocab_size_; }
   std::optional<uint32_t> bos_id() const override { return bos_id_; }
   std::optional<uint32_t> eos_id() const override { return eos_id_; }
+  std::optional<uint32_t> token_id(std::string_view token) const override;
   const char* kind() const override { return "bpe"; }
 
   // Filled by the parser.
   std::string source_name_;
-  std::unordered_map<std::string, uint32_t> id_of_bytes_;  // vocab keyed by the raw bytes
+  bool char_level_ = false;                                // SentencePiece-style alphabet
+  Vocab id_of_bytes_;                                      // vocab keyed by the raw bytes
   std::vector<std::string> bytes_of_id_;                   // raw bytes per id ("" for holes)
   std::vector<uint8_t> id_assigned_;
-  std::array<uint32_t, 256> byte_id_{};                    // the single-byte symbols
+  std::array<uint32_t, 256> byte_id_{};                    // byte-level: the single-byte symbols
+  std::array<int64_t, 256> byte_fallback_id_{};            // char-level: <0xNN>, or -1
+  bool byte_fallback_ = false;
+  std::optional<uint32_t> unk_id_;
+  bool fuse_unk_ = false;
   std::unordered_map<uint64_t, MergeEntry> merges_;        // (left << 32 | right) → rank, result
   bool ignore_merges_ = false;
+  // Char-level: words may be cut before each run of `boundary_` — proven not to change the ids
+  // at load (no vocab entry holds it after another character, so no merge crosses the cut).
+  bool split_at_boundaries_ = false;
+  std::string boundary_{kMetaspace};
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<Decoder> decoder_;  // char-level only; byte-level decodes bytes directly
   std::vector<PreTokenizerStep> steps_;
   std::vector<Pcre2Code> codes_;
   Pcre2MatchContext match_context_;
-  std::vector<AddedToken> added_;  // longest content first
-  std::array<bool, 256> added_first_byte_{};
+  std::vector<AddedToken> added_;
+  AddedMatcher raw_added_;         // matched on the text as given
+  AddedMatcher normalized_added_;  // matched on the normalized text
   std::vector<int32_t> added_index_of_id_;  // id → index into added_, or -1
   uint32_t vocab_size_ = 0;
   std::optional<uint32_t> bos_id_;
@@ -154,18 +167,36 @@ class BpeTokenizer final : public Tokenizer {
   struct EncodeState {
     std::vector<uint32_t>* ids;
     std::vector<Pcre2MatchData> match_data;  // one per step
-    const char* text_begin = nullptr;        // progress counts bytes from here
+    // The byte a piece must start at to be at the text's start (Metaspace's "first"), or null.
+    const char* text_start = nullptr;
+    // Progress: step-0 pieces lie in [buffer, …), which stands for raw bytes from raw_begin on
+    // (scaled when a normalizer changed the length).
+    const char* progress_buffer = nullptr;
+    uint64_t progress_raw_begin = 0;
+    double progress_scale = 1.0;
     const ProgressFn* progress = nullptr;
     uint64_t next_progress_bytes = 0;
     Status status;
   };
+  template <typename Plain>
+  void split_added(const AddedMatcher& matcher, std::string_view text, Plain&& plain, EncodeState& state) const;
+  void encode_stretch(EncodeState& state, std::string_view stretch, uint64_t raw_begin) const;
   void pre_tokenize(EncodeState& state, size_t step, std::string_view piece) const;
+  void report(EncodeState& state, uint64_t done_bytes) const;
   void encode_word(EncodeState& state, std::string_view word) const;
-  void merge_word(std::string_view word, std::vector<uint32_t>& out) const;
+  void encode_segment(EncodeState& state, std::string_view word) const;
+  bool initial_symbols(EncodeState& state, std::string_view word, std::vector<uint32_t>& symbols) const;
+  void merge_word(std::vector<uint32_t>& symbol, std::vector<uint32_t>& out) const;
 
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;
 };
+
+void BpeTokenizer::report(EncodeState& state, uint64_t done_bytes) const {
+  if (state.progress == nullptr || done_bytes < state.next_progress_bytes) return;
+  (*state.progress)(done_bytes);
+  state.next_progress_bytes = done_bytes + kProgressEveryBytes;
+}
 
 // Runs the steps from `step` on: the last step's pieces are words for the BPE model.
 void BpeTokenizer::pre_tokenize(EncodeState& state, size_t step, std::string_view piece) const {
@@ -175,8 +206,30 @@ void BpeTokenizer::pre_tokenize(EncodeState& state, size_t step, std::string_vie
     return;
   }
   const PreTokenizerStep& s = steps_[step];
+  if (s.kind == StepKind::metaspace) {
+    std::string replaced;
+    replaced.reserve(piece.size() + s.replacement.size());
+    for (char c : piece) {
+      if (c == ' ') replaced += s.replacement;
+      else replaced.push_back(c);
+    }
+    bool prepend = s.prepend == PrependScheme::always || (s.prepend == PrependScheme::first && piece.data() == state.text_start);
+    if (prepend && replaced.compare(0, s.replacement.size(), s.replacement) != 0) replaced.insert(0, s.replacement);
+    if (!s.split) {
+      pre_tokenize(state, step + 1, replaced);
+      return;
+    }
+    // Each replacement starts a piece (Hugging Face's MergedWithNext).
+    size_t start = 0;
+    for (size_t at = replaced.find(s.replacement, 1); at != std::string::npos; at = replaced.find(s.replacement, at + 1)) {
+      pre_tokenize(state, step + 1, std::string_view(replaced).substr(start, at - start));
+      start = at;
+    }
+    pre_tokenize(state, step + 1, std::string_view(replaced).substr(start));
+    return;
+  }
   std::string prefixed;
-  if (s.byte_level && s.add_prefix_space && piece.front() != ' ') {
+  if (s.kind == StepKind::byte_level && s.add_prefix_space && piece.front() != ' ') {
     prefixed.reserve(piece.size() + 1);
     prefixed.push_back(' ');
     prefixed.append(piece);
@@ -207,8 +260,7 @@ void BpeTokenizer::pre_tokenize(EncodeState& state, size_t step, std::string_vie
     size_t match_start = ovector[0];
     size_t match_end = ovector[1];
     if (match_end == match_start) {  // an empty match splits nothing: step over one character
-      uint32_t code_point = 0;
-      at = match_start + next_code_point(piece, match_start, code_point);
+      at = match_start + code_point_length(piece, match_start);
       continue;
     }
     std::string_view gap = piece.substr(gap_start, match_start - gap_start);
@@ -218,62 +270,120 @@ void BpeTokenizer::pre_tokenize(EncodeState& state, size_t step, std::string_vie
     if (keep_gap) pre_tokenize(state, step + 1, gap);
     if (keep_match) pre_tokenize(state, step + 1, match);
     gap_start = at = match_end;
-    // Progress from the first step's position: exact, and no cutting of the text (a cut could
-    // change the ids: a prefix space per part, or a custom pattern spanning the cut).
-    if (step == 0 && state.progress != nullptr && prefixed.empty()) {
-      auto done_bytes = static_cast<uint64_t>(piece.data() + at - state.text_begin);
-      if (done_bytes >= state.next_progress_bytes) {
-        (*state.progress)(done_bytes);
-        state.next_progress_bytes = done_bytes + kProgressEveryBytes;
-      }
+    // Progress from the first step's position: no cutting of the text (a cut could change the
+    // ids: a prefix space per part, or a custom pattern spanning the cut).
+    if (step == 0 && state.progress != nullptr && prefixed.empty() && state.progress_buffer != nullptr) {
+      auto done = static_cast<double>(piece.data() + at - state.progress_buffer) * state.progress_scale;
+      report(state, state.progress_raw_begin + static_cast<uint64_t>(done));
     }
   }
   if (s.behavior == SplitBehavior::isolated || !s.invert) pre_tokenize(state, step + 1, piece.substr(gap_start));
 }
 
 void BpeTokenizer::encode_word(EncodeState& state, std::string_view word) const {
-  std::vector<uint32_t>& ids = *state.ids;
   if (ignore_merges_) {
-    auto whole = id_of_bytes_.find(std::string(word));
+    auto whole = id_of_bytes_.find(word);
     if (whole != id_of_bytes_.end()) {
-      ids.push_back(whole->second);
+      state.ids->push_back(whole->second);
       return;
     }
   }
-  if (word.size() == 1) {
+  if (!split_at_boundaries_ || word.size() <= kCacheWordBytes) {
+    encode_segment(state, word);
+    return;
+  }
+  // Cut before each run of the boundary character ("a▁▁b▁c" → "a", "▁▁b", "▁c").
+  const std::string& b = boundary_;
+  size_t start = 0;
+  for (size_t at = word.find(b, 1); at != std::string_view::npos; at = word.find(b, at + b.size())) {
+    bool after_boundary = at >= b.size() && word.compare(at - b.size(), b.size(), b) == 0;
+    if (after_boundary || at == start) continue;
+    encode_segment(state, word.substr(start, at - start));
+    start = at;
+  }
+  encode_segment(state, word.substr(start));
+}
+
+void BpeTokenizer::encode_segment(EncodeState& state, std::string_view word) const {
+  std::vector<uint32_t>& ids = *state.ids;
+  if (!char_level_ && word.size() == 1) {
     ids.push_back(byte_id_[static_cast<uint8_t>(word[0])]);
     return;
   }
-  if (word.size() <= kCacheWordBytes) {
-    std::string key(word);
-    {
-      std::lock_guard<std::mutex> lock(cache_mutex_);
-      auto hit = cache_.find(key);
-      if (hit != cache_.end()) {
-        ids.insert(ids.end(), hit->second.begin(), hit->second.end());
-        return;
-      }
-    }
-    std::vector<uint32_t> merged;
-    merge_word(word, merged);
-    ids.insert(ids.end(), merged.begin(), merged.end());
+  const bool cached = word.size() <= kCacheWordBytes;
+  if (cached) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() >= kCacheEntries) cache_.clear();
-    cache_.emplace(std::move(key), std::move(merged));
+    auto hit = cache_.find(std::string(word));
+    if (hit != cache_.end()) {
+      ids.insert(ids.end(), hit->second.begin(), hit->second.end());
+      return;
+    }
+  }
+  std::vector<uint32_t> symbols;
+  if (!initial_symbols(state, word, symbols)) return;
+  if (!cached) {
+    merge_word(symbols, ids);
     return;
   }
-  merge_word(word, ids);
+  std::vector<uint32_t> merged;
+  merge_word(symbols, merged);
+  ids.insert(ids.end(), merged.begin(), merged.end());
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  if (cache_.size() >= kCacheEntries) cache_.clear();
+  cache_.emplace(std::string(word), std::move(merged));
+}
+
+// One symbol per byte (byte-level), or per character: the vocab's entry for it, else its
+// <0xNN> byte tokens (byte_fallback, when the vocab has all of them), else unk_token (runs of
+// unknown characters fused into one with fuse_unk) — Hugging Face's order, pending unk included.
+bool BpeTokenizer::initial_symbols(EncodeState& state, std::string_view word, std::vector<uint32_t>& symbols) const {
+  symbols.reserve(word.size());
+  if (!char_level_) {
+    for (char c : word) symbols.push_back(byte_id_[static_cast<uint8_t>(c)]);
+    return true;
+  }
+  bool unk_pending = false;
+  for (size_t at = 0; at < word.size();) {
+    const size_t length = code_point_length(word, at);
+    const std::string_view character = word.substr(at, length);
+    at += length;
+    if (auto known = id_of_bytes_.find(character); known != id_of_bytes_.end()) {
+      if (unk_pending) {
+        symbols.push_back(*unk_id_);
+        unk_pending = false;
+      }
+      symbols.push_back(known->second);
+      continue;
+    }
+    if (byte_fallback_ && std::all_of(character.begin(), character.end(), [&](char c) {
+          return byte_fallback_id_[static_cast<uint8_t>(c)] >= 0;
+        })) {
+      for (char c : character) symbols.push_back(static_cast<uint32_t>(byte_fallback_id_[static_cast<uint8_t>(c)]));
+      continue;
+    }
+    if (!unk_id_) {
+      uint32_t code_point = 0;
+      next_code_point(character, 0, code_point);
+      state.status = make_error(ErrorKind::invalid_argument,
+                                fmt::format("{}: the text holds U+{:04X}, which model.vocab lacks, and the model has no "
+                                            "byte_fallback or unk_token to stand for it", source_name_, code_point));
+      return false;
+    }
+    if (unk_pending && !fuse_unk_) symbols.push_back(*unk_id_);
+    unk_pending = true;
+  }
+  if (unk_pending) symbols.push_back(*unk_id_);
+  return true;
 }
 
 // The merge loop over a doubly linked list of symbols with a heap of candidate pairs ordered
 // by (rank, position): O(n log n) per word, so a megabyte-long run of one letter stays cheap.
-void BpeTokenizer::merge_word(std::string_view word, std::vector<uint32_t>& out) const {
-  const size_t n = word.size();
-  std::vector<uint32_t> symbol(n);
+void BpeTokenizer::merge_word(std::vector<uint32_t>& symbol, std::vector<uint32_t>& out) const {
+  const size_t n = symbol.size();
+  if (n == 0) return;
   std::vector<int64_t> prev(n);
   std::vector<int64_t> next(n);
   for (size_t i = 0; i < n; ++i) {
-    symbol[i] = byte_id_[static_cast<uint8_t>(word[i])];
     prev[i] = static_cast<int64_t>(i) - 1;
     next[i] = i + 1 < n ? static_cast<int64_t>(i + 1) : -1;
   }
@@ -315,6 +425,69 @@ void BpeTokenizer::merge_word(std::string_view word, std::vector<uint32_t>& out)
   for (int64_t i = 0; i >= 0; i = next[i]) out.push_back(symbol[i]);
 }
 
+// Calls plain(begin, end) for each stretch of `text` between the matcher's added tokens and
+// appends each token's id in order (lstrip/rstrip take the whitespace around a token with it).
+template <typename Plain>
+void BpeTokenizer::split_added(const AddedMatcher& matcher, std::string_view text, Plain&& plain,
+                               EncodeState& state) const {
+  if (matcher.tokens.empty()) {
+    plain(size_t{0}, text.size());
+    return;
+  }
+  size_t stretch_start = 0;
+  size_t at = 0;
+  while (at < text.size() && state.status.ok()) {
+    const AddedToken* found = matcher.match(text, at);
+    if (found == nullptr) {
+      ++at;
+      continue;
+    }
+    size_t begin = at;
+    size_t end = at + found->match_content.size();
+    auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+    if (found->lstrip)
+      while (begin > stretch_start && is_space(text[begin - 1])) --begin;
+    if (found->rstrip)
+      while (end < text.size() && is_space(text[end])) ++end;
+    plain(stretch_start, begin);
+    state.ids->push_back(found->id);
+    stretch_start = at = end;
+  }
+  if (state.status.ok()) plain(stretch_start, text.size());
+}
+
+// One stretch of the raw text between added tokens: normalized, split by the normalized added
+// tokens, pre-tokenized.
+void BpeTokenizer::encode_stretch(EncodeState& state, std::string_view stretch, uint64_t raw_begin) const {
+  if (stretch.empty() || !state.status.ok()) return;
+  if (!normalizer_) {
+    state.text_start = raw_begin == 0 ? stretch.data() : nullptr;
+    state.progress_buffer = stretch.data();
+    state.progress_raw_begin = raw_begin;
+    state.progress_scale = 1.0;
+    pre_tokenize(state, 0, stretch);
+    report(state, raw_begin + stretch.size());
+    return;
+  }
+  std::string normalized;
+  if (Status status = normalizer_->apply(stretch, normalized); !status.ok()) {
+    state.status = status;
+    state.status.error().message = fmt::format("{}: key 'normalizer': {}", source_name_, status.error().message);
+    return;
+  }
+  state.progress_buffer = normalized.data();
+  state.progress_raw_begin = raw_begin;
+  state.progress_scale = normalized.empty() ? 1.0 : static_cast<double>(stretch.size()) / static_cast<double>(normalized.size());
+  std::string_view view(normalized);
+  split_added(normalized_added_, view, [&](size_t begin, size_t end) {
+    if (begin == end) return;
+    state.text_start = raw_begin == 0 && begin == 0 ? normalized.data() : nullptr;
+    pre_tokenize(state, 0, view.substr(begin, end - begin));
+  }, state);
+  state.progress_buffer = nullptr;
+  report(state, raw_begin + stretch.size());
+}
+
 Status BpeTokenizer::encode_into(std::string_view text, std::vector<uint32_t>& ids, const ProgressFn& progress) const {
   if (std::optional<uint64_t> bad = first_invalid_utf8(text))
     return make_error(ErrorKind::invalid_argument, fmt::format("the text is not valid UTF-8 at byte {}", *bad));
@@ -326,88 +499,42 @@ Status BpeTokenizer::encode_into(std::string_view text, std::vector<uint32_t>& i
   for (size_t i = 0; i < steps_.size(); ++i)
     if (steps_[i].regex != nullptr && state.match_data[i] == nullptr)
       return make_error(ErrorKind::no_space, "cannot allocate regex match data");
-
-  state.text_begin = text.data();
   state.progress = progress ? &progress : nullptr;
   state.next_progress_bytes = kProgressEveryBytes;
-  auto plain = [&](size_t begin, size_t end) { pre_tokenize(state, 0, text.substr(begin, end - begin)); };
-
-  size_t stretch_start = 0;
-  size_t at = 0;
-  while (at < text.size() && state.status.ok()) {
-    if (!added_first_byte_[static_cast<uint8_t>(text[at])]) {
-      ++at;
-      continue;
-    }
-    const AddedToken* found = nullptr;
-    for (const AddedToken& token : added_) {  // longest first
-      if (text.compare(at, token.content.size(), token.content) != 0) continue;
-      if (token.single_word) {
-        auto word_byte = [](char c) {
-          auto u = static_cast<unsigned char>(c);
-          return u >= 0x80 || std::isalnum(u) || c == '_';
-        };
-        bool before = at > 0 && word_byte(text[at - 1]);
-        size_t end = at + token.content.size();
-        bool after = end < text.size() && word_byte(text[end]);
-        if (before || after) continue;
-      }
-      found = &token;
-      break;
-    }
-    if (found == nullptr) {
-      ++at;
-      continue;
-    }
-    size_t begin = at;
-    size_t end = at + found->content.size();
-    auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
-    if (found->lstrip)
-      while (begin > stretch_start && is_space(text[begin - 1])) --begin;
-    if (found->rstrip)
-      while (end < text.size() && is_space(text[end])) ++end;
-    plain(stretch_start, begin);
-    ids.push_back(found->id);
-    stretch_start = at = end;
-  }
-  if (state.status.ok()) plain(stretch_start, text.size());
+  split_added(raw_added_, text, [&](size_t begin, size_t end) { encode_stretch(state, text.substr(begin, end - begin), begin); },
+              state);
   if (progress && state.status.ok()) progress(text.size());
   return state.status;
 }
 
+std::optional<uint32_t> BpeTokenizer::token_id(std::string_view token) const {
+  for (const AddedToken& added : added_)
+    if (added.content == token) return added.id;
+  if (auto it = id_of_bytes_.find(token); it != id_of_bytes_.end()) return it->second;
+  return std::nullopt;
+}
+
 Result<std::string> BpeTokenizer::decode(std::span<const uint32_t> ids) const {
-  std::string text;
+  std::vector<std::string> tokens;  // char-level: the strings the decoder chain maps to text
+  std::string text;                 // byte-level: the bytes themselves
   for (uint32_t id : ids) {
     if (id >= vocab_size_)
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("token id {} is outside the vocabulary of {} ({})", id, vocab_size_, source_name_));
-    if (id < added_index_of_id_.size() && added_index_of_id_[id] >= 0) {
-      text += added_[added_index_of_id_[id]].content;
-    } else if (id < id_assigned_.size() && id_assigned_[id]) {
-      text += bytes_of_id_[id];
-    } else {
+    const std::string* piece = nullptr;
+    if (id < added_index_of_id_.size() && added_index_of_id_[id] >= 0) piece = &added_[added_index_of_id_[id]].content;
+    else if (id < id_assigned_.size() && id_assigned_[id]) piece = &bytes_of_id_[id];
+    else
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("token id {} is a hole in the vocabulary of {}", id, source_name_));
-    }
+    if (char_level_) tokens.push_back(*piece);
+    else text += *piece;
   }
-  return text;
+  if (!char_level_) return text;
+  return decoder_->decode(std::move(tokens));
 }
 
 // ---- loading --------------------------------------------------------------------------------
-
-class Loader {
- public:
-  explicit Loader(std::string source_name) : source_(std::move(source_name)) {}
-  Error error(std::string_view key, const std::string& what) const {
-    return make_error(ErrorKind::invalid_argument, fmt::format("{}: key '{}': {}", source_, key, what));
-  }
-  const std::string& source() const { return source_; }
-
- private:
-  std::string source_;
-};
-
-const char* type_name(const json& value) { return value.type_name(); }
 
 // The byte-level alphabet inverted: code point → byte, or -1.
 std::unordered_map<uint32_t, uint8_t> code_point_to_byte() {
@@ -434,34 +561,6 @@ std::string unmap_bytes(const std::string& token, const std::unordered_map<uint3
   return raw;
 }
 
-Result<Pcre2Code> compile_regex(const Loader& loader, std::string_view key, std::string_view pattern, bool literal) {
-  int error_code = 0;
-  PCRE2_SIZE error_offset = 0;
-  // UCP gives \p{L}, \s and case folding their Unicode meaning; a literal has no classes (and PCRE2 refuses UCP with it).
-  uint32_t options = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
-                                   &error_code, &error_offset, nullptr);
-  if (code == nullptr) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(error_code, message, sizeof(message));
-    return loader.error(key, fmt::format("the regex does not compile at offset {}: {}", error_offset,
-                                         reinterpret_cast<const char*>(message)));
-  }
-  Pcre2Code owned(code);
-  // JIT is a speed-up only: where it is unavailable the interpreter runs the same pattern.
-  (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-  return owned;
-}
-
-// Optional boolean key: absent or null means `fallback`.
-Result<bool> optional_bool(const Loader& loader, const json& object, const char* name, const std::string& key,
-                           bool fallback) {
-  auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return loader.error(key + "." + name, fmt::format("is a {}, not a boolean", type_name(*it)));
-  return it->get<bool>();
-}
-
 Status parse_pre_tokenizer_step(const Loader& loader, const json& node, const std::string& key, BpeTokenizer& bpe) {
   if (!node.is_object()) return loader.error(key, fmt::format("is a {}, not an object", type_name(node)));
   auto type = node.find("type");
@@ -469,7 +568,7 @@ Status parse_pre_tokenizer_step(const Loader& loader, const json& node, const st
   const std::string type_string = type->get<std::string>();
   PreTokenizerStep step;
   if (type_string == "ByteLevel") {
-    step.byte_level = true;
+    step.kind = StepKind::byte_level;
     STRATA_ASSIGN_OR_RETURN(step.add_prefix_space, optional_bool(loader, node, "add_prefix_space", key, false));
     STRATA_ASSIGN_OR_RETURN(bool use_regex, optional_bool(loader, node, "use_regex", key, true));
     if (use_regex) {
@@ -478,16 +577,9 @@ Status parse_pre_tokenizer_step(const Loader& loader, const json& node, const st
       bpe.codes_.push_back(std::move(code));
     }
   } else if (type_string == "Split") {
-    auto pattern = node.find("pattern");
-    if (pattern == node.end() || !pattern->is_object() || pattern->size() != 1)
-      return loader.error(key + ".pattern", "must be an object holding one of Regex or String");
-    bool literal = pattern->contains("String");
-    auto text = literal ? pattern->find("String") : pattern->find("Regex");
-    if (text == pattern->end() || !text->is_string())
-      return loader.error(key + ".pattern", "must be {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-    const std::string& pattern_text = text->get_ref<const std::string&>();
-    if (pattern_text.empty()) return loader.error(key + ".pattern", "is empty");
-    STRATA_ASSIGN_OR_RETURN(Pcre2Code code, compile_regex(loader, key + ".pattern", pattern_text, literal));
+    step.kind = StepKind::split;
+    STRATA_ASSIGN_OR_RETURN(Pattern pattern, parse_pattern(loader, node, key));
+    STRATA_ASSIGN_OR_RETURN(Pcre2Code code, compile_regex(loader, key + ".pattern", pattern.text, pattern.literal));
     step.regex = code.get();
     bpe.codes_.push_back(std::move(code));
     auto behavior = node.find("behavior");
@@ -499,11 +591,31 @@ Status parse_pre_tokenizer_step(const Loader& loader, const json& node, const st
       return loader.error(key + ".behavior", fmt::format("'{}' is not supported (Isolated or Removed)",
                                                          behavior->get<std::string>()));
     STRATA_ASSIGN_OR_RETURN(step.invert, optional_bool(loader, node, "invert", key, false));
+  } else if (type_string == "Metaspace") {
+    step.kind = StepKind::metaspace;
+    step.replacement = std::string(kMetaspace);
+    if (node.contains("replacement")) {
+      STRATA_ASSIGN_OR_RETURN(step.replacement, required_string(loader, node, "replacement", key));
+      if (!is_one_character(step.replacement) || step.replacement == " ")
+        return loader.error(key + ".replacement", "must be one character other than a space");
+    }
+    auto scheme = node.find("prepend_scheme");
+    if (scheme != node.end()) {
+      if (*scheme == "always") step.prepend = PrependScheme::always;
+      else if (*scheme == "first") step.prepend = PrependScheme::first;
+      else if (*scheme == "never") step.prepend = PrependScheme::never;
+      else return loader.error(key + ".prepend_scheme", fmt::format("{} is not always, first or never", scheme->dump()));
+    } else {  // the older form says add_prefix_space
+      STRATA_ASSIGN_OR_RETURN(bool prefix, optional_bool(loader, node, "add_prefix_space", key, true));
+      step.prepend = prefix ? PrependScheme::always : PrependScheme::never;
+    }
+    STRATA_ASSIGN_OR_RETURN(step.split, optional_bool(loader, node, "split", key, true));
+    bpe.boundary_ = step.replacement;
   } else {
-    return loader.error(key + ".type", fmt::format("'{}' is not supported (ByteLevel, Split, or a Sequence of them)",
-                                                   type_string));
+    return loader.error(key + ".type", fmt::format("'{}' is not supported (ByteLevel, Split, Metaspace, or a Sequence of "
+                                                   "them)", type_string.substr(0, 40)));
   }
-  bpe.steps_.push_back(step);
+  bpe.steps_.push_back(std::move(step));
   return Status();
 }
 
@@ -538,6 +650,17 @@ Result<uint32_t> token_id(const Loader& loader, const json& value, const std::st
   return static_cast<uint32_t>(value.get<uint64_t>());
 }
 
+bool has_byte_level_step(const json& pre) {
+  if (!pre.is_object()) return false;
+  auto type = pre.find("type");
+  if (type == pre.end() || !type->is_string()) return false;
+  if (*type == "ByteLevel") return true;
+  if (*type != "Sequence") return false;
+  auto steps = pre.find("pretokenizers");
+  return steps != pre.end() && steps->is_array() &&
+         std::any_of(steps->begin(), steps->end(), [](const json& step) { return has_byte_level_step(step); });
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, const std::string& source_name) {
@@ -551,11 +674,42 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
   auto bpe = std::make_unique<BpeTokenizer>();
   bpe->source_name_ = source_name;
 
-  auto normalizer = root.find("normalizer");
-  if (normalizer != root.end() && !normalizer->is_null()) {
-    std::string type = normalizer->is_object() && normalizer->contains("type") && (*normalizer)["type"].is_string()
-                           ? (*normalizer)["type"].get<std::string>() : normalizer->dump().substr(0, 40);
-    return loader.error("normalizer", fmt::format("'{}' is not supported (byte-level BPE without a normalizer only)", type));
+  if (auto normalizer = root.find("normalizer"); normalizer != root.end() && !normalizer->is_null()) {
+    STRATA_ASSIGN_OR_RETURN(Normalizer parsed, Normalizer::parse(loader, *normalizer, "normalizer"));
+    bpe->normalizer_ = std::make_unique<Normalizer>(std::move(parsed));
+  }
+
+  // --- pre-tokenizer: a ByteLevel step makes the alphabet byte-level ---
+  auto pre = root.find("pre_tokenizer");
+  if (pre != root.end() && !pre->is_null()) {
+    if (!pre->is_object()) return loader.error("pre_tokenizer", fmt::format("is a {}, not an object", type_name(*pre)));
+    auto pre_type = pre->find("type");
+    if (pre_type != pre->end() && pre_type->is_string() && *pre_type == "Sequence") {
+      auto steps = pre->find("pretokenizers");
+      if (steps == pre->end() || !steps->is_array() || steps->empty())
+        return loader.error("pre_tokenizer.pretokenizers", "is missing, empty or not an array");
+      for (size_t i = 0; i < steps->size(); ++i)
+        STRATA_RETURN_IF_ERROR(parse_pre_tokenizer_step(loader, (*steps)[i], fmt::format("pre_tokenizer.pretokenizers[{}]", i), *bpe));
+    } else {
+      STRATA_RETURN_IF_ERROR(parse_pre_tokenizer_step(loader, *pre, "pre_tokenizer", *bpe));
+    }
+  }
+  bpe->char_level_ = pre == root.end() || !has_byte_level_step(*pre);
+  pcre2_match_context* context = pcre2_match_context_create(nullptr);
+  if (context == nullptr) return make_error(ErrorKind::no_space, "cannot allocate a regex match context");
+  bpe->match_context_.reset(context);
+  pcre2_set_match_limit(context, kMatchLimit);
+
+  auto decoder = root.find("decoder");
+  const bool byte_level_decoder = decoder != root.end() && decoder->is_object() && decoder->contains("type") &&
+                                  (*decoder)["type"] == "ByteLevel";
+  if (bpe->char_level_ && byte_level_decoder)
+    return loader.error("pre_tokenizer", "has no ByteLevel step, but the decoder is ByteLevel (a byte-level BPE needs both)");
+  if (!bpe->char_level_ && decoder != root.end() && !decoder->is_null() && !byte_level_decoder)
+    return loader.error("decoder", "must be ByteLevel or null for byte-level BPE");
+  if (bpe->char_level_) {
+    STRATA_ASSIGN_OR_RETURN(Decoder parsed, Decoder::parse(loader, decoder == root.end() ? json() : *decoder, "decoder"));
+    bpe->decoder_ = std::make_unique<Decoder>(std::move(parsed));
   }
 
   // --- model ---
@@ -568,22 +722,31 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
   for (const char* unsupported : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     auto it = model->find(unsupported);
     if (it != model->end() && !it->is_null() && !(it->is_string() && it->get_ref<const std::string&>().empty()))
-      return loader.error(std::string("model.") + unsupported, "is not supported by byte-level BPE");
+      return loader.error(std::string("model.") + unsupported, "is not supported");
   }
   if (auto dropout = model->find("dropout"); dropout != model->end() && !dropout->is_null()) {
     if (!dropout->is_number() || dropout->get<double>() != 0.0)
       return loader.error("model.dropout", fmt::format("{} is not supported (null or 0: encoding is deterministic)",
                                                        dropout->dump()));
   }
-  STRATA_ASSIGN_OR_RETURN(bool byte_fallback, optional_bool(loader, *model, "byte_fallback", "model", false));
-  if (byte_fallback) return loader.error("model.byte_fallback", "true is not supported (byte-level BPE needs none)");
+  // Byte-level BPE covers every byte itself: byte_fallback changes nothing there.
+  STRATA_ASSIGN_OR_RETURN(bpe->byte_fallback_, optional_bool(loader, *model, "byte_fallback", "model", false));
+  STRATA_ASSIGN_OR_RETURN(bpe->fuse_unk_, optional_bool(loader, *model, "fuse_unk", "model", false));
   STRATA_ASSIGN_OR_RETURN(bpe->ignore_merges_, optional_bool(loader, *model, "ignore_merges", "model", false));
+  std::string unk_token;
+  if (auto unk = model->find("unk_token"); unk != model->end() && !unk->is_null()) {
+    if (!unk->is_string()) return loader.error("model.unk_token", fmt::format("is a {}, not a string", type_name(*unk)));
+    unk_token = unk->get<std::string>();
+  }
 
   auto vocab = model->find("vocab");
   if (vocab == model->end() || !vocab->is_object() || vocab->empty())
     return loader.error("model.vocab", "is missing, empty or not an object of token → id");
   const std::unordered_map<uint32_t, uint8_t> inverse = code_point_to_byte();
-  std::unordered_map<std::string, uint32_t> id_of_mapped;  // the merges name tokens as mapped text
+  // What decode and encode see of a vocab key or added content: raw bytes (byte-level keys
+  // unmapped from GPT-2's alphabet) or the text itself.
+  auto raw_of = [&](const std::string& key) { return bpe->char_level_ ? key : unmap_bytes(key, inverse); };
+  std::unordered_map<std::string, uint32_t> id_of_mapped;  // the merges name tokens as the vocab spells them
   id_of_mapped.reserve(vocab->size());
   bpe->id_of_bytes_.reserve(vocab->size());
   uint32_t max_id = 0;
@@ -599,20 +762,47 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
     }
     if (bpe->id_assigned_[id]) return loader.error(key, fmt::format("id {} is given to two tokens", id));
     bpe->id_assigned_[id] = 1;
-    bpe->bytes_of_id_[id] = unmap_bytes(it.key(), inverse);
+    bpe->bytes_of_id_[id] = raw_of(it.key());
     id_of_mapped.emplace(it.key(), id);
     bpe->id_of_bytes_.emplace(bpe->bytes_of_id_[id], id);
     max_id = std::max(max_id, id);
   }
-  std::array<uint32_t, 256> forward = byte_to_code_point();
-  for (uint32_t byte = 0; byte < 256; ++byte) {
-    std::string symbol;
-    append_utf8(symbol, forward[byte]);
-    auto it = id_of_mapped.find(symbol);
-    if (it == id_of_mapped.end())
-      return loader.error("model.vocab", fmt::format("lacks the byte-level symbol '{}' for byte 0x{:02x} (every byte needs "
-                                                     "one, or some text could not be encoded)", symbol, byte));
-    bpe->byte_id_[byte] = it->second;
+  if (!bpe->char_level_) {
+    std::array<uint32_t, 256> forward = byte_to_code_point();
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      std::string symbol;
+      append_utf8(symbol, forward[byte]);
+      auto it = id_of_mapped.find(symbol);
+      if (it == id_of_mapped.end())
+        return loader.error("model.vocab", fmt::format("lacks the byte-level symbol '{}' for byte 0x{:02x} (every byte "
+                                                       "needs one, or some text could not be encoded)", symbol, byte));
+      bpe->byte_id_[byte] = it->second;
+    }
+  } else {
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      auto it = id_of_mapped.find(fmt::format("<0x{:02X}>", byte));
+      bpe->byte_fallback_id_[byte] = it == id_of_mapped.end() ? -1 : static_cast<int64_t>(it->second);
+    }
+    if (bpe->byte_fallback_ && std::all_of(bpe->byte_fallback_id_.begin(), bpe->byte_fallback_id_.end(),
+                                           [](int64_t id) { return id < 0; }))
+      return loader.error("model.byte_fallback", "is true but model.vocab holds none of the byte tokens <0x00> … <0xFF>");
+    if (!unk_token.empty()) {
+      auto it = id_of_mapped.find(unk_token);
+      if (it == id_of_mapped.end())
+        return loader.error("model.unk_token", fmt::format("'{}' is not in model.vocab", unk_token.substr(0, 40)));
+      bpe->unk_id_ = it->second;
+    }
+    // Words may be cut at the boundary character when no entry holds it after another
+    // character (entries are ▁*[^▁]*) and it is itself an entry (so unknown runs stop there).
+    const std::string& b = bpe->boundary_;
+    bool cuttable = !bpe->ignore_merges_ && id_of_mapped.count(b) != 0;
+    for (auto it = id_of_mapped.begin(); cuttable && it != id_of_mapped.end(); ++it) {
+      const std::string& entry = it->first;
+      size_t at = 0;
+      while (entry.compare(at, b.size(), b) == 0) at += b.size();
+      cuttable = entry.find(b, at) == std::string::npos;
+    }
+    bpe->split_at_boundaries_ = cuttable;
   }
 
   auto merges = model->find("merges");
@@ -622,7 +812,7 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
     const json& merge = (*merges)[rank];
     std::string key = fmt::format("model.merges[{}]", rank);
     std::string left, right;
-    if (merge.is_string()) {  // "a b": the tokens hold no space (byte-level maps it to Ġ)
+    if (merge.is_string()) {  // "a b": the tokens hold no space (byte-level writes Ġ, SentencePiece ▁)
       const std::string& text = merge.get_ref<const std::string&>();
       size_t space = text.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 >= text.size() || text.find(' ', space + 1) != std::string::npos)
@@ -648,32 +838,6 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
     bpe->merges_.emplace(pair, MergeEntry{static_cast<uint32_t>(rank), merged_id->second});
   }
 
-  // --- pre-tokenizer ---
-  auto pre = root.find("pre_tokenizer");
-  if (pre == root.end() || !pre->is_object())
-    return loader.error("pre_tokenizer", "is missing or not an object (byte-level BPE needs ByteLevel)");
-  auto pre_type = pre->find("type");
-  if (pre_type != pre->end() && pre_type->is_string() && *pre_type == "Sequence") {
-    auto steps = pre->find("pretokenizers");
-    if (steps == pre->end() || !steps->is_array() || steps->empty())
-      return loader.error("pre_tokenizer.pretokenizers", "is missing, empty or not an array");
-    for (size_t i = 0; i < steps->size(); ++i)
-      STRATA_RETURN_IF_ERROR(parse_pre_tokenizer_step(loader, (*steps)[i], fmt::format("pre_tokenizer.pretokenizers[{}]", i), *bpe));
-  } else {
-    STRATA_RETURN_IF_ERROR(parse_pre_tokenizer_step(loader, *pre, "pre_tokenizer", *bpe));
-  }
-  if (std::none_of(bpe->steps_.begin(), bpe->steps_.end(), [](const PreTokenizerStep& s) { return s.byte_level; }))
-    return loader.error("pre_tokenizer", "has no ByteLevel step; only byte-level BPE is supported");
-  pcre2_match_context* context = pcre2_match_context_create(nullptr);
-  if (context == nullptr) return make_error(ErrorKind::no_space, "cannot allocate a regex match context");
-  bpe->match_context_.reset(context);
-  pcre2_set_match_limit(context, kMatchLimit);
-
-  if (auto decoder = root.find("decoder"); decoder != root.end() && !decoder->is_null()) {
-    bool byte_level = decoder->is_object() && decoder->contains("type") && (*decoder)["type"] == "ByteLevel";
-    if (!byte_level) return loader.error("decoder", "must be ByteLevel or null for byte-level BPE");
-  }
-
   // --- added tokens ---
   std::optional<std::string> bos_content;
   if (auto post = root.find("post_processor"); post != root.end()) bos_content = template_leading_special(*post);
@@ -695,11 +859,18 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
         return loader.error(key + ".content", "is missing, empty or not a string");
       token.content = content->get<std::string>();
       STRATA_ASSIGN_OR_RETURN(token.special, optional_bool(loader, entry, "special", key, false));
+      STRATA_ASSIGN_OR_RETURN(token.normalized, optional_bool(loader, entry, "normalized", key, !token.special));
       STRATA_ASSIGN_OR_RETURN(token.single_word, optional_bool(loader, entry, "single_word", key, false));
       STRATA_ASSIGN_OR_RETURN(token.lstrip, optional_bool(loader, entry, "lstrip", key, false));
       STRATA_ASSIGN_OR_RETURN(token.rstrip, optional_bool(loader, entry, "rstrip", key, false));
+      token.match_content = token.content;
+      if (token.normalized && bpe->normalizer_) {  // matched as the normalizer writes it
+        if (Status status = bpe->normalizer_->apply(token.content, token.match_content); !status.ok())
+          return loader.error(key + ".content", status.error().message);
+        if (token.match_content.empty()) return loader.error(key + ".content", "normalizes to nothing");
+      }
       if (token.id < bpe->id_assigned_.size() && bpe->id_assigned_[token.id] &&
-          bpe->bytes_of_id_[token.id] != unmap_bytes(token.content, inverse))
+          bpe->bytes_of_id_[token.id] != raw_of(token.content))
         return loader.error(key + ".id", fmt::format("{} is '{}' in model.vocab, not '{}'", token.id,
                                                      bpe->bytes_of_id_[token.id].substr(0, 40), token.content.substr(0, 40)));
       if (std::any_of(bpe->added_.begin(), bpe->added_.end(), [&](const AddedToken& t) { return t.id == token.id || t.content == token.content; }))
@@ -713,16 +884,22 @@ Result<std::unique_ptr<Tokenizer>> parse_bpe_json(std::string_view json_text, co
       bpe->added_.push_back(std::move(token));
     }
   }
-  std::stable_sort(bpe->added_.begin(), bpe->added_.end(),
-                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
   bpe->vocab_size_ = max_id + 1;
   bpe->added_index_of_id_.assign(bpe->vocab_size_, -1);
   for (size_t i = 0; i < bpe->added_.size(); ++i) {
-    bpe->added_index_of_id_[bpe->added_[i].id] = static_cast<int32_t>(i);
-    bpe->added_first_byte_[static_cast<uint8_t>(bpe->added_[i].content[0])] = true;
-    if (bos_content && bpe->added_[i].content == *bos_content) bpe->bos_id_ = bpe->added_[i].id;
-    if (eos_content && bpe->added_[i].content == *eos_content) bpe->eos_id_ = bpe->added_[i].id;
+    const AddedToken& token = bpe->added_[i];
+    bpe->added_index_of_id_[token.id] = static_cast<int32_t>(i);
+    // Without a normalizer both sides see the same text: match everything on the raw side.
+    AddedMatcher& matcher = token.normalized && bpe->normalizer_ ? bpe->normalized_added_ : bpe->raw_added_;
+    matcher.tokens.push_back(&token);
+    matcher.first_byte[static_cast<uint8_t>(token.match_content[0])] = true;
+    if (bos_content && token.content == *bos_content) bpe->bos_id_ = token.id;
+    if (eos_content && token.content == *eos_content) bpe->eos_id_ = token.id;
   }
+  for (AddedMatcher* matcher : {&bpe->raw_added_, &bpe->normalized_added_})
+    std::stable_sort(matcher->tokens.begin(), matcher->tokens.end(), [](const AddedToken* a, const AddedToken* b) {
+      return a->match_content.size() > b->match_content.size();
+    });
   if (bos_content && !bpe->bos_id_)
     return loader.error("post_processor", fmt::format("names the special token '{}', which added_tokens lacks",
                                                       bos_content->substr(0, 40)));

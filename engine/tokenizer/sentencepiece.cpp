@@ -46,6 +46,11 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::optional<uint32_t> bos_id() const override { return optional_id(processor_->bos_id()); }
   std::optional<uint32_t> eos_id() const override { return optional_id(processor_->eos_id()); }
   const char* kind() const override { return "sentencepiece"; }
+  std::optional<uint32_t> token_id(std::string_view token) const override {
+    int id = processor_->PieceToId({token.data(), token.size()});  // the unknown piece's id when absent
+    if (id < 0 || processor_->IdToPiece(id) != token) return std::nullopt;
+    return static_cast<uint32_t>(id);
+  }
 
  private:
   std::optional<uint32_t> optional_id(int id) const {  // the library says -1 for "none"

@@ -3,9 +3,18 @@
 # id for id: (gpt2) GPT-2's real vocabulary, rebuilt from js-tiktoken's ranks, against js-tiktoken
 # and @huggingface/tokenizers (JavaScript); (llama3) a Llama-3-shaped tokenizer.json (Split regex
 # in a Sequence, ignore_merges, [a, b] merges, added tokens) against @huggingface/tokenizers;
+# (qwen2) Qwen 2's form (NFC normalizer, its Split regex, ByteLevel) and (llama2) both of
+# transformers' Llama 2 / Mistral forms (Prepend + Replace normalizer, or Metaspace; byte_fallback;
+# the Replace/ByteFallback/Fuse/Strip decoder) against @huggingface/tokenizers, ids and decoded
+# text, on edge texts (accents NFC composes, characters outside the vocab, leading spaces,
+# newlines, emoji, added tokens inside the text); (config) tokenizer_config.json's bos_token /
+# eos_token / add_bos_token override the guess, frame `strata tokenize`'s documents and refuse
+# malformed values in one line;
 # (sentencepiece) BPE and unigram models trained here by Debian's python3-sentencepiece against
-# that library's own encode; each with decode(encode(x)) == x on ASCII, CJK, emoji, combining
-# marks, whitespace runs, digits, contractions and newlines. (cli) `strata tokenize` writes the
+# that library's own encode, and a Llama-like BPE converted to tokenizer.json as transformers
+# does it, strata's ids on the JSON against the library's on the .model; each with
+# decode(encode(x)) == x (or the reference's decode) on ASCII, CJK, emoji, combining marks,
+# whitespace runs, digits, contractions and newlines. (cli) `strata tokenize` writes the
 # ids framed by BOS/EOS, picks u16/u32, refuses u16 for a larger vocabulary, and `strata train`
 # runs on the token file and on data.format text; (bad_files) malformed tokenizer files are
 # refused with one line naming the file and key, exit 2.
@@ -52,6 +61,20 @@ TEXTS = [
 ]
 
 
+# Edge texts for the normalizing and SentencePiece-style forms, besides TEXTS.
+EXTRA_TEXTS = [
+    "cafe\u0301 vs caf\u00e9, A\u030angstr\u00f6m and the \u212b sign",
+    "<s>Hello</s> and <s> again <unk>",
+    " <s> x",
+    "tab\there  two  spaces",
+    "   ",
+    "\u2581already\u2581meta \u2581",
+    "\n\nnew\nlines\n",
+    "r\u00e9sum\u00e9 na\u00efve stra\u00dfe \u00fcber",
+    "\U0001F600\U0001F600 \u6f22\u5b57 \u0915\u094d\u0937",
+]
+
+
 def fail(message):
     print("FAIL: " + message, file=sys.stderr)
     sys.exit(1)
@@ -77,10 +100,17 @@ def need_node():
             skip(f"npm package {package} is missing in tests/tokenizer/js (scripts/setup.sh installs it)")
 
 
-def fixtures(folder):
+def fixtures(folder, only="gpt2,llama3"):
+    """Makes the fixtures named (make_fixtures.mjs), returns the paths of gpt2.json and llama3.json."""
     need_node()
-    run(["node", os.path.join(JS, "make_fixtures.mjs"), folder, CORPUS])
+    run(["node", os.path.join(JS, "make_fixtures.mjs"), folder, CORPUS, only])
     return os.path.join(folder, "gpt2.json"), os.path.join(folder, "llama3.json")
+
+
+def fixture(folder, name):
+    """Makes one fixture, returns the path of NAME.json."""
+    fixtures(folder, name)
+    return os.path.join(folder, name + ".json")
 
 
 def probe(tokenizer, texts, folder):
@@ -118,7 +148,7 @@ def corpus_paragraphs():
 
 def case_gpt2():
     with tempfile.TemporaryDirectory() as folder:
-        gpt2, _ = fixtures(folder)
+        gpt2, _ = fixtures(folder, "gpt2")
         texts = TEXTS + corpus_paragraphs()
         ours = probe(gpt2, texts, folder)
         if ours["vocab_size"] != 50257 or ours["eos"] != 50256 or ours["bos"] is not None:
@@ -135,7 +165,7 @@ def case_gpt2():
 
 def case_llama3():
     with tempfile.TemporaryDirectory() as folder:
-        _, llama3 = fixtures(folder)
+        _, llama3 = fixtures(folder, "llama3")
         texts = TEXTS + corpus_paragraphs()
         ours = probe(llama3, texts, folder)
         hf = js_reference("hf", llama3, texts, folder)
@@ -152,6 +182,174 @@ def case_llama3():
         if len(ours["ids"][2]) < 6:
             fail(f"llama3: {TEXTS[2]!r} gave too few pieces: {ours['ids'][2]}")
         print(f"llama3: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens equal @huggingface/tokenizers")
+
+
+def case_qwen2():
+    import unicodedata
+    with tempfile.TemporaryDirectory() as folder:
+        qwen2 = fixture(folder, "qwen2")
+        texts = TEXTS + EXTRA_TEXTS + corpus_paragraphs()
+        ours = probe(qwen2, texts, folder)
+        hf = js_reference("hf", qwen2, texts, folder)
+        compare("qwen2 vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+        compare("qwen2 decode vs @huggingface/tokenizers", texts, ours["decoded"], hf["decoded"])
+        # Decoding gives the normalized text back, byte for byte.
+        check_round_trip("qwen2 (NFC)", [unicodedata.normalize("NFC", t) for t in texts], ours["decoded"])
+        with open(qwen2) as f:
+            spec = json.load(f)
+        ids_of = {t["content"]: t["id"] for t in spec["added_tokens"]}
+        if ours["bos"] is not None or ours["eos"] != ids_of["<|endoftext|>"] or ours["add_bos"]:
+            fail(f"qwen2: bos {ours['bos']} eos {ours['eos']} add_bos {ours['add_bos']} (expected none, "
+                 f"{ids_of['<|endoftext|>']}, false)")
+        # The normalizer is what makes a decomposed accent encode like the composed one.
+        pair = ["cafe\u0301", "caf\u00e9"]
+        normalized = probe(qwen2, pair, folder)["ids"]
+        spec["normalizer"] = None
+        plain_path = os.path.join(folder, "qwen2-plain.json")
+        with open(plain_path, "w") as f:
+            json.dump(spec, f)
+        plain = probe(plain_path, pair, folder)["ids"]
+        if normalized[0] != normalized[1] or plain[0] == plain[1]:
+            fail(f"qwen2: NFC made no difference: with {normalized}, without {plain}")
+        print(f"qwen2: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens and their decoded text equal "
+              f"@huggingface/tokenizers")
+
+
+def case_llama2():
+    with tempfile.TemporaryDirectory() as folder:
+        legacy = fixture(folder, "llama2")
+        metaspace = os.path.join(folder, "llama2_metaspace.json")
+        texts = TEXTS + EXTRA_TEXTS + corpus_paragraphs()
+        for name, path in (("llama2 (Prepend+Replace)", legacy), ("llama2 (Metaspace)", metaspace)):
+            ours = probe(path, texts, folder)
+            hf = js_reference("hf", path, texts, folder)
+            compare(f"{name} vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+            compare(f"{name} decode vs @huggingface/tokenizers", texts, ours["decoded"], hf["decoded"])
+            if ours["bos"] != 1 or ours["eos"] != 2 or not ours["add_bos"] or ours["vocab_size"] < 300:
+                fail(f"{name}: bos {ours['bos']} eos {ours['eos']} add_bos {ours['add_bos']} vocab {ours['vocab_size']}")
+            # Characters outside the vocabulary (CJK, emoji) became their <0xNN> byte tokens (ids 3-258).
+            cjk = texts.index(TEXTS[8])
+            if not any(3 <= i < 259 for i in ours["ids"][cjk]) or 0 in ours["ids"][cjk]:
+                fail(f"{name}: no byte fallback for {TEXTS[8]!r}: {ours['ids'][cjk]}")
+            print(f"{name}: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens and their decoded text equal "
+                  f"@huggingface/tokenizers")
+        # The legacy form gives every text back (Strip takes off the '▁' Prepend added), except
+        # around added tokens, where each stretch gets its own '▁', and where the text holds '▁'
+        # itself (decoded as a space) — Hugging Face's behaviour too.
+        ours = probe(legacy, texts, folder)
+        plain = [(t, d) for t, d in zip(texts, ours["decoded"])
+                 if not any(special in t for special in ("<s>", "</s>", "<unk>", "\u2581"))]
+        check_round_trip("llama2 (Prepend+Replace)", [t for t, _ in plain], [d for _, d in plain])
+
+
+def case_config():
+    with tempfile.TemporaryDirectory() as folder:
+        fixtures(folder, "llama3,qwen2,llama2")
+        txt = os.path.join(folder, "in.txt")
+        text = "Config decides the framing.\nSecond line."
+        with open(txt, "w") as f:
+            f.write(text)
+
+        def model_folder(name, source, config):
+            path = os.path.join(folder, name)
+            os.makedirs(path)
+            shutil.copy(os.path.join(folder, source + ".json"), os.path.join(path, "tokenizer.json"))
+            if config is not None:
+                with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+                    f.write(config if isinstance(config, str) else json.dumps(config))
+            return path
+
+        def tokenize(path):
+            out = os.path.join(folder, "out.tok")
+            run([STRATA, "tokenize", "--tokenizer", path, "--in", txt, "--out", out, "--format", "tokens-u32"])
+            return read_tokens(out, 4)
+
+        # Llama 2: the AddedToken-object form, add_bos_token true → <s> ids </s>.
+        llama2 = model_folder("llama2", "llama2", {
+            "add_bos_token": True, "add_eos_token": False,
+            "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False, "normalized": False},
+            "eos_token": {"__type": "AddedToken", "content": "</s>"}, "unk_token": "<unk>"})
+        got = probe(llama2, [text], folder)
+        if (got["bos"], got["eos"], got["add_bos"]) != (1, 2, True) or tokenize(llama2) != [1] + got["ids"][0] + [2]:
+            fail(f"llama2 with its tokenizer_config.json: {got['bos']} {got['eos']} {got['add_bos']}, {tokenize(llama2)[:4]}")
+        # Qwen 2 chat: no BOS, EOS <|im_end|> — not the <|endoftext|> the names suggest.
+        qwen2 = model_folder("qwen2", "qwen2", {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+        got = probe(qwen2, [text], folder)
+        with open(os.path.join(folder, "qwen2.json")) as f:
+            im_end = next(t["id"] for t in json.load(f)["added_tokens"] if t["content"] == "<|im_end|>")
+        if got["bos"] is not None or got["eos"] != im_end or tokenize(qwen2) != got["ids"][0] + [im_end]:
+            fail(f"qwen2 with its tokenizer_config.json: bos {got['bos']} eos {got['eos']} (expected none, {im_end})")
+        # add_bos_token false wins over the template's BOS (Llama 3 shape); the file's own folder is read.
+        llama3 = model_folder("llama3", "llama3", {"add_bos_token": False})
+        got = probe(os.path.join(llama3, "tokenizer.json"), [text], folder)
+        if got["add_bos"] or got["bos"] is None or tokenize(llama3) != got["ids"][0] + [got["eos"]]:
+            fail(f"llama3 with add_bos_token false: add_bos {got['add_bos']}, {tokenize(llama3)[:3]}")
+        # data.format text frames the file as strata tokenize does: training on either is the same run.
+        out = os.path.join(folder, "corpus.tok")
+        with open(CORPUS, encoding="utf-8") as f:
+            corpus = f.read()
+        corpus_txt = os.path.join(folder, "corpus.txt")
+        with open(corpus_txt, "w", encoding="utf-8") as f:
+            f.write(corpus)
+        run([STRATA, "tokenize", "--tokenizer", llama2, "--in", corpus_txt, "--out", out, "--format", "tokens-u16"])
+        vocab = probe(llama2, ["x"], folder)["vocab_size"]
+        losses = []
+        for name, data in (("tokens", {"path": out, "format": "tokens-u16"}),
+                           ("text", {"path": corpus_txt, "format": "text", "tokenizer": llama2})):
+            run_dir = os.path.join(folder, "run-" + name)
+            os.makedirs(run_dir)
+            result = run([STRATA, "train", train_config(run_dir, data, vocab), "--json"])
+            losses.append(json.loads(result.stdout.strip().splitlines()[-1])["last_loss"])
+        if losses[0] != losses[1]:
+            fail(f"training on the token file ({losses[0]}) and on the text ({losses[1]}) differ")
+        # Malformed tokenizer_config.json: one line naming the file and the key, exit 2.
+        bad_cases = [
+            ("not json", "{\"bos_token\": ", "not valid JSON"),
+            ("bos number", {"bos_token": 5}, "'bos_token'"),
+            ("eos unknown", {"eos_token": "<nope>"}, "'eos_token'"),
+            ("eos object", {"eos_token": {"__type": "AddedToken"}}, "'eos_token.content'"),
+            ("add_bos string", {"add_bos_token": "yes"}, "'add_bos_token'"),
+            ("add_bos without bos", {"bos_token": None, "add_bos_token": True}, "'add_bos_token'"),
+            ("add_eos number", {"add_eos_token": 1}, "'add_eos_token'"),
+        ]
+        for i, (name, config, needle) in enumerate(bad_cases):
+            path = model_folder(f"bad{i}", "llama2", config)
+            out = os.path.join(folder, f"bad{i}.tok")
+            result = run([STRATA, "tokenize", "--tokenizer", path, "--in", txt, "--out", out], expect=None)
+            lines = result.stderr.strip().splitlines()
+            if result.returncode != 2 or len(lines) != 1 or "tokenizer_config.json" not in lines[0] or needle not in lines[0]:
+                fail(f"tokenizer_config {name}: exit {result.returncode}, {result.stderr!r} (expected one line with {needle})")
+            if os.path.exists(out):
+                fail(f"tokenizer_config {name}: a refused run left {out} behind")
+        print(f"config: tokenizer_config.json framing for Llama 2, Qwen 2, Llama 3; text data = token file "
+              f"(loss {losses[0]:.6f}); {len(bad_cases)} malformed configs refused")
+
+
+def llama_tokenizer_json(sp):
+    """A SentencePiece BPE model as transformers' LlamaConverter writes its tokenizer.json (legacy):
+    every piece in the vocabulary; a merge (l, r) for every split of a piece into two pieces,
+    ordered by the merged piece's score, highest first (then by the ids of l and r)."""
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    scores = {sp.id_to_piece(i): sp.get_score(i) for i in range(sp.get_piece_size())}
+    merges = []
+    for piece, score in scores.items():
+        local = [(piece[:k], piece[k:], score) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges = sorted(merges, key=lambda m: m[2], reverse=True)
+    meta = "\u2581"
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": sp.id_to_piece(i), "special": True, "normalized": False} for i in range(3)],
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": meta},
+                                                           {"type": "Replace", "pattern": {"String": " "}, "content": meta}]},
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": meta}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                  "vocab": vocab, "merges": [f"{l} {r}" for l, r, _ in merges]},
+    }
 
 
 def case_sentencepiece():
@@ -179,8 +377,29 @@ def case_sentencepiece():
             if mismatched:
                 fail(f"sentencepiece {model_type}: decode differs on {mismatched[0]!r}")
             print(f"sentencepiece {model_type}: {len(texts)} texts equal python3-sentencepiece")
-        # A model folder (Llama 2, Mistral) holds a SentencePiece-style tokenizer.json that strata
-        # refuses (Metaspace) beside tokenizer.model: the folder loads the .model.
+        # A SentencePiece BPE trained as Llama's was (identity normalization, spaces kept, byte
+        # fallback), turned into tokenizer.json as transformers' LlamaConverter does it (legacy
+        # form; merges from the pieces, by the merged piece's score): strata's ids on the JSON
+        # equal the library's own on the .model.
+        prefix = os.path.join(folder, "llama-like")
+        spm.SentencePieceTrainer.train(input=CORPUS, model_prefix=prefix, vocab_size=800, model_type="bpe",
+                                       character_coverage=0.9995, byte_fallback=True, minloglevel=2,
+                                       normalization_rule_name="identity", remove_extra_whitespaces=False,
+                                       add_dummy_prefix=True, allow_whitespace_only_pieces=True)
+        reference = spm.SentencePieceProcessor(model_file=prefix + ".model")
+        converted = os.path.join(folder, "converted.json")
+        with open(converted, "w") as f:
+            json.dump(llama_tokenizer_json(reference), f)
+        # (SentencePiece reads "<s>" in a text as three characters, the JSON as the added token.)
+        more = texts + [t for t in EXTRA_TEXTS if "<" not in t]
+        ours = probe(converted, more, folder)
+        compare("tokenizer.json converted from a SentencePiece BPE vs python3-sentencepiece", more, ours["ids"],
+                [reference.encode(t) for t in more])
+        check_round_trip("converted SentencePiece BPE", [t for t in more if "\u2581" not in t],
+                         [d for t, d in zip(more, ours["decoded"]) if "\u2581" not in t])
+        print(f"sentencepiece → tokenizer.json (LlamaConverter's way): {len(more)} texts equal python3-sentencepiece")
+        # A model folder (Llama 2, Mistral) holds a tokenizer.json beside tokenizer.model; when
+        # strata refuses the JSON (here: it is empty), the folder loads the .model.
         model_dir = os.path.join(folder, "model-dir")
         os.makedirs(model_dir)
         shutil.copy(os.path.join(folder, "bpe.model"), os.path.join(model_dir, "tokenizer.model"))
@@ -321,7 +540,7 @@ def case_cli():
 
 def case_bad_files():
     with tempfile.TemporaryDirectory() as folder:
-        _, llama3 = fixtures(folder)
+        _, llama3 = fixtures(folder, "llama3,llama2")
         with open(llama3) as f:
             good = json.load(f)
         txt = os.path.join(folder, "in.txt")
@@ -357,8 +576,15 @@ def case_bad_files():
             ("merge shape", mutate(lambda s: s["model"]["merges"].insert(0, ["a", "b", "c"])), "'model.merges[0]'"),
             ("merge string", mutate(lambda s: s["model"]["merges"].insert(1, "ab")), "'model.merges[1]'"),
             ("merges not array", mutate(set_path(["model", "merges"], {})), "'model.merges'"),
-            ("byte fallback", mutate(set_path(["model", "byte_fallback"], True)), "'model.byte_fallback'"),
-            ("normalizer", mutate(set_path(["normalizer"], {"type": "NFC"})), "'normalizer'"),
+            ("byte fallback", mutate(set_path(["model", "byte_fallback"], "yes")), "'model.byte_fallback'"),
+            ("normalizer", mutate(set_path(["normalizer"], {"type": "BertNormalizer"})), "'normalizer.type'"),
+            ("normalizer in sequence", mutate(set_path(["normalizer"], {"type": "Sequence", "normalizers": [
+                {"type": "NFC"}, {"type": "Lowercase"}]})), "'normalizer.normalizers[1].type'"),
+            ("replace regex", mutate(set_path(["normalizer"], {"type": "Replace", "pattern": {"Regex": "(x"}, "content": ""})),
+             "'normalizer.pattern'"),
+            ("replace content", mutate(set_path(["normalizer"], {"type": "Replace", "pattern": {"String": " "}})),
+             "'normalizer.content'"),
+            ("prepend", mutate(set_path(["normalizer"], {"type": "Prepend", "prepend": 3})), "'normalizer.prepend'"),
             ("bad regex", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex="(unclosed")),
              "'pre_tokenizer.pretokenizers[0].pattern'"),
             ("behavior", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"][0].update(behavior="Contiguous")),
@@ -369,6 +595,32 @@ def case_bad_files():
             ("added empty", mutate(lambda s: s["added_tokens"][1].update(content="")), "'added_tokens[1].content'"),
             ("added clash", mutate(lambda s: s["added_tokens"][0].update(id=5)), "'added_tokens[0].id'"),
             ("decoder", mutate(set_path(["decoder"], {"type": "WordPiece"})), "'decoder'"),
+        ]
+        # The SentencePiece-style form's own keys.
+        with open(os.path.join(folder, "llama2.json")) as f:
+            good2 = json.load(f)
+
+        def mutate2(change):
+            spec = json.loads(json.dumps(good2))
+            change(spec)
+            return spec
+
+        cases += [
+            ("unk not in vocab", mutate2(set_path(["model", "unk_token"], "<nope>")), "'model.unk_token'"),
+            ("no byte tokens", mutate2(lambda s: [s["model"]["vocab"].pop(f"<0x{b:02X}>") for b in range(256)]),
+             "'model.byte_fallback'"),
+            ("metaspace scheme", mutate2(set_path(["pre_tokenizer"], {"type": "Metaspace", "prepend_scheme": "sometimes"})),
+             "'pre_tokenizer.prepend_scheme'"),
+            ("metaspace replacement", mutate2(set_path(["pre_tokenizer"], {"type": "Metaspace", "replacement": "ab"})),
+             "'pre_tokenizer.replacement'"),
+            ("strip content", mutate2(lambda s: s["decoder"]["decoders"][3].update(content="ab")),
+             "'decoder.decoders[3].content'"),
+            ("strip count", mutate2(lambda s: s["decoder"]["decoders"][3].update(start=-1)), "'decoder.decoders[3].start'"),
+            ("decoder type", mutate2(lambda s: s["decoder"]["decoders"].insert(0, {"type": "WordPiece"})),
+             "'decoder.decoders[0].type'"),
+            ("byte-level decoder", mutate2(set_path(["decoder"], {"type": "ByteLevel"})), "'pre_tokenizer'"),
+            ("normalized added", mutate2(lambda s: s["added_tokens"][2].update(normalized="yes")),
+             "'added_tokens[2].normalized'"),
         ]
         for name, spec, needle in cases:
             path = os.path.join(folder, "bad.json")
@@ -397,5 +649,5 @@ def case_bad_files():
         print(f"bad_files: {len(cases) + 2} malformed inputs refused in one line, exit 2")
 
 
-{"gpt2": case_gpt2, "llama3": case_llama3, "sentencepiece": case_sentencepiece, "cli": case_cli,
- "bad_files": case_bad_files}[CASE]()
+{"gpt2": case_gpt2, "llama3": case_llama3, "qwen2": case_qwen2, "llama2": case_llama2, "config": case_config,
+ "sentencepiece": case_sentencepiece, "cli": case_cli, "bad_files": case_bad_files}[CASE]()

@@ -2,11 +2,15 @@
 // order (lowest rank first, leftmost among equals, not "first merge that applies"), ignore_merges,
 // added tokens before the split (longest wins, lstrip/rstrip), Split Removed, both merge forms,
 // decode of every id, and the UTF-8 check (overlongs, surrogates, truncation) with its offset.
+// The SentencePiece-style form where the JavaScript reference cannot check it: Metaspace with
+// split (which it lacks), the Metaspace decoder, unk_token with fuse_unk, a character nothing
+// stands for; NFC over texts longer than one normalization chunk; tokenizer_config.json.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/tokenizer/transforms.h"
 
 namespace strata::tokenizer {
 namespace {
@@ -112,6 +116,126 @@ TEST(Bpe, ErrorsNameFileAndKey) {
   auto bad_type = parse_bpe_json(R"({"model":{"type":"Unigram"}})", "u.json");
   ASSERT_FALSE(bad_type.ok());
   EXPECT_NE(bad_type.error().message.find("'model.type'"), std::string::npos) << bad_type.error().message;
+}
+
+// A SentencePiece-style vocabulary: <unk>=0, ▁=1, a=2, b=3, ▁a=4, ▁▁=5, <0xC3>=6, <0xA9>=7.
+std::string char_json(const std::string& pre, const std::string& decoder, const std::string& model_extra) {
+  return R"({"model":{"type":"BPE","unk_token":"<unk>",)" + model_extra +
+         R"("vocab":{"<unk>":0,"▁":1,"a":2,"b":3,"▁a":4,"▁▁":5,"<0xC3>":6,"<0xA9>":7},"merges":["▁ ▁","▁ a"]},)"
+         R"("pre_tokenizer":)" + pre + R"(,"decoder":)" + decoder + "}";
+}
+
+TEST(SentencePieceStyle, MetaspaceSplitsBeforeEachReplacement) {
+  // "  a" is "▁▁a" (it starts with ▁: nothing prepended). split: true cuts it into "▁" and "▁a";
+  // split: false keeps one word, where ▁▁ (rank 0) merges before ▁a (rank 1).
+  std::string split = R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":true})";
+  std::string whole = R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always","split":false})";
+  auto cut = parse_bpe_json(char_json(split, "null", ""), "t.json");
+  auto joined = parse_bpe_json(char_json(whole, "null", ""), "t.json");
+  ASSERT_TRUE(cut.ok()) << cut.error().message;
+  ASSERT_TRUE(joined.ok()) << joined.error().message;
+  EXPECT_EQ(encode(**cut, "  a"), (std::vector<uint32_t>{1, 4}));
+  EXPECT_EQ(encode(**joined, "  a"), (std::vector<uint32_t>{5, 2}));
+  EXPECT_EQ(encode(**joined, "a"), (std::vector<uint32_t>{4}));  // always: ▁ prepended
+}
+
+TEST(SentencePieceStyle, UnknownCharacters) {
+  std::string pre = R"({"type":"Metaspace","prepend_scheme":"never","split":false})";
+  // fuse_unk: a run of unknown characters is one <unk>; without it, one per character.
+  auto fused = parse_bpe_json(char_json(pre, "null", R"("fuse_unk":true,)"), "t.json");
+  auto single = parse_bpe_json(char_json(pre, "null", ""), "t.json");
+  ASSERT_TRUE(fused.ok() && single.ok());
+  EXPECT_EQ(encode(**fused, "axyb"), (std::vector<uint32_t>{2, 0, 3}));
+  EXPECT_EQ(encode(**single, "axyb"), (std::vector<uint32_t>{2, 0, 0, 3}));
+  // byte_fallback: é is <0xC3> <0xA9>; x has no byte tokens here (<0x78> is missing) → <unk>.
+  auto bytes = parse_bpe_json(char_json(pre, R"({"type":"ByteFallback"})", R"("byte_fallback":true,)"), "t.json");
+  ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+  std::vector<uint32_t> ids = encode(**bytes, "a\xC3\xA9x");
+  EXPECT_EQ(ids, (std::vector<uint32_t>{2, 6, 7, 0}));
+  EXPECT_EQ((*bytes)->decode(ids).value(), "a\xC3\xA9<unk>");
+  // No unk_token, no byte_fallback: the text cannot be encoded, and the error says which character.
+  std::string no_unk = char_json(pre, "null", "");
+  no_unk.replace(no_unk.find(R"("unk_token":"<unk>",)"), 20, "");
+  auto strict = parse_bpe_json(no_unk, "t.json");
+  ASSERT_TRUE(strict.ok()) << strict.error().message;
+  auto refused = (*strict)->encode("ax");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("U+0078"), std::string::npos) << refused.error().message;
+}
+
+TEST(SentencePieceStyle, MetaspaceDecoderDropsTheFirstTokensReplacement) {
+  std::string pre = R"({"type":"Metaspace","prepend_scheme":"first","split":false})";
+  auto tok = parse_bpe_json(char_json(pre, R"({"type":"Metaspace","prepend_scheme":"first"})", ""), "t.json");
+  ASSERT_TRUE(tok.ok()) << tok.error().message;
+  EXPECT_EQ(encode(**tok, "a a"), (std::vector<uint32_t>{4, 4}));  // prepended ▁ (first), space → ▁
+  EXPECT_EQ((*tok)->decode(std::vector<uint32_t>{4, 4}).value(), "a a");
+  EXPECT_EQ((*tok)->decode(std::vector<uint32_t>{2, 4, 1}).value(), "a a ");
+  auto never = parse_bpe_json(char_json(pre, R"({"type":"Metaspace","prepend_scheme":"never"})", ""), "t.json");
+  ASSERT_TRUE(never.ok());
+  EXPECT_EQ((*never)->decode(std::vector<uint32_t>{4, 4}).value(), " a a");
+}
+
+TEST(Normalizer, UnicodeFormsAcrossChunks) {
+  // Longer than the 64 KiB pieces the forms run over, with and without ASCII to cut between.
+  detail::Loader loader("t.json");
+  auto nfc = detail::Normalizer::parse(loader, detail::json::parse(R"({"type":"NFC"})"), "normalizer");
+  auto nfkd = detail::Normalizer::parse(loader, detail::json::parse(R"({"type":"NFKD"})"), "normalizer");
+  ASSERT_TRUE(nfc.ok() && nfkd.ok());
+  std::string decomposed, composed, no_ascii_in, no_ascii_out;
+  for (int i = 0; i < 40000; ++i) {
+    decomposed += "ab e\xCC\x81";  // e + U+0301
+    composed += "ab \xC3\xA9";      // é
+    no_ascii_in += "\xC3\xA5\xCC\x81";  // å + U+0301 → ǻ (U+01FB)
+    no_ascii_out += "\xC7\xBB";
+  }
+  std::string out;
+  ASSERT_TRUE(nfc->apply(decomposed, out).ok());
+  EXPECT_TRUE(out == composed);
+  ASSERT_TRUE(nfc->apply(no_ascii_in, out).ok());
+  EXPECT_TRUE(out == no_ascii_out);
+  ASSERT_TRUE(nfkd->apply("\xEF\xAC\x81", out).ok());  // the ﬁ ligature → "fi"
+  EXPECT_EQ(out, "fi");
+}
+
+TEST(Normalizer, RefusesUnboundedGrowth) {
+  // Each step makes a space 50 spaces: one step is fine, three chained (125,000×) are refused.
+  detail::Loader loader("t.json");
+  std::string step = R"({"type":"Replace","pattern":{"String":" "},"content":")" + std::string(50, ' ') + R"("})";
+  auto one = detail::Normalizer::parse(loader, detail::json::parse(step), "normalizer");
+  auto three = detail::Normalizer::parse(
+      loader, detail::json::parse(R"({"type":"Sequence","normalizers":[)" + step + "," + step + "," + step + "]}"), "normalizer");
+  ASSERT_TRUE(one.ok() && three.ok());
+  std::string text(1000, ' ');
+  std::string out;
+  ASSERT_TRUE(one->apply(text, out).ok());
+  EXPECT_EQ(out.size(), 50000u);
+  Status refused = three->apply(text, out);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("more than 64 times"), std::string::npos) << refused.error().message;
+}
+
+TEST(TokenizerConfig, OverridesAndRefuses) {
+  std::string added = R"([{"id":256,"content":"<s>","special":true},{"id":257,"content":"</s>","special":true},
+                          {"id":258,"content":"<|im_end|>","special":true}])";
+  auto load = [&] { return std::move(parse_bpe_json(tokenizer_json("", "[]", kByteLevel, added), "t.json")).value(); };
+  {  // the guess: <s> and </s> by name
+    auto tok = load();
+    EXPECT_EQ(tok->bos_id(), 256u);
+    EXPECT_EQ(tok->eos_id(), 257u);
+    EXPECT_TRUE(tok->add_bos());
+  }
+  auto configured = apply_tokenizer_config(load(), R"({"bos_token":null,"eos_token":{"content":"<|im_end|>"}})", "c.json");
+  ASSERT_TRUE(configured.ok()) << configured.error().message;
+  EXPECT_EQ((*configured)->bos_id(), std::nullopt);
+  EXPECT_EQ((*configured)->eos_id(), 258u);
+  EXPECT_FALSE((*configured)->add_bos());
+  auto no_bos = apply_tokenizer_config(load(), R"({"add_bos_token":false})", "c.json");
+  ASSERT_TRUE(no_bos.ok());
+  EXPECT_EQ((*no_bos)->bos_id(), 256u);
+  EXPECT_FALSE((*no_bos)->add_bos());
+  auto unknown = apply_tokenizer_config(load(), R"({"eos_token":"<|eot|>"})", "c.json");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("c.json: key 'eos_token'"), std::string::npos) << unknown.error().message;
 }
 
 TEST(Utf8, RefusesIllFormedWithOffset) {

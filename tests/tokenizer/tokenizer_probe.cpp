@@ -1,5 +1,5 @@
 // A test tool: encodes each string of a JSON array with strata's tokenizer and prints
-// {"ids": [[...]], "decoded": [...], "vocab_size", "bos", "eos"} so test_tokenizer.py can
+// {"ids": [[...]], "decoded": [...], "vocab_size", "bos", "eos", "add_bos"} so test_tokenizer.py can
 // compare it with the independent implementations. A load or encode error is one line, exit 2.
 #include <cstdio>
 #include <fstream>
@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"vocab_size", tok.vocab_size()}, {"kind", tok.kind()}};
   out["bos"] = tok.bos_id() ? nlohmann::json(*tok.bos_id()) : nlohmann::json();
   out["eos"] = tok.eos_id() ? nlohmann::json(*tok.eos_id()) : nlohmann::json();
+  out["add_bos"] = tok.add_bos();
   out["ids"] = nlohmann::json::array();
   out["decoded"] = nlohmann::json::array();
   for (const auto& text : texts) {
