@@ -19,6 +19,7 @@
 import argparse
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -125,6 +126,10 @@ generate = [strata, "--log-level", "warn", "generate", "--model", model, "--nvme
             "--host-memory", args.budget, "--device-memory", args.budget, "--precision", args.precision,
             "--prompt", "The ",
             "--tokens", str(args.tokens), "--json"]
+# The store is staged afresh every run, as the reference's file is written afresh below: on a
+# host-cached virtual disk a file written minutes ago reads faster than one written an hour ago,
+# so both sides must be equally fresh (bench/RESULTS.md, "huge pages for the store's buffers").
+shutil.rmtree(nvme, ignore_errors=True)
 first = json.loads(run(*generate).stdout)  # stages the weights (and warms nothing: reads are direct)
 weight_bytes = first["weight_bytes"]
 io_settings = open(tuned).read()

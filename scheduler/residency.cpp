@@ -74,16 +74,25 @@ void Residency::choose_resident_subset() {
   });
   const uint64_t host_room = options_.host_budget_bytes - std::min(options_.host_budget_bytes, host_home_bytes_);
   const uint64_t room_bytes = host_room - std::min(host_room, write_back_reserve_bytes_);
+  // The ring double-buffers the streamed tensors: the step computing and the next one loading
+  // must fit at once, so it is the largest streamed bytes of two steps in a row (the plan
+  // wraps), each tensor counted once. Sized as twice the largest step instead, one large
+  // streamed step (an untied head or embedding) doubled the ring and crowded out the subset.
   auto ring_bytes = [&]() {
     uint64_t largest_bytes = 0;
-    for (const auto& entries : step_tensors_) {
-      uint64_t step_bytes = 0;
-      for (const StepTensor& entry : entries)
-        if (books_[entry.tensor].home == Home::nvme && !books_[entry.tensor].keep)
-          step_bytes += books_[entry.tensor].aligned_bytes;
-      largest_bytes = std::max(largest_bytes, step_bytes);
+    std::vector<TensorId> pair;
+    for (size_t step = 0; step < n(); ++step) {
+      pair.clear();
+      for (const size_t s : {step, (step + 1) % n()})
+        for (const StepTensor& entry : step_tensors_[s])
+          if (books_[entry.tensor].home == Home::nvme && !books_[entry.tensor].keep) pair.push_back(entry.tensor);
+      std::sort(pair.begin(), pair.end());
+      pair.erase(std::unique(pair.begin(), pair.end()), pair.end());
+      uint64_t pair_bytes = 0;
+      for (const TensorId id : pair) pair_bytes += books_[id].aligned_bytes;
+      largest_bytes = std::max(largest_bytes, pair_bytes);
     }
-    return 2 * largest_bytes;
+    return largest_bytes;
   };
   for (TensorId id : candidates) {
     Book& book = books_[id];
