@@ -205,18 +205,21 @@ void check_workspace(const Workspace& workspace, size_t needed_bytes) {
 // Building blocks
 // ---------------------------------------------------------------------------------------------
 
+// Row r of y = b (+ residual row r when given): where a linear's product is then added.
+void start_row_with_bias(const float* bias, const float* residual, int64_t r, int64_t out, float* y) {
+  float* y_row = y + r * out;
+  if (residual == nullptr) {
+    std::memcpy(y_row, bias, static_cast<size_t>(out) * sizeof(float));
+  } else {
+    const float* res_row = residual + r * out;
+    for (int64_t j = 0; j < out; ++j) y_row[j] = res_row[j] + bias[j];
+  }
+}
+
 // y = x @ W + b (+ residual when given): rows start as b (+ residual), then sgemm adds x @ W.
 void linear_forward(const float* x, const float* weight, const float* bias, const float* residual,
                     int64_t rows, int64_t in, int64_t out, float* y) {
-  for_rows(rows, kRowGrain * 4, [&](int64_t r) {
-    float* y_row = y + r * out;
-    if (residual == nullptr) {
-      std::memcpy(y_row, bias, static_cast<size_t>(out) * sizeof(float));
-    } else {
-      const float* res_row = residual + r * out;
-      for (int64_t j = 0; j < out; ++j) y_row[j] = res_row[j] + bias[j];
-    }
-  });
+  for_rows(rows, kRowGrain * 4, [&](int64_t r) { start_row_with_bias(bias, residual, r, out, y); });
   sgemm(false, false, rows, out, in, x, in, weight, out, 1.0f, y, out);
 }
 
@@ -642,15 +645,7 @@ void decode_linear(const float* x, const float* weight, const float* bias, const
 }
 void decode_linear(const float* x, const uint16_t* weight, const float* bias, const float* residual, int64_t rows,
                    int64_t in, int64_t out, float* y, float* pieces) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* y_row = y + r * out;
-    if (residual == nullptr) {
-      std::memcpy(y_row, bias, static_cast<size_t>(out) * sizeof(float));
-    } else {
-      const float* res_row = residual + r * out;
-      for (int64_t j = 0; j < out; ++j) y_row[j] = res_row[j] + bias[j];
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r) start_row_with_bias(bias, residual, r, out, y);
   cpu_math::matmul_bf16(false, rows, in, out, x, weight, true, y, pieces);
 }
 
