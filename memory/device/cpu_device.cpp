@@ -130,13 +130,9 @@ class CpuEvent final : public EventBackend {
   uint64_t recorded_ = 0, completed_ = 0;
 };
 
-// One anonymous mapping of the budget (rounded to 2 MiB), in huge pages and pre-faulted
-// (common/pages.h) so the first copies are neither page-fault bound nor split per 4 KiB page.
-using Region = PageMapping;
-
 class CpuDevice final : public Device {
  public:
-  CpuDevice(Region region, uint64_t budget_bytes)
+  CpuDevice(PageMapping region, uint64_t budget_bytes)
       : Device(budget_bytes, region.data()), region_(std::move(region)) {}
 
   Kind kind() const override { return Kind::cpu; }
@@ -213,13 +209,15 @@ class CpuDevice final : public Device {
     return p >= begin && p + size_bytes <= begin + budget_bytes();
   }
 
-  Region region_;
+  // The budget's one anonymous mapping (rounded to 2 MiB), in huge pages and pre-faulted
+  // (common/pages.h): the first copies are neither page-fault bound nor split per 4 KiB page.
+  PageMapping region_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Device>> make_cpu_device(uint64_t budget_bytes) {
-  STRATA_ASSIGN_OR_RETURN(Region region, Region::map(budget_bytes, PageMappingOptions{}, "cpu device region"));
+  STRATA_ASSIGN_OR_RETURN(PageMapping region, PageMapping::map(budget_bytes, PageMappingOptions{}, "cpu device region"));
   return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(region), budget_bytes));
 }
 

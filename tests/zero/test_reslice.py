@@ -78,6 +78,27 @@ def within(reference, ref_summary, out, summary, what):
         fail(f"{what} is not the run that never changed N within {TOLERANCE}")
 
 
+def resliced(tmp, name, old, new, reference, ref_summary, stage, what):
+    """3 steps on `old` ranks, then resume to step 5 on `new`: the re-slice is reported, the run
+    resumes at step 3 on `new` ranks within the tolerance of the straight run, and each new
+    store records (new, 5). Returns the export and the new stores."""
+    cfg = config(tmp, name, stage=stage)
+    run(old, "train", cfg, "--steps", "3")
+    out = os.path.join(tmp, name + ".safetensors")
+    result = run(new, "train", cfg, "--resume", "--json", "--export", out)
+    if "re-sliced step 3" not in result.stderr:
+        fail(f"{what}: no re-slice was reported:\n{result.stderr[-2000:]}")
+    summary = summary_of(result)
+    if summary["first_step"] != 3 or summary["ranks"] != new:
+        fail(f"{what}: resumed at step {summary['first_step']} on {summary['ranks']} ranks")
+    within(reference, ref_summary, out, summary, f"{what} ranks after step 3")
+    stores = [os.path.join(tmp, name, f"rank{r}", "store") for r in range(new)]
+    for store in stores:
+        if ranks_of(store) != (new, 5):
+            fail(f"{store} records (ranks, step) {ranks_of(store)}, not ({new}, 5)")
+    return out, stores
+
+
 def one_line(result, what):
     lines = [l for l in result.stderr.splitlines() if l.startswith("[E]")]  # a plain run: its error lines
     if result.returncode == 0 or len(lines) != 1 or what not in lines[0]:
@@ -92,20 +113,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         reference, ref_summary = straight(tmp, "one", 0)
         for old, new in ((2, 1), (1, 2), (2, 3), (3, 2)):
             name = f"n{old}to{new}"
-            cfg = config(tmp, name)
-            run(old, "train", cfg, "--steps", "3")
-            out = os.path.join(tmp, name + ".safetensors")
-            result = run(new, "train", cfg, "--resume", "--json", "--export", out)
-            if "re-sliced step 3" not in result.stderr:
-                fail(f"{old} → {new}: no re-slice was reported:\n{result.stderr[-2000:]}")
-            summary = summary_of(result)
-            if summary["first_step"] != 3 or summary["ranks"] != new:
-                fail(f"{old} → {new}: resumed at step {summary['first_step']} on {summary['ranks']} ranks")
-            within(reference, ref_summary, out, summary, f"{old} → {new} ranks after step 3")
-            stores = [os.path.join(tmp, name, f"rank{r}", "store") for r in range(new)]
-            for store in stores:
-                if ranks_of(store) != (new, 5):
-                    fail(f"{store} records (ranks, step) {ranks_of(store)}, not ({new}, 5)")
+            out, stores = resliced(tmp, name, old, new, reference, ref_summary, 2, f"{old} → {new}")
             for r in range(new, old):  # old ranks beyond the new N: marked, not reusable as a store
                 folder = os.path.join(tmp, name, f"rank{r}")
                 if os.path.exists(os.path.join(folder, "store")) or \
@@ -121,20 +129,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         share = re.compile(r"^params\.(.+?)(?:\.(\d+)-(\d+))?$")
         for old, new in ((2, 3), (3, 2), (2, 1), (1, 2)):
             name = f"s3n{old}to{new}"
-            cfg = config(tmp, name, stage=3)
-            run(old, "train", cfg, "--steps", "3")
-            out = os.path.join(tmp, name + ".safetensors")
-            result = run(new, "train", cfg, "--resume", "--json", "--export", out)
-            if "re-sliced step 3" not in result.stderr:
-                fail(f"stage 3, {old} → {new}: no re-slice was reported:\n{result.stderr[-2000:]}")
-            summary = summary_of(result)
-            if summary["first_step"] != 3 or summary["ranks"] != new:
-                fail(f"stage 3, {old} → {new}: resumed at step {summary['first_step']} on {summary['ranks']} ranks")
-            within(reference, ref_summary, out, summary, f"stage 3, {old} → {new} ranks after step 3")
-            stores = [os.path.join(tmp, name, f"rank{r}", "store") for r in range(new)]
-            for store in stores:
-                if ranks_of(store) != (new, 5):
-                    fail(f"{store} records (ranks, step) {ranks_of(store)}, not ({new}, 5)")
+            out, stores = resliced(tmp, name, old, new, reference, ref_summary, 3, f"stage 3, {old} → {new}")
             # The new shares: disjoint (by name and by chunk range within a unit), the model once.
             names, chunks, total = set(), {}, 0
             for r, store in enumerate(stores):
