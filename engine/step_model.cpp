@@ -8,12 +8,12 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include "common/size.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
+#include "memory/store.h"
 #include "scheduler/replay.h"
 
 namespace strata {
@@ -287,7 +287,7 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     rates.copy_ns_per_byte = seconds_of([&] { std::memcpy(target, source, bytes); }) * 1e9 / static_cast<double>(bytes);
     volatile uint64_t digest = 0;
     rates.hash_ns_per_byte =
-        seconds_of([&] { digest = XXH3_64bits(source, count * 12); }) * 1e9 / static_cast<double>(count * 12);
+        seconds_of([&] { digest = memory::extent_checksum(source, count * 12); }) * 1e9 / static_cast<double>(count * 12);
     (void)digest;
   }
   rates.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -22,6 +22,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
+// After xxhash.h: XXH3_64bits and XXH3_64bits_update become the runtime-dispatched versions.
+#include <xxh_x86dispatch.h>
 
 #include "common/size.h"
 #include "memory/allocator.h"
@@ -147,6 +149,8 @@ Error corrupt_manifest(const fs::path& path, const std::string& why) {
 
 }  // namespace
 
+uint64_t extent_checksum(const void* data, uint64_t size_bytes) { return XXH3_64bits(data, size_bytes); }
+
 // ------------------------------------------------------------------------------------------
 
 struct Store::Impl {
@@ -230,7 +234,7 @@ struct Store::Impl {
     const uint64_t start = now_ns();
     uint64_t digest = 0;
     if (length <= kSliceBytes || hash_state == nullptr) {
-      digest = XXH3_64bits(data, length);
+      digest = extent_checksum(data, length);
     } else {
       XXH3_64bits_reset(hash_state);
       for (uint64_t done = 0; done < length; done += kSliceBytes) {
@@ -981,7 +985,7 @@ Result<VerifyReport> Store::verify() {
         report.damages.push_back(std::move(damage));
         continue;
       }
-      const uint64_t actual = XXH3_64bits(buffer, extent.length_bytes);
+      const uint64_t actual = extent_checksum(buffer, extent.length_bytes);
       report.bytes_checked += extent.length_bytes;
       if (actual != extent.xxh3) {
         damage.what = "checksum mismatch: extent xxh3 should be " + hex64(extent.xxh3) +

@@ -66,6 +66,12 @@ inline constexpr const char* kStoreManifestName = "manifest.json";
 // the default 16 MiB extents). Anything larger is refused before it is read into memory.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 
+// The checksum every extent carries: XXH3-64 of its bytes, through libxxhash's x86 dispatch
+// (AVX2 where the CPU has it: ~3× the SSE2 build's rate on cached data, ~1.5× streaming from
+// DRAM — measured on this box 55 vs 16 and 24 vs 16 GB/s). Same value on every CPU. `strata plan`
+// times this function to predict the store's hashing cost.
+uint64_t extent_checksum(const void* data, uint64_t size_bytes);
+
 using EngineFactory = std::function<Result<std::unique_ptr<io::Engine>>(const io::EngineConfig&)>;
 
 struct StoreOptions {
