@@ -833,6 +833,36 @@ Result<StoreTicket> Store::read_tensor_async(std::string_view name, void* data, 
   return StoreTicket{ticket};
 }
 
+Result<StoreTicket> Store::read_extent_async(std::string_view name, size_t extent_index, void* data,
+                                             uint64_t capacity_bytes) {
+  Impl& s = *impl_;
+  if (auto it = s.staged.find(name); it != s.staged.end() && it->second.write_ticket != 0) {
+    s.complete(it->second.write_ticket, s.ops.at(it->second.write_ticket));
+  }
+  const TensorRecord* record = s.visible(name);
+  if (record == nullptr || extent_index >= record->extents.size()) {
+    Error error = make_error(ErrorKind::not_found, record == nullptr
+                                                       ? std::string("no such tensor in the store")
+                                                       : "tensor has no extent " + std::to_string(extent_index));
+    error.tensor = std::string(name);
+    error.path = s.dir.string();
+    return error;
+  }
+  const Extent& extent = record->extents[extent_index];
+  if (capacity_bytes < extent.length_bytes) {
+    return make_error(ErrorKind::invalid_argument,
+                      "extent " + std::to_string(extent_index) + " of tensor '" + record->name + "' needs " +
+                          std::to_string(extent.length_bytes) + " bytes, the buffer holds " +
+                          std::to_string(capacity_bytes));
+  }
+  Impl::PendingOp op;
+  op.is_write = false;
+  op.tensor = record->name;
+  op.data = static_cast<std::byte*>(data);
+  op.extents = {extent};
+  return StoreTicket{s.start(std::move(op))};
+}
+
 Status Store::wait(StoreTicket ticket) {
   Impl& s = *impl_;
   auto it = s.ops.find(ticket.value);

@@ -178,6 +178,11 @@ class Store {
   // Submits the reads of every extent of `name` into `data` (`capacity_bytes` ≥ its size).
   [[nodiscard]] Result<StoreTicket> read_tensor_async(std::string_view name, void* data,
                                                       uint64_t capacity_bytes);
+  // Submits the read of one whole extent of `name` (`extent_index` into its record's extents,
+  // `find(name)->extents`) into `data` (`capacity_bytes` ≥ that extent's length): a few rows of
+  // a large tensor for the price of the extents that hold them, still verified by checksum.
+  [[nodiscard]] Result<StoreTicket> read_extent_async(std::string_view name, size_t extent_index, void* data,
+                                                      uint64_t capacity_bytes);
   // Completes a ticket: for a read, verifies every extent's checksum. A failed write
   // un-stages its tensor (the committed version stays visible).
   [[nodiscard]] Status wait(StoreTicket ticket);
