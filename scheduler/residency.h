@@ -28,7 +28,8 @@
 //     furthest from *now* slides a window over the plan and reads every tensor once per
 //     repetition, although the pool could hold most of them. Read-only NVMe-homed tensors are
 //     therefore split once, at construction: a subset kept in host memory across repetitions
-//     (most uses first, as many as fit beside a read-ahead ring holding the streamed
+//     (most uses first, then plan order or largest first — whichever keeps more bytes — as
+//     many as fit beside a read-ahead ring holding the streamed
 //     tensors of the two largest consecutive steps) and the rest, which stream through the ring. Read-ahead never evicts a
 //     kept copy (it waits instead); the cursor step may, as a last resort, so it always
 //     completes. Tensors a step writes are never kept.

@@ -17,7 +17,8 @@
 // read-only plan shaped like offloaded generation (embedding, blocks, a head that reads the
 // embedding again) with a pool holding ~64 % of it, both the scheduler and the replay keep a
 // resident subset across repetitions, reading well under the whole plan per repetition (a
-// window sliding over the plan read all of it every time: ≥ 1.0×).
+// window sliding over the plan read all of it every time: ≥ 1.0×); and that the subset keeps a
+// large tensor when that shrinks the read-ahead ring enough to keep more in all.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -222,6 +223,32 @@ TEST(Replay, RepeatedReadOnlyPlanKeepsAResidentSubset) {
     EXPECT_GE(bytes.read, uint64_t{kCounted} * (weight_bytes - pool_bytes));
     EXPECT_LE(bytes.read, uint64_t{kCounted} * weight_bytes * 7 / 10);
     EXPECT_EQ(bytes.written, 0u);
+  }
+}
+
+// An untied model's generation with the embedding read by rows: blocks, then a head 4× a
+// block that nothing else reads. Pool 448 KiB of 1024. Kept in plan order, the ring must hold
+// head + block (320 KiB), leaving room for 2 blocks: 896 KiB read a repetition. Kept largest
+// first, the head stays and the ring is two blocks: head + 1 block kept, 704 KiB read.
+TEST(Replay, ResidentSubsetKeepsALargeTensorWhenThatShrinksTheRing) {
+  AccessPlan plan;
+  std::vector<TensorId> blocks;
+  for (uint32_t i = 0; i < 12; ++i) blocks.push_back(plan.add_tensor("B." + std::to_string(i), 64 * kKiB));
+  const TensorId head = plan.add_tensor("H", 256 * kKiB);
+  for (uint32_t i = 0; i < 12; ++i) plan.add_step("b." + std::to_string(i), {blocks[i]});
+  plan.add_step("head", {head});
+  const uint64_t pool_bytes = 448 * kKiB;
+  SchedulerOptions options;
+  options.compute_in_place = true;
+  options.host_budget_bytes = pool_bytes;
+  const Bytes real = run_real(plan, options, 64 * kKiB, pool_bytes);
+  const Bytes replayed = run_replay(plan, options, 64 * kKiB, pool_bytes);
+  std::printf("untied head, pool 448 KiB: NVMe read per iteration real %llu KiB, replayed %llu KiB (704 ideal)\n",
+              static_cast<unsigned long long>(real.read / kCounted / kKiB),
+              static_cast<unsigned long long>(replayed.read / kCounted / kKiB));
+  for (const Bytes& bytes : {real, replayed}) {
+    EXPECT_GE(bytes.read, uint64_t{kCounted} * 704 * kKiB);
+    EXPECT_LE(bytes.read, uint64_t{kCounted} * 800 * kKiB);  // plan order: 896
   }
 }
 
