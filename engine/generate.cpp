@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sys/statvfs.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/pages.h"
 #include "common/size.h"
 #include "engine/hf/hf.h"
 #include "engine/model_layout.h"
@@ -49,6 +51,85 @@ uint64_t peak_rss_bytes() {
 
 // Whole DeviceBuffers round up to the device's alignment; the scratch is a handful of them.
 uint64_t device_bytes(uint64_t size_bytes) { return align_up(std::max<uint64_t>(size_bytes, 1), device::kDeviceAlignmentBytes); }
+
+// The embedding rows a pass needs, read from the store extent by extent, for a model whose
+// head does not reuse the table (an untied Llama): decoding one token then reads one extent
+// (≤ the store's max_extent_bytes) instead of the whole [vocab, C] table, which would otherwise
+// stream through the pool every token (49 MB of a 125M Llama's 249 MB). A checksum covers a
+// whole extent, so whole extents are read and verified (memory/store.h). The reads go through a
+// second read-only handle on the same store, owned by the compute thread: the scheduler's I/O
+// thread owns the first one (scheduler.h), and a read-only store writes nothing.
+class EmbeddingRows {
+ public:
+  static Result<EmbeddingRows> open(const std::string& dir, memory::StoreOptions options, const std::string& tensor,
+                                    uint64_t row_bytes) {
+    options.read_only = true;
+    EmbeddingRows rows;
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
+    rows.store_ = std::make_unique<memory::Store>(std::move(store));
+    std::optional<memory::TensorRecord> record = rows.store_->find(tensor);
+    if (!record.has_value()) return make_error(ErrorKind::corrupt, fmt::format("store {}: no tensor '{}'", dir, tensor));
+    uint64_t start = 0, largest = 0;
+    for (const memory::Extent& extent : record->extents) {
+      rows.extent_starts_.push_back(start);
+      start += extent.length_bytes;
+      largest = std::max(largest, extent.length_bytes);
+    }
+    rows.extent_starts_.push_back(start);
+    rows.tensor_ = tensor;
+    rows.row_bytes_ = row_bytes;
+    STRATA_ASSIGN_OR_RETURN(rows.bounce_, PageMapping::map(std::max<uint64_t>(largest, 4096), PageMappingOptions{},
+                                                           "embedding rows buffer"));
+    return rows;
+  }
+  // Bytes of host memory this reader holds (one extent): generation counts them in its budget.
+  static uint64_t buffer_bytes(const memory::Store& store, const std::string& tensor) {
+    uint64_t largest = 0;
+    if (std::optional<memory::TensorRecord> record = store.find(tensor))
+      for (const memory::Extent& extent : record->extents) largest = std::max(largest, extent.length_bytes);
+    return align_up(std::max<uint64_t>(largest, 4096), kHugePageBytes);
+  }
+  // Row tokens[r] of the table into out + r · row_bytes, for r < rows; each extent read once.
+  Status gather(const int32_t* tokens, int64_t rows, std::byte* out) {
+    order_.clear();
+    for (int64_t r = 0; r < rows; ++r) order_.emplace_back(uint64_t(tokens[r]) * row_bytes_, r);
+    std::sort(order_.begin(), order_.end());
+    for (const auto& [offset, r] : order_) {
+      uint64_t done = 0;  // a row may straddle two extents
+      while (done < row_bytes_) {
+        const uint64_t at = offset + done;
+        const size_t e = size_t(std::upper_bound(extent_starts_.begin(), extent_starts_.end(), at) -
+                                extent_starts_.begin()) - 1;
+        if (e + 1 >= extent_starts_.size())
+          return make_error(ErrorKind::corrupt, fmt::format("tensor '{}' is shorter than its row {}", tensor_, at / row_bytes_));
+        if (e != loaded_extent_) {
+          loaded_extent_ = SIZE_MAX;
+          STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
+                                  store_->read_extent_async(tensor_, e, bounce_.data(), bounce_.size_bytes()));
+          STRATA_RETURN_IF_ERROR(store_->wait(ticket));
+          loaded_extent_ = e;
+          ++extent_reads_;
+          read_bytes_ += extent_starts_[e + 1] - extent_starts_[e];
+        }
+        const uint64_t take = std::min(row_bytes_ - done, extent_starts_[e + 1] - at);
+        std::memcpy(out + uint64_t(r) * row_bytes_ + done, bounce_.data() + (at - extent_starts_[e]), take);
+        done += take;
+      }
+    }
+    return Status();
+  }
+  uint64_t read_bytes() const { return read_bytes_; }
+
+ private:
+  std::unique_ptr<memory::Store> store_;
+  std::string tensor_;
+  uint64_t row_bytes_ = 0;
+  std::vector<uint64_t> extent_starts_;  // each extent's first byte in the tensor, then its size
+  PageMapping bounce_;
+  size_t loaded_extent_ = SIZE_MAX;      // the extent bounce_ holds (a run of tokens in one extent reads once)
+  uint64_t extent_reads_ = 0, read_bytes_ = 0;
+  std::vector<std::pair<uint64_t, int64_t>> order_;
+};
 
 }  // namespace
 
@@ -242,6 +323,10 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const int64_t kv_width = definition.kv_cache_width();
   const uint64_t final_norm_elements = definition.final_norm_elements();
   const bool tied = definition.head_tied();
+  // An untied table is needed only at the pass's new tokens' rows: read those (EmbeddingRows)
+  // instead of streaming the table. A tied one is the head's projection too, and GPT-2's unit
+  // also holds the learned positions: those stream whole.
+  const bool embed_by_rows = !tied && learned_positions == 0;
 
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, codec.encode(prompt, model.vocab_size));
   if (context.empty()) context.push_back(codec.start_token(model.vocab_size));
@@ -255,11 +340,14 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   sch::AccessPlan plan;
   std::vector<sch::TensorId> ids;
   uint64_t weight_bytes = 0;
-  for (const Unit& unit : layout.units()) {
-    ids.push_back(plan.add_tensor(params_name(unit), unit.element_count * element_bytes));
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Unit& unit = layout.units()[u];
     weight_bytes += unit.element_count * element_bytes;
+    ids.push_back(embed_by_rows && u == layout.embed_unit()
+                      ? kNoTensor
+                      : plan.add_tensor(params_name(unit), unit.element_count * element_bytes));
   }
-  plan.add_step("embed", {ids[layout.embed_unit()]});
+  if (!embed_by_rows) plan.add_step("embed", {ids[layout.embed_unit()]});
   for (int64_t i = 0; i < n_layer; ++i)
     plan.add_step(layout.units()[layout.block_unit(i)].name, {ids[layout.block_unit(i)]});
   if (tied)
@@ -282,26 +370,34 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                : std::max<uint64_t>(definition.decode_bf16_scratch_bytes(kind),
                                                     align_up(embed_piece_elements * 4, 64));
   const uint64_t token_ids_bytes = uint64_t(max_rows) * 4;
+  // Read by rows: the rows as stored, on the device (the op's table), and their host staging,
+  // plus the reader's one-extent buffer — host memory out of the same budgets.
+  const uint64_t row_bytes = uint64_t(c) * element_bytes;
+  const uint64_t embed_rows_bytes = embed_by_rows ? uint64_t(max_rows) * row_bytes : 0;
+  const std::string embed_tensor = params_name(layout.units()[layout.embed_unit()]);
+  const uint64_t embed_reader_bytes =
+      embed_by_rows ? EmbeddingRows::buffer_bytes(store, embed_tensor) + align_up(embed_rows_bytes, kHugePageBytes) : 0;
   const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(max_rows, window);
   const uint64_t logits_bytes = uint64_t(vocab) * 4;
   const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
                                  2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
                                  device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
-                                 device_bytes(token_ids_bytes);
+                                 device_bytes(token_ids_bytes) + (embed_by_rows ? device_bytes(embed_rows_bytes) : 0);
   uint64_t largest_step_bytes = 0;
   for (size_t s = 0; s < plan.step_count(); ++s)
     largest_step_bytes = std::max(largest_step_bytes, plan.step_bytes(s, 4096));
   const uint64_t budget_bytes = config.host_memory_bytes + config.device_memory_bytes;
-  if (budget_bytes < scratch_bytes + largest_step_bytes)
+  if (budget_bytes < scratch_bytes + embed_reader_bytes + largest_step_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: host.memory + device.memory = {} cannot hold generation's scratch ({}: the KV "
-                                  "cache {}, bf16 scratch {}{}, activations, workspace) and its "
+                                  "cache {}, bf16 scratch {}{}, activations, workspace, embedding rows) and its "
                                   "largest step ({})",
-                                  config.source_path, format_size(budget_bytes), format_size(scratch_bytes),
+                                  config.source_path, format_size(budget_bytes),
+                                  format_size(scratch_bytes + embed_reader_bytes),
                                   format_size(kv_bytes), format_size(widen_bytes),
                                   widen_bytes > 0 ? " (the weights are bf16; fp32 weights need none)" : "",
                                   format_size(largest_step_bytes)));
-  const uint64_t pool_bytes = budget_bytes - scratch_bytes;
+  const uint64_t pool_bytes = budget_bytes - scratch_bytes - embed_reader_bytes;
 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, scratch_bytes));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
@@ -322,6 +418,16 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer workspace_buffer, device->allocate(workspace_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer logits_buffer, device->allocate(logits_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer token_ids_buffer, device->allocate(token_ids_bytes));
+  device::DeviceBuffer embed_rows_buffer;
+  std::optional<EmbeddingRows> embedding_rows;
+  PageMapping embed_rows_staging;
+  if (embed_by_rows) {
+    STRATA_ASSIGN_OR_RETURN(embed_rows_buffer, device->allocate(embed_rows_bytes));
+    STRATA_ASSIGN_OR_RETURN(EmbeddingRows reader, EmbeddingRows::open(dir, store_options, embed_tensor, row_bytes));
+    embedding_rows.emplace(std::move(reader));
+    STRATA_ASSIGN_OR_RETURN(embed_rows_staging, PageMapping::map(embed_rows_bytes, PageMappingOptions{},
+                                                                 "embedding rows staging"));
+  }
   auto* row_ids = reinterpret_cast<int32_t*>(token_ids_buffer.data());  // 0, 1, 2...: rows of a widened piece
   for (int64_t r = 0; r < max_rows; ++r) row_ids[r] = static_cast<int32_t>(r);
   auto* x_a = reinterpret_cast<float*>(x_a_buffer.data());
@@ -342,6 +448,24 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   auto* widen_scratch = reinterpret_cast<float*>(widen_buffer.data());
   const gk::Workspace bf16_scratch{widen_scratch, widen_bytes};
   const size_t head_step = plan.step_count() - 1;
+  const size_t first_block_step = embed_by_rows ? 0 : 1;
+  // The embedding by rows: the new tokens' rows gathered from the store, to the device, then
+  // the op over them as a `rows`-row table (ids 0…rows−1), widened first when bf16.
+  auto embed_rows = [&](const int32_t* tokens, int64_t rows) -> Status {
+    STRATA_RETURN_IF_ERROR(embedding_rows->gather(tokens, rows, embed_rows_staging.data()));
+    STRATA_RETURN_IF_ERROR(device->copy_to_device(backend->compute_stream(), embed_rows_buffer.data(),
+                                                  embed_rows_staging.data(), uint64_t(rows) * row_bytes));
+    // The copy is done before any op reads it: the CPU backend runs its ops on the calling
+    // thread, not behind the stream's copies (a few KiB; the stream is idle between passes).
+    STRATA_RETURN_IF_ERROR(backend->synchronize());
+    const auto* table = reinterpret_cast<const float*>(embed_rows_buffer.data());
+    if (*precision != DType::f32) {
+      STRATA_RETURN_IF_ERROR(backend->cast_bf16_to_fp32(reinterpret_cast<const uint16_t*>(embed_rows_buffer.data()),
+                                                        widen_scratch, uint64_t(rows) * uint64_t(c)));
+      table = widen_scratch;
+    }
+    return definition.embedding_decode(*backend, 0, rows, row_ids, table, rows, nullptr, x_a);
+  };
   // The embedding step: x_a = the new tokens' embeddings.
   auto embed_step = [&](const sch::StepBuffers& buffers, const int32_t* tokens, int64_t past, int64_t rows) -> Status {
     void* embed_params = buffers.device_data(ids[layout.embed_unit()]);
@@ -380,18 +504,20 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   // One pass over the weights for `rows` new tokens at positions past…; leaves the logits of
   // the last one in `logits`.
   auto pass = [&](const int32_t* tokens, int64_t past, int64_t rows) -> Status {
+    if (embed_by_rows) STRATA_RETURN_IF_ERROR(embed_rows(tokens, rows));
     for (size_t s = 0; s < plan.step_count(); ++s) {
       STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler->acquire(s));
       Status status;
-      if (s == 0) {
+      const auto block_index = static_cast<int64_t>(s) - static_cast<int64_t>(first_block_step);
+      if (s < first_block_step) {
         status = embed_step(buffers, tokens, past, rows);
       } else if (s < head_step) {
-        void* block = buffers.device_data(ids[layout.block_unit(static_cast<int64_t>(s) - 1)]);
+        void* block = buffers.device_data(ids[layout.block_unit(block_index)]);
         status = *precision == DType::f32
                      ? definition.block_decode(*backend, past, rows, static_cast<const float*>(block), x_a, x_b,
-                                               cache[s - 1], workspace)
+                                               cache[size_t(block_index)], workspace)
                      : definition.block_decode_bf16(*backend, past, rows, static_cast<const uint16_t*>(block), x_a,
-                                                    x_b, cache[s - 1], workspace, bf16_scratch);
+                                                    x_b, cache[size_t(block_index)], workspace, bf16_scratch);
         std::swap(x_a, x_b);
       } else {
         status = head(buffers, rows);
@@ -444,7 +570,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   summary.tokens_per_s = summary.decode_seconds > 0 ? static_cast<double>(passes) / summary.decode_seconds : 0.0;
   const sch::SchedulerStats stats = scheduler->stats();
   const sch::TransferStats& reads = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)];
-  summary.nvme_read_bytes = reads.bytes;
+  summary.nvme_read_bytes = reads.bytes + (embedding_rows ? embedding_rows->read_bytes() : 0);
   summary.read_busy_seconds = static_cast<double>(reads.busy_ns) * 1e-9;
   summary.stall_seconds = static_cast<double>(stats.stall_ns) * 1e-9;
   summary.host_high_water_bytes = stats.host_high_water_bytes;
@@ -497,8 +623,12 @@ Status stage_hf_weights(const TrainConfig& config, bool progress) {
   std::vector<std::string> data_paths;
   for (const std::string& path : config.nvme_paths)
     data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
-  STRATA_ASSIGN_OR_RETURN(memory::Store store,
-                          memory::Store::create(dir, data_paths, capacity_bytes, store_options_for(config)));
+  // 4 MiB extents (a training store's are 16 MiB): an untied embedding is read by the extents
+  // that hold a pass's rows (EmbeddingRows), so a token costs 4 MiB of reads and of buffer.
+  // Streamed units read as before: the engine cuts every extent into block_size requests anyway.
+  memory::StoreOptions staged_options = store_options_for(config);
+  staged_options.max_extent_bytes = std::min<uint64_t>(staged_options.max_extent_bytes, 4 * kMiB);
+  STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::create(dir, data_paths, capacity_bytes, staged_options));
   spdlog::info("staging {} ({} parameters, {} as {}) into {} before generating", config.model.init,
                layout.parameter_count(), format_size(weight_bytes), dtype_name(config.precision), dir);
   // One unit at a time through one pinned buffer: the fp32 unit, then its compute copy.
