@@ -22,7 +22,9 @@
 # Qwen 2's byte-level form against @huggingface/tokenizers, ids and normalized (decoded) text, on
 # ~270 texts; (precompiled) the Precompiled normalizer with the charsmap of SentencePiece models
 # trained here (nmt_nfkc, nfkc_cf), its normalized text against SentencePiece's own (the npm
-# package only approximates Precompiled with NFKC, so it is no reference for it).
+# package only approximates Precompiled with NFKC, so it is no reference for it); (pretokenizers)
+# Whitespace, WhitespaceSplit, Digits and Punctuation before ByteLevel and before Metaspace
+# against @huggingface/tokenizers, and the cuts only Rust's versions make, by hand.
 #
 # Usage: test_tokenizer.py STRATA_BINARY PROBE_BINARY CASE. Exit 77 (skip) only when node, the
 # npm packages (scripts/setup.sh installs them) or python3-sentencepiece are missing.
@@ -600,7 +602,11 @@ def case_bad_files():
             ("behavior", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"][0].update(behavior="Contiguous")),
              "'pre_tokenizer.pretokenizers[0].behavior'"),
             ("no byte level", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].pop(1)), "'pre_tokenizer'"),
-            ("whitespace pre", mutate(set_path(["pre_tokenizer"], {"type": "Whitespace"})), "'pre_tokenizer.type'"),
+            ("bert pre", mutate(set_path(["pre_tokenizer"], {"type": "BertPreTokenizer"})), "'pre_tokenizer.type'"),
+            ("punctuation behavior", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].insert(
+                0, {"type": "Punctuation", "behavior": "MergedWithNext"})), "'pre_tokenizer.pretokenizers[0].behavior'"),
+            ("digits flag", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].insert(
+                0, {"type": "Digits", "individual_digits": 1})), "'pre_tokenizer.pretokenizers[0].individual_digits'"),
             ("added id string", mutate(lambda s: s["added_tokens"][0].update(id="x")), "'added_tokens[0].id'"),
             ("added empty", mutate(lambda s: s["added_tokens"][1].update(content="")), "'added_tokens[1].content'"),
             ("added clash", mutate(lambda s: s["added_tokens"][0].update(id=5)), "'added_tokens[0].id'"),
@@ -928,6 +934,78 @@ def bad_charsmaps():
     ]
 
 
+def case_pretokenizers():
+    """Whitespace, WhitespaceSplit, Digits and Punctuation, each before ByteLevel (no regex) on Qwen
+    2's fixture and before Metaspace (prepend never) on Llama 2's — whose merges cross punctuation
+    and digits ("s." "7."), so a missed cut changes ids — against @huggingface/tokenizers. The JS
+    versions are narrower than Rust's in ways the texts avoid: Whitespace's \\w and Digits' \\d
+    are ASCII there (Rust: Unicode), so those two see only texts whose letters and digits are
+    ASCII; its Punctuation groups runs whatever `behavior` says, so it checks Contiguous
+    (Isolated and Removed are checked by hand below, with Unicode white space and digits)."""
+    import unicodedata
+    with tempfile.TemporaryDirectory() as folder:
+        qwen2 = fixture(folder, "qwen2")
+        fixtures(folder, "llama2")
+        specs = []
+        for source, last in ((qwen2, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                      "use_regex": False}),
+                             (os.path.join(folder, "llama2_metaspace.json"),
+                              {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": False})):
+            with open(source) as f:
+                specs.append((json.load(f), last))
+        # JS's \s counts U+FEFF and not U+0085; Rust's White_Space the other way round.
+        everything = [t for t in normalizer_texts() if "\ufeff" not in t and "\x85" not in t]
+        ascii_only = [t for t in everything if t.isascii()]
+        ascii_digits = [t for t in everything
+                        if all(c.isascii() or not unicodedata.category(c).startswith("N") for c in t)]
+        forms = [
+            ("Whitespace", {"type": "Whitespace"}, ascii_only),
+            ("WhitespaceSplit", {"type": "WhitespaceSplit"}, everything),
+            ("Digits (individual)", {"type": "Digits", "individual_digits": True}, ascii_digits),
+            ("Digits (runs)", {"type": "Digits", "individual_digits": False}, ascii_digits),
+            ("Punctuation (Contiguous)", {"type": "Punctuation", "behavior": "Contiguous"}, everything),
+        ]
+        path = os.path.join(folder, "pre.json")
+
+        def write(first, which=0):
+            spec, last = specs[which]
+            spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [first, last]}
+            with open(path, "w") as f:
+                json.dump(spec, f)
+
+        for which, shape in enumerate(("ByteLevel", "Metaspace")):
+            for name, step, texts in forms:
+                write(step, which)
+                ours = probe(path, texts, folder)
+                hf = js_reference("hf", path, texts, folder)
+                compare(f"{name} + {shape} vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+                compare(f"{name} + {shape} decode vs @huggingface/tokenizers", texts, ours["decoded"], hf["decoded"])
+                print(f"pretokenizers: {name} + {shape}: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens "
+                      f"equal @huggingface/tokenizers")
+        # Rust's semantics where the JS reference has none. A cut shows as the ids of the parts
+        # encoded alone; each text is one whose merges would cross the cut (checked: uncut, the
+        # ids differ), on the Llama 2 fixture.
+        def ids(step, texts):
+            write(step, 1)
+            return [i for p in probe(path, texts, folder)["ids"] for i in p]
+
+        plain = {"type": "Split", "pattern": {"String": "\u0000"}, "behavior": "Isolated"}  # cuts nothing here
+        checks = [
+            ({"type": "Punctuation"}, "works..", ["works", ".", "."]),
+            ({"type": "Punctuation", "behavior": "Removed"}, "works.the", ["works", "the"]),
+            ({"type": "Whitespace"}, "na\u00efve\u00a0works.", ["na\u00efve", "works", "."]),
+            ({"type": "WhitespaceSplit"}, "na\u00efve\u3000works", ["na\u00efve", "works"]),
+            ({"type": "Digits", "individual_digits": True}, "\u0661\u06622007.", ["\u0661", "\u0662", "2", "0", "0", "7", "."]),
+            ({"type": "Digits"}, "2007.", ["2007", "."]),
+        ]
+        for step, text, parts in checks:
+            if ids(step, [text]) != ids(step, parts):
+                fail(f"pretokenizers: {step} on {text!r} did not cut into {parts}")
+            if ids(plain, [text]) == ids(plain, parts):
+                fail(f"pretokenizers: {text!r} uncut encodes like {parts}: the check could not fail")
+        print(f"pretokenizers: {len(checks)} cuts Rust makes and the JS reference cannot show")
+
+
 {"gpt2": case_gpt2, "llama3": case_llama3, "qwen2": case_qwen2, "llama2": case_llama2, "config": case_config,
  "sentencepiece": case_sentencepiece, "cli": case_cli, "bad_files": case_bad_files,
- "normalizers": case_normalizers, "precompiled": case_precompiled}[CASE]()
+ "normalizers": case_normalizers, "precompiled": case_precompiled, "pretokenizers": case_pretokenizers}[CASE]()
