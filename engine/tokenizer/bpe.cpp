@@ -10,7 +10,8 @@
 //  2. each stretch between them is normalized (transforms.h), and `normalized` added tokens split
 //     the normalized text the same way;
 //  3. each stretch goes through the pre-tokenizer steps: Split steps run their regex and keep
-//     matches and gaps as separate pieces (Isolated) or drop the matches (Removed); ByteLevel
+//     matches and gaps as separate pieces (Isolated) or drop the matches (Removed) — Whitespace,
+//     WhitespaceSplit, Digits and Punctuation are Split steps with fixed patterns; ByteLevel
 //     optionally prefixes a space and, with use_regex, splits by GPT-2's pattern; Metaspace
 //     writes spaces as its replacement, prefixes one (always, or first: only at the text's
 //     start) and optionally splits before each replacement;
@@ -40,6 +41,17 @@ using namespace detail;  // NOLINT: this file is the user of the shared helpers
 // The pattern ByteLevel(use_regex: true) splits by — GPT-2's, as Hugging Face writes it.
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// Hugging Face's fixed splitters, written as the Split steps they are, with classes spelling
+// out Rust's character tests: White_Space (char::is_whitespace), the regex crate's Unicode \w
+// (Alphabetic, marks, Nd, Pc, Join_Control), char::is_numeric (N), and Punctuation's
+// is_ascii_punctuation || is_punctuation.
+#define STRATA_WHITE_SPACE R"(\x{9}-\x{D}\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})"
+#define STRATA_WORD R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})"
+constexpr std::string_view kWhitespacePattern = "[" STRATA_WORD "]+|[^" STRATA_WORD STRATA_WHITE_SPACE "]+";
+constexpr std::string_view kWhitespaceSplitPattern = "[^" STRATA_WHITE_SPACE "]+";
+constexpr std::string_view kPunctuationClass = R"([\p{P}\x{21}-\x{2F}\x{3A}-\x{40}\x{5B}-\x{60}\x{7B}-\x{7E}])";
+#undef STRATA_WORD
+#undef STRATA_WHITE_SPACE
 // SentencePiece's space: Metaspace's default replacement, and the boundary words split at.
 constexpr std::string_view kMetaspace = "\u2581";
 
@@ -611,9 +623,36 @@ Status parse_pre_tokenizer_step(const Loader& loader, const json& node, const st
     }
     STRATA_ASSIGN_OR_RETURN(step.split, optional_bool(loader, node, "split", key, true));
     bpe.boundary_ = step.replacement;
+  } else if (type_string == "Whitespace" || type_string == "WhitespaceSplit" || type_string == "Digits" ||
+             type_string == "Punctuation") {
+    step.kind = StepKind::split;
+    std::string pattern;
+    if (type_string == "Whitespace" || type_string == "WhitespaceSplit") {  // keep the matches only
+      pattern = type_string == "Whitespace" ? kWhitespacePattern : kWhitespaceSplitPattern;
+      step.behavior = SplitBehavior::removed;
+      step.invert = true;
+    } else if (type_string == "Digits") {  // each digit alone, or runs of them (Contiguous)
+      STRATA_ASSIGN_OR_RETURN(bool individual, optional_bool(loader, node, "individual_digits", key, false));
+      pattern = individual ? R"(\p{N})" : R"(\p{N}+)";
+    } else {
+      std::string behavior = "Isolated";
+      if (node.contains("behavior")) {
+        STRATA_ASSIGN_OR_RETURN(behavior, required_string(loader, node, "behavior", key));
+      }
+      pattern = kPunctuationClass;
+      if (behavior == "Contiguous") pattern += "+";
+      else if (behavior == "Removed") step.behavior = SplitBehavior::removed;
+      else if (behavior != "Isolated")
+        return loader.error(key + ".behavior", fmt::format("'{}' is not supported (Isolated, Contiguous or Removed)",
+                                                           behavior.substr(0, 40)));
+    }
+    STRATA_ASSIGN_OR_RETURN(Pcre2Code code, compile_regex(loader, key, pattern, false));
+    step.regex = code.get();
+    bpe.codes_.push_back(std::move(code));
   } else {
-    return loader.error(key + ".type", fmt::format("'{}' is not supported (ByteLevel, Split, Metaspace, or a Sequence of "
-                                                   "them)", type_string.substr(0, 40)));
+    return loader.error(key + ".type", fmt::format("'{}' is not supported (ByteLevel, Split, Metaspace, Whitespace, "
+                                                   "WhitespaceSplit, Digits, Punctuation, or a Sequence of them)",
+                                                   type_string.substr(0, 40)));
   }
   bpe.steps_.push_back(std::move(step));
   return Status();

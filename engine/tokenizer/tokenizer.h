@@ -6,8 +6,10 @@
 //    SentencePiece-style (Llama 2, Mistral: characters, '▁' for spaces, byte_fallback to <0xNN>
 //    tokens, unk_token). Added tokens are matched first (on the raw text, or on the normalized
 //    text for `normalized` ones); the normalizer (NFC/NFD/NFKC/NFKD through utf8proc, Prepend,
-//    Replace, Sequence) runs on the text between them; the pre-tokenizer (Split regexes through
-//    PCRE2 — UTF + UCP, JIT —, ByteLevel, Metaspace) cuts it into words; each word's symbols are
+//    Replace, Lowercase, Strip, StripAccents, BertNormalizer, a SentencePiece Precompiled
+//    charsmap, Sequence) runs on the text between them; the pre-tokenizer (Split regexes through
+//    PCRE2 — UTF + UCP, JIT —, ByteLevel, Metaspace, and Whitespace, WhitespaceSplit, Digits,
+//    Punctuation as the Split regexes they are) cuts it into words; each word's symbols are
 //    merged by rank, lowest rank first, leftmost on ties. docs/tokenizers.md lists every key read.
 //  - SentencePiece `tokenizer.model` through libsentencepiece.
 // A `tokenizer_config.json` beside the tokenizer file (or in the model folder) names the BOS and

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 namespace strata::tokenizer::detail {
@@ -65,6 +66,115 @@ Status append_unicode_form(std::string_view in, int options, std::string& out) {
   }
   return Status();
 }
+
+// Unicode's White_Space property (Rust's char::is_whitespace, what Hugging Face's Strip and
+// BertNormalizer test); utf8proc has categories, not this property.
+bool is_white_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+bool is_nonspacing_mark(uint32_t c) {
+  return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_MN;
+}
+
+// Hugging Face's Lowercase: each character's full lowercase mapping on its own (Rust's
+// char::to_lowercase, so no final-sigma rule). The only unconditional full mapping longer than
+// the simple one is U+0130 (İ → i + combining dot above).
+void append_lowercase(std::string_view in, std::string& out) {
+  for (size_t at = 0; at < in.size();) {
+    uint32_t c = 0;
+    at += next_code_point(in, at, c);
+    if (c == 0x130) {
+      out.append("i\xCC\x87");
+    } else {
+      append_utf8(out, c < 0x80 ? static_cast<uint32_t>(std::tolower(static_cast<int>(c)))
+                                : static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+    }
+  }
+}
+
+void append_without_nonspacing_marks(std::string_view in, std::string& out) {
+  for (size_t at = 0; at < in.size();) {
+    uint32_t c = 0;
+    size_t length = next_code_point(in, at, c);
+    if (!is_nonspacing_mark(c)) out.append(in, at, length);
+    at += length;
+  }
+}
+
+// BertNormalizer's CJK ideograph blocks (the ones BERT's own tokenizer spaces out).
+bool is_chinese_char(uint32_t c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// BertNormalizer's clean_text and handle_chinese_chars in one pass: drops NUL, U+FFFD and the
+// "other" categories (Cc, Cf, Co; Cs cannot occur in UTF-8) except tab, LF and CR; turns white
+// space into a plain space; puts spaces around CJK ideographs.
+void append_bert_cleaned(std::string_view in, bool clean_text, bool chinese, std::string& out) {
+  for (size_t at = 0; at < in.size();) {
+    uint32_t c = 0;
+    size_t length = next_code_point(in, at, c);
+    std::string_view character = in.substr(at, length);
+    at += length;
+    if (clean_text) {
+      bool kept_control = c == '\t' || c == '\n' || c == '\r';
+      utf8proc_category_t category = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+      bool control = !kept_control && (category == UTF8PROC_CATEGORY_CC || category == UTF8PROC_CATEGORY_CF ||
+                                       category == UTF8PROC_CATEGORY_CO || category == UTF8PROC_CATEGORY_CS);
+      if (c == 0 || c == 0xFFFD || control) continue;
+      if (kept_control || is_white_space(c)) {
+        out.push_back(' ');
+        continue;
+      }
+    }
+    if (chinese && is_chinese_char(c)) {
+      out.push_back(' ');
+      out.append(character);
+      out.push_back(' ');
+    } else {
+      out.append(character);
+    }
+  }
+}
+
+// Standard base64 (RFC 4648, what Hugging Face writes the charsmap in); padding optional.
+std::optional<std::string> decode_base64(std::string_view text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  if (text.size() % 4 == 0)
+    for (int i = 0; i < 2 && !text.empty() && text.back() == '='; ++i) text.remove_suffix(1);
+  if (text.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  out.reserve(text.size() / 4 * 3 + 2);
+  uint32_t bits = 0;
+  int held = 0;
+  for (char c : text) {
+    int v = value(c);
+    if (v < 0) return std::nullopt;
+    bits = (bits << 6) | static_cast<uint32_t>(v);
+    held += 6;
+    if (held >= 8) {
+      held -= 8;
+      out.push_back(static_cast<char>((bits >> held) & 0xFF));
+    }
+  }
+  return out;
+}
+
+// Darts double-array units (the layout SentencePiece and Hugging Face's spm_precompiled read).
+bool unit_has_leaf(uint32_t unit) { return ((unit >> 8) & 1u) != 0; }
+uint32_t unit_value(uint32_t unit) { return unit & ((1u << 31) - 1); }
+uint32_t unit_label(uint32_t unit) { return unit & ((1u << 31) | 0xFFu); }
+uint32_t unit_offset(uint32_t unit) { return (unit >> 10) << ((unit & (1u << 9)) >> 6); }
 
 }  // namespace
 
@@ -135,6 +245,109 @@ Status Replacer::apply(std::string_view in, std::string& out) const {
   return Status();
 }
 
+// ---- CharsMap ----------------------------------------------------------------------------------
+
+Result<CharsMap> CharsMap::parse(const Loader& loader, std::string_view blob, const std::string& key) {
+  CharsMap map;
+  if (blob.empty()) return map;
+  if (blob.size() < 4) return loader.error(key, fmt::format("is {} bytes, shorter than its 4-byte trie size", blob.size()));
+  uint32_t trie_bytes = 0;
+  for (int i = 3; i >= 0; --i) trie_bytes = (trie_bytes << 8) | static_cast<uint8_t>(blob[static_cast<size_t>(i)]);
+  if (trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4 || trie_bytes > kMaxTrieBytes)
+    return loader.error(key, fmt::format("says its trie is {} bytes, but that is not a whole number of 4-byte units "
+                                         "within the {} bytes that follow (at most {})", trie_bytes, blob.size() - 4,
+                                         kMaxTrieBytes));
+  map.units_.resize(trie_bytes / 4);
+  for (size_t i = 0; i < map.units_.size(); ++i) {
+    const auto* p = reinterpret_cast<const uint8_t*>(blob.data()) + 4 + 4 * i;
+    map.units_[i] = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  }
+  map.pool_.assign(blob.substr(4 + trie_bytes));
+  if (map.units_.empty()) return map;
+  // Walk the trie depth first, every node once. Darts-clone shares nodes between keys (the array
+  // is built from a DAWG), so a node reached again is fine once it is finished; one reached again
+  // while it is still on the path is a cycle.
+  const size_t n = map.units_.size();
+  enum : uint8_t { kUnseen, kOnPath, kDone };
+  std::vector<uint8_t> state(n, kUnseen);
+  struct Frame {
+    uint32_t base;      // where this node's children are: base ^ label
+    uint32_t position;  // the node's own unit
+    uint32_t label;     // the next label to try
+  };
+  std::vector<Frame> path{{unit_offset(map.units_[0]), 0, 0}};
+  state[0] = kOnPath;
+  while (!path.empty()) {
+    Frame& frame = path.back();
+    if (frame.label == 256) {
+      state[frame.position] = kDone;
+      path.pop_back();
+      continue;
+    }
+    const uint32_t label = frame.label++;
+    const uint32_t child = frame.base ^ label;
+    if (child >= n || unit_label(map.units_[child]) != label || state[child] == kDone) continue;
+    if (state[child] == kOnPath) return loader.error(key, fmt::format("trie unit {} is reached again below itself (a cycle)", child));
+    if (path.size() > kMaxKeyBytes) return loader.error(key, fmt::format("has a key longer than {} bytes", kMaxKeyBytes));
+    const uint32_t next = child ^ unit_offset(map.units_[child]);
+    if (unit_has_leaf(map.units_[child])) {
+      if (next >= n) return loader.error(key, fmt::format("trie unit {} points past the {}-unit trie", child, n));
+      uint32_t value = unit_value(map.units_[next]);
+      size_t end = value < map.pool_.size() ? map.pool_.find('\0', value) : std::string::npos;
+      if (end == std::string::npos)
+        return loader.error(key, fmt::format("a rule's replacement at byte {} is outside the {}-byte string pool "
+                                             "or lacks its NUL", value, map.pool_.size()));
+      if (first_invalid_utf8(std::string_view(map.pool_).substr(value, end - value)))
+        return loader.error(key, fmt::format("a rule's replacement at byte {} is not UTF-8", value));
+    }
+    state[child] = kOnPath;
+    path.push_back({next, child, 0});
+  }
+  return map;
+}
+
+size_t CharsMap::longest_match(std::string_view text, std::string_view& replacement) const {
+  if (units_.empty()) return 0;
+  const size_t n = units_.size();
+  size_t longest = 0;
+  uint32_t position = unit_offset(units_[0]);
+  for (size_t i = 0; i < text.size() && i < kMaxKeyBytes; ++i) {
+    uint32_t byte = static_cast<uint8_t>(text[i]);
+    position ^= byte;
+    if (position >= n) break;
+    uint32_t unit = units_[position];
+    if (unit_label(unit) != byte) break;
+    position ^= unit_offset(unit);
+    if (!unit_has_leaf(unit)) continue;
+    // A key ending inside a character is not a rule for whole characters; SentencePiece's maps
+    // have none, and taking one would cut the text's UTF-8.
+    if (i + 1 < text.size() && (static_cast<uint8_t>(text[i + 1]) & 0xC0) == 0x80) continue;
+    // parse() checked these for every reachable leaf; kept so no lookup can read outside.
+    if (position >= n) break;
+    uint32_t value = unit_value(units_[position]);
+    size_t end = value < pool_.size() ? pool_.find('\0', value) : std::string::npos;
+    if (end == std::string::npos) break;
+    longest = i + 1;
+    replacement = std::string_view(pool_).substr(value, end - value);
+  }
+  return longest;
+}
+
+void CharsMap::apply(std::string_view in, std::string& out) const {
+  out.reserve(out.size() + in.size());
+  for (size_t at = 0; at < in.size();) {
+    std::string_view replacement;
+    size_t length = longest_match(in.substr(at), replacement);
+    if (length == 0) {
+      length = code_point_length(in, at);
+      out.append(in, at, length);
+    } else {
+      out.append(replacement);
+    }
+    at += length;
+  }
+}
+
 // ---- Normalizer --------------------------------------------------------------------------------
 
 Result<Normalizer> Normalizer::parse(const Loader& loader, const json& node, const std::string& key) {
@@ -165,8 +378,33 @@ Status Normalizer::parse_step(const Loader& loader, const json& node, const std:
     step.kind = Kind::replace;
     STRATA_ASSIGN_OR_RETURN(Replacer replacer, Replacer::parse(loader, node, key));
     step.replacer = std::make_unique<Replacer>(std::move(replacer));
+  } else if (type == "Lowercase") {
+    step.kind = Kind::lowercase;
+  } else if (type == "StripAccents") {
+    step.kind = Kind::strip_accents;
+  } else if (type == "Strip") {
+    step.kind = Kind::strip;
+    for (auto [name, target] : {std::pair{"strip_left", &step.left}, std::pair{"strip_right", &step.right}}) {
+      auto value = node.find(name);
+      if (value == node.end() || !value->is_boolean()) return loader.error(key + "." + name, "is missing or not a boolean");
+      *target = value->get<bool>();
+    }
+  } else if (type == "BertNormalizer") {  // Hugging Face's defaults: all on, strip_accents follows lowercase
+    step.kind = Kind::bert;
+    STRATA_ASSIGN_OR_RETURN(step.left, optional_bool(loader, node, "clean_text", key, true));
+    STRATA_ASSIGN_OR_RETURN(step.right, optional_bool(loader, node, "handle_chinese_chars", key, true));
+    STRATA_ASSIGN_OR_RETURN(step.bert_lowercase, optional_bool(loader, node, "lowercase", key, true));
+    STRATA_ASSIGN_OR_RETURN(step.bert_strip_accents, optional_bool(loader, node, "strip_accents", key, step.bert_lowercase));
+  } else if (type == "Precompiled") {
+    step.kind = Kind::precompiled;
+    STRATA_ASSIGN_OR_RETURN(std::string encoded, required_string(loader, node, "precompiled_charsmap", key));
+    std::optional<std::string> blob = decode_base64(encoded);
+    if (!blob) return loader.error(key + ".precompiled_charsmap", "is not base64");
+    STRATA_ASSIGN_OR_RETURN(CharsMap map, CharsMap::parse(loader, *blob, key + ".precompiled_charsmap"));
+    step.charsmap = std::make_unique<CharsMap>(std::move(map));
   } else {
-    return loader.error(key + ".type", fmt::format("'{}' is not supported (NFC, NFD, NFKC, NFKD, Prepend, Replace, or a "
+    return loader.error(key + ".type", fmt::format("'{}' is not supported (NFC, NFD, NFKC, NFKD, Prepend, Replace, "
+                                                   "Lowercase, Strip, StripAccents, BertNormalizer, Precompiled, or a "
                                                    "Sequence of them)", type.substr(0, 40)));
   }
   steps_.push_back(std::move(step));
@@ -188,6 +426,56 @@ Status Normalizer::apply(std::string_view in, std::string& out) const {
         break;
       case Kind::replace:
         STRATA_RETURN_IF_ERROR(step.replacer->apply(out, next));
+        out.swap(next);
+        break;
+      case Kind::lowercase:
+        next.clear();
+        append_lowercase(out, next);
+        out.swap(next);
+        break;
+      case Kind::strip_accents:
+        next.clear();
+        append_without_nonspacing_marks(out, next);
+        out.swap(next);
+        break;
+      case Kind::strip: {
+        size_t begin = 0;
+        size_t end = out.size();
+        uint32_t c = 0;
+        while (step.left && begin < end) {
+          size_t length = next_code_point(out, begin, c);
+          if (!is_white_space(c)) break;
+          begin += length;
+        }
+        while (step.right && end > begin) {
+          size_t last = end - 1;
+          while (last > begin && (static_cast<uint8_t>(out[last]) & 0xC0) == 0x80) --last;
+          next_code_point(out, last, c);
+          if (!is_white_space(c)) break;
+          end = last;
+        }
+        out = out.substr(begin, end - begin);
+        break;
+      }
+      case Kind::bert:  // Hugging Face's order: clean, CJK spacing, accents (after NFD), lowercase
+        next.clear();
+        append_bert_cleaned(out, step.left, step.right, next);
+        out.swap(next);
+        if (step.bert_strip_accents) {
+          next.clear();
+          STRATA_RETURN_IF_ERROR(append_unicode_form(out, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, next));
+          out.clear();
+          append_without_nonspacing_marks(next, out);
+        }
+        if (step.bert_lowercase) {
+          next.clear();
+          append_lowercase(out, next);
+          out.swap(next);
+        }
+        break;
+      case Kind::precompiled:
+        next.clear();
+        step.charsmap->apply(out, next);
         out.swap(next);
         break;
     }

@@ -16,8 +16,15 @@
 # decode(encode(x)) == x (or the reference's decode) on ASCII, CJK, emoji, combining marks,
 # whitespace runs, digits, contractions and newlines. (cli) `strata tokenize` writes the
 # ids framed by BOS/EOS, picks u16/u32, refuses u16 for a larger vocabulary, and `strata train`
-# runs on the token file and on data.format text; (bad_files) malformed tokenizer files are
-# refused with one line naming the file and key, exit 2.
+# runs on the token file and on data.format text; (bad_files) malformed tokenizer files (charsmaps
+# too: bad base64, truncated, offsets outside the pool, a cycle) are refused with one line naming
+# the file and key, exit 2; (normalizers) Lowercase, Strip, StripAccents and BertNormalizer on
+# Qwen 2's byte-level form against @huggingface/tokenizers, ids and normalized (decoded) text, on
+# ~270 texts; (precompiled) the Precompiled normalizer with the charsmap of SentencePiece models
+# trained here (nmt_nfkc, nfkc_cf), its normalized text against SentencePiece's own (the npm
+# package only approximates Precompiled with NFKC, so it is no reference for it); (pretokenizers)
+# Whitespace, WhitespaceSplit, Digits and Punctuation before ByteLevel and before Metaspace
+# against @huggingface/tokenizers, and the cuts only Rust's versions make, by hand.
 #
 # Usage: test_tokenizer.py STRATA_BINARY PROBE_BINARY CASE. Exit 77 (skip) only when node, the
 # npm packages (scripts/setup.sh installs them) or python3-sentencepiece are missing.
@@ -577,9 +584,14 @@ def case_bad_files():
             ("merge string", mutate(lambda s: s["model"]["merges"].insert(1, "ab")), "'model.merges[1]'"),
             ("merges not array", mutate(set_path(["model", "merges"], {})), "'model.merges'"),
             ("byte fallback", mutate(set_path(["model", "byte_fallback"], "yes")), "'model.byte_fallback'"),
-            ("normalizer", mutate(set_path(["normalizer"], {"type": "BertNormalizer"})), "'normalizer.type'"),
+            ("normalizer", mutate(set_path(["normalizer"], {"type": "Nmt"})), "'normalizer.type'"),
             ("normalizer in sequence", mutate(set_path(["normalizer"], {"type": "Sequence", "normalizers": [
-                {"type": "NFC"}, {"type": "Lowercase"}]})), "'normalizer.normalizers[1].type'"),
+                {"type": "NFC"}, {"type": "ByteLevel"}]})), "'normalizer.normalizers[1].type'"),
+            ("strip keys", mutate(set_path(["normalizer"], {"type": "Strip", "strip_right": True})),
+             "'normalizer.strip_left'"),
+            ("bert lowercase", mutate(set_path(["normalizer"], {"type": "BertNormalizer", "lowercase": "yes"})),
+             "'normalizer.lowercase'"),
+            ("no charsmap", mutate(set_path(["normalizer"], {"type": "Precompiled"})), "'normalizer.precompiled_charsmap'"),
             ("replace regex", mutate(set_path(["normalizer"], {"type": "Replace", "pattern": {"Regex": "(x"}, "content": ""})),
              "'normalizer.pattern'"),
             ("replace content", mutate(set_path(["normalizer"], {"type": "Replace", "pattern": {"String": " "}})),
@@ -590,7 +602,11 @@ def case_bad_files():
             ("behavior", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"][0].update(behavior="Contiguous")),
              "'pre_tokenizer.pretokenizers[0].behavior'"),
             ("no byte level", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].pop(1)), "'pre_tokenizer'"),
-            ("whitespace pre", mutate(set_path(["pre_tokenizer"], {"type": "Whitespace"})), "'pre_tokenizer.type'"),
+            ("bert pre", mutate(set_path(["pre_tokenizer"], {"type": "BertPreTokenizer"})), "'pre_tokenizer.type'"),
+            ("punctuation behavior", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].insert(
+                0, {"type": "Punctuation", "behavior": "MergedWithNext"})), "'pre_tokenizer.pretokenizers[0].behavior'"),
+            ("digits flag", mutate(lambda s: s["pre_tokenizer"]["pretokenizers"].insert(
+                0, {"type": "Digits", "individual_digits": 1})), "'pre_tokenizer.pretokenizers[0].individual_digits'"),
             ("added id string", mutate(lambda s: s["added_tokens"][0].update(id="x")), "'added_tokens[0].id'"),
             ("added empty", mutate(lambda s: s["added_tokens"][1].update(content="")), "'added_tokens[1].content'"),
             ("added clash", mutate(lambda s: s["added_tokens"][0].update(id=5)), "'added_tokens[0].id'"),
@@ -622,6 +638,13 @@ def case_bad_files():
             ("normalized added", mutate2(lambda s: s["added_tokens"][2].update(normalized="yes")),
              "'added_tokens[2].normalized'"),
         ]
+        # Malformed SentencePiece charsmaps, alone and inside a Sequence (the key names the step).
+        for name, charsmap, reason in bad_charsmaps():
+            cases.append((name, mutate(set_path(["normalizer"], {"type": "Precompiled", "precompiled_charsmap": charsmap})),
+                          ("'normalizer.precompiled_charsmap'", reason)))
+            cases.append((name + " in sequence", mutate(set_path(["normalizer"], {"type": "Sequence", "normalizers": [
+                {"type": "NFC"}, {"type": "Precompiled", "precompiled_charsmap": charsmap}]})),
+                "'normalizer.normalizers[1].precompiled_charsmap'"))
         for name, spec, needle in cases:
             path = os.path.join(folder, "bad.json")
             with open(path, "w") as f:
@@ -629,7 +652,8 @@ def case_bad_files():
             out = os.path.join(folder, "out.tok")
             result = run([STRATA, "tokenize", "--tokenizer", path, "--in", txt, "--out", out], expect=None)
             lines = result.stderr.strip().splitlines()
-            if result.returncode != 2 or len(lines) != 1 or "bad.json" not in lines[0] or needle not in lines[0]:
+            needles = needle if isinstance(needle, tuple) else (needle,)
+            if result.returncode != 2 or len(lines) != 1 or "bad.json" not in lines[0] or not all(n in lines[0] for n in needles):
                 fail(f"{name}: exit {result.returncode}, stderr {result.stderr!r} (expected one line naming bad.json and {needle})")
             if os.path.exists(out) or os.path.exists(out + ".tmp"):
                 fail(f"{name}: a refused run left {out} behind")
@@ -649,5 +673,339 @@ def case_bad_files():
         print(f"bad_files: {len(cases) + 2} malformed inputs refused in one line, exit 2")
 
 
+# Texts that exercise the Lowercase / Strip / StripAccents / BertNormalizer steps: mixed scripts
+# and cases, accents composed and not, CJK, control and format characters, every kind of white
+# space at the ends. The JavaScript reference differs from Hugging Face's Rust on purpose-free
+# details these texts stay clear of: it lowercases a word-final Σ to ς (Rust maps each character
+# alone: σ), its StripAccents drops every mark (\p{M}; Rust only Mn), its CJK test looks at UTF-16
+# units (so no CJK outside the BMP), and its trim() counts U+FEFF as white space (none at an end).
+NORMALIZER_TEXTS = [
+    "HELLO World ÀÉÎÕÜ àéîõü ÇÑ çñ ẞ ß Æ Œ",
+    "ΑΒΓ αβγ ΣΟΦΙΑ ς Ωμέγα ΆΈΉ",
+    "ПРИВЕТ Мир ЁЖИК ёжик Ѓ",
+    "İstanbul ISTANBUL ıi Iİ",
+    "  \t leading and trailing white space \u00a0\u3000\u2003 ",
+    "\u3000\u2028 ideographic and line separators \u2029\u205f",
+    "\n\n\r\n only newlines around \n\r",
+    "control\u0001chars\u0007here\u001f and\u007f del\u0085nel",
+    "format\u200bchars\u200d\u2060 zwj \u00ad soft\u00adhyphen",
+    "nul\u0000byte and \ufffd replacement",
+    "private \ue000\uf8ff use",
+    "中文文本和日本語の漢字、한국어 混合 mixed 汉字ABC",
+    "CJK compat \uf900\ufa0d and ext A \u3400\u4db5 and radicals \u2f00",
+    "cafe\u0301 CAFE\u0301 caf\u00e9 A\u030angstr\u00f6m \u212b e\u0302\u0323 o\u0308\u0304",
+    "Z\u0351\u0302a\u0300lgo t\u0334e\u0335x\u0336t",
+    "\u1e9b\u0323 \u1e0b\u0323 \u0149 \ufb01 \ufb03 \u2460 \u00bd \u2126 K \u212a",
+    "full\uff37\uff29\uff24\uff34\uff28 \uff21\uff22\uff43 \uff11\uff12",
+    "tab\tinside\tand\u000bvertical\u000cfeed",
+    "emoji 😀 ❤️ 👍🏽 with text",
+    "Hebrew עִבְרִית and Arabic العَرَبِيَّة diacritics",
+    "Vietnamese: Tiếng Việt có dấu, TIẾNG VIỆT",
+    "",
+    " ",
+    "\t",
+    "\u00a0",
+    "ABC",
+]
+
+
+def normalizer_texts():
+    base = TEXTS + EXTRA_TEXTS + NORMALIZER_TEXTS
+    # Upper- and title-cased copies (Python's own case mapping) give Lowercase more to do; a
+    # capital sigma that could end a word is left out (see above).
+    cased = [c for t in base for c in (t.upper(), t.title()) if c != t and "\u03a3" not in c]
+    return base + cased + corpus_paragraphs()
+
+
+# The normalizers checked against @huggingface/tokenizers, each on Qwen 2's byte-level form (so the
+# decoded text is the normalized text, byte for byte).
+NORMALIZER_FORMS = [
+    ("Lowercase", {"type": "Lowercase"}),
+    ("Strip both", {"type": "Strip", "strip_left": True, "strip_right": True}),
+    ("Strip left", {"type": "Strip", "strip_left": True, "strip_right": False}),
+    ("Strip right", {"type": "Strip", "strip_left": False, "strip_right": True}),
+    ("StripAccents", {"type": "StripAccents"}),
+    ("NFD+StripAccents+Lowercase", {"type": "Sequence", "normalizers": [
+        {"type": "NFD"}, {"type": "StripAccents"}, {"type": "Lowercase"}]}),
+    ("BertNormalizer (BERT uncased)", {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                                       "strip_accents": None, "lowercase": True}),
+    ("BertNormalizer (cased)", {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                                "strip_accents": None, "lowercase": False}),
+    ("BertNormalizer (accents only)", {"type": "BertNormalizer", "clean_text": False, "handle_chinese_chars": False,
+                                       "strip_accents": True, "lowercase": False}),
+    ("BertNormalizer (lowercase, keep accents)", {"type": "BertNormalizer", "clean_text": True,
+                                                  "handle_chinese_chars": False, "strip_accents": False,
+                                                  "lowercase": True}),
+    ("Strip+Lowercase+NFC", {"type": "Sequence", "normalizers": [
+        {"type": "Strip", "strip_left": True, "strip_right": True}, {"type": "Lowercase"}, {"type": "NFC"}]}),
+]
+
+
+def case_normalizers():
+    with tempfile.TemporaryDirectory() as folder:
+        qwen2 = fixture(folder, "qwen2")
+        with open(qwen2) as f:
+            spec = json.load(f)
+        texts = normalizer_texts()
+        path = os.path.join(folder, "normalized.json")
+        for name, normalizer in NORMALIZER_FORMS:
+            spec["normalizer"] = normalizer
+            with open(path, "w") as f:
+                json.dump(spec, f)
+            ours = probe(path, texts, folder)
+            hf = js_reference("hf", path, texts, folder)
+            compare(f"{name} vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+            compare(f"{name} normalized text vs @huggingface/tokenizers", texts, ours["decoded"], hf["decoded"])
+            print(f"normalizers: {name}: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens and the normalized "
+                  f"text equal @huggingface/tokenizers")
+        # The steps do something (the comparison alone would pass for two identities).
+        spec["normalizer"] = {"type": "BertNormalizer"}
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        got = probe(path, ["\u00c9T\u00c9\u0007 \u4e2d\u6587\t x"], folder)["decoded"][0]
+        if got != "ete  \u4e2d  \u6587   x":
+            fail(f"BertNormalizer with its defaults gave {got!r}")
+
+
+# ---- Precompiled: a SentencePiece charsmap against SentencePiece itself ----
+
+def proto_fields(buf):
+    """The (field number, bytes or None) pairs of one protobuf message (enough to find a field)."""
+    def varint(i):
+        value, shift = 0, 0
+        while True:
+            b = buf[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value, i
+    i = 0
+    while i < len(buf):
+        key, i = varint(i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, i = varint(i)
+            yield number, None
+        elif wire == 2:
+            length, i = varint(i)
+            yield number, buf[i:i + length]
+            i += length
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+            yield number, None
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+
+
+def precompiled_charsmap(model_path):
+    """ModelProto.normalizer_spec (field 3) .precompiled_charsmap (field 2): what transformers'
+    converter writes, base64, into the Precompiled normalizer."""
+    with open(model_path, "rb") as f:
+        model = f.read()
+    spec = next(value for number, value in proto_fields(model) if number == 3)
+    return next(value for number, value in proto_fields(spec) if number == 2)
+
+
+def byte_level_json(normalizer):
+    """The smallest byte-level BPE (the 256 byte symbols, no merges): it decodes to the normalized
+    text exactly, so the probe's decoded text is what the normalizer made."""
+    byte_to_char, extra = {}, 256
+    for b in range(256):
+        if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255:
+            byte_to_char[b] = chr(b)
+        else:
+            byte_to_char[b] = chr(extra)
+            extra += 1
+    return {
+        "version": "1.0", "added_tokens": [], "normalizer": normalizer,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "post_processor": None, "decoder": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+        "model": {"type": "BPE", "vocab": {byte_to_char[b]: b for b in range(256)}, "merges": []},
+    }
+
+
+PRECOMPILED_TEXTS = [
+    "\uff48\uff45\uff4c\uff4c\uff4f\u3000\uff37\uff4f\uff52\uff4c\uff44 \uff01\uff1f\uff08\uff09\uff3b\uff3d",
+    "\ufb01ne \ufb02y \ufb00 \ufb03 \ufb04 \u0133 \u01c6 \u2474 \u2488 \u2460\u2461\u2462 \u00bd \u2153",
+    "\u337b \u3300 \u3392 \u33a1 \u2122 \u2121 \u2116 \u00b5 \u212b \u2126",
+    "\uff76\uff9e \uff8a\uff9f \uff76\u3099 \u30ab\u3099 \u30cf\u309a \uff67\uff68 \uff71\uff72\uff73",
+    "a\u0001b\u0007c\u001fd\u007fe\u0085f\u008fg\u009f",
+    "tab\there\u000bvt\u000cff\r\ncrlf\nlf",
+    "\u00a0nbsp \u1680ogham \u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a spaces",
+    "zw\u200bsp\u200cnj\u200dj\u200erl\u200fm \u2028ls\u2029ps \u202fnn\u205fmm \ufeffbom \ufffdrepl",
+    "cafe\u0301 caf\u00e9 A\u030angstr\u00f6m \u1e9b\u0323 o\u0308\u0304 \u0449\u0306",
+    "\U0001d518\U0001d52b\U0001d526 \U0001d400\U0001d401 \U0001f130 \U0001f600 \u24b6\u24d0",
+    "\u2160\u2161\u2162 \u2170\u2171 \u00b2\u00b3\u00b9 \u2070\u2074 \u2080\u2081",
+    "\u2025 \u2026 \u2033 \u2034 \u301c \uff5e \u2015 \u2012 \u2013 \u2014",
+    "\u3131\u314f \u1100\u1161 \uffa1\uffc2 \uac00 \u110b\u1175\u11ab",
+    "\u0e01\u0e33 \u0eb3 \u0f77 \u0f79 \u2e9f \u2fd5 \u32a4 \u3251",
+    "\u0915\u093c \u0958 \u09a1\u09bc \u0a33 \u0a59 \u0b21\u0b3c",
+    "Plain ASCII text, digits 0123456789, and punctuation: !@#$%^&*()_+-=[]{};':\",./<>?",
+    "\u2581already meta \u2581\u2581",
+    "\uff10\uff11\uff12\uff13\uff14\uff15\uff16\uff17\uff18\uff19 \uff21\uff22\uff23 \uff41\uff42\uff43",
+    "\u3000\u3000  \u3000 double width spaces \u3000",
+    "\u00c5\u212b \u0041\u030a \u1e0a\u0323 \u1e0c\u0307 \u01c4\u01c5",
+    # Where Hugging Face's per-grapheme shortest match departs from SentencePiece (docs/tokenizers.md):
+    # a ligature with an accent keeps it, a halfwidth voiced kana is one rule, NUL does not stop.
+    "\ufb01\u0301 \u2460\u0301 \uff76\uff9e \uff8a\uff9f a\u0000\uff41",
+]
+
+
+def case_precompiled():
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        skip("python3-sentencepiece is not installed (scripts/setup.sh installs it)")
+    import base64
+    texts = PRECOMPILED_TEXTS + [t for t in TEXTS + EXTRA_TEXTS if t] + corpus_paragraphs()[:40]
+    with tempfile.TemporaryDirectory() as folder:
+        results = {}
+        for rule in ("nmt_nfkc", "nfkc_cf"):
+            # No dummy prefix, whitespace kept: then SentencePiece's normalized text is the charsmap's
+            # output with ' ' written as '▁' (its escape), and its pieces, unknown ones included,
+            # are that text cut up.
+            prefix = os.path.join(folder, rule)
+            spm.SentencePieceTrainer.train(input=CORPUS, model_prefix=prefix, vocab_size=300, model_type="bpe",
+                                           normalization_rule_name=rule, remove_extra_whitespaces=False,
+                                           add_dummy_prefix=False, minloglevel=2)
+            reference = spm.SentencePieceProcessor(model_file=prefix + ".model")
+            expected = ["".join(reference.encode(t, out_type=str)) for t in texts]
+            charsmap = precompiled_charsmap(prefix + ".model")
+            path = os.path.join(folder, rule + ".json")
+            with open(path, "w") as f:
+                json.dump(byte_level_json({"type": "Sequence", "normalizers": [
+                    {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode()},
+                    {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}), f)
+            ours = probe(path, texts, folder)["decoded"]
+            compare(f"Precompiled ({rule}) vs SentencePiece's normalizer", texts, ours, expected)
+            changed = sum(1 for t, e in zip(texts, expected) if e != t.replace(" ", "\u2581"))
+            if changed < len(PRECOMPILED_TEXTS) - 2:
+                fail(f"Precompiled ({rule}): only {changed} texts changed; the map is not being exercised")
+            results[rule] = ours
+            print(f"precompiled: {rule} charsmap ({len(charsmap)} bytes): {len(texts)} texts normalize as "
+                  f"SentencePiece does ({changed} changed)")
+        if results["nmt_nfkc"] == results["nfkc_cf"]:
+            fail("precompiled: nmt_nfkc and nfkc_cf gave the same text (case folding lost)")
+        # An empty charsmap maps nothing (Hugging Face accepts it too).
+        path = os.path.join(folder, "empty.json")
+        with open(path, "w") as f:
+            json.dump(byte_level_json({"type": "Precompiled", "precompiled_charsmap": ""}), f)
+        if probe(path, texts, folder)["decoded"] != texts:
+            fail("precompiled: an empty charsmap changed the text")
+        # The hand-built map the malformed cases (bad_files, fuzz seeds) start from is itself well formed.
+        with open(path, "w") as f:
+            json.dump(byte_level_json({"type": "Precompiled", "precompiled_charsmap": base64.b64encode(tiny_charsmap()).decode()}), f)
+        got = probe(path, ["banana \u00e1a"], folder)["decoded"]
+        if got != ["bbnbnb \u00e1b"]:
+            fail(f"precompiled: the one-rule map 'a' -> 'b' gave {got}")
+
+
+def tiny_charsmap(value=0, pool=b"b\x00", leaf=True, trie_units=None, cycle=False):
+    """A hand-built Darts double array with one rule, 'a' → the pool string at `value`: root unit 0
+    (children at 1 ^ label), the 'a' node at 1 ^ 0x61 = 96 with its value unit at 97; `cycle` makes
+    the 'a' node's children those of the root (itself among them)."""
+    units = [1 << 31] * 98  # unused units: a label no byte matches
+    units[0] = 1 << 10
+    units[96] = ((97 if cycle else 1) << 10) | (1 << 8 if leaf else 0) | 0x61
+    units[97] = (1 << 31) | value
+    if cycle:
+        units[96] &= ~(1 << 8)
+    blob = b"".join(u.to_bytes(4, "little") for u in units)
+    size = len(blob) if trie_units is None else trie_units * 4
+    return size.to_bytes(4, "little") + blob + pool
+
+
+def bad_charsmaps():
+    """(name, base64 charsmap, what the refusal names) for the malformed-charsmap cases (also the
+    fuzz seeds in fuzz/corpus/tokenizer/)."""
+    import base64
+    b64 = lambda blob: base64.b64encode(blob).decode()
+    good = tiny_charsmap()
+    return [
+        ("charsmap not base64", "not*base64!", "is not base64"),
+        ("charsmap too short", b64(b"\x01\x00"), "shorter than"),
+        ("charsmap truncated", b64(good[:200]), "trie is"),
+        ("charsmap odd trie size", b64(b"\x05\x00\x00\x00" + good[4:]), "trie is"),
+        ("charsmap offset past pool", b64(tiny_charsmap(value=7)), "outside"),
+        ("charsmap pool without NUL", b64(tiny_charsmap(pool=b"bcd")), "lacks its NUL"),
+        ("charsmap cycle", b64(tiny_charsmap(cycle=True)), "a cycle"),
+        ("charsmap replacement not UTF-8", b64(tiny_charsmap(pool=b"\xff\x00")), "not UTF-8"),
+    ]
+
+
+def case_pretokenizers():
+    """Whitespace, WhitespaceSplit, Digits and Punctuation, each before ByteLevel (no regex) on Qwen
+    2's fixture and before Metaspace (prepend never) on Llama 2's — whose merges cross punctuation
+    and digits ("s." "7."), so a missed cut changes ids — against @huggingface/tokenizers. The JS
+    versions are narrower than Rust's in ways the texts avoid: Whitespace's \\w and Digits' \\d
+    are ASCII there (Rust: Unicode), so those two see only texts whose letters and digits are
+    ASCII; its Punctuation groups runs whatever `behavior` says, so it checks Contiguous
+    (Isolated and Removed are checked by hand below, with Unicode white space and digits)."""
+    import unicodedata
+    with tempfile.TemporaryDirectory() as folder:
+        qwen2 = fixture(folder, "qwen2")
+        fixtures(folder, "llama2")
+        specs = []
+        for source, last in ((qwen2, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                                      "use_regex": False}),
+                             (os.path.join(folder, "llama2_metaspace.json"),
+                              {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": False})):
+            with open(source) as f:
+                specs.append((json.load(f), last))
+        # JS's \s counts U+FEFF and not U+0085; Rust's White_Space the other way round.
+        everything = [t for t in normalizer_texts() if "\ufeff" not in t and "\x85" not in t]
+        ascii_only = [t for t in everything if t.isascii()]
+        ascii_digits = [t for t in everything
+                        if all(c.isascii() or not unicodedata.category(c).startswith("N") for c in t)]
+        forms = [
+            ("Whitespace", {"type": "Whitespace"}, ascii_only),
+            ("WhitespaceSplit", {"type": "WhitespaceSplit"}, everything),
+            ("Digits (individual)", {"type": "Digits", "individual_digits": True}, ascii_digits),
+            ("Digits (runs)", {"type": "Digits", "individual_digits": False}, ascii_digits),
+            ("Punctuation (Contiguous)", {"type": "Punctuation", "behavior": "Contiguous"}, everything),
+        ]
+        path = os.path.join(folder, "pre.json")
+
+        def write(first, which=0):
+            spec, last = specs[which]
+            spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [first, last]}
+            with open(path, "w") as f:
+                json.dump(spec, f)
+
+        for which, shape in enumerate(("ByteLevel", "Metaspace")):
+            for name, step, texts in forms:
+                write(step, which)
+                ours = probe(path, texts, folder)
+                hf = js_reference("hf", path, texts, folder)
+                compare(f"{name} + {shape} vs @huggingface/tokenizers", texts, ours["ids"], hf["ids"])
+                compare(f"{name} + {shape} decode vs @huggingface/tokenizers", texts, ours["decoded"], hf["decoded"])
+                print(f"pretokenizers: {name} + {shape}: {len(texts)} texts, {sum(map(len, ours['ids']))} tokens "
+                      f"equal @huggingface/tokenizers")
+        # Rust's semantics where the JS reference has none. A cut shows as the ids of the parts
+        # encoded alone; each text is one whose merges would cross the cut (checked: uncut, the
+        # ids differ), on the Llama 2 fixture.
+        def ids(step, texts):
+            write(step, 1)
+            return [i for p in probe(path, texts, folder)["ids"] for i in p]
+
+        plain = {"type": "Split", "pattern": {"String": "\u0000"}, "behavior": "Isolated"}  # cuts nothing here
+        checks = [
+            ({"type": "Punctuation"}, "works..", ["works", ".", "."]),
+            ({"type": "Punctuation", "behavior": "Removed"}, "works.the", ["works", "the"]),
+            ({"type": "Whitespace"}, "na\u00efve\u00a0works.", ["na\u00efve", "works", "."]),
+            ({"type": "WhitespaceSplit"}, "na\u00efve\u3000works", ["na\u00efve", "works"]),
+            ({"type": "Digits", "individual_digits": True}, "\u0661\u06622007.", ["\u0661", "\u0662", "2", "0", "0", "7", "."]),
+            ({"type": "Digits"}, "2007.", ["2007", "."]),
+        ]
+        for step, text, parts in checks:
+            if ids(step, [text]) != ids(step, parts):
+                fail(f"pretokenizers: {step} on {text!r} did not cut into {parts}")
+            if ids(plain, [text]) == ids(plain, parts):
+                fail(f"pretokenizers: {text!r} uncut encodes like {parts}: the check could not fail")
+        print(f"pretokenizers: {len(checks)} cuts Rust makes and the JS reference cannot show")
+
+
 {"gpt2": case_gpt2, "llama3": case_llama3, "qwen2": case_qwen2, "llama2": case_llama2, "config": case_config,
- "sentencepiece": case_sentencepiece, "cli": case_cli, "bad_files": case_bad_files}[CASE]()
+ "sentencepiece": case_sentencepiece, "cli": case_cli, "bad_files": case_bad_files,
+ "normalizers": case_normalizers, "precompiled": case_precompiled, "pretokenizers": case_pretokenizers}[CASE]()

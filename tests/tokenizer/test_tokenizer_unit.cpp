@@ -4,7 +4,8 @@
 // decode of every id, and the UTF-8 check (overlongs, surrogates, truncation) with its offset.
 // The SentencePiece-style form where the JavaScript reference cannot check it: Metaspace with
 // split (which it lacks), the Metaspace decoder, unk_token with fuse_unk, a character nothing
-// stands for; NFC over texts longer than one normalization chunk; tokenizer_config.json.
+// stands for; NFC over texts longer than one normalization chunk; tokenizer_config.json; the
+// normalizers where Hugging Face's Rust and the JavaScript reference differ.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -212,6 +213,29 @@ TEST(Normalizer, RefusesUnboundedGrowth) {
   Status refused = three->apply(text, out);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("more than 64 times"), std::string::npos) << refused.error().message;
+}
+
+// Hugging Face's Rust semantics where the JavaScript reference departs from them (it lowercases
+// a word-final Σ to ς, drops every mark, trims U+FEFF and not U+0085).
+TEST(Normalizer, FollowsRustWhereJavaScriptDiffers) {
+  detail::Loader loader("t.json");
+  auto run = [&](const char* spec, std::string_view text) {
+    auto normalizer = detail::Normalizer::parse(loader, detail::json::parse(spec), "normalizer");
+    EXPECT_TRUE(normalizer.ok()) << spec;
+    std::string out;
+    if (normalizer.ok()) EXPECT_TRUE(normalizer->apply(text, out).ok());
+    return out;
+  };
+  // Σ → σ everywhere (char::to_lowercase), İ → i + U+0307 (its full mapping), ẞ → ß.
+  EXPECT_EQ(run(R"({"type":"Lowercase"})", "\xCE\xA3\xCE\x9F\xCE\xA3 \xC4\xB0 \xE1\xBA\x9E"),
+            "\xCF\x83\xCE\xBF\xCF\x83 i\xCC\x87 \xC3\x9F");
+  // U+0085 is White_Space, U+FEFF is not.
+  EXPECT_EQ(run(R"({"type":"Strip","strip_left":true,"strip_right":true})", "\xC2\x85 a \xEF\xBB\xBF"), "a \xEF\xBB\xBF");
+  EXPECT_EQ(run(R"({"type":"Strip","strip_left":false,"strip_right":true})", " a \xE3\x80\x80"), " a");
+  // Only nonspacing marks go: U+0301 (Mn) does, the Devanagari vowel sign U+093E (Mc) stays.
+  EXPECT_EQ(run(R"({"type":"StripAccents"})", "e\xCC\x81 \xE0\xA4\x95\xE0\xA4\xBE"), "e \xE0\xA4\x95\xE0\xA4\xBE");
+  // CJK outside the BMP (U+20000) is spaced too.
+  EXPECT_EQ(run(R"({"type":"BertNormalizer","lowercase":false})", "a\xF0\xA0\x80\x80" "b"), "a \xF0\xA0\x80\x80 b");
 }
 
 TEST(TokenizerConfig, OverridesAndRefuses) {
