@@ -13,6 +13,7 @@
 #
 # Usage: bench/tight_budget.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
 #        [--chunk-elements N]   (omit: the trainer's choice; N: optimizer.chunk_elements: N)
+#        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 import argparse
 import json
 import os

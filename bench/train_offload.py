@@ -7,6 +7,7 @@
 # overlap should hide the NVMe traffic (target: offloaded ≥ 0.85× resident).
 #
 # Usage: bench/train_offload.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
+#        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 import argparse
 import json
 import os
