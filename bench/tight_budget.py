@@ -13,6 +13,7 @@
 #
 # Usage: bench/tight_budget.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
 #        [--chunk-elements N]   (omit: the trainer's choice; N: optimizer.chunk_elements: N)
+#        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 import argparse
 import json
 import os
@@ -26,6 +27,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--strata", default="build/strata")
 parser.add_argument("--repeats", type=int, default=3)
 parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--interleave", choices=["on", "off"], default=None,
+                    help="set optimizer.interleave (off: every clipped update after the last backward)")
 parser.add_argument("--dir", default=None, help="scratch folder on the drive to measure (default: under strata-data/)")
 parser.add_argument("--chunk-elements", type=int, default=None,
                     help="set optimizer.chunk_elements (default: leave it to the trainer)")
@@ -41,6 +44,8 @@ base = {
     "batch_size": 4, "steps": args.steps, "precision": "bf16", "checkpoint_every": 1000,
     "optimizer": {"lr": 3.0e-4, "grad_clip": 1.0},
 }
+if args.interleave is not None:
+    base["optimizer"]["interleave"] = args.interleave == "on"
 if args.chunk_elements is not None:
     base["optimizer"]["chunk_elements"] = args.chunk_elements
 variants = {

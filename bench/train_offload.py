@@ -7,6 +7,7 @@
 # overlap should hide the NVMe traffic (target: offloaded ≥ 0.85× resident).
 #
 # Usage: bench/train_offload.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
+#        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 import argparse
 import json
 import os
@@ -19,6 +20,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--strata", default="build/strata")
 parser.add_argument("--repeats", type=int, default=3)
 parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--interleave", choices=["on", "off"], default=None,
+                    help="set optimizer.interleave (off: every clipped update after the last backward)")
 parser.add_argument("--dir", default=None, help="scratch folder on the drive to measure (default: under strata-data/)")
 args = parser.parse_args()
 
@@ -30,6 +33,8 @@ base = {
     "batch_size": 4, "steps": args.steps, "precision": "bf16", "checkpoint_every": 1000,
     "optimizer": {"lr": 3.0e-4, "grad_clip": 1.0},
 }
+if args.interleave is not None:
+    base["optimizer"]["interleave"] = args.interleave == "on"
 variants = {
     "resident": {"device": {"memory": "1GiB"}, "host": {"memory": "1GiB"},
                  "placement": {"params": "device", "grads": "host", "optimizer": "host"}},

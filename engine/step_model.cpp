@@ -393,6 +393,9 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
                 kind.tier == Tier::device ? "  (one unit at a time: each is consumed by its update at once)" : "");
   append_line(out, "  {:<28} {:>7}  ({})", "optimizer step runs on", optimizer_site_name(run.optimizer_site),
               optimizer_site_reason(config));
+  if (run.interleaved_updates)
+    append_line(out, "  {:<28} {:>7}  (each unit's, just before its forward in the next step: optimizer.interleave)",
+                "clipped updates run", "next step");
   append_line(out, "");
   append_line(out, "what each tier holds:");
   uint64_t host_homed = 0, nvme_homed = 0;
@@ -460,6 +463,7 @@ nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& l
           {"placement", placement},
           {"optimizer_site", optimizer_site_name(run.optimizer_site)},
           {"optimizer_site_reason", optimizer_site_reason(config)},
+          {"interleaved_updates", run.interleaved_updates},
           {"device_budget_bytes", config.device_memory_bytes},
           {"device_scratch_bytes", device_scratch(config, layout, &run).total()},
           {"host_budget_bytes", config.host_memory_bytes},

@@ -187,6 +187,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(o.grad_clip, optimizer.number("grad_clip", 1.0, 0.0, 1.0e9));
   o.chunk_elements_set = optimizer.has("chunk_elements");
   STRATA_READ(o.chunk_elements, optimizer.integer("chunk_elements", int64_t{16} << 20, 1024, int64_t{1} << 40));
+  STRATA_READ(o.interleave, optimizer.boolean("interleave", true));
   STRATA_RETURN_IF_ERROR(optimizer.finish());
 
   STRATA_ASSIGN_OR_RETURN(std::string precision, root.choice("precision", {"fp32", "bf16"}, "bf16"));

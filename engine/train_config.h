@@ -82,6 +82,10 @@ struct OptimizerConfig {
   // elements is 192 MiB per chunk, a whole 192 MiB host budget, so nothing could be read ahead.
   uint64_t chunk_elements = uint64_t{16} << 20;
   bool chunk_elements_set = false;  // the config gave optimizer.chunk_elements
+  // With clipping, run step k's updates in step k+1's pass, each unit's just before its
+  // forward, so their I/O hides under compute (engine/train_plan.h). Same weights either way;
+  // false keeps every update after the last backward (the tests compare the two).
+  bool interleave = true;
 };
 
 struct PlacementConfig {

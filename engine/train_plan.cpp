@@ -50,6 +50,14 @@ std::string optimizer_site_reason(const TrainConfig& config) {
   return "";
 }
 
+bool interleaved_updates(const TrainConfig& config, bool zero) {
+  // Without clipping the updates already follow their backward. The host site has its own
+  // overlap (CPU AdamW beside the device's backward), and ZeRO's updates take part in a
+  // collective per step, which expects them after that step's backward.
+  return config.optimizer.grad_clip > 0 && config.optimizer.interleave && !zero &&
+         optimizer_site(config) == OptimizerSite::device;
+}
+
 TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
                            const std::vector<std::vector<int>>& owners, int rank) {
   TrainPlan run;
@@ -57,6 +65,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   const uint32_t param_bytes = dtype_size_bytes(config.precision);
   const bool scratch_grads = config.placement.grads == Tier::device;
   run.params_gathered = !owners.empty() && config.parallel.zero_stage >= 3;
+  run.interleaved_updates = interleaved_updates(config, !owners.empty());
   for (const Unit& unit : layout.units()) {
     const size_t unit_index = run.units.size();
     UnitIds ids;
@@ -127,7 +136,9 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
       }
       // The update rewrites P from the master weights. Split in chunks, each rewrites only its
       // own range, so P must also be read (loaded) for the rest to stay valid.
-      const sch::TensorId params_read = ids.optim.size() > 1 ? ids.params : kNoTensor;
+      // Interleaved, P is always read: an opt step without math (no pending gradients) must
+      // write back the bytes it loaded, and the forward after it loads P anyway.
+      const sch::TensorId params_read = ids.optim.size() > 1 || run.interleaved_updates ? ids.params : kNoTensor;
       // On the host site the chunk stays in host memory: not a tensor of the device step.
       const sch::TensorId optim = run.optimizer_site == OptimizerSite::host ? kNoTensor : ids.optim[c].tensor;
       add(std::move(name), StepInfo{StepKind::optimize, unit, c, run.optimizer_site}, {ids.grads, optim, params_read},
@@ -157,13 +168,18 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
     return reads;
   };
 
+  // Interleaved: the previous step's update of each unit right before its forward.
+  const bool interleave = run.interleaved_updates;
+  if (interleave) optimize(embed);
   add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, with_next_shares({run.units[embed].params}),
       {run.activations[0]});
   for (uint32_t i = 0; i < n_layer; ++i) {
     size_t unit = layout.block_unit(i);
+    if (interleave) optimize(unit);
     add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit},
         with_next_shares({run.units[unit].params, run.activations[i]}), {run.activations[i + 1]});
   }
+  if (interleave) optimize(ln_f);
   add("head", StepInfo{StepKind::head, ln_f},
       with_next_shares({run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]}),
       {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
@@ -176,6 +192,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   }
   add("bwd.embed", StepInfo{StepKind::bwd_embed, embed}, {run.units[embed].grads, run.d_x},
       {run.units[embed].grads});
+  if (interleave) return run;
   if (clip) {
     // The global norm is known only now: every update waits for it (gradients parked on
     // their tier meanwhile). Reverse order ends with the embeddings, which the next

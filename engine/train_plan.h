@@ -17,6 +17,20 @@
 // clipping the bracketed updates follow their backward; with clipping every update waits
 // for the global norm after bwd.embed.
 //
+// Interleaved updates (`interleaved_updates`): with clipping, the updates after bwd.embed are
+// 16 B read and 14 B written per parameter with almost no compute to hide behind — where
+// offloaded training stalled. So when the site is `device`, there is no ZeRO and
+// `optimizer.interleave` is on (the default), one pass of the plan is instead
+//   opt.embed fwd.embed  opt.h.0 fwd.h.0 … opt.h.{L-1} fwd.h.{L-1}  opt.ln_f head  bwd.h.{L-1} … bwd.embed
+// and the updates in pass k are step k−1's: each unit's chunks run just before its forward
+// needs the new weights, so their I/O overlaps the previous unit's forward. The gradients wait
+// on their tier for one pass, and the clip coefficient is taken at the end of pass k−1
+// (after bwd.embed) and kept on the stream into pass k (kernels/backend.h). A pass with no
+// pending gradients (the first after a start, a resume or a commit) runs its opt steps without
+// math; a pass after the last backward (the drain before a commit) runs only its opt steps —
+// engine/trainer.cpp. Every opt step then also reads P (it is loaded for the forward right
+// after anyway), so an opt step that does no math writes back the bytes it loaded.
+//
 // Where each update runs (`OptimizerSite`, `optimizer_site`): on the device, by the device's
 // backend, with the chunk [master | m | v] acquired on the device — every CPU run (the CPU
 // backend IS the CPU: it updates the state in place) and CUDA with `placement.optimizer:
@@ -83,11 +97,17 @@ struct TrainPlan {
   // two start-up buffers (engine/zero.h). Each such step also reads the shares of the next
   // gathering step's units, so they are resident when that gather starts during this compute.
   bool params_gathered = false;
+  // Step k's updates run in pass k+1, before each unit's forward (see the top of this file).
+  bool interleaved_updates = false;
 };
 
 // Where the config's updates run (see the top of this file), and why, in a few words.
 OptimizerSite optimizer_site(const TrainConfig& config);
 std::string optimizer_site_reason(const TrainConfig& config);
+
+// Whether updates interleave with the next pass's forward (the top of this file): clipping,
+// the device site, one rank (`zero`: false) and optimizer.interleave.
+bool interleaved_updates(const TrainConfig& config, bool zero);
 
 // Store and plan tensor names.
 std::string params_name(const Unit& unit);

@@ -282,6 +282,9 @@ class Run {
   Status open_store(uint64_t& start_step);
   Status create_scheduler();
   Status run_step(uint64_t step, StepFigures& figures);
+  // Interleaved updates (train_plan.h): the pass that applies the pending update and nothing
+  // else, so that a commit holds every step's update and no gradients are pending.
+  Status drain_pending_update();
   Status open_device();
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
   Result<const float*> widen(const void* params, uint64_t element_count, float* scratch);
@@ -357,6 +360,9 @@ class Run {
   std::vector<HostUpdateSlot> host_slots_;
   size_t next_host_slot_ = 0;
   std::optional<float> host_clip_scale_;  // this step's, once the norm came back
+  // Interleaved updates: the step whose gradients (and clip coefficient, on the stream) wait
+  // for their update in the next pass; none after a start, a resume or a commit.
+  std::optional<uint64_t> pending_update_step_;
   std::atomic<bool> host_update_failed_{false};  // set by a host callback, read after end_step
 };
 
@@ -587,10 +593,15 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       void* params = buffers.device_data(ids.params);
       const uint64_t first = run_.params_gathered ? ids.params_range.begin_elements : 0;
       // The clip factor comes from the gradient norm on the stream: no host round trip.
+      // Interleaved, it was taken at the end of the pass that computed these gradients.
       const bool clip = config_.optimizer.grad_clip > 0 && !zero_clip_scale;
-      if (clip) STRATA_RETURN_IF_ERROR(backend.clip_coefficient(config_.optimizer.grad_clip));
+      if (clip && !run_.interleaved_updates)
+        STRATA_RETURN_IF_ERROR(backend.clip_coefficient(config_.optimizer.grad_clip));
+      // Interleaved, this pass applies the previous step's update (run_step only computes an
+      // opt step when one is pending).
+      const uint64_t update_step = run_.interleaved_updates ? pending_update_step_.value_or(step) : step;
       uint16_t* copy = config_.precision == DType::bf16 ? static_cast<uint16_t*>(params) + (begin - first) : nullptr;
-      for (kernels::AdamWChunk& piece : adamw_pieces(unit, begin, count, step, master, grads + begin, copy)) {
+      for (kernels::AdamWChunk& piece : adamw_pieces(unit, begin, count, update_step, master, grads + begin, copy)) {
         piece.use_clip_scale = clip;
         if (zero_clip_scale) piece.scalars.grad_scale = *zero_clip_scale;
         STRATA_RETURN_IF_ERROR(backend.adamw(piece));
@@ -829,6 +840,13 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   sch::Timeline* timeline = scheduler_->timeline();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
+    if (run_.interleaved_updates && run_.steps[index].kind == StepKind::optimize && !pending_update_step_) {
+      // No gradients wait (the first pass after a start, resume or commit): the step's
+      // tensors were loaded (P and O are read) and go back unchanged, behind the stream's
+      // earlier work like any step's.
+      STRATA_RETURN_IF_ERROR(scheduler_->release_after(index, backend_->compute_stream()));
+      continue;
+    }
     // Stage 3: this step's gathered units (waited for; counted in comm time, not compute).
     Status status;
     if (run_.params_gathered && !step_gathers_[index].empty()) status = gather_for_step(index, buffers);
@@ -852,6 +870,9 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     STRATA_RETURN_IF_ERROR(device_->record(updates_done_, optimizer_stream_));
     STRATA_RETURN_IF_ERROR(device_->stream_wait(backend_->compute_stream(), updates_done_));
   }
+  // Interleaved: this step's clip coefficient, from the whole sum, stays on the stream for its
+  // updates in the next pass (begin_step does not clear it).
+  if (run_.interleaved_updates) STRATA_RETURN_IF_ERROR(backend_->clip_coefficient(config_.optimizer.grad_clip));
   STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
   if (zero_ != nullptr) {
     STRATA_ASSIGN_OR_RETURN(scalars.loss, zero_->mean_loss(scalars.loss));
@@ -866,6 +887,34 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
                                   "commit (step {}) is intact",
                                   step + 1, scalars.loss, committed_step_));
   figures.loss = scalars.loss;
+  if (run_.interleaved_updates) pending_update_step_ = step;
+  return Status();
+}
+
+Status Run::drain_pending_update() {
+  if (!run_.interleaved_updates || !pending_update_step_) return Status();
+  // One pass of the plan in which only the opt steps compute. The others are acquired and
+  // released untouched: the plan is cyclic, so the scheduler must see every step in order.
+  // What they list as written but not read (activations, gradients, grad.x) may go home as
+  // whatever their buffers held — none of it is persistent, and every one is rewritten before
+  // it is next read (the next pass's opt steps have no gradients to read).
+  sch::Timeline* timeline = scheduler_->timeline();
+  for (size_t index = 0; index < run_.plan.step_count(); ++index) {
+    STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
+    if (run_.steps[index].kind != StepKind::optimize) {
+      STRATA_RETURN_IF_ERROR(scheduler_->release_after(index, backend_->compute_stream()));
+      continue;
+    }
+    const uint64_t start_ns = sch::Timeline::now_ns();
+    Status status = compute(index, buffers, *pending_update_step_);
+    const uint64_t end_ns = sch::Timeline::now_ns();
+    if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
+    Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream()) : scheduler_->release(index);
+    STRATA_RETURN_IF_ERROR(status);
+    STRATA_RETURN_IF_ERROR(released);
+  }
+  STRATA_RETURN_IF_ERROR(backend_->synchronize());
+  pending_update_step_.reset();
   return Status();
 }
 
@@ -1086,6 +1135,8 @@ Result<TrainSummary> Run::execute() {
     const auto step_start = Clock::now();
     const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps;
     Status status = run_step(step, f);
+    // Interleaved, step + 1's update is still pending: a commit applies it first.
+    if (status.ok() && commit) status = drain_pending_update();
     if (status.ok() && commit) status = checkpoint(step + 1);
     if (!status.ok()) return step_failed(status.error(), step + 1, commit);
     if (commit) committed_step_ = step + 1;

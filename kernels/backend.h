@@ -22,7 +22,9 @@
 //   cheapest correct order on a CPU, and the one that keeps its results bit-identical to the
 //   kernels called directly); the CUDA backend launches kernels on its cudaStream_t.
 // - The step and its scalars: `begin_step` gives the batch's tokens and targets (host memory,
-//   untouched until `end_step` returns) and clears the step's scalars; `head_forward_backward`
+//   untouched until `end_step` returns) and clears the step's loss and gradient sum — not the
+//   clip coefficient, which interleaved updates (engine/train_plan.h) take at the end of one
+//   step and use in the next; `head_forward_backward`
 //   puts the loss there, and every `sum_squares` adds to the step's gradient sum of squares.
 //   `end_step` waits for the stream once and returns both — the one host synchronisation of a
 //   step; nothing else in a step waits. `clip_coefficient` turns the sum so far into the

@@ -32,8 +32,7 @@ class CpuBackend final : public ComputeBackend {
     (void)rows;  // host memory: the kernels read the caller's arrays in place
     tokens_ = tokens;
     targets_ = targets;
-    scalars_ = StepScalars{};
-    clip_scale_ = 1.0f;
+    scalars_ = StepScalars{};  // not clip_scale_: interleaved updates use the previous step's
     return Status();
   }
   // The ops have run; waiting for the stream lets the callbacks queued behind them (the

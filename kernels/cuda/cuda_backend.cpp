@@ -3,6 +3,7 @@
 // synchronize; the loss, the gradient sum of squares and the clip coefficient stay in one small
 // device block until end_step brings the first two back.
 #include <cassert>
+#include <cstddef>
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -68,8 +69,12 @@ class CudaBackend final : public ComputeBackend {
     const uint64_t bytes = static_cast<uint64_t>(rows) * sizeof(int32_t);
     STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, bytes));
     STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, targets_, targets, bytes));
+    // The loss and the sum, not the clip scale: interleaved updates (engine/train_plan.h) apply
+    // the previous step's in this one; none reads it before a clip_coefficient has written it
+    // (a pass with no pending gradients does no update). clip_scale is the last member.
+    static_assert(offsetof(StepSlots, clip_scale) + sizeof(float) == sizeof(StepSlots));
     const StepSlots cleared{0.0, 0.0f, 1.0f};
-    return device_.copy_to_device(stream_, slots_, &cleared, sizeof cleared);
+    return device_.copy_to_device(stream_, slots_, &cleared, offsetof(StepSlots, clip_scale));
   }
   Result<StepScalars> end_step() override {
     StepSlots host{};

@@ -9,7 +9,9 @@
 # ends bit-identical to an uninterrupted one; (plan) `strata plan` takes the tuned bandwidths,
 # its figures hang together, its traffic replay matches a real run's, and it writes nothing.
 # (chunk_budgets) without optimizer.chunk_elements the budgets choose it, a config's value wins,
-# and a resume under budgets that choose another value is refused in one line.
+# and a resume under budgets that choose another value is refused in one line. (interleave)
+# clipped updates run in the next step's pass export the same weights as after the backward,
+# and a run stopped at a commit and resumed equals the uninterrupted one.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 # test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
@@ -319,6 +321,48 @@ def case_resume(folder):
     print("killed-and-resumed weights are bit-identical to the uninterrupted run's")
 
 
+def case_interleave(folder):
+    """Clipped updates interleaved with the next step's forward (engine/train_plan.h) change no
+    arithmetic: offloaded, chunked runs with a clip that bites export the same bytes with
+    optimizer.interleave on and off, report the same losses, and a run stopped at a commit
+    (step 7 of 12, then --resume) ends bit-identical to the uninterrupted one."""
+    exports, losses = {}, {}
+    for name, interleave, stops in (("interleaved", True, [12]), ("bunched", False, [12]),
+                                    ("resumed", True, [7, 12])):
+        run_dir = os.path.join(folder, name)
+        os.makedirs(run_dir)
+        # grad_clip 0.05: the norm of this model's gradients is well above it, so every update
+        # uses a coefficient < 1 taken one pass before it is applied.
+        cfg_path, _ = config(run_dir, model={"n_layer": 3, "seq_len": 32}, batch_size=4, steps=12,
+                             precision="bf16", checkpoint_every=5, device={"memory": "6MiB"}, host={"memory": "6MiB"},
+                             placement={"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
+                             optimizer={"grad_clip": 0.05, "chunk_elements": 4096, "interleave": interleave})
+        out = os.path.join(run_dir, "weights.safetensors")
+        run_losses = []
+        for index, stop in enumerate(stops):
+            args = ["train", cfg_path, "--steps", str(stop), "--json", "--metrics", os.path.join(run_dir, "m.json")]
+            if index > 0:
+                args.append("--resume")
+            if stop == stops[-1]:
+                args += ["--export", out]
+            strata(*args)
+            with open(os.path.join(run_dir, "m.json")) as f:
+                run_losses += [step["loss"] for step in json.load(f)["steps"]]
+        losses[name] = run_losses
+        with open(out, "rb") as f:
+            exports[name] = f.read()
+    if len(losses["interleaved"]) != 12 or losses["interleaved"] != losses["bunched"]:
+        fail(f"interleaved and bunched runs report different losses: {losses['interleaved']} vs {losses['bunched']}")
+    if not losses["interleaved"][-1] < losses["interleaved"][0]:
+        fail("the loss did not fall")
+    if exports["interleaved"] != exports["bunched"]:
+        fail("interleaved updates exported different weights from updates after the last backward")
+    if losses["resumed"] != losses["interleaved"] or exports["resumed"] != exports["interleaved"]:
+        fail("a clipped interleaved run stopped at a commit and resumed differs from the uninterrupted run")
+    print(f"interleaved = bunched = stopped-at-7-and-resumed, bit for bit ({len(exports['bunched'])} bytes); "
+          f"loss {losses['interleaved'][0]:.4f} -> {losses['interleaved'][-1]:.4f}")
+
+
 def case_plan(folder):
     """`strata plan` predicts before anything is written: the tuned bandwidths are the ones the
     config names, its figures hang together, its traffic replay matches what a real run moves
@@ -452,7 +496,8 @@ def case_chunk_budgets(folder):
 
 
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
-         "budgets": case_budgets, "resume": case_resume, "plan": case_plan, "chunk_budgets": case_chunk_budgets}
+         "budgets": case_budgets, "resume": case_resume, "plan": case_plan, "chunk_budgets": case_chunk_budgets,
+         "interleave": case_interleave}
 
 if __name__ == "__main__":
     CASE = sys.argv[2]
