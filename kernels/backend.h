@@ -146,8 +146,8 @@ class ComputeBackend {
 
   // --- generation: GPT-2 decoding with a KV cache (gpt2.h's decode semantics) ---
   // Ops per model definition (Llama's trio follows). `tokens` is host
-  // memory; the cache, activations, logits and workspace are the backend's memory. A backend
-  // without them returns `unsupported` (CUDA has Llama's twin, llama_cuda.h, not GPT-2's yet).
+  // memory (CUDA copies it to the device on its compute stream); the cache, activations, logits
+  // and workspace are the backend's memory. A backend without them returns `unsupported`.
   virtual size_t decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows,
                                              int64_t max_positions) const;
   [[nodiscard]] virtual Status embedding_decode(const gpt2::Config& config, int64_t past, int64_t rows,
