@@ -284,7 +284,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
       *precision == DType::f32 ? 0
                                : std::max<uint64_t>(definition.decode_bf16_scratch_bytes(kind),
                                                     align_up(embed_piece_elements * 4, 64));
-  const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(max_rows, window);
+  const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(kind, max_rows, window);
   const uint64_t logits_bytes = uint64_t(vocab) * 4;
   const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
                                  2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +

@@ -229,6 +229,12 @@ class ComputeBackend {
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
 size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
+// The decode ops' workspace on a device kind (ComputeBackend::decode_workspace_size_bytes and
+// its Llama twin), for sizing generation's scratch before the device exists.
+size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,
+                                   int64_t max_positions);
+size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& config, int64_t max_rows,
+                                   int64_t max_positions);
 // The bf16 decode ops' scratch on a device kind (ComputeBackend::decode_bf16_scratch_bytes).
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);

@@ -230,6 +230,14 @@ size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gk::Ba
   return llama::cuda::workspace_size_bytes(config, max_shape);
 }
 
+size_t cuda_decode_workspace_size_bytes(const gk::Config& config, int64_t max_rows, int64_t max_positions) {
+  return gk::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+
+size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows, int64_t max_positions) {
+  return llama::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
   return kTokensOffset + 2 * token_bytes(max_shape);
 }
