@@ -27,6 +27,7 @@
 #include "memory/host_arena.h"
 #include "memory/store.h"
 #include "scheduler/scheduler.h"
+#include "strata_build_config.h"
 
 namespace strata {
 
@@ -282,10 +283,12 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                       fmt::format("{} holds no committed weights: train first (strata train), or stage a Hugging Face "
                                   "folder (strata generate --model DIR)", dir));
   STRATA_ASSIGN_OR_RETURN(device::Kind kind, device::parse_kind(config.device_kind));
-  if (kind != device::Kind::cpu)
-    return make_error(ErrorKind::unsupported,
-                      "strata generate runs on device.kind: cpu for now (on CUDA, Llama's decode ops exist but "
-                      "GPT-2's and generation's device-side path are not written yet)");
+  // No GPU where cuda is asked for: the user's configuration error, in one line, as `strata train` says it.
+  if (kind == device::Kind::cuda && device::cuda_device_count() == 0)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'device.kind': no CUDA device {}; use kind: cpu", config.source_path,
+                                  STRATA_HAVE_CUDA ? "is visible to this process (no GPU, or no driver)"
+                                                   : "support in this build (nvcc was not found at setup)"));
   memory::StoreOptions store_options = store_options_for(config);
   store_options.read_only = true;
   STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options));
@@ -323,10 +326,6 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const int64_t kv_width = definition.kv_cache_width();
   const uint64_t final_norm_elements = definition.final_norm_elements();
   const bool tied = definition.head_tied();
-  // An untied table is needed only at the pass's new tokens' rows: read those (EmbeddingRows)
-  // instead of streaming the table. A tied one is the head's projection too, and GPT-2's unit
-  // also holds the learned positions: those stream whole.
-  const bool embed_by_rows = !tied && learned_positions == 0;
 
   STRATA_ASSIGN_OR_RETURN(std::vector<int32_t> context, codec.encode(prompt, model.vocab_size));
   if (context.empty()) context.push_back(codec.start_token(model.vocab_size));
@@ -336,7 +335,46 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const int64_t refill_rows = std::max<int64_t>(1, window / 2);
   const int64_t max_rows = std::max(prompt_rows, refill_rows);
 
-  // The plan: one pass = embed, blocks 0 … L−1, head; it repeats per pass.
+  // The fixed scratch, on the device (on the CPU device: host memory out of the same budgets).
+  const uint64_t kv_block_bytes = uint64_t(window) * uint64_t(kv_width) * 4;
+  const uint64_t kv_bytes = uint64_t(n_layer) * 2 * kv_block_bytes;
+  const uint64_t activation_bytes = uint64_t(max_rows) * uint64_t(c) * 4;
+  // bf16 weights: the blocks and the head run the definition's bf16 decode ops, whose scratch
+  // the backend sizes (on the CPU ~1 MiB: the 1-D tensors and L2-sized pieces; a backend that
+  // widens first needs a block whole); the embedding's new token rows and their learned
+  // positions are widened here into the same scratch, before those ops run.
+  const uint64_t embed_piece_elements = uint64_t(max_rows) * uint64_t(c) * (learned_positions > 0 ? 2 : 1);
+  const uint64_t widen_bytes =
+      *precision == DType::f32 ? 0
+                               : std::max<uint64_t>(definition.decode_bf16_scratch_bytes(kind),
+                                                    align_up(embed_piece_elements * 4, 64));
+  const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(kind, max_rows, window);
+  const uint64_t logits_bytes = uint64_t(vocab) * 4;
+  const uint64_t fixed_scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
+                                       2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
+                                       device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
+                                       kernels::fixed_device_bytes(kind, gk::BatchShape{1, max_rows});
+  const bool one_pool = kind == device::Kind::cpu;
+  uint64_t weights_in_pool_bytes = 0;  // as the scheduler places them
+  for (const Unit& unit : layout.units()) weights_in_pool_bytes += align_up(unit.element_count * element_bytes, 4096);
+  const uint64_t both_budgets_bytes = config.host_memory_bytes + config.device_memory_bytes;
+  const uint64_t pool_before_rows_bytes =
+      one_pool ? both_budgets_bytes - std::min(both_budgets_bytes, fixed_scratch_bytes) : config.host_memory_bytes;
+  // An untied table is needed only at the pass's new tokens' rows: when the weights do not all
+  // fit the pool, read those (EmbeddingRows) instead of streaming the table through it. When
+  // they fit, the table stays in the pool and nothing is read per token. A tied table is the
+  // head's projection too, and GPT-2's unit also holds the learned positions: those stream whole.
+  const bool embed_by_rows = !tied && learned_positions == 0 && weights_in_pool_bytes > pool_before_rows_bytes;
+  // Read by rows: the rows as stored, on the device (the op's table), and their host staging,
+  // plus the reader's one-extent buffer — host memory, out of the pool.
+  const uint64_t row_bytes = uint64_t(c) * element_bytes;
+  const uint64_t embed_rows_bytes = embed_by_rows ? uint64_t(max_rows) * row_bytes : 0;
+  const std::string embed_tensor = params_name(layout.units()[layout.embed_unit()]);
+  const uint64_t embed_reader_bytes =
+      embed_by_rows ? EmbeddingRows::buffer_bytes(store, embed_tensor) + align_up(embed_rows_bytes, kHugePageBytes) : 0;
+  const uint64_t scratch_bytes = fixed_scratch_bytes + (embed_by_rows ? device_bytes(embed_rows_bytes) : 0);
+
+  // The plan: one pass = embed (unless read by rows), blocks 0 … L−1, head; it repeats per pass.
   sch::AccessPlan plan;
   std::vector<sch::TensorId> ids;
   uint64_t weight_bytes = 0;
@@ -356,50 +394,40 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     plan.add_step("head", {ids[layout.ln_f_unit()]});
   STRATA_RETURN_IF_ERROR(plan.validate());
 
-  // The fixed scratch, on the device (on the CPU device: host memory out of the same budgets).
-  const uint64_t kv_block_bytes = uint64_t(window) * uint64_t(kv_width) * 4;
-  const uint64_t kv_bytes = uint64_t(n_layer) * 2 * kv_block_bytes;
-  const uint64_t activation_bytes = uint64_t(max_rows) * uint64_t(c) * 4;
-  // bf16 weights: the blocks and the head run the definition's bf16 decode ops, whose scratch
-  // the backend sizes (on the CPU ~1 MiB: the 1-D tensors and L2-sized pieces; a backend that
-  // widens first needs a block whole); the embedding's new token rows and their learned
-  // positions are widened here into the same scratch, before those ops run.
-  const uint64_t embed_piece_elements = uint64_t(max_rows) * uint64_t(c) * (learned_positions > 0 ? 2 : 1);
-  const uint64_t widen_bytes =
-      *precision == DType::f32 ? 0
-                               : std::max<uint64_t>(definition.decode_bf16_scratch_bytes(kind),
-                                                    align_up(embed_piece_elements * 4, 64));
-  const uint64_t token_ids_bytes = uint64_t(max_rows) * 4;
-  // Read by rows: the rows as stored, on the device (the op's table), and their host staging,
-  // plus the reader's one-extent buffer — host memory out of the same budgets.
-  const uint64_t row_bytes = uint64_t(c) * element_bytes;
-  const uint64_t embed_rows_bytes = embed_by_rows ? uint64_t(max_rows) * row_bytes : 0;
-  const std::string embed_tensor = params_name(layout.units()[layout.embed_unit()]);
-  const uint64_t embed_reader_bytes =
-      embed_by_rows ? EmbeddingRows::buffer_bytes(store, embed_tensor) + align_up(embed_rows_bytes, kHugePageBytes) : 0;
-  const uint64_t workspace_bytes = definition.decode_workspace_size_bytes(max_rows, window);
-  const uint64_t logits_bytes = uint64_t(vocab) * 4;
-  const uint64_t scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
-                                 2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
-                                 device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
-                                 device_bytes(token_ids_bytes) + (embed_by_rows ? device_bytes(embed_rows_bytes) : 0);
   uint64_t largest_step_bytes = 0;
   for (size_t s = 0; s < plan.step_count(); ++s)
     largest_step_bytes = std::max(largest_step_bytes, plan.step_bytes(s, 4096));
-  const uint64_t budget_bytes = config.host_memory_bytes + config.device_memory_bytes;
-  if (budget_bytes < scratch_bytes + embed_reader_bytes + largest_step_bytes)
+  // The budgets, as the trainer's (train_plan.cpp's run_budgets): the CPU device computes in
+  // place on ONE pool, host.memory + device.memory, that holds the scratch and stages the
+  // weights; on a GPU device.memory holds the scratch and the weights staged onto it (at least
+  // the largest step), and host.memory is the pinned pool the weights come through from NVMe.
+  // The embedding-rows reader's host bytes come out of the pool either way.
+  const uint64_t budget_bytes =
+      one_pool ? config.host_memory_bytes + config.device_memory_bytes : config.device_memory_bytes;
+  const uint64_t budget_scratch_bytes = scratch_bytes + (one_pool ? embed_reader_bytes : 0);
+  if (budget_bytes < budget_scratch_bytes + largest_step_bytes)
     return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: host.memory + device.memory = {} cannot hold generation's scratch ({}: the KV "
-                                  "cache {}, bf16 scratch {}{}, activations, workspace, embedding rows) and its "
+                      fmt::format("{}: {} = {} cannot hold generation's scratch ({}: the KV "
+                                  "cache {}, bf16 scratch {}{}, activations, workspace{}) and its "
                                   "largest step ({})",
-                                  config.source_path, format_size(budget_bytes),
-                                  format_size(scratch_bytes + embed_reader_bytes),
+                                  config.source_path, one_pool ? "host.memory + device.memory" : "device.memory",
+                                  format_size(budget_bytes), format_size(budget_scratch_bytes),
                                   format_size(kv_bytes), format_size(widen_bytes),
                                   widen_bytes > 0 ? " (the weights are bf16; fp32 weights need none)" : "",
-                                  format_size(largest_step_bytes)));
-  const uint64_t pool_bytes = budget_bytes - scratch_bytes - embed_reader_bytes;
+                                  embed_by_rows ? ", embedding rows" : "", format_size(largest_step_bytes)));
+  if (!one_pool && config.host_memory_bytes < largest_step_bytes + embed_reader_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: host.memory = {} cannot stage generation's largest step ({}) from NVMe{}",
+                                  config.source_path, format_size(config.host_memory_bytes),
+                                  format_size(largest_step_bytes),
+                                  embed_by_rows ? fmt::format(" beside the embedding rows' buffers ({})",
+                                                              format_size(embed_reader_bytes))
+                                                : std::string()));
+  const uint64_t pool_bytes =
+      (one_pool ? budget_bytes - scratch_bytes : config.host_memory_bytes) - embed_reader_bytes;
 
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, scratch_bytes));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device,
+                          device::make_device(kind, one_pool ? scratch_bytes : budget_bytes));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
                           kernels::make_backend(*device, gk::BatchShape{1, max_rows}));
   std::vector<device::DeviceBuffer> cache_buffers;
@@ -417,7 +445,6 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer widen_buffer, device->allocate(std::max<uint64_t>(widen_bytes, 1)));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer workspace_buffer, device->allocate(workspace_bytes));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer logits_buffer, device->allocate(logits_bytes));
-  STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer token_ids_buffer, device->allocate(token_ids_bytes));
   device::DeviceBuffer embed_rows_buffer;
   std::optional<EmbeddingRows> embedding_rows;
   PageMapping embed_rows_staging;
@@ -428,12 +455,19 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     STRATA_ASSIGN_OR_RETURN(embed_rows_staging, PageMapping::map(embed_rows_bytes, PageMappingOptions{},
                                                                  "embedding rows staging"));
   }
-  auto* row_ids = reinterpret_cast<int32_t*>(token_ids_buffer.data());  // 0, 1, 2...: rows of a widened piece
-  for (int64_t r = 0; r < max_rows; ++r) row_ids[r] = static_cast<int32_t>(r);
+  // 0, 1, 2...: rows of a widened piece. Token ids are host memory at the backend's interface
+  // (a GPU backend copies them onto its stream before the embedding op).
+  std::vector<int32_t> row_id_values(static_cast<size_t>(max_rows));
+  for (int64_t r = 0; r < max_rows; ++r) row_id_values[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+  const int32_t* row_ids = row_id_values.data();
   auto* x_a = reinterpret_cast<float*>(x_a_buffer.data());
   auto* x_b = reinterpret_cast<float*>(x_b_buffer.data());
   const gk::Workspace workspace{reinterpret_cast<float*>(workspace_buffer.data()), workspace_bytes};
   auto* logits = reinterpret_cast<float*>(logits_buffer.data());
+  // Sampling reads host memory: a host backend's logits where they lie, a GPU's copied back
+  // once per pass (sampled_logits below).
+  std::vector<float> logits_copy(backend->is_host() ? 0 : static_cast<size_t>(vocab));
+  const float* sampled_logits = backend->is_host() ? logits : logits_copy.data();
 
   memory::HostArenaOptions arena_options;
   arena_options.capacity_bytes = pool_bytes;
@@ -441,7 +475,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::NvmeBacking> backing, sch::make_store_backing(store, plan));
   sch::SchedulerOptions scheduler_options;
   scheduler_options.host_budget_bytes = pool_bytes;
-  scheduler_options.compute_in_place = true;  // the CPU device computes on the host blocks
+  scheduler_options.compute_in_place = one_pool;  // the CPU device computes on the host blocks
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::Scheduler> scheduler,
                           sch::Scheduler::create(plan, *device, arena, backing.get(), scheduler_options));
 
@@ -526,7 +560,9 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
       STRATA_RETURN_IF_ERROR(status);
       STRATA_RETURN_IF_ERROR(released);
     }
-    return backend->synchronize();
+    if (!backend->is_host())
+      STRATA_RETURN_IF_ERROR(device->copy_to_host(backend->compute_stream(), logits_copy.data(), logits, logits_bytes));
+    return backend->synchronize();  // the one wait of a pass: its logits are ready to sample
   };
 
   GenerateSummary summary;
@@ -545,7 +581,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   Clock::time_point last_progress = decode_start;
   uint64_t passes = 0;
   for (uint32_t produced = 0; produced < options.tokens; ++produced) {
-    const int32_t next = sample_token(std::span<const float>(logits, static_cast<size_t>(vocab)), options, rng, order);
+    const int32_t next = sample_token(std::span<const float>(sampled_logits, static_cast<size_t>(vocab)), options, rng, order);
     summary.tokens.push_back(next);
     context.push_back(next);
     if (produced + 1 == options.tokens) break;  // the last token needs no pass after it

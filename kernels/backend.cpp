@@ -175,6 +175,24 @@ size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, cons
   return llama::workspace_size_bytes(config, max_shape);
 }
 
+size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,
+                                   int64_t max_positions) {
+#if STRATA_HAVE_CUDA
+  if (kind == device::Kind::cuda) return cuda_decode_workspace_size_bytes(config, max_rows, max_positions);
+#endif
+  (void)kind;
+  return gpt2::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+
+size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& config, int64_t max_rows,
+                                   int64_t max_positions) {
+#if STRATA_HAVE_CUDA
+  if (kind == device::Kind::cuda) return cuda_decode_workspace_size_bytes(config, max_rows, max_positions);
+#endif
+  (void)kind;
+  return llama::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
   if (kind == device::Kind::cuda) return cuda_fixed_device_bytes(max_shape);

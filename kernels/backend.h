@@ -148,8 +148,8 @@ class ComputeBackend {
 
   // --- generation: GPT-2 decoding with a KV cache (gpt2.h's decode semantics) ---
   // Ops per model definition (Llama's trio follows). `tokens` is host
-  // memory; the cache, activations, logits and workspace are the backend's memory. A backend
-  // without them returns `unsupported` (CUDA has Llama's twin, llama_cuda.h, not GPT-2's yet).
+  // memory (CUDA copies it to the device on its compute stream); the cache, activations, logits
+  // and workspace are the backend's memory. A backend without them returns `unsupported`.
   virtual size_t decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows,
                                              int64_t max_positions) const;
   [[nodiscard]] virtual Status embedding_decode(const gpt2::Config& config, int64_t past, int64_t rows,
@@ -231,6 +231,12 @@ class ComputeBackend {
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
 size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
+// The decode ops' workspace on a device kind (ComputeBackend::decode_workspace_size_bytes and
+// its Llama twin), for sizing generation's scratch before the device exists.
+size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,
+                                   int64_t max_positions);
+size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& config, int64_t max_rows,
+                                   int64_t max_positions);
 // The bf16 decode ops' scratch on a device kind (ComputeBackend::decode_bf16_scratch_bytes).
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command, the day a GPU is lent: builds with CUDA, runs every CUDA suite, trains the demo
-# and a small fp32 config on `cuda` and on `cpu` and compares the exported weights, runs
+# and a small fp32 config on `cuda` and on `cpu` and compares the exported weights,
+# generates greedily from one trained store on both and compares the tokens, runs
 # `strata bench overlap`, and two steps of configs/gpt2-xl-offload.yaml with device.kind: cuda
 # against its I/O floor and `strata plan`. Prints ONE JSON summary on stdout (progress goes to
 # stderr and to gpu-check/ logs). Exit 0 when every check passed, 1 when one failed, 77 (one
@@ -87,6 +88,24 @@ for name in demo small hostopt hostopt_overlap; do
   done
 done
 
+# 3b. Generation: N tokens, greedy, from the SAME trained store (demo: bf16 weights, small:
+# fp32) on cpu and on cuda; the tokens must be the same (compared in the summary). The cuda
+# config is the cpu one with only device.kind changed, so both read run-NAME-cpu's store.
+# `strata generate --json` gives the tokens, not the logits: the first pass's logits are held
+# to 1e-5 by backend_ops' DecodeParity (stage 2), not here.
+gen_tokens=32
+for name in demo small; do
+  sed -e "s|kind: cpu|kind: cuda|" "$cfg_dir/$name-cpu.yaml" > "$cfg_dir/gen-$name-cuda.yaml"
+  for kind in cpu cuda; do
+    gen_cfg="$cfg_dir/$name-cpu.yaml"
+    [ "$kind" = cuda ] && gen_cfg="$cfg_dir/gen-$name-cuda.yaml"
+    # shellcheck disable=SC2016  # expanded by the inner bash, from its arguments
+    run_stage "generate_${name}_$kind" 120 bash -c \
+      '"$0" generate "$1" --prompt-ids 1,2,3,4,5 --tokens "$2" --temperature 0 --json > "$3"' \
+      "$strata" "$gen_cfg" "$gen_tokens" "$out/generate-$name-$kind.json"
+  done
+done
+
 # 4. The overlap benchmark (NVMe reads overlapping compute through the scheduler).
 run_stage bench_overlap 120 "$strata" bench overlap --device cuda --dir "$out/overlap" --json
 
@@ -152,6 +171,21 @@ for name in ("demo", "small", "hostopt", "hostopt_overlap"):
                                 "tokens_per_s_cpu": m_cpu["summary"]["tokens_per_s"] if m_cpu else None,
                                 "tokens_per_s_cuda": m_cuda["summary"]["tokens_per_s"] if m_cuda else None,
                                 "tolerance": {"max_tensor_rel_l2": 1e-3, "loss_rel": 1e-3}}
+
+summary["generate"] = {}
+for name in ("demo", "small"):
+    g_cpu, g_cuda = load(f"{out}/generate-{name}-cpu.json"), load(f"{out}/generate-{name}-cuda.json")
+    if not g_cpu or not g_cuda:
+        summary["generate"][name] = {"ok": False, "why": "a generate run gave no JSON"}
+        failed = 1
+        continue
+    first_diff = next((i for i, (a, b) in enumerate(zip(g_cpu["tokens"], g_cuda["tokens"])) if a != b), None)
+    ok = g_cpu["tokens"] == g_cuda["tokens"]
+    failed |= not ok
+    summary["generate"][name] = {"ok": ok, "tokens": len(g_cpu["tokens"]), "first_differing_token": first_diff,
+                                 "tokens_cpu": g_cpu["tokens"], "tokens_cuda": g_cuda["tokens"],
+                                 "tokens_per_s_cpu": g_cpu.get("tokens_per_s"),
+                                 "tokens_per_s_cuda": g_cuda.get("tokens_per_s")}
 
 overlap_log = f"{out}/bench_overlap.log"
 if os.path.exists(overlap_log):

@@ -125,8 +125,8 @@ class Gpt2 final : public ModelDefinition {
   int64_t learned_positions() const override { return kc_.n_ctx; }
   uint64_t final_norm_elements() const override { return uint64_t(2 * kc_.n_embd); }
   bool head_tied() const override { return true; }
-  size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const override {
-    return gk::decode_workspace_size_bytes(kc_, max_rows, max_positions);
+  size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const override {
+    return kernels::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
   }
   Status embedding_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const int32_t* tokens,
                           const float* token_table, int64_t table_rows, const float* positions,
@@ -273,8 +273,8 @@ class Llama final : public ModelDefinition {
   int64_t learned_positions() const override { return 0; }
   uint64_t final_norm_elements() const override { return uint64_t(kc_.n_embd); }
   bool head_tied() const override { return kc_.tie_word_embeddings; }
-  size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const override {
-    return lk::decode_workspace_size_bytes(kc_, max_rows, max_positions);
+  size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const override {
+    return kernels::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
   }
   Status embedding_decode(kernels::ComputeBackend& backend, int64_t /*past*/, int64_t rows, const int32_t* tokens,
                           const float* token_table, int64_t table_rows, const float* /*positions*/,

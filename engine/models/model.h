@@ -115,8 +115,8 @@ class ModelDefinition {
   virtual int64_t learned_positions() const = 0;
   virtual uint64_t final_norm_elements() const = 0;
   virtual bool head_tied() const = 0;
-  // Workspace of the decode ops for up to `max_rows` new rows and `max_positions` cached.
-  virtual size_t decode_workspace_size_bytes(int64_t max_rows, int64_t max_positions) const = 0;
+  // Workspace of the decode ops on `kind` for up to `max_rows` new rows and `max_positions` cached.
+  virtual size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const = 0;
   // x0 of `rows` new tokens at positions past…: `tokens` index `token_table` ([table_rows, C]:
   // the embedding's token rows, or a gathered piece of them); `positions` is the learned
   // position table read at rows past… (all learned_positions() rows, or just the new rows'

@@ -19,6 +19,8 @@ namespace strata::kernels {
 size_t cuda_workspace_size_bytes(const gpt2::Config& config, const gpt2::BatchShape& max_shape);
 size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t cuda_fixed_device_bytes(const gpt2::BatchShape& max_shape);
+size_t cuda_decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows, int64_t max_positions);
+size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows, int64_t max_positions);
 #endif
 
 }  // namespace strata::kernels

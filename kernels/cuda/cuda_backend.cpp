@@ -84,7 +84,27 @@ class CudaBackend final : public ComputeBackend {
   }
   Status synchronize() override { return device_.synchronize(stream_); }
 
-  // Llama decoding (llama_cuda.h): the new tokens go through the step's token buffer.
+  // GPT-2 and Llama decoding (gpt2_cuda.h, llama_cuda.h): the new tokens, host memory as the
+  // interface says, are copied into the step's token buffer on the compute stream first.
+  size_t decode_workspace_size_bytes(const gk::Config& config, int64_t max_rows,
+                                     int64_t max_positions) const override {
+    return gk::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
+  }
+  Status embedding_decode(const gk::Config& config, int64_t past, int64_t rows, const int32_t* tokens,
+                          const float* wte, const float* wpe, float* x0) override {
+    assert(rows <= max_shape_.rows());
+    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, static_cast<uint64_t>(rows) * 4));
+    return gk::cuda::embedding_decode(context_, config, past, rows, tokens_, wte, wpe, x0);
+  }
+  Status block_decode(const gk::Config& config, int64_t past, int64_t rows, const gk::BlockWeights& weights,
+                      const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
+                      const gk::Workspace& workspace) override {
+    return gk::cuda::block_decode(context_, config, past, rows, weights, x_in, x_out, cache, workspace);
+  }
+  Status head_logits(const gk::Config& config, int64_t rows, const gk::HeadWeights& weights, const float* x_final,
+                     float* logits, const gk::Workspace& workspace) override {
+    return gk::cuda::head_decode(context_, config, rows, weights, x_final, logits, workspace);
+  }
   size_t llama_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows,
                                            int64_t max_positions) const override {
     return llama::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
@@ -213,6 +233,14 @@ size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape&
 
 size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) {
   return llama::cuda::workspace_size_bytes(config, max_shape);
+}
+
+size_t cuda_decode_workspace_size_bytes(const gk::Config& config, int64_t max_rows, int64_t max_positions) {
+  return gk::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
+}
+
+size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows, int64_t max_positions) {
+  return llama::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
 }
 
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {

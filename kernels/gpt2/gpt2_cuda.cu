@@ -522,3 +522,143 @@ Status head_forward(const Context& ctx, const Config& config, const BatchShape& 
 }
 
 }  // namespace strata::kernels::gpt2::cuda
+
+// ---------------------------------------------------------------------------------------------
+// Decoding with a KV cache (generation): gpt2.cpp's block_decode step for step
+// ---------------------------------------------------------------------------------------------
+
+namespace strata::kernels::gpt2::cuda {
+namespace {
+
+// One block per (new row r, head h): p_j = softmax_j(scale·q·k_j) over the cached positions
+// 0..past+r, then out = Σ_j p_j v_j in position order. q is the fused qkv [rows, 3C];
+// `scores` [rows, H, max_positions]. Max and sum by fixed block trees: no atomics.
+__global__ void decode_attention_kernel(const float* qkv, const float* keys, const float* values, int64_t past,
+                                        int64_t n_head, int64_t head_dim, int64_t max_positions, float scale,
+                                        float* scores, float* att) {
+  __shared__ double sum_shared[kThreads];
+  __shared__ float max_shared[kThreads];
+  const int64_t r = blockIdx.x / n_head;
+  const int64_t h = blockIdx.x % n_head;
+  const int64_t d = head_dim;
+  const int64_t c = n_head * d;
+  const int64_t count = past + r + 1;
+  const float* q_row = qkv + r * 3 * c + h * d;
+  float* p = scores + (r * n_head + h) * max_positions;
+  float local_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < count; j += kThreads) {
+    const float* k = keys + j * c + h * d;
+    float dot = 0.0f;
+    for (int64_t e = 0; e < d; ++e) dot += q_row[e] * k[e];
+    p[j] = dot * scale;
+    local_max = fmaxf(local_max, p[j]);
+  }
+  const float max_value = block_max(local_max, max_shared);
+  double local_sum = 0.0;
+  for (int64_t j = threadIdx.x; j < count; j += kThreads) {
+    p[j] = expf(p[j] - max_value);
+    local_sum += p[j];
+  }
+  const auto inv_sum = static_cast<float>(1.0 / block_sum(local_sum, sum_shared));
+  __syncthreads();  // every p_j written before any thread reads them all
+  for (int64_t e = threadIdx.x; e < d; e += kThreads) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < count; ++j) acc += (p[j] * inv_sum) * values[j * c + h * d + e];
+    att[r * c + h * d + e] = acc;
+  }
+}
+
+__global__ void embedding_decode_kernel(const int32_t* tokens, const float* wte, const float* wpe, int64_t past,
+                                        int64_t rows, int64_t c, float* x0) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * c) return;
+  const int64_t r = i / c;
+  const int64_t j = i % c;
+  x0[i] = wte[static_cast<int64_t>(tokens[r]) * c + j] + wpe[(past + r) * c + j];
+}
+
+struct DecodeLayout {
+  BlockLayout block;  // the block's activations for `rows` rows (its probs unused)
+  float* scores;      // [rows, H, max_positions]
+  size_t size_bytes;
+};
+
+DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  DecodeLayout layout{};
+  layout.block = block_layout(config, BatchShape{1, rows}, base);
+  WorkspaceCarver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
+  layout.scores = carve.take(rows * config.n_head * max_positions);
+  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
+  return layout;
+}
+
+size_t head_decode_size_bytes(const Config& config) {
+  WorkspaceCarver carve(nullptr);
+  carve.take(config.n_embd);
+  carve.take(1);
+  carve.take(1);
+  return carve.used_bytes();
+}
+
+}  // namespace
+
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions) {
+  return std::max(decode_layout(config, max_rows, max_positions, nullptr).size_bytes, head_decode_size_bytes(config));
+}
+
+Status embedding_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows, const int32_t* tokens,
+                        const float* wte, const float* wpe, float* x0) {
+  assert(past >= 0 && rows > 0 && past + rows <= config.n_ctx);
+  STRATA_CUDA_LAUNCH(embedding_decode_kernel, blocks_for(rows * config.n_embd), kThreads, ctx.stream(), tokens, wte,
+                     wpe, past, rows, config.n_embd, x0);
+  return Status();
+}
+
+Status block_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows, const BlockWeights& w,
+                    const float* x_in, float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
+  assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
+  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  check_call(config, BatchShape{1, 1}, &workspace, layout.size_bytes);
+  const BlockLayout& ws = layout.block;
+  const int64_t c = config.n_embd;
+  STRATA_RETURN_IF_ERROR(
+      layernorm_forward(ctx, x_in, c, w.ln_1_weight, w.ln_1_bias, rows, c, ws.ln1_out, ws.ln1_mean, ws.ln1_rstd));
+  STRATA_RETURN_IF_ERROR(
+      linear_forward(ctx, ws.ln1_out, w.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, rows, c, 3 * c, ws.qkv));
+  // The new rows' k and v (columns C..2C and 2C..3C of qkv) into the cache at positions past…
+  const size_t row_bytes = static_cast<size_t>(c) * sizeof(float);
+  const size_t qkv_pitch = 3 * row_bytes;
+  cudaError_t code = cudaMemcpy2DAsync(cache.keys + past * c, row_bytes, ws.qkv + c, qkv_pitch, row_bytes,
+                                       static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, ctx.stream());
+  if (code != cudaSuccess) return cuda_error("memcpy k into the cache", code);
+  code = cudaMemcpy2DAsync(cache.values + past * c, row_bytes, ws.qkv + 2 * c, qkv_pitch, row_bytes,
+                           static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, ctx.stream());
+  if (code != cudaSuccess) return cuda_error("memcpy v into the cache", code);
+  STRATA_CUDA_LAUNCH(decode_attention_kernel, static_cast<unsigned>(rows * config.n_head), kThreads, ctx.stream(),
+                     ws.qkv, cache.keys, cache.values, past, config.n_head, config.head_dim(), cache.max_positions,
+                     1.0f / std::sqrt(static_cast<float>(config.head_dim())), layout.scores, ws.att);
+  STRATA_RETURN_IF_ERROR(
+      linear_forward(ctx, ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, rows, c, c, ws.x1));
+  STRATA_RETURN_IF_ERROR(
+      layernorm_forward(ctx, ws.x1, c, w.ln_2_weight, w.ln_2_bias, rows, c, ws.ln2_out, ws.ln2_mean, ws.ln2_rstd));
+  STRATA_RETURN_IF_ERROR(
+      linear_forward(ctx, ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, rows, c, 4 * c, ws.fc_pre));
+  STRATA_CUDA_LAUNCH(gelu_forward_kernel, blocks_for(rows * 4 * c), kThreads, ctx.stream(), ws.fc_pre, ws.fc_act,
+                     rows * 4 * c);
+  return linear_forward(ctx, ws.fc_act, w.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, rows, 4 * c, c, x_out);
+}
+
+Status head_decode(const Context& ctx, const Config& config, int64_t rows, const HeadWeights& w,
+                   const float* x_final, float* logits, const Workspace& workspace) {
+  check_call(config, BatchShape{1, 1}, &workspace, head_decode_size_bytes(config));
+  const int64_t c = config.n_embd;
+  WorkspaceCarver carve(workspace.data);
+  float* normed = carve.take(c);
+  float* mean = carve.take(1);
+  float* rstd = carve.take(1);
+  STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, x_final + (rows - 1) * c, c, w.ln_f_weight, w.ln_f_bias, 1, c,
+                                           normed, mean, rstd));
+  return gemm(ctx, false, true, 1, config.vocab_size, c, normed, c, w.wte, c, 0.0f, logits, config.vocab_size);
+}
+
+}  // namespace strata::kernels::gpt2::cuda

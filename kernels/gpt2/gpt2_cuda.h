@@ -87,4 +87,18 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                   const float* x_final, float* logits,
                                   const Workspace& workspace);
 
+// --- Decoding with a KV cache (gpt2.h's decode contract; device pointers; `tokens` DEVICE memory) ---
+// Attention: one thread block per (new row, head) scores the cached keys, softmaxes (max and
+// sum by fixed block trees, the sum in double) and sums the cached values in position order —
+// no atomics. The workspace holds the block's activations for `max_rows` rows and the scores
+// [max_rows, H, max_positions]; the head needs only a LayerNorm row.
+size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64_t max_positions);
+[[nodiscard]] Status embedding_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows,
+                                      const int32_t* tokens, const float* wte, const float* wpe, float* x0);
+[[nodiscard]] Status block_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows,
+                                  const BlockWeights& weights, const float* x_in, float* x_out,
+                                  const KvCacheBlock& cache, const Workspace& workspace);
+[[nodiscard]] Status head_decode(const Context& ctx, const Config& config, int64_t rows, const HeadWeights& weights,
+                                 const float* x_final, float* logits, const Workspace& workspace);
+
 }  // namespace strata::kernels::gpt2::cuda

@@ -1,7 +1,8 @@
 // tests/backend/test_backend_ops.cpp — op parity (ggml's test-backend-ops is the model): every op
 // scenario of backend_harness.h (GPT-2's and Llama's) runs on the CUDA backend and on the CPU backend from the same
 // inputs, and each output must agree within the op's tolerance below, stated as
-// max|cuda − cpu| / max|cpu| per tensor. Exits 77 (skip) when no CUDA device is visible — as on
+// max|cuda − cpu| / max|cpu| per tensor; and generation's decode ops (GPT-2 and Llama, fp32 and
+// bf16 weights), a prompt pass then single-token passes, logits and KV cache. Exits 77 (skip) when no CUDA device is visible — as on
 // any machine without a GPU, or a build without nvcc.
 #include <algorithm>
 #include <cmath>
@@ -102,6 +103,35 @@ TEST_P(LlamaOpParity, CudaMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, LlamaOpParity, ::testing::ValuesIn(kLlamaScenarios),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+// Generation's decode ops (backend_harness.h's run_decode_scenario): a prompt pass, then two
+// single-token passes, CUDA against CPU — each pass's block output and logits and the KV cache.
+// Tolerance 1e-5 per tensor: fp32 rounding (cuBLAS vs OpenBLAS order, the attention's sums in
+// another order), what the CPU decode holds against the full-sequence forward; the bf16
+// scenarios read the same bf16 bits on both (the CPU multiplies them fused, CUDA widens first),
+// so they are held to the same bound.
+class DecodeParity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DecodeParity, CudaMatchesCpu) {
+  const std::string name = GetParam();
+  constexpr double kDecodeTolerance = 1e-5;
+  auto cpu = BackendEnv::create(device::Kind::cpu);
+  auto cuda = BackendEnv::create(device::Kind::cuda);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(cuda, nullptr);
+  const OpOutputs want = run_decode_scenario(*cpu, name);
+  const OpOutputs got = run_decode_scenario(*cuda, name);
+  ASSERT_EQ(got.tensors.size(), want.tensors.size());
+  for (size_t i = 0; i < want.tensors.size(); ++i) {
+    const double error = relative_error(got.tensors[i].second, want.tensors[i].second);
+    EXPECT_LE(error, kDecodeTolerance) << name << ": " << want.tensors[i].first;
+    std::printf("%-20s %-12s max rel error %.3g (tolerance %.0e)\n", name.c_str(), want.tensors[i].first.c_str(),
+                error, kDecodeTolerance);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, DecodeParity, ::testing::ValuesIn(kDecodeScenarios),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 }  // namespace
