@@ -574,32 +574,11 @@ void head_forward(const Config& config, const BatchShape& shape, const HeadWeigh
 
 namespace {
 
-// The decode workspace: block_forward's layout for `rows` new rows (its attention scratch
-// unused), then one score row of `max_positions` per head.
-struct DecodeLayout {
-  BlockLayout block;
-  float* scores;  // [H, max_positions]
-  size_t size_bytes;
-};
-
-DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
-  DecodeLayout layout{};
-  layout.block = block_layout(config, BatchShape{1, rows}, base);
-  Carver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
-  layout.scores = carve.take(config.n_head * max_positions);
-  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
-  return layout;
+auto decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  return decode_layout_after(block_layout(config, BatchShape{1, rows}, base), config.n_head * max_positions, base);
 }
 
-// head_decode's scratch: one LayerNorm row and its statistics (the logits go to the caller's
-// buffer directly, so a 50k vocabulary needs no kHeadChunkRows × vocab scratch).
-size_t head_decode_size_bytes(const Config& config) {
-  Carver carve(nullptr);
-  carve.take(config.n_embd);
-  carve.take(1);
-  carve.take(1);
-  return carve.used_bytes();
-}
+size_t head_decode_size_bytes(const Config& config) { return head_decode_scratch_bytes(config.n_embd, 2); }
 
 }  // namespace
 
@@ -657,7 +636,7 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
                        const BlockWeights& w, const float* x_in, float* x_out, const KvCacheBlock& cache,
                        const Workspace& workspace, float* pieces) {
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
-  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  const auto layout = decode_layout(config, rows, cache.max_positions, workspace.data);
   check_workspace(workspace, layout.size_bytes);
   const BlockLayout& ws = layout.block;
   const int64_t c = config.n_embd;

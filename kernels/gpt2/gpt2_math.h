@@ -59,6 +59,30 @@ class WorkspaceCarver {
   int64_t used_floats_ = 0;
 };
 
+// The decode workspace of every model's decode ops, CPU and CUDA (gpt2.h / llama.h,
+// "Decoding"): the model's block layout for the new rows (its attention scratch unused), then
+// `score_floats` of attention scores (a row of max_positions per head; per new row on CUDA).
+template <class BlockLayout>
+struct DecodeLayout {
+  BlockLayout block;
+  float* scores;
+  size_t size_bytes;
+};
+template <class BlockLayout>
+DecodeLayout<BlockLayout> decode_layout_after(const BlockLayout& block, int64_t score_floats, float* base) {
+  WorkspaceCarver carve(base == nullptr ? nullptr : base + block.size_bytes / sizeof(float));
+  float* scores = carve.take(score_floats);
+  return DecodeLayout<BlockLayout>{block, scores, block.size_bytes + carve.used_bytes()};
+}
+// A head decode's scratch: one normed row and `statistics` one-float slices (mean, rstd); the
+// logits go to the caller's buffer, so a 50k vocabulary needs no chunk × vocab scratch.
+inline size_t head_decode_scratch_bytes(int64_t n_embd, int statistics) {
+  WorkspaceCarver carve(nullptr);
+  carve.take(n_embd);
+  for (int i = 0; i < statistics; ++i) carve.take(1);
+  return carve.used_bytes();
+}
+
 #ifndef __CUDACC__
 
 // y[0..n) += a·x[0..n). Written with 8-float vectors so GCC emits SIMD at -O2 (its cheap cost

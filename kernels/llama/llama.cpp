@@ -531,30 +531,11 @@ void head_forward(const Config& config, const BatchShape& shape, const HeadWeigh
 
 namespace {
 
-// block_forward's layout for `rows` new rows (its attention scratch unused; cos/sin hold the
-// new rows' positions), then one score row of `max_positions` per query head.
-struct DecodeLayout {
-  BlockLayout block;
-  float* scores;  // [H, max_positions]
-  size_t size_bytes;
-};
-
-DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
-  DecodeLayout layout{};
-  layout.block = block_layout(config, BatchShape{1, rows}, base);
-  Carver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
-  layout.scores = carve.take(config.n_head * max_positions);
-  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
-  return layout;
+auto decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  return gpt2::decode_layout_after(block_layout(config, BatchShape{1, rows}, base), config.n_head * max_positions, base);
 }
 
-// head_decode's scratch: one normed row and its rstd (the logits go to the caller's buffer).
-size_t head_decode_size_bytes(const Config& config) {
-  Carver carve(nullptr);
-  carve.take(config.n_embd);
-  carve.take(1);
-  return carve.used_bytes();
-}
+size_t head_decode_size_bytes(const Config& config) { return gpt2::head_decode_scratch_bytes(config.n_embd, 1); }
 
 }  // namespace
 
@@ -598,7 +579,7 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
                        const Workspace& workspace, float* pieces) {
   assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
-  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  const auto layout = decode_layout(config, rows, cache.max_positions, workspace.data);
   check_workspace(workspace, layout.size_bytes);
   const BlockLayout& ws = layout.block;
   const BatchShape shape{1, rows};

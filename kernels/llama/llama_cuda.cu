@@ -473,27 +473,11 @@ __global__ void decode_attention_kernel(Config config, const float* q, const flo
   }
 }
 
-struct DecodeLayout {
-  BlockLayout block;
-  float* scores;  // [rows, H, max_positions]
-  size_t size_bytes;
-};
-
-DecodeLayout decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
-  DecodeLayout layout{};
-  layout.block = block_layout(config, BatchShape{1, rows}, base);
-  WorkspaceCarver carve(base == nullptr ? nullptr : base + layout.block.size_bytes / sizeof(float));
-  layout.scores = carve.take(rows * config.n_head * max_positions);
-  layout.size_bytes = layout.block.size_bytes + carve.used_bytes();
-  return layout;
+auto decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
+  return gpt2::decode_layout_after(block_layout(config, BatchShape{1, rows}, base), rows * config.n_head * max_positions, base);
 }
 
-size_t head_decode_size_bytes(const Config& config) {
-  WorkspaceCarver carve(nullptr);
-  carve.take(config.n_embd);
-  carve.take(1);
-  return carve.used_bytes();
-}
+size_t head_decode_size_bytes(const Config& config) { return gpt2::head_decode_scratch_bytes(config.n_embd, 1); }
 
 }  // namespace
 
@@ -511,7 +495,7 @@ Status embedding_decode(const Context& ctx, const Config& config, int64_t rows, 
 Status block_decode(const Context& ctx, const Config& config, int64_t past, int64_t rows, const BlockWeights& w,
                     const float* x_in, float* x_out, const KvCacheBlock& cache, const Workspace& workspace) {
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
-  const DecodeLayout layout = decode_layout(config, rows, cache.max_positions, workspace.data);
+  const auto layout = decode_layout(config, rows, cache.max_positions, workspace.data);
   check_call(config, BatchShape{1, 1}, &workspace, layout.size_bytes);
   const BlockLayout& ws = layout.block;
   const int64_t c = config.n_embd;
