@@ -70,20 +70,20 @@ class EmbeddingRows {
     rows.store_ = std::make_unique<memory::Store>(std::move(store));
     std::optional<memory::TensorRecord> record = rows.store_->find(tensor);
     if (!record.has_value()) return make_error(ErrorKind::corrupt, fmt::format("store {}: no tensor '{}'", dir, tensor));
-    uint64_t start = 0, largest = 0;
+    uint64_t start = 0;
     for (const memory::Extent& extent : record->extents) {
       rows.extent_starts_.push_back(start);
       start += extent.length_bytes;
-      largest = std::max(largest, extent.length_bytes);
     }
     rows.extent_starts_.push_back(start);
     rows.tensor_ = tensor;
     rows.row_bytes_ = row_bytes;
-    STRATA_ASSIGN_OR_RETURN(rows.bounce_, PageMapping::map(std::max<uint64_t>(largest, 4096), PageMappingOptions{},
+    STRATA_ASSIGN_OR_RETURN(rows.bounce_, PageMapping::map(buffer_bytes(*rows.store_, tensor), PageMappingOptions{},
                                                            "embedding rows buffer"));
     return rows;
   }
-  // Bytes of host memory this reader holds (one extent): generation counts them in its budget.
+  // Bytes of host memory this reader holds (its largest extent, in whole huge pages as
+  // PageMapping maps it): generation counts them in its budget.
   static uint64_t buffer_bytes(const memory::Store& store, const std::string& tensor) {
     uint64_t largest = 0;
     if (std::optional<memory::TensorRecord> record = store.find(tensor))
@@ -109,7 +109,6 @@ class EmbeddingRows {
                                   store_->read_extent_async(tensor_, e, bounce_.data(), bounce_.size_bytes()));
           STRATA_RETURN_IF_ERROR(store_->wait(ticket));
           loaded_extent_ = e;
-          ++extent_reads_;
           read_bytes_ += extent_starts_[e + 1] - extent_starts_[e];
         }
         const uint64_t take = std::min(row_bytes_ - done, extent_starts_[e + 1] - at);
@@ -128,7 +127,7 @@ class EmbeddingRows {
   std::vector<uint64_t> extent_starts_;  // each extent's first byte in the tensor, then its size
   PageMapping bounce_;
   size_t loaded_extent_ = SIZE_MAX;      // the extent bounce_ holds (a run of tokens in one extent reads once)
-  uint64_t extent_reads_ = 0, read_bytes_ = 0;
+  uint64_t read_bytes_ = 0;
   std::vector<std::pair<uint64_t, int64_t>> order_;
 };
 

@@ -399,6 +399,32 @@ struct Store::Impl {
     return ticket;
   }
 
+  // Read-your-writes: a staged version still being written is completed first. Null: no
+  // such tensor.
+  const TensorRecord* readable(std::string_view name) {
+    if (auto it = staged.find(name); it != staged.end() && it->second.write_ticket != 0) {
+      complete(it->second.write_ticket, ops.at(it->second.write_ticket));
+    }
+    return visible(name);
+  }
+
+  Error not_found(std::string_view name, std::string what) const {
+    Error error = make_error(ErrorKind::not_found, std::move(what));
+    error.tensor = std::string(name);
+    error.path = dir.string();
+    return error;
+  }
+
+  // Submits the reads of `extents` (all of `record`'s, or one) into `data`, back to back.
+  uint64_t start_read(const TensorRecord& record, std::vector<Extent> extents, void* data) {
+    PendingOp op;
+    op.is_write = false;
+    op.tensor = record.name;
+    op.data = static_cast<std::byte*>(data);
+    op.extents = std::move(extents);
+    return start(std::move(op));
+  }
+
   const TensorRecord* visible(std::string_view name) const {
     auto s = staged.find(name);
     if (s != staged.end()) return s->second.record ? &*s->second.record : nullptr;
@@ -808,46 +834,23 @@ Result<StoreTicket> Store::write_tensor_async(std::string_view name, DType dtype
 
 Result<StoreTicket> Store::read_tensor_async(std::string_view name, void* data, uint64_t capacity_bytes) {
   Impl& s = *impl_;
-  // Read-your-writes: a staged version still being written is completed first.
-  if (auto it = s.staged.find(name); it != s.staged.end() && it->second.write_ticket != 0) {
-    s.complete(it->second.write_ticket, s.ops.at(it->second.write_ticket));
-  }
-  const TensorRecord* record = s.visible(name);
-  if (record == nullptr) {
-    Error error = make_error(ErrorKind::not_found, "no such tensor in the store");
-    error.tensor = std::string(name);
-    error.path = s.dir.string();
-    return error;
-  }
+  const TensorRecord* record = s.readable(name);
+  if (record == nullptr) return s.not_found(name, "no such tensor in the store");
   if (capacity_bytes < record->size_bytes) {
     return make_error(ErrorKind::invalid_argument,
                       "tensor '" + record->name + "' needs " + std::to_string(record->size_bytes) +
                           " bytes, the buffer holds " + std::to_string(capacity_bytes));
   }
-  Impl::PendingOp op;
-  op.is_write = false;
-  op.tensor = record->name;
-  op.data = static_cast<std::byte*>(data);
-  op.extents = record->extents;
-  const uint64_t ticket = s.start(std::move(op));
-  return StoreTicket{ticket};
+  return StoreTicket{s.start_read(*record, record->extents, data)};
 }
 
 Result<StoreTicket> Store::read_extent_async(std::string_view name, size_t extent_index, void* data,
                                              uint64_t capacity_bytes) {
   Impl& s = *impl_;
-  if (auto it = s.staged.find(name); it != s.staged.end() && it->second.write_ticket != 0) {
-    s.complete(it->second.write_ticket, s.ops.at(it->second.write_ticket));
-  }
-  const TensorRecord* record = s.visible(name);
-  if (record == nullptr || extent_index >= record->extents.size()) {
-    Error error = make_error(ErrorKind::not_found, record == nullptr
-                                                       ? std::string("no such tensor in the store")
-                                                       : "tensor has no extent " + std::to_string(extent_index));
-    error.tensor = std::string(name);
-    error.path = s.dir.string();
-    return error;
-  }
+  const TensorRecord* record = s.readable(name);
+  if (record == nullptr) return s.not_found(name, "no such tensor in the store");
+  if (extent_index >= record->extents.size())
+    return s.not_found(name, "tensor has no extent " + std::to_string(extent_index));
   const Extent& extent = record->extents[extent_index];
   if (capacity_bytes < extent.length_bytes) {
     return make_error(ErrorKind::invalid_argument,
@@ -855,12 +858,7 @@ Result<StoreTicket> Store::read_extent_async(std::string_view name, size_t exten
                           std::to_string(extent.length_bytes) + " bytes, the buffer holds " +
                           std::to_string(capacity_bytes));
   }
-  Impl::PendingOp op;
-  op.is_write = false;
-  op.tensor = record->name;
-  op.data = static_cast<std::byte*>(data);
-  op.extents = {extent};
-  return StoreTicket{s.start(std::move(op))};
+  return StoreTicket{s.start_read(*record, {extent}, data)};
 }
 
 Status Store::wait(StoreTicket ticket) {
@@ -888,12 +886,7 @@ Status Store::remove_tensor(std::string_view name) {
   const bool is_committed = s.committed.find(name) != s.committed.end();
   auto it = s.staged.find(name);
   const bool has_staged_version = it != s.staged.end() && it->second.record.has_value();
-  if (!is_committed && !has_staged_version) {
-    Error error = make_error(ErrorKind::not_found, "no such tensor in the store");
-    error.tensor = std::string(name);
-    error.path = s.dir.string();
-    return error;
-  }
+  if (!is_committed && !has_staged_version) return s.not_found(name, "no such tensor in the store");
   // A staged version was never committed: its space is free at once.
   if (has_staged_version) {
     s.free_extents(it->second.record->extents);
