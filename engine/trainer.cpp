@@ -285,6 +285,8 @@ class Run {
   // Interleaved updates (train_plan.h): the pass that applies the pending update and nothing
   // else, so that a commit holds every step's update and no gradients are pending.
   Status drain_pending_update();
+  Status compute_and_release(size_t index, const sch::StepBuffers& buffers, uint64_t step, Status status,
+                             double& compute_seconds);
   Status open_device();
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
   Result<const float*> widen(const void* params, uint64_t element_count, float* scratch);
@@ -837,7 +839,6 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   }
   STRATA_RETURN_IF_ERROR(backend_->begin_step(tokens_.data(), targets_.data(), shape_.rows()));
   host_clip_scale_.reset();
-  sch::Timeline* timeline = scheduler_->timeline();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     if (run_.interleaved_updates && run_.steps[index].kind == StepKind::optimize && !pending_update_step_) {
@@ -848,21 +849,9 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
       continue;
     }
     // Stage 3: this step's gathered units (waited for; counted in comm time, not compute).
-    Status status;
-    if (run_.params_gathered && !step_gathers_[index].empty()) status = gather_for_step(index, buffers);
-    const uint64_t start_ns = sch::Timeline::now_ns();
-    if (status.ok()) status = compute(index, buffers, step);
-    const uint64_t end_ns = sch::Timeline::now_ns();
-    figures.compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
-    if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
-    // A host-site update's step is done once the optimizer stream has copied its P back.
-    const StepInfo& info = run_.steps[index];
-    device::Stream& done_on = info.kind == StepKind::optimize && info.site == OptimizerSite::host
-                                  ? optimizer_stream_
-                                  : backend_->compute_stream();
-    Status released = status.ok() ? scheduler_->release_after(index, done_on) : scheduler_->release(index);
-    STRATA_RETURN_IF_ERROR(status);
-    STRATA_RETURN_IF_ERROR(released);
+    Status gathered;
+    if (run_.params_gathered && !step_gathers_[index].empty()) gathered = gather_for_step(index, buffers);
+    STRATA_RETURN_IF_ERROR(compute_and_release(index, buffers, step, std::move(gathered), figures.compute_seconds));
   }
   if (run_.optimizer_site == OptimizerSite::host) {
     // The step ends when the host updates have: the compute stream waits for them (no host
@@ -891,6 +880,27 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   return Status();
 }
 
+// Computes an acquired step (unless `status`, e.g. a failed gather, already failed), adds its
+// time to `compute_seconds` and the trace, and releases it behind the work it enqueued — or at
+// once when it failed.
+Status Run::compute_and_release(size_t index, const sch::StepBuffers& buffers, uint64_t step, Status status,
+                                double& compute_seconds) {
+  const uint64_t start_ns = sch::Timeline::now_ns();
+  if (status.ok()) status = compute(index, buffers, step);
+  const uint64_t end_ns = sch::Timeline::now_ns();
+  compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
+  if (sch::Timeline* timeline = scheduler_->timeline(); timeline != nullptr)
+    timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
+  // A host-site update's step is done once the optimizer stream has copied its P back.
+  const StepInfo& info = run_.steps[index];
+  device::Stream& done_on = info.kind == StepKind::optimize && info.site == OptimizerSite::host
+                                ? optimizer_stream_
+                                : backend_->compute_stream();
+  Status released = status.ok() ? scheduler_->release_after(index, done_on) : scheduler_->release(index);
+  STRATA_RETURN_IF_ERROR(status);
+  return released;
+}
+
 Status Run::drain_pending_update() {
   if (!run_.interleaved_updates || !pending_update_step_) return Status();
   // One pass of the plan in which only the opt steps compute. The others are acquired and
@@ -898,20 +908,14 @@ Status Run::drain_pending_update() {
   // What they list as written but not read (activations, gradients, grad.x) may go home as
   // whatever their buffers held — none of it is persistent, and every one is rewritten before
   // it is next read (the next pass's opt steps have no gradients to read).
-  sch::Timeline* timeline = scheduler_->timeline();
+  double compute_seconds = 0;  // a drain is not a training step: its time goes in no figure
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     if (run_.steps[index].kind != StepKind::optimize) {
       STRATA_RETURN_IF_ERROR(scheduler_->release_after(index, backend_->compute_stream()));
       continue;
     }
-    const uint64_t start_ns = sch::Timeline::now_ns();
-    Status status = compute(index, buffers, *pending_update_step_);
-    const uint64_t end_ns = sch::Timeline::now_ns();
-    if (timeline != nullptr) timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
-    Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream()) : scheduler_->release(index);
-    STRATA_RETURN_IF_ERROR(status);
-    STRATA_RETURN_IF_ERROR(released);
+    STRATA_RETURN_IF_ERROR(compute_and_release(index, buffers, *pending_update_step_, Status(), compute_seconds));
   }
   STRATA_RETURN_IF_ERROR(backend_->synchronize());
   pending_update_step_.reset();
