@@ -6,15 +6,25 @@
 # dominates (a 4-layer, 384-wide GPT-2, batch 4 × 128 tokens), which is where strata's
 # overlap should hide the NVMe traffic (target, issue 11: offloaded ≥ 0.9× resident).
 #
+# --io-reference adds a third side to each repeat, the ceiling this machine allows: the resident
+# config again while fio (the reference I/O tool, huge-page buffers, O_DIRECT, io_uring, 1 MiB
+# blocks) reads and writes files on the same drive at the rates the offloaded run of that repeat
+# measured. On a VM whose disk is emulated by the host (this dev box), every byte moved costs CPU
+# the kernels would have had, whoever moves it; resident+fio / resident is what offloading can
+# reach at that traffic, and offloaded / (resident+fio) says how close strata gets.
+#
 # Usage: bench/train_offload.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
 #        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
+#        [--io-reference]
 import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
+import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--strata", default="build/strata")
@@ -23,6 +33,8 @@ parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--interleave", choices=["on", "off"], default=None,
                     help="set optimizer.interleave (off: every clipped update after the last backward)")
 parser.add_argument("--dir", default=None, help="scratch folder on the drive to measure (default: under strata-data/)")
+parser.add_argument("--io-reference", action="store_true",
+                    help="also run the resident config while fio moves the offloaded run's bytes at its rates")
 args = parser.parse_args()
 
 root = args.dir or os.path.join("strata-data", "bench-train")
@@ -42,29 +54,111 @@ variants = {
                   "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"}},
 }
 results = {name: [] for name in variants}
+if args.io_reference:
+    results["resident+fio"] = []
 stalls = []
+fio_rates = []
+
+
+def train(name, overrides):
+    folder = tempfile.mkdtemp(prefix=name.replace("+", "-") + "-", dir=root)
+    nvme = os.path.join(folder, "nvme")
+    os.makedirs(nvme)
+    cfg = {**base, **overrides, "nvme": {"paths": [os.path.abspath(nvme)]}}
+    cfg_path = os.path.join(folder, "train.yaml")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    out = subprocess.run([args.strata, "--log-level", "warn", "train", cfg_path, "--json"],
+                         capture_output=True, text=True, check=True)
+    shutil.rmtree(folder)
+    return json.loads(out.stdout)
+
+
+def huge_pages_for_fio(pages):
+    """fio's buffers in 2 MiB pages, as strata's arena has them (a 1 MiB request in 4 KiB pages is
+    two on this virtio queue). Reserves them when root; otherwise says fio runs on plain pages."""
+    path = "/proc/sys/vm/nr_hugepages"
+    try:
+        with open(path) as f:
+            have = int(f.read())
+        if have < pages:
+            with open(path, "w") as f:
+                f.write(str(pages))
+        return "shmhuge"
+    except OSError as error:
+        print(f"note: fio on 4 KiB pages ({path}: {error.strerror})")
+        return "malloc"
+
+
+def train_beside_fio(read_bytes_per_s, write_bytes_per_s):
+    """The resident config while fio reads and writes at the given rates; returns (summary,
+    the rates fio reached in bytes/s)."""
+    folder = tempfile.mkdtemp(prefix="fio-", dir=root)
+    job = os.path.join(folder, "traffic.fio")
+    iomem = huge_pages_for_fio(64)
+    with open(job, "w") as f:
+        f.write(f"""[global]
+ioengine=io_uring
+direct=1
+bs=1M
+iodepth=8
+iomem={iomem}
+time_based=1
+runtime=3600
+directory={folder}
+size=256m
+[read]
+rw=read
+rate={max(1, int(read_bytes_per_s))}
+filename=read.bin
+[write]
+rw=write
+rate={max(1, int(write_bytes_per_s))}
+filename=write.bin
+""")
+    fio = subprocess.Popen(["fio", job, "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        time.sleep(3)  # fio lays its files out first; then both streams run at their rates
+        if fio.poll() is not None:
+            raise SystemExit(f"fio stopped before the run: {fio.stderr.read().strip()}")
+        summary = train("resident+fio", variants["resident"])
+    finally:
+        fio.send_signal(signal.SIGINT)
+        out, err = fio.communicate(timeout=60)
+        shutil.rmtree(folder)
+    try:
+        jobs = {j["jobname"]: j for j in json.loads(out[out.index("{"):])["jobs"]}
+        reached = (jobs["read"]["read"]["bw_bytes"], jobs["write"]["write"]["bw_bytes"])
+    except (ValueError, KeyError) as error:
+        raise SystemExit(f"cannot read fio's report ({error}): {err.strip()}")
+    return summary, reached
+
+
 for repeat in range(args.repeats):
     for name, overrides in variants.items():
-        folder = tempfile.mkdtemp(prefix=name + "-", dir=root)
-        nvme = os.path.join(folder, "nvme")
-        os.makedirs(nvme)
-        cfg = {**base, **overrides, "nvme": {"paths": [os.path.abspath(nvme)]}}
-        cfg_path = os.path.join(folder, "train.yaml")
-        with open(cfg_path, "w") as f:
-            json.dump(cfg, f)
-        out = subprocess.run([args.strata, "--log-level", "warn", "train", cfg_path, "--json"],
-                             capture_output=True, text=True, check=True)
-        summary = json.loads(out.stdout)
+        summary = train(name, overrides)
         results[name].append(summary["tokens_per_s"])
         if name == "offloaded":
             stalls.append(summary["stall_seconds"] / summary["seconds"])
+            rates = (summary["nvme_read_bytes"] / summary["seconds"], summary["nvme_write_bytes"] / summary["seconds"])
         print(f"repeat {repeat + 1} {name:9}: {summary['tokens_per_s']:8.0f} tok/s, stall "
               f"{100 * summary['stall_seconds'] / summary['seconds']:5.1f}%, NVMe read "
               f"{summary['nvme_read_bytes'] / 1e6:8.1f} MB written {summary['nvme_write_bytes'] / 1e6:8.1f} MB, "
               f"state {summary['state_bytes'] / 2**20:.0f} MiB, peak RSS {summary['peak_rss_bytes'] / 2**20:.0f} MiB")
-        shutil.rmtree(folder)
+    if args.io_reference:
+        summary, reached = train_beside_fio(*rates)
+        results["resident+fio"].append(summary["tokens_per_s"])
+        fio_rates.append(reached)
+        print(f"repeat {repeat + 1} resident+fio: {summary['tokens_per_s']:6.0f} tok/s while fio read "
+              f"{reached[0] / 1e6:.0f} MB/s and wrote {reached[1] / 1e6:.0f} MB/s (asked {rates[0] / 1e6:.0f} and "
+              f"{rates[1] / 1e6:.0f}: the offloaded run's own rates)")
 resident = statistics.median(results["resident"])
 offloaded = statistics.median(results["offloaded"])
 print(f"median tokens/s: resident {resident:.0f}, offloaded {offloaded:.0f}, "
       f"ratio {offloaded / resident:.3f} (target >= 0.9, issue 11); offloaded stall median "
       f"{100 * statistics.median(stalls):.1f}%")
+if args.io_reference:
+    ceiling = statistics.median(results["resident+fio"])
+    print(f"I/O reference: resident beside fio {ceiling:.0f} tok/s = {ceiling / resident:.3f}x resident (the "
+          f"ceiling at this traffic on this machine); offloaded / (resident+fio) = {offloaded / ceiling:.3f}")
