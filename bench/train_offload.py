@@ -36,6 +36,8 @@ parser.add_argument("--dir", default=None, help="scratch folder on the drive to 
 parser.add_argument("--io-reference", action="store_true",
                     help="also run the resident config while fio moves the offloaded run's bytes at its rates")
 args = parser.parse_args()
+if args.io_reference and shutil.which("fio") is None:
+    raise SystemExit("--io-reference needs fio (scripts/setup.sh installs it)")
 
 root = args.dir or os.path.join("strata-data", "bench-train")
 os.makedirs(root, exist_ok=True)
