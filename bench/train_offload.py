@@ -86,10 +86,15 @@ def huge_pages_for_fio(pages):
         if have < pages:
             with open(path, "w") as f:
                 f.write(str(pages))
-        return "shmhuge"
+            with open(path) as f:  # the kernel grants what it can find, maybe fewer
+                have = int(f.read())
     except OSError as error:
         print(f"note: fio on 4 KiB pages ({path}: {error.strerror})")
         return "malloc"
+    if have < pages:
+        print(f"note: fio on 4 KiB pages (only {have} of {pages} huge pages could be reserved)")
+        return "malloc"
+    return "shmhuge"
 
 
 def train_beside_fio(read_bytes_per_s, write_bytes_per_s):
