@@ -7,10 +7,8 @@
 # overlap should hide the NVMe traffic (target, issue 11: offloaded ≥ 0.9× resident).
 #
 # --io-reference adds a third side to each repeat, the ceiling this machine allows: the resident
-# config again while fio (the reference I/O tool, huge-page buffers, O_DIRECT, io_uring, 1 MiB
-# blocks) reads and writes files on the same drive at the rates the offloaded run of that repeat
-# measured. On a VM whose disk is emulated by the host (this dev box), every byte moved costs CPU
-# the kernels would have had, whoever moves it; resident+fio / resident is what offloading can
+# config again while fio (bench/io_reference.py) reads and writes files on the same drive at the
+# rates the offloaded run of that repeat measured. resident+fio / resident is what offloading can
 # reach at that traffic, and offloaded / (resident+fio) says how close strata gets.
 #
 # Usage: bench/train_offload.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
@@ -20,11 +18,11 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
-import time
+
+from io_reference import FioTraffic, require_fio
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--strata", default="build/strata")
@@ -36,8 +34,8 @@ parser.add_argument("--dir", default=None, help="scratch folder on the drive to 
 parser.add_argument("--io-reference", action="store_true",
                     help="also run the resident config while fio moves the offloaded run's bytes at its rates")
 args = parser.parse_args()
-if args.io_reference and shutil.which("fio") is None:
-    raise SystemExit("--io-reference needs fio (scripts/setup.sh installs it)")
+if args.io_reference:
+    require_fio("--io-reference")
 
 root = args.dir or os.path.join("strata-data", "bench-train")
 os.makedirs(root, exist_ok=True)
@@ -76,70 +74,12 @@ def train(name, overrides):
     return json.loads(out.stdout)
 
 
-def huge_pages_for_fio(pages):
-    """fio's buffers in 2 MiB pages, as strata's arena has them (a 1 MiB request in 4 KiB pages is
-    two on this virtio queue). Reserves them when root; otherwise says fio runs on plain pages."""
-    path = "/proc/sys/vm/nr_hugepages"
-    try:
-        with open(path) as f:
-            have = int(f.read())
-        if have < pages:
-            with open(path, "w") as f:
-                f.write(str(pages))
-            with open(path) as f:  # the kernel grants what it can find, maybe fewer
-                have = int(f.read())
-    except OSError as error:
-        print(f"note: fio on 4 KiB pages ({path}: {error.strerror})")
-        return "malloc"
-    if have < pages:
-        print(f"note: fio on 4 KiB pages (only {have} of {pages} huge pages could be reserved)")
-        return "malloc"
-    return "shmhuge"
-
-
 def train_beside_fio(read_bytes_per_s, write_bytes_per_s):
     """The resident config while fio reads and writes at the given rates; returns (summary,
     the rates fio reached in bytes/s)."""
-    folder = tempfile.mkdtemp(prefix="fio-", dir=root)
-    job = os.path.join(folder, "traffic.fio")
-    iomem = huge_pages_for_fio(64)
-    with open(job, "w") as f:
-        f.write(f"""[global]
-ioengine=io_uring
-direct=1
-bs=1M
-iodepth=8
-iomem={iomem}
-time_based=1
-runtime=3600
-directory={folder}
-size=256m
-[read]
-rw=read
-rate={max(1, int(read_bytes_per_s))}
-filename=read.bin
-[write]
-rw=write
-rate={max(1, int(write_bytes_per_s))}
-filename=write.bin
-""")
-    fio = subprocess.Popen(["fio", job, "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
-    try:
-        time.sleep(3)  # fio lays its files out first; then both streams run at their rates
-        if fio.poll() is not None:
-            raise SystemExit(f"fio stopped before the run: {fio.stderr.read().strip()}")
+    with FioTraffic(root, read_bytes_per_s, write_bytes_per_s) as fio:
         summary = train("resident+fio", variants["resident"])
-    finally:
-        fio.send_signal(signal.SIGINT)
-        out, err = fio.communicate(timeout=60)
-        shutil.rmtree(folder)
-    try:
-        jobs = {j["jobname"]: j for j in json.loads(out[out.index("{"):])["jobs"]}
-        reached = (jobs["read"]["read"]["bw_bytes"], jobs["write"]["write"]["bw_bytes"])
-    except (ValueError, KeyError) as error:
-        raise SystemExit(f"cannot read fio's report ({error}): {err.strip()}")
-    return summary, reached
+    return summary, fio.reached
 
 
 for repeat in range(args.repeats):
@@ -164,7 +104,7 @@ resident = statistics.median(results["resident"])
 offloaded = statistics.median(results["offloaded"])
 print(f"median tokens/s: resident {resident:.0f}, offloaded {offloaded:.0f}, "
       f"ratio {offloaded / resident:.3f} (target >= 0.9, issue 11); offloaded stall median "
-      f"{100 * statistics.median(stalls):.1f}%")
+      f"{100 * statistics.median(stalls):.1f}%; GEMMs on OpenBLAS's {summary['blas_core']} kernels")
 if args.io_reference:
     ceiling = statistics.median(results["resident+fio"])
     print(f"I/O reference: resident beside fio {ceiling:.0f} tok/s = {ceiling / resident:.3f}x resident (the "

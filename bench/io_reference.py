@@ -1,0 +1,84 @@
+# bench/io_reference.py — the I/O reference the benches put beside a run: fio (huge-page buffers,
+# O_DIRECT, io_uring, 1 MiB blocks, QD 8) reading and writing files on the same drive at given
+# rates while the run goes on. On a VM whose disk the host emulates (this dev box), every byte
+# moved costs CPU the kernels would have had, whoever moves it; a resident run beside fio at an
+# offloaded run's rates is the ceiling offloading can reach at that traffic on that machine.
+#
+#     with FioTraffic(folder, read_bytes_per_s, write_bytes_per_s) as fio:
+#         run_something()
+#     fio.reached   # (read, write) bytes/s fio measured
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+
+def require_fio(flag):
+    if shutil.which("fio") is None:
+        raise SystemExit(f"{flag} needs fio (scripts/setup.sh installs it)")
+
+
+def huge_pages_for_fio(pages):
+    """fio's buffers in 2 MiB pages, as strata's arena has them (a 1 MiB request in 4 KiB pages is
+    two on this virtio queue). Reserves them when root; otherwise says fio runs on plain pages."""
+    path = "/proc/sys/vm/nr_hugepages"
+    try:
+        with open(path) as f:
+            have = int(f.read())
+        if have < pages:
+            with open(path, "w") as f:
+                f.write(str(pages))
+            with open(path) as f:  # the kernel grants what it can find, maybe fewer
+                have = int(f.read())
+    except OSError as error:
+        print(f"note: fio on 4 KiB pages ({path}: {error.strerror})")
+        return "malloc"
+    if have < pages:
+        print(f"note: fio on 4 KiB pages (only {have} of {pages} huge pages could be reserved)")
+        return "malloc"
+    return "shmhuge"
+
+
+class FioTraffic:
+    """fio streaming at the given rates (bytes/s; 0 leaves that direction out) in a scratch folder
+    under `root` for as long as the `with` block runs; `reached` holds the rates fio measured."""
+
+    def __init__(self, root, read_bytes_per_s, write_bytes_per_s):
+        self.root = root
+        self.rates = {"read": int(read_bytes_per_s), "write": int(write_bytes_per_s)}
+        self.reached = None
+
+    def __enter__(self):
+        self.folder = tempfile.mkdtemp(prefix="fio-", dir=self.root)
+        job = os.path.join(self.folder, "traffic.fio")
+        with open(job, "w") as f:
+            f.write(f"[global]\nioengine=io_uring\ndirect=1\nbs=1M\niodepth=8\n"
+                    f"iomem={huge_pages_for_fio(64)}\ntime_based=1\nruntime=3600\n"
+                    f"directory={self.folder}\nsize=256m\n")
+            for name, rate in self.rates.items():
+                if rate > 0:
+                    f.write(f"[{name}]\nrw={name}\nrate={rate}\nfilename={name}.bin\n")
+        self.fio = subprocess.Popen(["fio", job, "--output-format=json"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # fio lays its files out first; then the streams run at their rates
+        if self.fio.poll() is not None:
+            error = self.fio.stderr.read().strip()
+            shutil.rmtree(self.folder)
+            raise SystemExit(f"fio stopped before the run: {error}")
+        return self
+
+    def __exit__(self, *exc):
+        self.fio.send_signal(signal.SIGINT)
+        out, err = self.fio.communicate(timeout=60)
+        shutil.rmtree(self.folder)
+        if exc[0] is not None:
+            return False
+        try:
+            jobs = {j["jobname"]: j for j in json.loads(out[out.index("{"):])["jobs"]}
+            self.reached = tuple(jobs[name][name]["bw_bytes"] if name in jobs else 0 for name in ("read", "write"))
+        except (ValueError, KeyError) as error:
+            raise SystemExit(f"cannot read fio's report ({error}): {err.strip()}")
+        return False
