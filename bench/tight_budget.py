@@ -11,9 +11,14 @@
 # The drive busy share is the offloaded run's NVMe bytes ÷ (the run's seconds × the read
 # bandwidth `strata io-bench` measures on the same folder just before it) — a rough figure.
 #
+# --io-reference adds a side after each offloaded run, the ceiling this machine allows: the
+# resident config while fio (bench/io_reference.py) reads and writes on the same drive at the
+# rates that offloaded run measured; offloaded / (resident+fio) says how close strata gets.
+#
 # Usage: bench/tight_budget.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
 #        [--chunk-elements N]   (omit: the trainer's choice; N: optimizer.chunk_elements: N)
 #        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
+#        [--sides resident,offloaded] [--io-reference]
 import argparse
 import json
 import os
@@ -22,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from io_reference import FioTraffic, require_fio
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--strata", default="build/strata")
@@ -33,7 +40,11 @@ parser.add_argument("--dir", default=None, help="scratch folder on the drive to 
 parser.add_argument("--chunk-elements", type=int, default=None,
                     help="set optimizer.chunk_elements (default: leave it to the trainer)")
 parser.add_argument("--sides", default="resident,offloaded", help="which sides to run, comma-separated")
+parser.add_argument("--io-reference", action="store_true",
+                    help="after each offloaded run, the resident config while fio moves that run's bytes at its rates")
 args = parser.parse_args()
+if args.io_reference:
+    require_fio("--io-reference")
 strata = os.path.abspath(args.strata)
 
 root = args.dir or os.path.join("strata-data", "bench-tight")
@@ -55,6 +66,8 @@ variants = {
                   "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"}},
 }
 sides = [s for s in args.sides.split(",") if s]
+if args.io_reference and sides != ["resident", "offloaded"]:
+    sys.exit("--io-reference needs both sides (the default --sides)")
 
 
 def run(*cmd):
@@ -72,6 +85,13 @@ def write_config(folder, name):
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
+
+
+def train(name):
+    folder = tempfile.mkdtemp(prefix=name + "-", dir=root)
+    out = run(strata, "--log-level", "warn", "train", write_config(folder, name), "--json")
+    shutil.rmtree(folder)
+    return json.loads(out.stdout)
 
 
 # `strata plan` for the offloaded config, once: its predicted step is what the run is held to.
@@ -96,10 +116,7 @@ for repeat in range(args.repeats):
             ref = json.loads(run(strata, "io-bench", "--file", scratch, "--size", "512MiB", "--rw", "read",
                                  "--json").stdout)
             drive = ref.get("MBps") or ref.get("mb_per_s") or ref.get("bandwidth_MBps")
-        folder = tempfile.mkdtemp(prefix=name + "-", dir=root)
-        out = run(strata, "--log-level", "warn", "train", write_config(folder, name), "--json")
-        shutil.rmtree(folder)
-        s = json.loads(out.stdout)
+        s = train(name)
         results[name].append(s["tokens_per_s"])
         line = f"repeat {repeat + 1} {name:9}: {s['tokens_per_s']:7.1f} tok/s, median step {s['median_step_seconds']:.3f} s"
         if name == "offloaded":
@@ -114,13 +131,24 @@ for repeat in range(args.repeats):
                      f"train's own prediction {s['predicted_step_seconds']:.3f} s, peak RSS "
                      f"{s['peak_rss_bytes'] / 2**20:.0f} MiB")
         print(line, flush=True)
+        if name == "offloaded" and args.io_reference:
+            with FioTraffic(root, s["nvme_read_bytes"] / s["seconds"], s["nvme_write_bytes"] / s["seconds"]) as fio:
+                beside = train("resident")
+            results.setdefault("resident+fio", []).append(beside["tokens_per_s"])
+            print(f"repeat {repeat + 1} resident+fio: {beside['tokens_per_s']:7.1f} tok/s while fio read "
+                  f"{fio.reached[0] / 1e6:.0f} MB/s and wrote {fio.reached[1] / 1e6:.0f} MB/s (the offloaded run's "
+                  f"rates: {s['nvme_read_bytes'] / s['seconds'] / 1e6:.0f} and "
+                  f"{s['nvme_write_bytes'] / s['seconds'] / 1e6:.0f})", flush=True)
 
 summary = {name: statistics.median(values) for name, values in results.items()}
-report = {"median_tokens_per_s": summary, "plan_predicted_step_s": predicted}
+report = {"median_tokens_per_s": summary, "plan_predicted_step_s": predicted, "blas_core": s["blas_core"]}
 if "offloaded" in summary:
     measured = statistics.median(steps)
     report.update({"offloaded_median_step_s": measured, "plan_error": predicted / measured - 1,
                    "offloaded_stall_fraction": statistics.median(stalls), "drive_busy_fraction": statistics.median(busy)})
-if len(summary) == 2:
+if "resident" in summary and "offloaded" in summary:
     report["ratio"] = summary["offloaded"] / summary["resident"]
+if "resident+fio" in summary:
+    report["ceiling_ratio"] = summary["resident+fio"] / summary["resident"]
+    report["offloaded_vs_ceiling"] = summary["offloaded"] / summary["resident+fio"]
 print(json.dumps(report))
