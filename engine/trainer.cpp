@@ -32,6 +32,7 @@
 #include "engine/zero.h"
 #include "engine/zero_reslice.h"
 #include "kernels/backend.h"
+#include "kernels/compute_threads.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
@@ -1267,7 +1268,8 @@ nlohmann::ordered_json summary_json(const TrainSummary& s) {
           {"comm_sent_bytes", s.comm_sent_bytes},
           {"comm_received_bytes", s.comm_received_bytes},
           {"comm_seconds", s.comm_seconds},
-          {"comm_formula_bytes_per_step", s.comm_formula_bytes_per_step}};
+          {"comm_formula_bytes_per_step", s.comm_formula_bytes_per_step},
+          {"blas_core", kernels::blas_core_advice().picked}};  // which GEMM kernels the figures came from
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {

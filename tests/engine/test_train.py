@@ -11,7 +11,9 @@
 # (chunk_budgets) without optimizer.chunk_elements the budgets choose it, a config's value wins,
 # and a resume under budgets that choose another value is refused in one line. (interleave)
 # clipped updates run in the next step's pass export the same weights as after the backward,
-# and a run stopped at a commit and resumed equals the uninterrupted one.
+# and a run stopped at a commit and resumed equals the uninterrupted one. (blas_core) on a CPU
+# with AVX2, the GEMMs run OpenBLAS's AVX2 or AVX-512 kernels even where OpenBLAS itself picks
+# its SSE3 ones (a cloud Xeon Debian 12's OpenBLAS does not know), and OPENBLAS_CORETYPE wins.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 # test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
@@ -495,9 +497,32 @@ def case_chunk_budgets(folder):
              f"{optim_pieces(doc, 'h.0')} pieces of h.0")
 
 
+def case_blas_core(folder):
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    if "avx2" not in flags or "fma" not in flags:
+        print("no AVX2+FMA on this CPU: OpenBLAS's own pick stands; skipped")
+        sys.exit(77)
+    pre_avx2 = {"prescott", "core2", "penryn", "dunnington", "nehalem", "sandybridge", "atom", "katmai",
+                "coppermine", "northwood", "banias", "unknown"}
+    cfg_path, _ = config(folder, steps=1)
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    picked = json.loads(subprocess.run([STRATA, "train", cfg_path, "--json"], capture_output=True, text=True,
+                                       env=env, check=True).stdout)["blas_core"]
+    if picked.lower() in pre_avx2:
+        fail(f"the GEMMs ran OpenBLAS's {picked} kernels on a CPU with AVX2+FMA")
+    shutil.rmtree(os.path.join(folder, "nvme"))
+    cfg_path, _ = config(folder, steps=1)
+    chosen = json.loads(subprocess.run([STRATA, "train", cfg_path, "--json"], capture_output=True, text=True,
+                                       env={**env, "OPENBLAS_CORETYPE": "Haswell"}, check=True).stdout)["blas_core"]
+    if chosen != "Haswell":
+        fail(f"OPENBLAS_CORETYPE=Haswell ran OpenBLAS's {chosen} kernels")
+    print(f"GEMM kernels: {picked} by default, Haswell when asked")
+
+
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
          "budgets": case_budgets, "resume": case_resume, "plan": case_plan, "chunk_budgets": case_chunk_budgets,
-         "interleave": case_interleave}
+         "interleave": case_interleave, "blas_core": case_blas_core}
 
 if __name__ == "__main__":
     CASE = sys.argv[2]
