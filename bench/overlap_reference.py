@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+# bench/overlap_reference.py — `strata bench overlap` (16 × 64 MiB, compute ≈ I/O; issue 11's
+# target: overlap_efficiency ≥ 0.9) beside the ceiling this machine allows, alternated in one
+# run. Each repeat:
+#   1. `strata bench overlap --json` as is: compute only, I/O only, both; its efficiency is
+#      max(compute, io) / both.
+#   2. the same command (the compute time per layer fixed to what step 1 calibrated) while fio
+#      (bench/io_reference.py) reads on the same drive at the rate step 1's "both" run read: its
+#      compute-only time is what the compute takes when those bytes move beside it, whoever moves
+#      them. ceiling = max(compute, io) / max(compute beside fio, io) — what perfect overlap
+#      reaches on this machine at that traffic.
+# Reports the medians and strata's efficiency / ceiling.
+#
+# Usage: bench/overlap_reference.py [--strata build/strata] [--repeats 3] [--dir DIR]
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from io_reference import FioTraffic, require_fio
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--strata", default="build/strata")
+parser.add_argument("--repeats", type=int, default=3)
+parser.add_argument("--dir", default=None, help="scratch folder on the drive to measure (default: under strata-data/)")
+args = parser.parse_args()
+require_fio("bench/overlap_reference.py")
+root = os.path.abspath(args.dir or os.path.join("strata-data", "bench-overlap-ref"))
+os.makedirs(root, exist_ok=True)
+
+
+def overlap(*extra):
+    cmd = [os.path.abspath(args.strata), "--log-level", "warn", "bench", "overlap", "--json", "--repeats", "1",
+           "--dir", os.path.join(root, "store"), *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+efficiencies, ceilings, ratios = [], [], []
+for repeat in range(args.repeats):
+    plain = overlap()
+    # The bytes a pass reads (the pool keeps part of the model) over the "both" run's seconds.
+    read_rate = plain["io_gb_per_s"] * 1e9 * plain["io_seconds"] / plain["step_seconds"]
+    with FioTraffic(root, read_rate, 0) as fio:
+        beside = overlap("--compute-ms", str(plain["compute_ms_per_layer"]))
+    compute, io = plain["compute_seconds"], plain["io_seconds"]
+    ceiling = max(compute, io) / max(beside["compute_seconds"], io)
+    efficiencies.append(plain["overlap_efficiency"])
+    ceilings.append(ceiling)
+    ratios.append(plain["overlap_efficiency"] / ceiling)
+    print(f"repeat {repeat + 1}: compute {compute:.3f} s, I/O {io:.3f} s ({plain['io_gb_per_s']:.2f} GB/s), both "
+          f"{plain['step_seconds']:.3f} s (stall {100 * plain['stall_fraction']:.1f} %): efficiency "
+          f"{plain['overlap_efficiency']:.3f}; compute beside fio reading {fio.reached[0] / 1e9:.2f} GB/s (asked "
+          f"{read_rate / 1e9:.2f}, the 'both' run's rate) {beside['compute_seconds']:.3f} s: ceiling {ceiling:.3f}",
+          flush=True)
+report = {"overlap_efficiency": statistics.median(efficiencies), "ceiling": statistics.median(ceilings),
+          "efficiency_vs_ceiling": statistics.median(ratios), "repeats": args.repeats}
+print(f"median overlap_efficiency {report['overlap_efficiency']:.3f} (target >= 0.9, issue 11); ceiling at this "
+      f"traffic on this machine {report['ceiling']:.3f}; efficiency / ceiling {report['efficiency_vs_ceiling']:.3f}")
+print(json.dumps(report))
