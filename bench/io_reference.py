@@ -42,25 +42,35 @@ def huge_pages_for_fio(pages):
     return "shmhuge"
 
 
-class FioTraffic:
-    """fio streaming at the given rates (bytes/s; 0 leaves that direction out) in a scratch folder
-    under `root` for as long as the `with` block runs; `reached` holds the rates fio measured."""
+UNLIMITED = float("inf")
 
-    def __init__(self, root, read_bytes_per_s, write_bytes_per_s):
+
+class FioTraffic:
+    """fio streaming at the given rates (bytes/s; 0 leaves that direction out, UNLIMITED reads or
+    writes as fast as the drive goes) in a scratch folder under `root` for as long as the `with`
+    block runs — or, with `window_s` = (delay, length), measuring only that window of it, from
+    `delay` seconds after the block starts; `reached` holds the rates fio measured."""
+
+    def __init__(self, root, read_bytes_per_s, write_bytes_per_s, window_s=None):
         self.root = root
-        self.rates = {"read": int(read_bytes_per_s), "write": int(write_bytes_per_s)}
+        self.rates = {"read": read_bytes_per_s, "write": write_bytes_per_s}
+        self.window_s = window_s
         self.reached = None
 
     def __enter__(self):
         self.folder = tempfile.mkdtemp(prefix="fio-", dir=self.root)
         job = os.path.join(self.folder, "traffic.fio")
+        delay_s, length_s = self.window_s or (0, 3600)
         with open(job, "w") as f:
             f.write(f"[global]\nioengine=io_uring\ndirect=1\nbs=1M\niodepth=8\n"
-                    f"iomem={huge_pages_for_fio(64)}\ntime_based=1\nruntime=3600\n"
+                    f"iomem={huge_pages_for_fio(64)}\ntime_based=1\nruntime={length_s}\n"
                     f"directory={self.folder}\nsize=256m\n")
             for name, rate in self.rates.items():
                 if rate > 0:
-                    f.write(f"[{name}]\nrw={name}\nrate={rate}\nfilename={name}.bin\n")
+                    limit = "" if rate == UNLIMITED else f"rate={int(rate)}\n"
+                    # fio's clock starts at launch; the block starts after the 3 s below.
+                    start = f"startdelay={3 + delay_s}\n" if self.window_s else ""
+                    f.write(f"[{name}]\nrw={name}\n{limit}filename={name}.bin\n{start}")
         self.fio = subprocess.Popen(["fio", job, "--output-format=json"], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
         time.sleep(3)  # fio lays its files out first; then the streams run at their rates
@@ -71,8 +81,9 @@ class FioTraffic:
         return self
 
     def __exit__(self, *exc):
-        self.fio.send_signal(signal.SIGINT)
-        out, err = self.fio.communicate(timeout=60)
+        if self.window_s is None:
+            self.fio.send_signal(signal.SIGINT)
+        out, err = self.fio.communicate(timeout=60 + sum(self.window_s or (0, 0)))
         shutil.rmtree(self.folder)
         if exc[0] is not None:
             return False

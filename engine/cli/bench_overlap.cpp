@@ -46,6 +46,7 @@ struct OverlapOptions {
   std::string trace;
   std::string device = "cpu";
   uint32_t repeats = 3;
+  bool compute_only = false;  // only the compute-only runs: a known load to measure I/O beside
   bool json = false;
 };
 
@@ -125,6 +126,8 @@ Status run_overlap(const OverlapOptions& o) {
   layer_bytes = align_down(layer_bytes, 4096);
   if (o.layers == 0 || layer_bytes == 0 || o.repeats == 0)
     return make_error(ErrorKind::invalid_argument, "--layers, --layer-size and --repeats must be positive");
+  if (o.compute_only && o.compute_ms <= 0)
+    return make_error(ErrorKind::invalid_argument, "--compute-only needs --compute-ms (nothing to calibrate against)");
   const uint64_t layer_values = layer_bytes / sizeof(float);
   // The CPU device computes in place: its budget beyond the compute-only run's resident layer
   // joins the host budget in one pool that the scheduler stages and computes in.
@@ -281,6 +284,7 @@ Status run_overlap(const OverlapOptions& o) {
     STRATA_ASSIGN_OR_RETURN(auto compute_only, compute_run(passes));
     compute_s.push_back(compute_only.first);
     data_ok &= compute_only.second;
+    if (o.compute_only) continue;
     STRATA_ASSIGN_OR_RETURN(RunResult io_only, scheduled_run(Passes{}, false));
     io_s.push_back(io_only.seconds);
     io_gbps.push_back(static_cast<double>(io_only.bytes_read) / io_only.seconds / 1e9);
@@ -294,6 +298,19 @@ Status run_overlap(const OverlapOptions& o) {
   }
   if (!data_ok) return make_error(ErrorKind::corrupt,
                       "overlap: a pass's sum of squares did not match the layers as written");
+  if (o.compute_only) {
+    if (o.json)
+      fmt::print("{}\n", nlohmann::json({{"layers", o.layers}, {"layer_bytes", layer_bytes},
+                                         {"compute_ms_per_layer", compute_ms}, {"backend", backend->name()},
+                                         {"repeats", o.repeats}, {"compute_seconds", median(compute_s)},
+                                         {"data_verified", data_ok}})
+                                         .dump());
+    else
+      fmt::print("overlap: compute only, {} layers × {}, {:.1f} ms/layer on {}: {:.3f} s (median of {})\n", o.layers,
+                 format_size(layer_bytes), compute_ms, backend->name(), median(compute_s), o.repeats);
+    std::filesystem::remove_all(o.dir);
+    return Status();
+  }
   const double compute_seconds = median(compute_s), io_seconds = median(io_s), step_seconds = median(both_s);
   const double stall_seconds = median(stall_s);
   const double efficiency = std::max(compute_seconds, io_seconds) / step_seconds;
@@ -353,6 +370,8 @@ void add_bench_overlap_command(CLI::App& bench, CliState& state) {
       ->capture_default_str();
   command->add_option("--repeats", options->repeats, "alternated repetitions (medians reported)")->capture_default_str();
   command->add_option("--trace", options->trace, "write the last 'both' run's Perfetto/Chrome trace here");
+  command->add_flag("--compute-only", options->compute_only,
+                    "run only the compute-only pass, --repeats times (a load to measure other I/O beside; needs --compute-ms)");
   command->add_flag("--json", options->json, "print one JSON object on stdout");
   command->callback([options, &state] {
     Status status = run_overlap(*options);
