@@ -312,24 +312,33 @@ struct Store::Impl {
       });
       assert(victim != ops.end() && "request slots held by no operation");
       if (victim == ops.end()) return;
-      advance(victim->first, victim->second, /*blocking=*/true);
+      advance(victim->first, victim->second, Blocking::all);
     }
   }
 
-  // Moves an op forward: waits its requests in extent order (blocking) or only those already
-  // finished (not blocking), hashing each read extent while later ones are still in flight.
-  // Returns whether the op is done.
-  bool advance(uint64_t ticket_value, PendingOp& op, bool blocking) {
+  // How long `advance` may block: not at all, for one extent (then only what has finished), or
+  // until the op is done.
+  enum class Blocking { none, one_extent, all };
+
+  // Moves an op forward: waits its requests in extent order, hashing each read extent while
+  // later ones are still in flight. Returns whether the op is done.
+  bool advance(uint64_t ticket_value, PendingOp& op, Blocking blocking) {
+    bool blocked = false;  // Blocking::one_extent has used its one wait
+    auto may_block = [&] { return blocking == Blocking::all || (blocking == Blocking::one_extent && !blocked); };
     while (!op.done && op.next_wait < op.extents.size()) {
       if (op.next_wait == op.request_ids.size()) {
         if (op.submit_failed) break;
-        if (!blocking) return false;
+        if (!may_block()) return false;
+        blocked = true;
         make_room(ticket_value);
         submit_pending(op);
         if (op.next_wait == op.request_ids.size()) break;  // the submit failed
       }
       const size_t i = op.next_wait;
-      if (!blocking && !engine->is_done(op.request_ids[i])) return false;
+      if (blocking != Blocking::all && !engine->is_done(op.request_ids[i])) {
+        if (!may_block()) return false;
+        blocked = true;
+      }
       Status status = engine->wait(op.request_ids[i]);
       --requests_in_flight;
       ++op.next_wait;
@@ -371,7 +380,7 @@ struct Store::Impl {
     }
   }
 
-  void complete(uint64_t ticket_value, PendingOp& op) { advance(ticket_value, op, /*blocking=*/true); }
+  void complete(uint64_t ticket_value, PendingOp& op) { advance(ticket_value, op, Blocking::all); }
 
   void complete_all() {
     for (auto& [value, op] : ops) complete(value, op);
@@ -876,7 +885,14 @@ bool Store::is_done(StoreTicket ticket) {
   Impl& s = *impl_;
   auto it = s.ops.find(ticket.value);
   assert(it != s.ops.end());
-  return s.advance(it->first, it->second, /*blocking=*/false);
+  return s.advance(it->first, it->second, Impl::Blocking::none);
+}
+
+bool Store::wait_some(StoreTicket ticket) {
+  Impl& s = *impl_;
+  auto it = s.ops.find(ticket.value);
+  assert(it != s.ops.end());
+  return s.advance(it->first, it->second, Impl::Blocking::one_extent);
 }
 
 Status Store::remove_tensor(std::string_view name) {

@@ -187,6 +187,10 @@ class Store {
   // un-stages its tensor (the committed version stays visible).
   [[nodiscard]] Status wait(StoreTicket ticket);
   bool is_done(StoreTicket ticket);
+  // Blocks until one more extent of the ticket's op has finished (then takes, without
+  // blocking, any others that have), or until it is done; returns whether it is done — `wait`
+  // then returns at once. Lets a thread that waits on one op notice other work between extents.
+  bool wait_some(StoreTicket ticket);
 
   // Stages the removal of `name`; its extents are freed after the next commit.
   [[nodiscard]] Status remove_tensor(std::string_view name);

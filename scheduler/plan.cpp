@@ -179,6 +179,7 @@ class StoreBacking final : public NvmeBacking {
     return ticket->value;
   }
   Status wait(uint64_t ticket) override { return store_.wait(memory::StoreTicket{ticket}); }
+  bool wait_some(uint64_t ticket) override { return store_.wait_some(memory::StoreTicket{ticket}); }
   Status register_host(memory::HostArena& arena) override { return arena.register_with(store_.engine()); }
 
  private:

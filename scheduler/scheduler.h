@@ -27,7 +27,8 @@
 //     are guarded by one mutex; copies and I/O run outside it.
 //   - the I/O thread is the only thread that touches the NVMe backing (and so its io::Engine:
 //     each submitting thread owns its ring). It keeps up to `io_queue_tensors` tensor reads
-//     and writes in flight and reports each completion to the pump.
+//     and writes in flight, waits on the oldest a part at a time (NvmeBacking::wait_some) so it
+//     submits what the pump queues meanwhile, and reports each completion to the pump.
 //   - device stream threads (CPU device) or the CUDA driver run the copies and report their
 //     completion through host callbacks on the same streams.
 //
@@ -117,6 +118,13 @@ class NvmeBacking {
   [[nodiscard]] virtual Result<uint64_t> submit_write(TensorId tensor, const PlanTensor& spec,
                                                       const void* host_src) = 0;
   [[nodiscard]] virtual Status wait(uint64_t ticket) = 0;
+  // Blocks until part of the ticket's transfer has finished, or all of it; returns whether it
+  // is done (`wait` then returns at once). The I/O thread waits on its oldest transfer a part
+  // at a time so it can submit what the pump queued meanwhile. Default: no parts, done at once.
+  virtual bool wait_some(uint64_t ticket) {
+    (void)ticket;
+    return true;
+  }
   // Registers the pinned host region with the backing's engine (optional, for fixed buffers).
   [[nodiscard]] virtual Status register_host(memory::HostArena& arena) = 0;
 };

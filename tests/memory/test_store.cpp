@@ -5,7 +5,9 @@
 // manifest is refused with the files left byte-identical, and that ENOSPC (injected by the
 // fault engine) or a full store while writing a version leaves the previous version intact;
 // and that one extent read alone (what generation uses for a few embedding rows) returns
-// exactly that slice of the tensor and is checked like a whole read.
+// exactly that slice of the tensor and is checked like a whole read; and that waiting an
+// extent at a time (wait_some, the scheduler's I/O thread) makes progress every call, lets a
+// second read start meanwhile, and verifies like wait.
 #include <sys/stat.h>
 
 #include <fcntl.h>
@@ -15,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -324,6 +327,59 @@ TEST(Store, EveryFlippedByteIsDetectedAndNamed) {
     ASSERT_TRUE(report.ok());
     EXPECT_TRUE(report->ok());
   }
+}
+
+TEST(Store, WaitSomeMovesAnExtentAtATimeAndVerifiesLikeWait) {
+  strata::testing::TempDir temp;
+  const std::string dir = temp.file("store");
+  constexpr uint64_t kBytes = 4 << 20;  // 16 extents of 256 KiB
+  const std::vector<int64_t> shape = {int64_t{kBytes / 4}};
+  Store store = std::move(Store::create(dir, {}, 64 << 20, test_store_options())).value();
+  for (const char* name : {"a", "b"}) {
+    AlignedBuffer data(kBytes);
+    fill_pattern(data.data, data.size, name[0], 5);
+    ASSERT_TRUE(write_and_wait(store, name, DType::f32, shape, data.data, data.size).ok());
+  }
+  ASSERT_TRUE(store.commit(1, {}).ok());
+  const size_t extents = store.find("a")->extents.size();
+  ASSERT_GE(extents, 16u);
+
+  AlignedBuffer a(kBytes), b(kBytes);
+  StoreTicket first = std::move(store.read_tensor_async("a", a.data, a.size)).value();
+  std::optional<StoreTicket> second;
+  size_t not_done = 0;
+  while (!store.wait_some(first)) {
+    ++not_done;
+    ASSERT_LE(not_done, extents) << "wait_some returned without finishing an extent";
+    if (!second) second = std::move(store.read_tensor_async("b", b.data, b.size)).value();  // the pump's next read
+  }
+  ASSERT_TRUE(store.wait(first).ok());
+  EXPECT_TRUE(matches_pattern(a.data, a.size, 'a', 5));
+  if (second) {
+    while (!store.wait_some(*second)) {
+    }
+    ASSERT_TRUE(store.wait(*second).ok());
+    EXPECT_TRUE(matches_pattern(b.data, b.size, 'b', 5));
+  }
+
+  // A flipped byte: wait_some finishes the op, wait names the damage as it always does.
+  const Extent extent = store.find("a")->extents[extents / 2];
+  const std::string data_path = std::filesystem::absolute(dir + "/data.strata").string();
+  int fd = ::open(data_path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(extent.offset_bytes)), 1);
+  byte ^= 0x10;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(extent.offset_bytes)), 1);
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+  StoreTicket again = std::move(store.read_tensor_async("a", a.data, a.size)).value();
+  while (!store.wait_some(again)) {
+  }
+  Status read = store.wait(again);
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.error().kind, ErrorKind::corrupt);
+  EXPECT_EQ(read.error().offset_bytes, extent.offset_bytes);
 }
 
 TEST(Store, OneExtentReadAloneIsThatSliceAndIsVerified) {
