@@ -21,25 +21,35 @@ def require_fio(flag):
         raise SystemExit(f"{flag} needs fio (scripts/setup.sh installs it)")
 
 
+HUGE_PAGES = "/proc/sys/vm/nr_hugepages"
+
+
 def huge_pages_for_fio(pages):
     """fio's buffers in 2 MiB pages, as strata's arena has them (a 1 MiB request in 4 KiB pages is
-    two on this virtio queue). Reserves them when root; otherwise says fio runs on plain pages."""
-    path = "/proc/sys/vm/nr_hugepages"
+    two on this virtio queue). Reserves them when root; otherwise says fio runs on plain pages.
+    Returns (fio's iomem, the reservation to restore afterwards or None)."""
     try:
-        with open(path) as f:
-            have = int(f.read())
+        with open(HUGE_PAGES) as f:
+            before = have = int(f.read())
         if have < pages:
-            with open(path, "w") as f:
+            with open(HUGE_PAGES, "w") as f:
                 f.write(str(pages))
-            with open(path) as f:  # the kernel grants what it can find, maybe fewer
+            with open(HUGE_PAGES) as f:  # the kernel grants what it can find, maybe fewer
                 have = int(f.read())
     except OSError as error:
-        print(f"note: fio on 4 KiB pages ({path}: {error.strerror})")
-        return "malloc"
+        print(f"note: fio on 4 KiB pages ({HUGE_PAGES}: {error.strerror})")
+        return "malloc", None
+    restore = before if have != before else None
     if have < pages:
         print(f"note: fio on 4 KiB pages (only {have} of {pages} huge pages could be reserved)")
-        return "malloc"
-    return "shmhuge"
+        return "malloc", restore
+    return "shmhuge", restore
+
+
+def restore_huge_pages(count):
+    if count is not None:
+        with open(HUGE_PAGES, "w") as f:
+            f.write(str(count))
 
 
 UNLIMITED = float("inf")
@@ -61,9 +71,10 @@ class FioTraffic:
         self.folder = tempfile.mkdtemp(prefix="fio-", dir=self.root)
         job = os.path.join(self.folder, "traffic.fio")
         delay_s, length_s = self.window_s or (0, 3600)
+        iomem, self.restore_pages = huge_pages_for_fio(64)
         with open(job, "w") as f:
             f.write(f"[global]\nioengine=io_uring\ndirect=1\nbs=1M\niodepth=8\n"
-                    f"iomem={huge_pages_for_fio(64)}\ntime_based=1\nruntime={length_s}\n"
+                    f"iomem={iomem}\ntime_based=1\nruntime={length_s}\n"
                     f"directory={self.folder}\nsize=256m\n")
             for name, rate in self.rates.items():
                 if rate > 0:
@@ -77,6 +88,7 @@ class FioTraffic:
         if self.fio.poll() is not None:
             error = self.fio.stderr.read().strip()
             shutil.rmtree(self.folder)
+            restore_huge_pages(self.restore_pages)
             raise SystemExit(f"fio stopped before the run: {error}")
         return self
 
@@ -85,6 +97,7 @@ class FioTraffic:
             self.fio.send_signal(signal.SIGINT)
         out, err = self.fio.communicate(timeout=60 + sum(self.window_s or (0, 0)))
         shutil.rmtree(self.folder)
+        restore_huge_pages(self.restore_pages)  # the machine as it was
         if exc[0] is not None:
             return False
         try:
