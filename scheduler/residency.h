@@ -30,7 +30,9 @@
 //     therefore split once, at construction: a subset kept in host memory across repetitions
 //     (most uses first, then plan order or largest first — whichever keeps more bytes — as
 //     many as fit beside a read-ahead ring holding the streamed
-//     tensors of the two largest consecutive steps) and the rest, which stream through the ring. Read-ahead never evicts a
+//     tensors of the two largest consecutive steps; the same count spread evenly over the plan
+//     rather than bunched, so the drive reads on while each kept step computes) and the rest,
+//     which stream through the ring. Read-ahead never evicts a
 //     kept copy (it waits instead); the cursor step may, as a last resort, so it always
 //     completes. Tensors a step writes are never kept.
 //   - In place (`compute_in_place`, the CPU device): one pool, the host budget; a step's
@@ -183,6 +185,7 @@ class Residency {
   bool host_droppable(const Book& book) const;
   void note_allocation(Tier tier, uint64_t used_bytes, uint64_t budget_bytes);
   void choose_resident_subset();
+  std::vector<TensorId> spread_order(const std::vector<TensorId>& order) const;
   void rank_victims(Tier tier, TensorId id, uint64_t need_distance);
   bool allocate_in(Tier tier, TensorId id, uint64_t need_distance, bool write_back = false);
   void evict(Tier tier, TensorId victim);
