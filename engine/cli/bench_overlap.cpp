@@ -286,8 +286,17 @@ Status run_overlap(const OverlapOptions& o) {
     STRATA_ASSIGN_OR_RETURN(RunResult probe, scheduled_run(Passes{}, false));
     compute_ms = o.compute_ratio * probe.seconds * 1e3 / o.layers;
   }
-  const Passes passes =
-      split_passes(std::max(1.0, 1.0 + (compute_ms / 1e3 - first_pass_seconds) / later_pass_seconds));
+  auto passes_for = [&](double later_seconds) {
+    return split_passes(std::max(1.0, 1.0 + (compute_ms / 1e3 - first_pass_seconds) / later_seconds));
+  };
+  Passes passes = passes_for(later_pass_seconds);
+  // How much of a layer stays cached depends on the pass count, so the later passes' rate from
+  // 4 passes is rough: one run at the chosen count corrects it once.
+  if (passes.count() > 1) {
+    STRATA_ASSIGN_OR_RETURN(auto check, compute_run(passes));
+    const double check_later_seconds = (check.first / o.layers - first_pass_seconds) / (passes.count() - 1);
+    if (check_later_seconds > 0) passes = passes_for(check_later_seconds);
+  }
   spdlog::info("overlap: {} layers of {} on {}, compute {:.1f} ms/layer ({:.3f} sum-of-squares passes), device {} host {}",
                o.layers, format_size(layer_bytes), backend->name(), compute_ms, passes.count(),
                format_size(device_budget), format_size(host_budget));

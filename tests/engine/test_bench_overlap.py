@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+# `strata bench overlap` end to end on a small model (8 layers of 4 MiB, a pool of 5 of them):
+#   - the three runs complete and every pass's sum of squares matches the layers as written
+#     (`data_verified`): the scheduled runs read the layers back from the store, and the
+#     compute-only run sums the 8 resident layers, one buffer each — a resident copy filled
+#     with the wrong layer, or one buffer standing for all, changes the sums and the bench
+#     exits with `corrupt`;
+#   - the pool keeps part of the model and streams the rest: the JSON's figures are positive
+#     and the efficiency is max(compute, io) / both;
+#   - `--compute-only` runs alone and reports its time; without `--compute-ms` it is refused
+#     with one line and exit 2, before any NVMe work.
+# Usage: test_bench_overlap.py STRATA
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+STRATA = os.path.abspath(sys.argv[1])
+
+
+def fail(message):
+    print("FAIL: " + message, file=sys.stderr)
+    sys.exit(1)
+
+
+def bench(folder, *extra, expect_ok=True):
+    cmd = [STRATA, "--log-level", "warn", "bench", "overlap", "--json", "--layers", "8", "--layer-size", "4MiB",
+           "--device-budget", "8MiB", "--host-budget", "12MiB", "--repeats", "2", "--dir",
+           os.path.join(folder, "store"), *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if expect_ok and result.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as folder:
+    out = json.loads(bench(folder).stdout)
+    if out.get("data_verified") is not True:
+        fail(f"the sums were not verified: {out}")
+    for key in ("compute_seconds", "io_seconds", "step_seconds", "io_gb_per_s", "compute_passes_per_layer"):
+        if not out.get(key, 0) > 0:
+            fail(f"{key} is not positive: {out}")
+    expected = max(out["compute_seconds"], out["io_seconds"]) / out["step_seconds"]
+    if abs(out["overlap_efficiency"] - expected) > 1e-9:
+        fail(f"overlap_efficiency {out['overlap_efficiency']} is not max(compute, io) / both = {expected}")
+    if os.path.exists(os.path.join(folder, "store")):
+        fail("the scratch store was left behind")
+    print(f"overlap: compute {out['compute_seconds']:.3f} s, I/O {out['io_seconds']:.3f} s, "
+          f"both {out['step_seconds']:.3f} s, efficiency {out['overlap_efficiency']:.3f}, verified")
+
+    only = json.loads(bench(folder, "--compute-only", "--compute-ms", "2").stdout)
+    if only.get("data_verified") is not True or not only.get("compute_seconds", 0) > 0:
+        fail(f"--compute-only: {only}")
+    if "io_seconds" in only:
+        fail(f"--compute-only ran the I/O side too: {only}")
+
+    refused = bench(folder, "--compute-only", expect_ok=False)
+    lines = refused.stderr.strip().splitlines()
+    if refused.returncode != 2 or len(lines) != 1 or "--compute-ms" not in lines[0]:
+        fail(f"--compute-only without --compute-ms: exit {refused.returncode}, stderr {refused.stderr!r}")
+    if os.path.exists(os.path.join(folder, "store")):
+        fail("a refused run wrote a store")
+print("ok")
