@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -104,10 +105,10 @@ void Residency::choose_resident_subset() {
     }
     return kept_bytes;
   };
-  // Two orders, most uses per repetition first in both, the one that keeps more bytes wins:
-  // then plan order, or then largest first. Keeping a large tensor also shrinks the ring it
-  // would stream through — an untied head (49 MB of a 125M Llama's 200 MB of streamed blocks)
-  // kept leaves a ring of two blocks, where streaming it needs a ring of head + block.
+  // Two orders, most uses per repetition first in both: then plan order, or then largest
+  // first. Keeping a large tensor also shrinks the ring it would stream through — an untied
+  // head (49 MB of a 125M Llama's 200 MB of streamed blocks) kept leaves a ring of two blocks,
+  // where streaming it needs a ring of head + block.
   auto by_uses_then = [&](auto&& tie_break) {
     std::vector<TensorId> order = candidates;
     std::stable_sort(order.begin(), order.end(), [&](TensorId a, TensorId b) {
@@ -120,24 +121,33 @@ void Residency::choose_resident_subset() {
       by_uses_then([&](TensorId a, TensorId b) { return books_[a].uses.front() < books_[b].uses.front(); });
   const std::vector<TensorId> largest_first =
       by_uses_then([&](TensorId a, TensorId b) { return books_[a].aligned_bytes > books_[b].aligned_bytes; });
-  const uint64_t plan_order_bytes = fill(plan_order);
-  // The same subset spread over the plan: kept in plan order it is one run of steps, and while
-  // they compute the ring is full and the drive idles (the overlap bench's 5 kept layers of 16:
-  // ~130 ms of a 500 ms pass with no read). Spread evenly, every kept step sits between
-  // streamed ones whose reads go on while it computes. Only the use-count class the greedy
-  // fill cut through is respread (the classes before it are kept whole, those after not at all).
-  const std::vector<TensorId> spread = spread_order(plan_order);
-  const uint64_t spread_bytes = fill(spread);
-  const uint64_t largest_first_bytes = fill(largest_first);
-  if (largest_first_bytes > std::max(plan_order_bytes, spread_bytes))
-    resident_subset_bytes_ = largest_first_bytes;
-  else
-    resident_subset_bytes_ = spread_bytes >= plan_order_bytes ? fill(spread) : fill(plan_order);
+  // Each order also spread over the plan: kept as the greedy fill leaves them, the subset is
+  // one run of steps, and while they compute the ring is full and the drive idles (the overlap
+  // bench's 5 kept layers of 16: ~130 ms of a 500 ms pass with no read). Spread evenly, every
+  // kept step sits between streamed ones whose reads go on while it computes. The order keeping
+  // the most bytes wins; on a tie a spread one, then plan order.
+  (void)fill(plan_order);
+  const std::vector<TensorId> plan_spread = spread_order(plan_order);
+  (void)fill(largest_first);
+  const std::vector<TensorId> largest_spread = spread_order(largest_first);
+  const std::vector<TensorId>* best = nullptr;
+  uint64_t best_bytes = 0;
+  for (const std::vector<TensorId>* order : {&plan_spread, &largest_spread, &plan_order, &largest_first}) {
+    const uint64_t kept_bytes = fill(*order);
+    if (best == nullptr || kept_bytes > best_bytes) {
+      best = order;
+      best_bytes = kept_bytes;
+    }
+  }
+  resident_subset_bytes_ = fill(*best);
 }
 
-// `order` with the class (equal use counts) whose members `keep` marks only in part reordered:
-// K of its M members kept → members floor(i·M/K), i < K, first (plan order among them), then
-// the rest. Reads the `keep` marks a fill of `order` left.
+// `order` after a fill of it (reads the `keep` marks): in the use-count class the fill kept only
+// in part, the members it kept of each size are swapped for as many of that size spread evenly
+// over the plan — K of the M members of one size, by first use, → those at ⌊i·M/K⌋, i < K — and
+// go first in the class, the rest after (each part in `order`'s order). Same sizes, same count:
+// the fill keeps the same bytes unless the ring it leaves grows. The classes before it are kept
+// whole and those after not at all, so they stay as they are.
 std::vector<TensorId> Residency::spread_order(const std::vector<TensorId>& order) const {
   std::vector<TensorId> spread = order;
   size_t begin = 0;
@@ -145,23 +155,25 @@ std::vector<TensorId> Residency::spread_order(const std::vector<TensorId>& order
     size_t end = begin;
     const size_t uses = books_[spread[begin]].uses.size();
     while (end < spread.size() && books_[spread[end]].uses.size() == uses) ++end;
-    const size_t members = end - begin;
-    size_t kept = 0;
-    for (size_t i = begin; i < end; ++i) kept += books_[spread[i]].keep ? 1 : 0;
-    if (kept > 0 && kept < members) {
-      std::vector<TensorId> picked, rest;
-      size_t next_pick = 0;  // index (within the class) of the next evenly spaced member
-      for (size_t i = 0; i < members; ++i) {
-        if (picked.size() < kept && i == next_pick) {
-          picked.push_back(spread[begin + i]);
-          next_pick = (picked.size() * members) / kept;
-        } else {
-          rest.push_back(spread[begin + i]);
-        }
+    const auto first = spread.begin() + static_cast<std::ptrdiff_t>(begin);
+    const auto last = spread.begin() + static_cast<std::ptrdiff_t>(end);
+    const auto kept = static_cast<size_t>(std::count_if(first, last, [&](TensorId id) { return books_[id].keep; }));
+    if (kept > 0 && kept < end - begin) {
+      std::map<uint64_t, std::vector<TensorId>> by_size;  // members of each size, by first use
+      std::map<uint64_t, size_t> kept_of_size;
+      for (auto it = first; it != last; ++it) {
+        by_size[books_[*it].aligned_bytes].push_back(*it);
+        if (books_[*it].keep) ++kept_of_size[books_[*it].aligned_bytes];
       }
-      std::copy(picked.begin(), picked.end(), spread.begin() + static_cast<std::ptrdiff_t>(begin));
-      std::copy(rest.begin(), rest.end(), spread.begin() + static_cast<std::ptrdiff_t>(begin + picked.size()));
-      break;  // the classes after it keep nothing
+      std::vector<bool> chosen(books_.size(), false);
+      for (auto& [size_bytes, members] : by_size) {
+        std::sort(members.begin(), members.end(),
+                  [&](TensorId a, TensorId b) { return books_[a].uses.front() < books_[b].uses.front(); });
+        const size_t count = kept_of_size[size_bytes];
+        for (size_t i = 0; i < count; ++i) chosen[members[i * members.size() / count]] = true;
+      }
+      std::stable_partition(first, last, [&](TensorId id) { return chosen[id]; });
+      break;
     }
     begin = end;
   }
