@@ -126,20 +126,18 @@ void Residency::choose_resident_subset() {
   // bench's 5 kept layers of 16: ~130 ms of a 500 ms pass with no read). Spread evenly, every
   // kept step sits between streamed ones whose reads go on while it computes. The order keeping
   // the most bytes wins; on a tie a spread one, then plan order.
-  (void)fill(plan_order);
-  const std::vector<TensorId> plan_spread = spread_order(plan_order);
-  (void)fill(largest_first);
+  const uint64_t plan_order_bytes = fill(plan_order);
+  const std::vector<TensorId> plan_spread = spread_order(plan_order);  // reads those keep marks
+  const uint64_t largest_first_bytes = fill(largest_first);
   const std::vector<TensorId> largest_spread = spread_order(largest_first);
-  const std::vector<TensorId>* best = nullptr;
-  uint64_t best_bytes = 0;
-  for (const std::vector<TensorId>* order : {&plan_spread, &largest_spread, &plan_order, &largest_first}) {
-    const uint64_t kept_bytes = fill(*order);
-    if (best == nullptr || kept_bytes > best_bytes) {
-      best = order;
-      best_bytes = kept_bytes;
-    }
-  }
-  resident_subset_bytes_ = fill(*best);
+  const std::pair<const std::vector<TensorId>*, uint64_t> tried[] = {{&plan_spread, fill(plan_spread)},
+                                                                     {&largest_spread, fill(largest_spread)},
+                                                                     {&plan_order, plan_order_bytes},
+                                                                     {&largest_first, largest_first_bytes}};
+  const auto* best = &tried[0];
+  for (const auto& entry : tried)
+    if (entry.second > best->second) best = &entry;
+  resident_subset_bytes_ = fill(*best->first);
 }
 
 // `order` after a fill of it (reads the `keep` marks): in the use-count class the fill kept only

@@ -139,10 +139,12 @@ Status run_overlap(const OverlapOptions& o) {
       in_place ? host_budget + device_budget - std::min(device_budget, layer_bytes) : host_budget;
 
   // The device and its backend first: `--device cuda` without a GPU stops here, before any
-  // NVMe work. The backend runs no model op, so the smallest batch sizes its fixed buffers.
+  // NVMe work. The backend runs no model op, so the smallest batch sizes its fixed buffers. In
+  // place the device holds nothing (steps compute in the pool; the compute-only layers have a
+  // device of their own below), so its region is the reference device's token 1 MiB.
   const kernels::gpt2::BatchShape no_batch{1, 1};
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device,
-                          device::make_device(device_kind, in_place ? layer_bytes : device_budget));
+                          device::make_device(device_kind, in_place ? uint64_t{1} << 20 : device_budget));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend, kernels::make_backend(*device, no_batch));
   // The reference sums come from a CPU backend over the host copy of each layer as it is written.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> reference_device,
