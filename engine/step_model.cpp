@@ -322,7 +322,10 @@ StepPrediction predict_step(const TrainConfig& config, const ModelLayout& layout
     p.replay_step_s = r.iteration_s;
     p.stall_s = r.stall_s;
     const auto copied = static_cast<double>(p.traffic.host_to_device_bytes + p.traffic.device_to_host_bytes);
-    const auto hashed = static_cast<double>(p.traffic.nvme_read_bytes + p.traffic.nvme_write_bytes);
+    // Every write is hashed. A steady step reads only what earlier steps wrote, so under
+    // nvme.verify_reads: once its reads are trusted, not hashed again (memory/store.h).
+    const uint64_t hashed_reads = config.verify_reads == memory::VerifyReads::always ? p.traffic.nvme_read_bytes : 0;
+    const auto hashed = static_cast<double>(hashed_reads + p.traffic.nvme_write_bytes);
     p.copy_cpu_s = copied * rates.copy_ns_per_byte * 1e-9;
     p.hash_cpu_s = hashed * rates.hash_ns_per_byte * 1e-9;
     if (p.compute_s <= 0) break;
@@ -432,9 +435,11 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "  AdamW {:.2f} ns/parameter, bf16 widening {:.2f} ns/element", rates.adamw_ns_per_element,
        rates.widen_ns_per_element);
   append_line(out, "  compute-only step        {:8.2f} s", p.compute_s);
-  append_line(out, "  + copies and checksums   {:8.2f} s of CPU time (memcpy {:.2f} GB/s, xxh3 {:.2f} GB/s), shared by {} cores",
+  append_line(out, "  + copies and checksums   {:8.2f} s of CPU time (memcpy {:.2f} GB/s, xxh3 {:.2f} GB/s of {}), shared by {} cores",
        p.copy_cpu_s + p.hash_cpu_s, rates.copy_ns_per_byte > 0 ? 1.0 / rates.copy_ns_per_byte : 0.0,
-       rates.hash_ns_per_byte > 0 ? 1.0 / rates.hash_ns_per_byte : 0.0, std::max(1u, std::thread::hardware_concurrency()));
+       rates.hash_ns_per_byte > 0 ? 1.0 / rates.hash_ns_per_byte : 0.0,
+       config.verify_reads == memory::VerifyReads::always ? "writes and reads" : "writes; reads trusted: verify_reads once",
+       std::max(1u, std::thread::hardware_concurrency()));
   append_line(out, "NVMe at {:.0f} MB/s read, {:.0f} MB/s write{}:", p.read_MBps, p.write_MBps,
        p.tuned ? " (tuned)" : " (untuned defaults: run `strata tune` and give its file as nvme.io_file)");
   append_line(out, "  I/O floor                {:8.2f} s", p.io_s);
@@ -478,6 +483,7 @@ nlohmann::ordered_json plan_json(const TrainConfig& config, const ModelLayout& l
           {"compute_s", p.compute_s},
           {"copy_cpu_s", p.copy_cpu_s},
           {"hash_cpu_s", p.hash_cpu_s},
+          {"verify_reads", memory::verify_reads_name(config.verify_reads)},
           {"read_MBps", p.read_MBps},
           {"write_MBps", p.write_MBps},
           {"tuned", p.tuned},

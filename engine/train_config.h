@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "engine/data.h"
 #include "io/io_config.h"
+#include "memory/store.h"
 #include "memory/tier.h"
 
 namespace strata {
@@ -115,6 +116,9 @@ struct TrainConfig {
   uint64_t host_memory_bytes = 512ull << 20;
   std::vector<std::string> nvme_paths;  // the store lives in the first; one file per path; {rank}: per rank
   io::IoSettings io;
+  // nvme.verify_reads: hash every read extent (always), or each only until the store has seen it
+  // intact once in this process (once) — memory/store.h.
+  memory::VerifyReads verify_reads = memory::VerifyReads::always;
   PlacementConfig placement;
   ParallelConfig parallel;
   uint64_t checkpoint_every = 10;

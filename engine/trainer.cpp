@@ -120,6 +120,7 @@ memory::StoreOptions store_options(const TrainConfig& config) {
   // Reads dominate a step; the read settings get the deeper queue when they differ.
   options.engine.queue_depth = std::max(config.io.read.queue_depth, config.io.write.queue_depth);
   options.engine.block_size_bytes = std::max(config.io.read.block_size_bytes, config.io.write.block_size_bytes);
+  options.verify_reads = config.verify_reads;
   // The data files this config puts outside the store folder (create_store below): a
   // manifest naming any other outside path is refused (memory/store.h).
   for (const std::string& path : config.nvme_paths)

@@ -11,7 +11,10 @@
 // volume's direct-I/O alignment; free space is kept by a coalescing best-fit RangeAllocator
 // (memory/allocator.h). Each extent carries the XXH3-64 of its bytes, computed when it is
 // written and verified when it is read; a mismatch is a `corrupt` error naming the tensor,
-// the file and the file offset.
+// the file and the file offset. `StoreOptions::verify_reads` says which reads: every one (the
+// default), or an extent's bytes only until this Store has seen them intact once — it hashed
+// them itself when writing them, or verified a read of them — so a weight read every token is
+// hashed on its first read after open, not on each. `verify` always checks everything.
 //
 // Versions and crash safety: writing a tensor always goes to FRESH extents; the committed
 // extents of that tensor are untouched until the next commit has made the new ones durable.
@@ -72,6 +75,12 @@ inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
 // times this function to predict the store's hashing cost.
 uint64_t extent_checksum(const void* data, uint64_t size_bytes);
 
+// Which reads hash their extents (see the contract above). `once` trades the detection of damage
+// that appears on the drive while this Store is open, after an extent was last seen intact, for
+// the CPU time of re-hashing: on a two-core box ~9 ms of a core per 64 MiB read (docs/store.md).
+enum class VerifyReads { always, once };
+const char* verify_reads_name(VerifyReads mode);
+
 using EngineFactory = std::function<Result<std::unique_ptr<io::Engine>>(const io::EngineConfig&)>;
 
 struct StoreOptions {
@@ -81,6 +90,7 @@ struct StoreOptions {
   uint64_t max_extent_bytes = 16 << 20;    // tensors are cut into extents of at most this
   bool allow_buffered_fallback = true;     // filesystems without O_DIRECT, with a warning
   bool read_only = false;                  // open only: inspect / verify; writes assert
+  VerifyReads verify_reads = VerifyReads::always;
   // open, writable: the absolute data-file paths the caller's own configuration names (one
   // per NVMe drive). A manifest is untrusted input: a writable open refuses one that names a
   // data file outside the store folder unless it is listed here, so a tampered manifest can
@@ -92,6 +102,9 @@ struct Extent {
   uint64_t offset_bytes = 0;  // logical offset in the volume, aligned
   uint64_t length_bytes = 0;  // bytes of tensor data (the reservation is rounded up)
   uint64_t xxh3 = 0;          // XXH3_64bits of those bytes
+  // Not in the manifest: this Store has seen these bytes intact (hashed them when writing,
+  // or verified a read). Reads skip the hash of such an extent under VerifyReads::once.
+  bool seen_intact = false;
 };
 
 struct TensorRecord {
@@ -131,6 +144,7 @@ struct StoreStats {
   uint64_t bytes_written = 0;         // tensor bytes since open
   uint64_t bytes_read = 0;
   uint64_t checksum_ns = 0;           // time spent hashing since open
+  uint64_t bytes_read_trusted = 0;    // of bytes_read: not re-hashed (VerifyReads::once)
 };
 
 struct StoreDamage {

@@ -47,6 +47,7 @@ struct OverlapOptions {
   std::string trace;
   std::string device = "cpu";
   uint32_t repeats = 3;
+  std::string verify_reads = "always";  // the store's memory::VerifyReads
   bool compute_only = false;  // only the compute-only runs: a known load to measure I/O beside
   bool json = false;
 };
@@ -170,6 +171,9 @@ Status run_overlap(const OverlapOptions& o) {
   store_options.engine.backend = backends.empty() ? io::Backend::psync : backends.front();
   store_options.engine.queue_depth = 32;
   store_options.engine.block_size_bytes = 1 << 20;
+  // Each scheduled run opens the store afresh: under `once` its warm-up iteration verifies every
+  // layer and the measured one re-reads them trusted — a long generation's steady state.
+  store_options.verify_reads = o.verify_reads == "once" ? memory::VerifyReads::once : memory::VerifyReads::always;
   std::filesystem::remove_all(o.dir);
   LayerSums layer_sums(o.layers);
   memory::HostArenaOptions arena_options;
@@ -349,6 +353,7 @@ Status run_overlap(const OverlapOptions& o) {
                           {"device_budget_bytes", device_budget},
                           {"host_budget_bytes", host_budget},
                           {"repeats", o.repeats},
+                          {"verify_reads", o.verify_reads},
                           {"compute_seconds", compute_seconds},
                           {"io_seconds", io_seconds},
                           {"step_seconds", step_seconds},
@@ -361,8 +366,9 @@ Status run_overlap(const OverlapOptions& o) {
     fmt::print("{}\n", out.dump());
   } else {
     fmt::print("overlap: {} layers × {} from {}, compute {:.1f} ms/layer ({:.3f} sum-of-squares passes on {}), "
-               "medians of {}\n",
-               o.layers, format_size(layer_bytes), o.dir, compute_ms, passes.count(), backend->name(), o.repeats);
+               "reads verified {}, medians of {}\n",
+               o.layers, format_size(layer_bytes), o.dir, compute_ms, passes.count(), backend->name(), o.verify_reads,
+               o.repeats);
     fmt::print("  compute only  {:8.3f} s\n", compute_seconds);
     fmt::print("  I/O only      {:8.3f} s   {:.2f} GB/s from NVMe\n", io_seconds, median(io_gbps));
     fmt::print("  both          {:8.3f} s   {:.2f} GB/s, stall {:.3f} s ({:.1f}% of the step)\n", step_seconds,
@@ -395,6 +401,10 @@ void add_bench_overlap_command(CLI::App& bench, CliState& state) {
       ->capture_default_str();
   command->add_option("--repeats", options->repeats, "alternated repetitions (medians reported)")->capture_default_str();
   command->add_option("--trace", options->trace, "write the last 'both' run's Perfetto/Chrome trace here");
+  command->add_option("--verify-reads", options->verify_reads,
+                      "the store's read checksums: every read (always), or each layer until seen intact once (once)")
+      ->check(CLI::IsMember({"always", "once"}))
+      ->capture_default_str();
   command->add_flag("--compute-only", options->compute_only,
                     "run only the compute-only pass, --repeats times (a load to measure other I/O beside; needs --compute-ms)");
   command->add_flag("--json", options->json, "print one JSON object on stdout");

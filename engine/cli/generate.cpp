@@ -34,6 +34,7 @@ struct Options {
   std::string prompt_ids;
   std::string tokenizer;
   SamplingOptions sampling;
+  std::string verify_reads;  // empty: the config's nvme.verify_reads (always with --model)
   bool json = false;
 };
 
@@ -156,6 +157,10 @@ void add_generate_command(CLI::App& app, CliState& state) {
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
   gen->add_option("--seed", o->sampling.seed, "sampling seed")->capture_default_str();
+  gen->add_option("--verify-reads", o->verify_reads,
+                  "hash every weight read (always), or each extent only until it was seen intact once (once); "
+                  "default: the config's nvme.verify_reads, always with --model")
+      ->check(CLI::IsMember({"always", "once"}));
   gen->add_flag("--json", o->json, "print the text and the figures as one JSON object on stdout");
   gen->callback([o, &state] {
     if (o->config_path.empty() == o->model_dir.empty()) {
@@ -165,6 +170,8 @@ void add_generate_command(CLI::App& app, CliState& state) {
     o->sampling.progress = !o->json;
     Result<TrainConfig> config = o->model_dir.empty() ? load_train_config(o->config_path) : config_from_flags(*o);
     if (failed(config, state)) return;
+    if (!o->verify_reads.empty())
+      config->verify_reads = o->verify_reads == "once" ? memory::VerifyReads::once : memory::VerifyReads::always;
     if (!o->model_dir.empty() && failed(stage_hf_weights(*config, !o->json), state)) return;
     const bool ids = !o->prompt_ids.empty();
     if (ids) o->prompt.clear();

@@ -7,6 +7,8 @@
 #     exits with `corrupt`;
 #   - the pool keeps part of the model and streams the rest: the JSON's figures are positive
 #     and the efficiency is max(compute, io) / both;
+#   - `--verify-reads once` runs the same bench with the store trusting what it has verified
+#     (the sums still checked) and says so in the JSON; the default says `always`;
 #   - `--compute-only` runs alone and reports its time; without `--compute-ms` it is refused
 #     with one line and exit 2, before any NVMe work.
 # Usage: test_bench_overlap.py STRATA
@@ -48,6 +50,13 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as fo
         fail("the scratch store was left behind")
     print(f"overlap: compute {out['compute_seconds']:.3f} s, I/O {out['io_seconds']:.3f} s, "
           f"both {out['step_seconds']:.3f} s, efficiency {out['overlap_efficiency']:.3f}, verified")
+
+    if out.get("verify_reads") != "always":
+        fail(f"the default does not verify every read: {out}")
+    once = json.loads(bench(folder, "--verify-reads", "once").stdout)
+    if once.get("verify_reads") != "once" or once.get("data_verified") is not True:
+        fail(f"--verify-reads once: {once}")
+    print(f"--verify-reads once: efficiency {once['overlap_efficiency']:.3f}, verified")
 
     only = json.loads(bench(folder, "--compute-only", "--compute-ms", "2").stdout)
     if only.get("data_verified") is not True or not only.get("compute_seconds", 0) > 0:

@@ -178,6 +178,9 @@ def case_offload(folder):
             ("offloaded", {**tiny, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"}}),
             ("chunked", {**tiny, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
                          "optimizer": {"chunk_elements": 4096}}),
+            # Reads it wrote itself trusted, not re-hashed (memory/store.h): the same bytes come back.
+            ("verify-once", {**tiny, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
+                             "nvme": {"verify_reads": "once"}}),
         ]
         if clip == 0.0:
             variants.append(("grads-on-device", {**tiny, "placement": {"params": "host", "grads": "device",
@@ -223,6 +226,7 @@ def case_bad_input(folder):
         ("missing NVMe path", {"nvme": {"paths": [os.path.join(folder, "no-such-dir")]}}, "no-such-dir"),
         ("unknown key", {"optimiser": {"lr": 1}}, "optimiser"),
         ("value out of range", {"batch_size": 0}, "batch_size"),
+        ("unknown verify_reads", {"nvme": {"verify_reads": "never"}}, "verify_reads"),
         ("gradients on the device with clipping", {"placement": {"grads": "device"}}, "grad_clip"),
         # An error quotes the key it was given; a newline in it must stay on the one line.
         ("unknown key with a newline", {"device": {"mem\nory": 1}}, "mem\\nory"),

@@ -7,7 +7,8 @@
 // and that one extent read alone (what generation uses for a few embedding rows) returns
 // exactly that slice of the tensor and is checked like a whole read; and that waiting an
 // extent at a time (wait_some, the scheduler's I/O thread) makes progress every call, lets a
-// second read start meanwhile, and verifies like wait.
+// second read start meanwhile, and verifies like wait; and that VerifyReads::once hashes an
+// extent until this Store has seen it intact — never one it opened unseen or one that failed.
 #include <sys/stat.h>
 
 #include <fcntl.h>
@@ -326,6 +327,91 @@ TEST(Store, EveryFlippedByteIsDetectedAndNamed) {
     ASSERT_TRUE(report.ok());
     EXPECT_TRUE(report->ok());
   }
+}
+
+// Flips one bit of the data file at `at` (twice: repairs it).
+void flip_bit(const std::string& data_path, uint64_t at) {
+  int fd = ::open(data_path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(at)), 1);
+  byte ^= 0x04;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(at)), 1);
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+}
+
+TEST(Store, VerifyReadsOnceHashesAnExtentUntilItIsSeenIntact) {
+  strata::testing::TempDir temp;
+  const std::string dir = temp.file("store");
+  const std::string data_path = std::filesystem::absolute(dir + "/data.strata").string();
+  const std::vector<int64_t> shape = {300000};  // 1.2 MB: five extents
+  const uint64_t size = 300000 * 4;
+  AlignedBuffer data(size), back(size);
+  StoreOptions options = test_store_options();
+  options.verify_reads = VerifyReads::once;
+  {
+    Store store = std::move(Store::create(dir, {}, 16 << 20, options)).value();
+    for (uint64_t t = 0; t < 2; ++t) {
+      fill_pattern(data.data, size, t, 1);
+      ASSERT_TRUE(write_and_wait(store, t == 0 ? "a" : "b", DType::f32, shape, data.data, size).ok());
+    }
+    ASSERT_TRUE(store.commit(1, {}).ok());
+    // What this Store wrote it hashed from memory: read back, trusted, not hashed again...
+    ASSERT_TRUE(read_and_wait(store, "a", back.data, size).ok());
+    EXPECT_TRUE(matches_pattern(back.data, size, 0, 1));
+    EXPECT_EQ(store.stats().bytes_read_trusted, size);
+    // ...which is the trade `once` makes: damage appearing after that goes unseen until reopen.
+    flip_bit(data_path, store.find("a")->extents[1].offset_bytes + 17);
+    EXPECT_TRUE(read_and_wait(store, "a", back.data, size).ok());
+  }
+  Store store = std::move(Store::open(dir, options)).value();
+  const uint64_t damaged_bytes = store.find("a")->extents[1].length_bytes;
+  // Reads `name`; how many of its bytes were trusted (all ones: the read failed).
+  auto trusted_by = [&](const char* name) -> uint64_t {
+    const uint64_t before = store.stats().bytes_read_trusted;
+    Status read = read_and_wait(store, name, back.data, size);
+    return read.ok() ? store.stats().bytes_read_trusted - before : ~uint64_t{0};
+  };
+  // Opened, nothing is trusted: the damage in "a" is found on the first read — and on the next,
+  // which trusts only the four extents the first one verified (a failed extent is never marked).
+  for (int round = 0; round < 2; ++round) {
+    const uint64_t before = store.stats().bytes_read_trusted;
+    Status read = read_and_wait(store, "a", back.data, size);
+    ASSERT_FALSE(read.ok()) << "round " << round;
+    EXPECT_EQ(read.error().kind, ErrorKind::corrupt);
+    EXPECT_EQ(read.error().tensor, "a");
+    EXPECT_EQ(read.error().offset_bytes, store.find("a")->extents[1].offset_bytes);
+    EXPECT_EQ(store.stats().bytes_read_trusted - before, round == 0 ? 0 : size - damaged_bytes);
+  }
+  flip_bit(data_path, store.find("a")->extents[1].offset_bytes + 17);  // repaired
+  // The first read of "b" verifies every extent, the second trusts them all.
+  EXPECT_EQ(trusted_by("b"), 0u);
+  EXPECT_EQ(trusted_by("b"), size);
+  EXPECT_TRUE(matches_pattern(back.data, size, 1, 1));
+  // "a": the repaired extent is verified now, then every extent is trusted.
+  EXPECT_EQ(trusted_by("a"), size - damaged_bytes);
+  EXPECT_EQ(trusted_by("a"), size);
+  EXPECT_TRUE(matches_pattern(back.data, size, 0, 1));
+  // A new version written through this Store is trusted from its first read.
+  fill_pattern(data.data, size, 0, 2);
+  ASSERT_TRUE(write_and_wait(store, "a", DType::f32, shape, data.data, size).ok());
+  EXPECT_EQ(trusted_by("a"), size);
+  EXPECT_TRUE(matches_pattern(back.data, size, 0, 2));
+}
+
+TEST(Store, VerifyReadsAlwaysHashesEveryRead) {
+  strata::testing::TempDir temp;
+  const uint64_t size = 300000 * 4;
+  AlignedBuffer data(size), back(size);
+  fill_pattern(data.data, size, 3, 1);
+  Store store = std::move(Store::create(temp.file("store"), {}, 16 << 20, test_store_options())).value();
+  ASSERT_EQ(store.stats().bytes_read_trusted, 0u);
+  const std::vector<int64_t> shape = {300000};
+  ASSERT_TRUE(write_and_wait(store, "a", DType::f32, shape, data.data, size).ok());
+  for (int round = 0; round < 3; ++round) ASSERT_TRUE(read_and_wait(store, "a", back.data, size).ok());
+  EXPECT_EQ(store.stats().bytes_read, 3 * size);
+  EXPECT_EQ(store.stats().bytes_read_trusted, 0u);
 }
 
 TEST(Store, WaitSomeMovesAnExtentAtATimeAndVerifiesLikeWait) {
