@@ -15,7 +15,7 @@
 #
 # Usage: bench/generate.py [--strata build/strata] [--dir DIR] [--arch gpt2|llama] [--layers 12]
 #        [--embd 768] [--vocab 50257] [--kv-heads 4] [--intermediate 2048] [--budget 128MiB]
-#        [--precision fp32] [--tokens 24] [--repeats 3]
+#        [--precision fp32] [--tokens 24] [--repeats 3] [--verify-reads always|once]
 import argparse
 import json
 import os
@@ -43,6 +43,8 @@ parser.add_argument("--precision", default="fp32",
                          "unit (GPT-2's embedding) as scratch")
 parser.add_argument("--tokens", type=int, default=24)
 parser.add_argument("--repeats", type=int, default=3)
+parser.add_argument("--verify-reads", default="always", choices=["always", "once"],
+                    help="the store's read checksums (memory/store.h): every read, or until seen intact")
 args = parser.parse_args()
 strata = os.path.abspath(args.strata)
 os.makedirs(args.dir, exist_ok=True)
@@ -125,7 +127,7 @@ if not os.path.exists(tuned):
 generate = [strata, "--log-level", "warn", "generate", "--model", model, "--nvme", nvme, "--io-file", tuned,
             "--host-memory", args.budget, "--device-memory", args.budget, "--precision", args.precision,
             "--prompt", "The ",
-            "--tokens", str(args.tokens), "--json"]
+            "--tokens", str(args.tokens), "--verify-reads", args.verify_reads, "--json"]
 # The store is staged afresh every run, as the reference's file is written afresh below: on a
 # host-cached virtual disk a file written minutes ago reads faster than one written an hour ago,
 # so both sides must be equally fresh (bench/RESULTS.md, "huge pages for the store's buffers").
@@ -181,6 +183,7 @@ for repeat in range(args.repeats):
 
 median_tps, median_bound = statistics.median(tokens_per_s), statistics.median(bounds)
 print(json.dumps({"weight_bytes": weight_bytes, "budget_each": args.budget, "tokens": args.tokens,
+                  "verify_reads": args.verify_reads,
                   "median_tokens_per_s": median_tps, "median_bound_tokens_per_s": median_bound,
                   "ratio": median_tps / median_bound, "median_weights_read_per_token": statistics.median(reads),
                   "median_compute_only_tokens_per_s": statistics.median(compute_only),

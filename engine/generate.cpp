@@ -614,6 +614,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   summary.read_MBps = summary.tuned ? *config.io.read.measured_MBps : reads.gb_per_s() * 1e3;
   summary.io_floor_tokens_per_s = summary.read_MBps > 0 ? summary.read_MBps * 1e6 / static_cast<double>(weight_bytes) : 0.0;
   scheduler.reset();  // before the store, the arena and the device it uses
+  summary.nvme_read_trusted_bytes = store.stats().bytes_read_trusted;  // the scheduler's I/O thread is gone
   summary.peak_rss_bytes = peak_rss_bytes();
   return summary;
 }

@@ -109,6 +109,7 @@ struct GenerateSummary {
   double tokens_per_s = 0.0;     // sampled tokens / decode_seconds
   uint64_t weight_bytes = 0;     // the compute copies of every weight: what one pass reads at most
   uint64_t nvme_read_bytes = 0;  // what the passes read from the store
+  uint64_t nvme_read_trusted_bytes = 0;  // of the passes' reads: not hashed again (nvme.verify_reads: once)
   double read_busy_seconds = 0.0;  // time with at least one store read in flight
   double stall_seconds = 0.0;      // time the passes waited for weights (the scheduler's acquire)
   double read_MBps = 0.0;        // the bandwidth of the floor: tuned (nvme.io) or, untuned, this run's

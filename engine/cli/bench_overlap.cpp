@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -120,6 +121,31 @@ double median(std::vector<double> values) {
   return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
+// The scratch store's folder, created by the run and removed after it. One that is there already
+// is removed only when it holds nothing but a store's own files (a run that was killed left it);
+// anything else is refused, never deleted. Missing is fine: Store::create makes it (or says why not).
+Status claim_scratch_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::symlink_status(dir, error);
+  if (status.type() == fs::file_type::not_found) return Status();
+  if (error) return make_error(ErrorKind::invalid_argument, fmt::format("--dir {}: {}", dir, error.message()));
+  if (status.type() != fs::file_type::directory)
+    return make_error(ErrorKind::invalid_argument, fmt::format("--dir {}: exists and is not a folder", dir));
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    const bool store_file = name == memory::kStoreManifestName || name == std::string(memory::kStoreManifestName) + ".tmp" ||
+                            name == "data.strata";
+    if (!store_file || !it->is_regular_file())
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("--dir {}: holds '{}', which is not a scratch store's; give a new or empty folder",
+                                    dir, name));
+  }
+  if (!error) fs::remove_all(dir, error);
+  if (error) return make_error(ErrorKind::invalid_argument, fmt::format("--dir {}: {}", dir, error.message()));
+  return Status();
+}
+
 Status run_overlap(const OverlapOptions& o) {
   STRATA_ASSIGN_OR_RETURN(uint64_t layer_bytes, parse_size(o.layer_size));
   STRATA_ASSIGN_OR_RETURN(uint64_t device_budget, parse_size(o.device_budget));
@@ -174,15 +200,18 @@ Status run_overlap(const OverlapOptions& o) {
   // Each scheduled run opens the store afresh: under `once` its warm-up iteration verifies every
   // layer and the measured one re-reads them trusted — a long generation's steady state.
   store_options.verify_reads = o.verify_reads == "once" ? memory::VerifyReads::once : memory::VerifyReads::always;
-  std::filesystem::remove_all(o.dir);
+  if (!o.compute_only) STRATA_RETURN_IF_ERROR(claim_scratch_dir(o.dir));
   LayerSums layer_sums(o.layers);
   memory::HostArenaOptions arena_options;
   arena_options.capacity_bytes = std::max(pool_bytes, layer_bytes) + (1 << 20);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   {
-    STRATA_ASSIGN_OR_RETURN(memory::Store store,
-                            memory::Store::create(o.dir, {}, o.layers * (layer_bytes + (16 << 20)) + (64 << 20),
-                                                  store_options));
+    // --compute-only reads nothing: the layers go to their resident buffers, not to a store.
+    std::optional<memory::Store> store;
+    if (!o.compute_only) {
+      STRATA_ASSIGN_OR_RETURN(store, memory::Store::create(o.dir, {}, o.layers * (layer_bytes + (16 << 20)) + (64 << 20),
+                                                           store_options));
+    }
     STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging, memory::HostBuffer::allocate(arena, layer_bytes));
     auto* values = reinterpret_cast<float*>(staging.data());
     for (uint32_t layer = 0; layer < o.layers; ++layer) {
@@ -196,13 +225,14 @@ Status run_overlap(const OverlapOptions& o) {
       STRATA_RETURN_IF_ERROR(
           resident_device->copy_to_device(resident_copies, resident[layer].data(), staging.data(), layer_bytes));
       STRATA_RETURN_IF_ERROR(resident_device->synchronize(resident_copies));
+      if (!store) continue;
       const int64_t shape[] = {static_cast<int64_t>(layer_values)};
       STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket,
-                              store.write_tensor_async(fmt::format("layer{}.w", layer), DType::f32, shape,
-                                                       staging.data(), layer_bytes));
-      STRATA_RETURN_IF_ERROR(store.wait(ticket));
+                              store->write_tensor_async(fmt::format("layer{}.w", layer), DType::f32, shape,
+                                                        staging.data(), layer_bytes));
+      STRATA_RETURN_IF_ERROR(store->wait(ticket));
     }
-    STRATA_RETURN_IF_ERROR(store.commit(0, {}));
+    if (store) STRATA_RETURN_IF_ERROR(store->commit(0, {}));
   }
   scheduler::AccessPlan plan;
   std::vector<uint32_t> model_order(o.layers);
@@ -337,7 +367,6 @@ Status run_overlap(const OverlapOptions& o) {
     else
       fmt::print("overlap: compute only, {} layers × {}, {:.1f} ms/layer on {}: {:.3f} s (median of {})\n", o.layers,
                  format_size(layer_bytes), compute_ms, backend->name(), median(compute_s), o.repeats);
-    std::filesystem::remove_all(o.dir);
     return Status();
   }
   const double compute_seconds = median(compute_s), io_seconds = median(io_s), step_seconds = median(both_s);
@@ -375,7 +404,8 @@ Status run_overlap(const OverlapOptions& o) {
                model_bytes / step_seconds / 1e9, stall_seconds, 100 * stall_seconds / step_seconds);
     fmt::print("  overlap_efficiency = max(compute, io) / both = {:.3f}\n", efficiency);
   }
-  std::filesystem::remove_all(o.dir);
+  std::error_code ignored;  // the scratch store; a failure to remove it changes no figure
+  std::filesystem::remove_all(o.dir, ignored);
   return Status();
 }
 
@@ -393,7 +423,7 @@ void add_bench_overlap_command(CLI::App& bench, CliState& state) {
       ->capture_default_str();
   command->add_option("--compute-ratio", options->compute_ratio, "compute / I/O time when --compute-ms is 0")
       ->capture_default_str();
-  command->add_option("--dir", options->dir, "scratch store directory (removed after)")->capture_default_str();
+  command->add_option("--dir", options->dir, "scratch store folder, removed after (an existing one may hold only a scratch store)")->capture_default_str();
   command->add_option("--device", options->device, "device kind the backend computes on: cpu or cuda")
       ->capture_default_str();
   command->add_option("--device-budget", options->device_budget, "device memory budget")->capture_default_str();

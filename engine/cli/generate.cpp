@@ -102,6 +102,7 @@ void print_summary(const GenerateSummary& s, const Options& o) {
                                    {"tokens_per_s", s.tokens_per_s},
                                    {"weight_bytes", s.weight_bytes},
                                    {"nvme_read_bytes", s.nvme_read_bytes},
+                                   {"nvme_read_trusted_bytes", s.nvme_read_trusted_bytes},
                                    {"read_MBps", s.read_MBps},
                                    {"tuned", s.tuned},
                                    {"io_floor_tokens_per_s", s.io_floor_tokens_per_s},

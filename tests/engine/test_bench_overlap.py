@@ -9,8 +9,12 @@
 #     and the efficiency is max(compute, io) / both;
 #   - `--verify-reads once` runs the same bench with the store trusting what it has verified
 #     (the sums still checked) and says so in the JSON; the default says `always`;
-#   - `--compute-only` runs alone and reports its time; without `--compute-ms` it is refused
-#     with one line and exit 2, before any NVMe work.
+#   - `--compute-only` runs alone and reports its time, touching no store (its --dir lies under a
+#     regular file, where no store could be made); without `--compute-ms` it is refused with one
+#     line and exit 2, before any NVMe work;
+#   - a --dir that holds anything but a scratch store's files is refused with one line and exit 2,
+#     its files left as they were (the bench removes its scratch folder; it must never remove a
+#     user's); one holding only a store's files (a killed run's) is taken over.
 # Usage: test_bench_overlap.py STRATA
 import json
 import os
@@ -26,10 +30,10 @@ def fail(message):
     sys.exit(1)
 
 
-def bench(folder, *extra, expect_ok=True):
+def bench(folder, *extra, expect_ok=True, store=None):
     cmd = [STRATA, "--log-level", "warn", "bench", "overlap", "--json", "--layers", "8", "--layer-size", "4MiB",
            "--device-budget", "8MiB", "--host-budget", "12MiB", "--repeats", "2", "--dir",
-           os.path.join(folder, "store"), *extra]
+           store or os.path.join(folder, "store"), *extra]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if expect_ok and result.returncode != 0:
         fail(f"{' '.join(cmd)} exited {result.returncode}:\n{result.stderr}")
@@ -58,7 +62,11 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as fo
         fail(f"--verify-reads once: {once}")
     print(f"--verify-reads once: efficiency {once['overlap_efficiency']:.3f}, verified")
 
-    only = json.loads(bench(folder, "--compute-only", "--compute-ms", "2").stdout)
+    not_a_folder = os.path.join(folder, "a-file")
+    with open(not_a_folder, "w") as f:
+        f.write("x")
+    only = json.loads(bench(folder, "--compute-only", "--compute-ms", "2",
+                            store=os.path.join(not_a_folder, "store")).stdout)
     if only.get("data_verified") is not True or not only.get("compute_seconds", 0) > 0:
         fail(f"--compute-only: {only}")
     if "io_seconds" in only:
@@ -70,4 +78,28 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/var/tmp")) as fo
         fail(f"--compute-only without --compute-ms: exit {refused.returncode}, stderr {refused.stderr!r}")
     if os.path.exists(os.path.join(folder, "store")):
         fail("a refused run wrote a store")
+
+    mine = os.path.join(folder, "mine")
+    os.makedirs(mine)
+    with open(os.path.join(mine, "notes.txt"), "w") as f:
+        f.write("keep me")
+    refused = bench(folder, store=mine, expect_ok=False)
+    lines = refused.stderr.strip().splitlines()
+    if refused.returncode != 2 or len(lines) != 1 or "notes.txt" not in lines[0]:
+        fail(f"a --dir holding a user's file: exit {refused.returncode}, stderr {refused.stderr!r}")
+    if sorted(os.listdir(mine)) != ["notes.txt"] or open(os.path.join(mine, "notes.txt")).read() != "keep me":
+        fail(f"a refused --dir was changed: {os.listdir(mine)}")
+    print(f"--dir holding a user's file: refused, untouched ({lines[0]})")
+
+    # What a killed run leaves (a store's files and nothing else) is taken over and removed.
+    leftover = os.path.join(folder, "leftover")
+    os.makedirs(leftover)
+    for name in ("manifest.json", "data.strata"):
+        with open(os.path.join(leftover, name), "w") as f:
+            f.write("{}")
+    if json.loads(bench(folder, store=leftover).stdout).get("data_verified") is not True:
+        fail("a run over a killed run's scratch store did not verify")
+    if os.path.exists(leftover):
+        fail("the taken-over scratch store was left behind")
+    print("a killed run's scratch store: taken over and removed")
 print("ok")

@@ -347,6 +347,17 @@ def case_generate(folder):
     for key in ("tokens_per_s", "io_floor_tokens_per_s", "read_MBps"):
         if not out[key] > 0:
             fail(f"generate --json: {key} is {out[key]}")
+    # Every read verified by default; with --verify-reads once a weight is hashed on its first read
+    # after open and trusted after (memory/store.h) — the same tokens come out.
+    if out["nvme_read_trusted_bytes"] != 0:
+        fail(f"the default trusted {out['nvme_read_trusted_bytes']} bytes of reads")
+    once = generate(folder, big, os.path.join(folder, "nvme-big"), "4MiB",
+                    ["--prompt", "The ", "--tokens", "12", "--verify-reads", "once"])
+    if once["tokens"] != out["tokens"]:
+        fail(f"--verify-reads once changed the tokens: {once['tokens']} vs {out['tokens']}")
+    if not once["nvme_read_bytes"] - weights <= once["nvme_read_trusted_bytes"] < once["nvme_read_bytes"]:
+        fail(f"--verify-reads once trusted {once['nvme_read_trusted_bytes']} of {once['nvme_read_bytes']} bytes read "
+             f"(weights {weights}: all but the first read of each should be)")
     print(f"generate: greedy tokens match torch; big model {weights >> 20} MiB in {2 * budget >> 20} MiB of budgets, "
           f"peak RSS {out['peak_rss_bytes'] >> 20} MiB (tiny model {baseline_rss >> 20} MiB), "
           f"{out['tokens_per_s']:.1f} tokens/s, floor {out['io_floor_tokens_per_s']:.1f}")
