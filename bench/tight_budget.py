@@ -15,7 +15,7 @@
 # resident config while fio (bench/io_reference.py) reads and writes on the same drive at the
 # rates that offloaded run measured; offloaded / (resident+fio) says how close strata gets.
 #
-# Usage: bench/tight_budget.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
+# Usage: bench/tight_budget.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR] [--verify-reads always|once]
 #        [--chunk-elements N]   (omit: the trainer's choice; N: optimizer.chunk_elements: N)
 #        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 #        [--sides resident,offloaded] [--io-reference]
@@ -37,6 +37,8 @@ parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--interleave", choices=["on", "off"], default=None,
                     help="set optimizer.interleave (off: every clipped update after the last backward)")
 parser.add_argument("--dir", default=None, help="scratch folder on the drive to measure (default: under strata-data/)")
+parser.add_argument("--verify-reads", default="always", choices=["always", "once"],
+                    help="nvme.verify_reads for every side (memory/store.h)")
 parser.add_argument("--chunk-elements", type=int, default=None,
                     help="set optimizer.chunk_elements (default: leave it to the trainer)")
 parser.add_argument("--sides", default="resident,offloaded", help="which sides to run, comma-separated")
@@ -80,7 +82,7 @@ def run(*cmd):
 def write_config(folder, name):
     nvme = os.path.join(folder, "nvme")
     os.makedirs(nvme, exist_ok=True)
-    cfg = {**base, **variants[name], "nvme": {"paths": [os.path.abspath(nvme)]}}
+    cfg = {**base, **variants[name], "nvme": {"paths": [os.path.abspath(nvme)], "verify_reads": args.verify_reads}}
     path = os.path.join(folder, "train.yaml")
     with open(path, "w") as f:
         json.dump(cfg, f)

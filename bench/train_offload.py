@@ -11,7 +11,7 @@
 # rates the offloaded run of that repeat measured. resident+fio / resident is what offloading can
 # reach at that traffic, and offloaded / (resident+fio) says how close strata gets.
 #
-# Usage: bench/train_offload.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR]
+# Usage: bench/train_offload.py [--strata build/strata] [--repeats 3] [--steps 4] [--dir DIR] [--verify-reads always|once]
 #        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 #        [--io-reference]
 import argparse
@@ -31,6 +31,8 @@ parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--interleave", choices=["on", "off"], default=None,
                     help="set optimizer.interleave (off: every clipped update after the last backward)")
 parser.add_argument("--dir", default=None, help="scratch folder on the drive to measure (default: under strata-data/)")
+parser.add_argument("--verify-reads", default="always", choices=["always", "once"],
+                    help="nvme.verify_reads for every side (memory/store.h)")
 parser.add_argument("--io-reference", action="store_true",
                     help="also run the resident config while fio moves the offloaded run's bytes at its rates")
 args = parser.parse_args()
@@ -64,7 +66,7 @@ def train(name, overrides):
     folder = tempfile.mkdtemp(prefix=name.replace("+", "-") + "-", dir=root)
     nvme = os.path.join(folder, "nvme")
     os.makedirs(nvme)
-    cfg = {**base, **overrides, "nvme": {"paths": [os.path.abspath(nvme)]}}
+    cfg = {**base, **overrides, "nvme": {"paths": [os.path.abspath(nvme)], "verify_reads": args.verify_reads}}
     cfg_path = os.path.join(folder, "train.yaml")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)

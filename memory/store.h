@@ -77,7 +77,7 @@ uint64_t extent_checksum(const void* data, uint64_t size_bytes);
 
 // Which reads hash their extents (see the contract above). `once` trades the detection of damage
 // that appears on the drive while this Store is open, after an extent was last seen intact, for
-// the CPU time of re-hashing: on a two-core box ~9 ms of a core per 64 MiB read (docs/store.md).
+// the CPU time of re-hashing: on a two-core box ~9 ms of a core per 64 MiB read (docs/memory.md).
 enum class VerifyReads { always, once };
 const char* verify_reads_name(VerifyReads mode);
 
