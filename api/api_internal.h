@@ -96,6 +96,13 @@ struct strata_store {
   std::optional<strata::memory::Store> held;
   std::string dir;
   std::vector<std::string> names;  // what strata_store_name hands out
+  strata::memory::VerifyReads verify_reads = strata::memory::VerifyReads::always;  // strata_store_set_verify_once
+  // What the store is reopened with when a scheduler borrows it and gives it back.
+  strata::memory::StoreOptions options() const {
+    strata::memory::StoreOptions options = strata::api::default_store_options();
+    options.verify_reads = verify_reads;
+    return options;
+  }
   strata::memory::Store& store() {
     if (!held) throw strata::api::Misuse{"store " + dir + " is lent to a scheduler until strata_sched_destroy"};
     return *held;

@@ -286,6 +286,18 @@ strata_status strata_store_open(const char* dir, int read_only, strata_store** o
   });
 }
 
+strata_status strata_store_set_verify_once(strata_store* store, int once) {
+  return guarded("strata_store_set_verify_once", [&]() -> strata_status {
+    if (store == nullptr) return null_arg("strata_store_set_verify_once", "store");
+    if (once != 0 && once != 1)
+      return fail(STRATA_ERR_INVALID_ARGUMENT,
+                  "strata_store_set_verify_once: once is " + std::to_string(once) + "; give 0 (every read) or 1");
+    store->verify_reads = once != 0 ? strata::memory::VerifyReads::once : strata::memory::VerifyReads::always;
+    if (store->held) store->held->set_verify_reads(store->verify_reads);  // lent: applied when given back
+    return STRATA_OK;
+  });
+}
+
 void strata_store_close(strata_store* store) {
   try {
     delete store;

@@ -115,7 +115,7 @@ strata_status strata_sched_create(const strata_plan* plan, strata_store* store,
       if (!h.store) return;
       std::string dir = h.store->dir();
       h.store.reset();
-      auto back = strata::memory::Store::open(dir, strata::api::default_store_options());
+      auto back = strata::memory::Store::open(dir, h.lender->options());
       if (back) h.lender->held.emplace(std::move(back).value());
     };
     if (needs_store) {
@@ -126,9 +126,9 @@ strata_status strata_sched_create(const strata_plan* plan, strata_store* store,
       if (strata::Status c = own.commit(own.committed_step(), own.committed_metadata()); !c.ok())
         return fail(c.error());
       store->held.reset();
-      auto reopened = strata::memory::Store::open(store->dir, strata::api::default_store_options());
+      auto reopened = strata::memory::Store::open(store->dir, store->options());
       if (!reopened) {
-        auto back = strata::memory::Store::open(store->dir, strata::api::default_store_options());
+        auto back = strata::memory::Store::open(store->dir, store->options());
         if (back) store->held.emplace(std::move(back).value());
         return fail(reopened.error());
       }
@@ -176,7 +176,7 @@ void strata_sched_destroy(strata_scheduler* sched) {
     if (sched->store) {
       std::string dir = sched->store->dir();
       sched->store.reset();
-      auto back = strata::memory::Store::open(dir, strata::api::default_store_options());
+      auto back = strata::memory::Store::open(dir, sched->lender->options());
       if (back) sched->lender->held.emplace(std::move(back).value());
       else strata::api::last_error_text() = back.error().to_string();
     }

@@ -1088,6 +1088,8 @@ uint32_t Store::alignment_bytes() const { return static_cast<uint32_t>(impl_->gr
 io::Engine& Store::engine() { return *impl_->engine; }
 const std::string& Store::dir() const { return impl_->dir_text; }
 
+void Store::set_verify_reads(VerifyReads mode) { impl_->options.verify_reads = mode; }
+
 StoreStats Store::stats() const {
   const Impl& s = *impl_;
   StoreStats stats;

@@ -229,6 +229,9 @@ class Store {
   uint64_t committed_step() const;
   const std::map<std::string, std::string>& committed_metadata() const;
   StoreStats stats() const;
+  // Changes StoreOptions::verify_reads from the next read on (the C API's setter). What this
+  // Store wrote is seen intact either way; reads verified under `always` were not marked.
+  void set_verify_reads(VerifyReads mode);
   uint32_t alignment_bytes() const;
   // The store's engine: register the host arena with it (HostArena::register_with).
   io::Engine& engine();

@@ -149,6 +149,11 @@ STRATA_API strata_status strata_store_create_striped(const char* dir, const char
 /* Opens at its last commit. `read_only`: inspect and verify only. */
 STRATA_API strata_status strata_store_open(const char* dir, int read_only,
                                            strata_store** out_store);
+/* Which reads check their extents' checksums (docs/memory.md, "Read checksums"): 0, the default,
+ * every read; 1, an extent only until this handle has seen it intact (it wrote it, or verified a
+ * read of it) — faster where the CPU is the bottleneck, blind to damage that appears on the drive
+ * while the handle is open. Takes effect from the next read; other values: INVALID_ARGUMENT. */
+STRATA_API strata_status strata_store_set_verify_once(strata_store* store, int once);
 /* Waits for outstanding I/O; does not commit (uncommitted writes are forgotten on reopen). */
 STRATA_API void strata_store_close(strata_store* store);
 /* Writes a new version of `name` (synchronously; visible to get at once, durable at commit).

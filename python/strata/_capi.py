@@ -91,6 +91,7 @@ _signatures = {
     "strata_status_name": (c_char_p, [c_int]),
     "strata_store_create": (c_int, [c_char_p, c_u64, P(c_void_p)]),
     "strata_store_open": (c_int, [c_char_p, c_int, P(c_void_p)]),
+    "strata_store_set_verify_once": (c_int, [c_void_p, c_int]),
     "strata_store_close": (None, [c_void_p]),
     "strata_store_put": (c_int, [c_void_p, c_char_p, c_int, P(c_i64), c_size_t, c_void_p, c_u64]),
     "strata_store_get": (c_int, [c_void_p, c_char_p, c_void_p, c_u64]),

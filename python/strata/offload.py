@@ -44,7 +44,7 @@ class _FetchForBackward(torch.autograd.Function):
 
 class Offload:
     def __init__(self, module, path, host_memory=None, capacity_bytes=None, prefetch=True,
-                 resume=False):
+                 resume=False, verify_reads="always"):
         self.module = module
         self.path = str(path)
         self.prefetch = prefetch
@@ -73,14 +73,15 @@ class Offload:
             raise ValueError(f"host_memory {self.host_memory} bytes is below twice the largest "
                              f"submodule's parameters ({largest} bytes): nothing could prefetch")
         if resume:  # the weights of the last commit replace the module's own
-            self.store = Store(self.path)
+            self.store = Store(self.path, verify_reads=verify_reads)
             for p, (name, shape) in self._params.items():
                 dtype, stored = self.store.info(name)
                 if dtype != torch.float32 or tuple(stored) != shape:
                     raise ValueError(f"store {self.path}: tensor {name} is {dtype} {tuple(stored)}, "
                                      f"the module's parameter is float32 {shape}")
         else:
-            self.store = Store.create(self.path, capacity_bytes or (3 * total + (64 << 20)))
+            self.store = Store.create(self.path, capacity_bytes or (3 * total + (64 << 20)),
+                                      verify_reads=verify_reads)
             for p, (name, _) in self._params.items():
                 self.store.put(name, p.data.contiguous())
             self.store.commit(0)
@@ -268,11 +269,14 @@ def _state_dict_hook(ref):
     return hook
 
 
-def offload(module, path, host_memory=None, capacity_bytes=None, prefetch=True, resume=False):
+def offload(module, path, host_memory=None, capacity_bytes=None, prefetch=True, resume=False,
+            verify_reads="always"):
     """Moves `module`'s parameters into a new strata store at `path` (or, with resume=True,
     takes them from the last commit of the store there) and hooks its submodules (see the
-    module docstring). Returns the Offload handle (also kept as module._strata_offload)."""
+    module docstring). Returns the Offload handle (also kept as module._strata_offload).
+    verify_reads: "always" checks every fetch's checksums; "once" each weight only until the
+    store has seen it intact (strata.Store)."""
     handle = Offload(module, path, host_memory=host_memory, capacity_bytes=capacity_bytes,
-                     prefetch=prefetch, resume=resume)
+                     prefetch=prefetch, resume=resume, verify_reads=verify_reads)
     module._strata_offload = handle
     return handle

@@ -22,24 +22,34 @@ def empty_aligned(shape, dtype=torch.float32, alignment=4096):
     return raw[offset:offset + size].view(dtype).view(tuple(shape))
 
 
+_VERIFY_READS = {"always": 0, "once": 1}
+
+
 class Store:
     """A store directory. One thread at a time. `Store.create(dir, capacity_bytes)` refuses an
-    existing store; `Store(dir)` opens one at its last commit. Close with close() or `with`."""
+    existing store; `Store(dir)` opens one at its last commit. Close with close() or `with`.
+    `verify_reads`: "always" (every read checks its checksums) or "once" (an extent only until
+    this handle has seen it intact — docs/memory.md, "Read checksums")."""
 
-    def __init__(self, path, *, _handle=None, read_only=False):
+    def __init__(self, path, *, _handle=None, read_only=False, verify_reads="always"):
         self._h = None
         self.path = str(path)
+        if verify_reads not in _VERIFY_READS:
+            raise ValueError(f"verify_reads: {verify_reads!r}; use 'always' or 'once'")
         handle = ctypes.c_void_p()
         if _handle is None:
             check(lib.strata_store_open(self.path.encode(), int(read_only), ctypes.byref(handle)))
             _handle = handle
         self._h = _handle
+        check(lib.strata_store_set_verify_once(self._h, _VERIFY_READS[verify_reads]))
 
     @classmethod
-    def create(cls, path, capacity_bytes):
+    def create(cls, path, capacity_bytes, *, verify_reads="always"):
+        if verify_reads not in _VERIFY_READS:
+            raise ValueError(f"verify_reads: {verify_reads!r}; use 'always' or 'once'")
         handle = ctypes.c_void_p()
         check(lib.strata_store_create(str(path).encode(), int(capacity_bytes), ctypes.byref(handle)))
-        return cls(path, _handle=handle)
+        return cls(path, _handle=handle, verify_reads=verify_reads)
 
     def close(self):
         if self._h is not None:

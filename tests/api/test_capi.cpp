@@ -193,6 +193,39 @@ TEST(CApi, VerifyFindsCorruptionAndNamesTensor) {
   strata_store_close(store);
 }
 
+TEST(CApi, VerifyOnceTrustsWhatTheHandleWroteAndChecksWhatItOpened) {
+  std::string dir = temp_dir("verify_once");
+  strata_store* store = nullptr;
+  ASSERT_STRATA_OK(strata_store_create(dir.c_str(), 4 << 20, &store));
+  EXPECT_EQ(strata_store_set_verify_once(store, 2), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(strata_store_set_verify_once(nullptr, 1), STRATA_ERR_INVALID_ARGUMENT);
+  std::vector<float> w(4096, 1.25f), back(4096);
+  int64_t shape[1] = {4096};
+  ASSERT_STRATA_OK(strata_store_put(store, "w", STRATA_F32, shape, 1, w.data(), w.size() * 4));
+  ASSERT_STRATA_OK(strata_store_commit(store, 1, nullptr, nullptr, 0));
+  auto flip = [&] {  // one byte of the data (the only tensor starts at offset 0 of the data file)
+    std::fstream f(dir + "/data.strata", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    const char byte = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(100);
+    f.put(byte);
+  };
+  flip();
+  // Every read checked (the default): the damage is found.
+  EXPECT_EQ(strata_store_get(store, "w", back.data(), back.size() * 4), STRATA_ERR_CORRUPT);
+  // Once: what this handle wrote is trusted — the trade, damage after the write unseen.
+  ASSERT_STRATA_OK(strata_store_set_verify_once(store, 1));
+  EXPECT_EQ(strata_store_get(store, "w", back.data(), back.size() * 4), STRATA_OK);
+  EXPECT_NE(back, w);
+  strata_store_close(store);
+  // Reopened, nothing is trusted: found on every read.
+  ASSERT_STRATA_OK(strata_store_open(dir.c_str(), 0, &store));
+  ASSERT_STRATA_OK(strata_store_set_verify_once(store, 1));
+  for (int round = 0; round < 2; ++round)
+    EXPECT_EQ(strata_store_get(store, "w", back.data(), back.size() * 4), STRATA_ERR_CORRUPT) << round;
+  strata_store_close(store);
+}
+
 TEST(CApi, LastErrorIsPerThreadAndNullsAreRefused) {
   strata_store* store = nullptr;
   EXPECT_EQ(strata_store_open("/nonexistent/strata-store", 0, &store), STRATA_ERR_NOT_FOUND)

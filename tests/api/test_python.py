@@ -2,7 +2,9 @@
 strata.AdamW (host and nvme state) gives exactly torch.optim.AdamW's fp32 bits; state_dict /
 load_state_dict round-trip; commit + resume continues exactly; strata.offload trains a model
 to the same bits as plain PyTorch while its parameters live in the store under a budget
-smaller than the model; errors arrive as StrataError with the C API's message.
+smaller than the model (its fetches trusted once seen intact: verify_reads="once"); a store's
+verify_reads policy trusts what the handle wrote and checks what it opened; errors arrive as
+StrataError with the C API's message.
 
 Run by Meson with STRATA_LIBRARY (the built libstrata.so) and PYTHONPATH (python/).
 """
@@ -77,6 +79,42 @@ class Package(unittest.TestCase):
                 store.get("missing")
 
 
+def flip_byte(store_dir, offset):
+    with open(os.path.join(store_dir, "data.strata"), "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x10]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class VerifyReads(unittest.TestCase):
+    def test_once_trusts_what_this_handle_wrote_and_checks_what_it_opened(self):
+        path = tmpdir("verify_once")
+        t = torch.randn(1024)
+        with strata.Store.create(path, 16 << 20, verify_reads="once") as store:
+            store.put("t", t)
+            store.commit(1)
+            flip_byte(path, 8)  # the only tensor starts at offset 0 of the data file
+            self.assertFalse(torch.equal(store.get("t"), t))  # the trade: trusted, damage unseen
+        for policy in ("once", "always"):  # opened: nothing is trusted
+            with strata.Store(path, verify_reads=policy) as store:
+                with self.assertRaises(strata.StrataError) as ctx:
+                    store.get("t")
+                self.assertEqual(ctx.exception.status, "corrupt")
+        with self.assertRaises(ValueError):
+            strata.Store(path, verify_reads="never")
+
+    def test_always_is_the_default(self):
+        path = tmpdir("verify_always")
+        with strata.Store.create(path, 16 << 20) as store:
+            store.put("t", torch.randn(1024))
+            flip_byte(path, 8)
+            with self.assertRaises(strata.StrataError):
+                store.get("t")
+
+
 class AdamW(unittest.TestCase):
     def check_against_torch(self, **kwargs):
         ref, mine = make_model(), make_model()
@@ -126,7 +164,7 @@ class Offload(unittest.TestCase):
         ref, mine = make_model(depth=6), make_model(depth=6)
         budget = 2 * (64 * 64 + 64) * 4 + 1  # about two of the largest layers, < the model
         total = sum(p.numel() * 4 for p in mine.parameters())
-        handle = strata.offload(mine, path=tmpdir("offload"), host_memory=budget)
+        handle = strata.offload(mine, path=tmpdir("offload"), host_memory=budget, verify_reads="once")
         self.assertLess(budget, total)
         self.assertTrue(all(p.numel() == 0 for p in mine.parameters()))
         data = batches(5)
