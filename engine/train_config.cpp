@@ -237,7 +237,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
       return nvme.error_at("paths", fmt::format("'{}' is not an existing directory; create it or list another", nvme_path));
   }
   STRATA_ASSIGN_OR_RETURN(std::string verify_reads, nvme.choice("verify_reads", {"always", "once"}, "always"));
-  config.verify_reads = verify_reads == "once" ? memory::VerifyReads::once : memory::VerifyReads::always;
+  config.verify_reads = *memory::parse_verify_reads(verify_reads);  // choice() took only its names
   // The io: section `strata tune` writes: inline under nvme.io, or the file itself.
   STRATA_ASSIGN_OR_RETURN(std::string io_file, nvme.string("io_file", std::string()));
   if (!io_file.empty() && nvme.has("io"))

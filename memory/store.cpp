@@ -36,7 +36,6 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kFormatName = "strata-store";
-constexpr const char* kManifestTempName = "manifest.json.tmp";
 constexpr uint64_t kMinGranuleBytes = 4096;
 
 uint64_t now_ns() {
@@ -152,6 +151,12 @@ Error corrupt_manifest(const fs::path& path, const std::string& why) {
 uint64_t extent_checksum(const void* data, uint64_t size_bytes) { return XXH3_64bits(data, size_bytes); }
 
 const char* verify_reads_name(VerifyReads mode) { return mode == VerifyReads::once ? "once" : "always"; }
+
+std::optional<VerifyReads> parse_verify_reads(std::string_view name) {
+  if (name == "always") return VerifyReads::always;
+  if (name == "once") return VerifyReads::once;
+  return std::nullopt;
+}
 
 // ------------------------------------------------------------------------------------------
 
@@ -501,7 +506,7 @@ struct Store::Impl {
   // tmp file → fsync → rename → fsync dir: after this returns ok the new manifest is the one
   // any reader (or a restart after a crash) sees.
   [[nodiscard]] Status publish_manifest(const json& manifest) const {
-    const fs::path temp = dir / kManifestTempName;
+    const fs::path temp = dir / kStoreManifestTempName;
     STRATA_RETURN_IF_ERROR(write_file_durably(temp, manifest.dump(1) + "\n"));
     if (::rename(temp.c_str(), manifest_path().c_str()) != 0) {
       return make_errno_error(errno, "rename", manifest_path().string());
@@ -672,8 +677,8 @@ Result<Store> Store::create(const std::string& dir, const std::vector<std::strin
 
   std::vector<std::string> paths;
   if (data_paths.empty()) {
-    paths.push_back((impl->dir / "data.strata").string());
-    impl->manifest_paths.push_back("data.strata");
+    paths.push_back((impl->dir / kStoreDefaultDataName).string());
+    impl->manifest_paths.push_back(kStoreDefaultDataName);
   } else {
     for (const std::string& path : data_paths) {
       const fs::path absolute = fs::absolute(path);
@@ -724,7 +729,7 @@ Result<Store> Store::create(const std::string& dir, const std::vector<std::strin
     impl->volume.reset();
     remove_created();
     std::error_code ignored;
-    fs::remove(impl->dir / kManifestTempName, ignored);
+    fs::remove(impl->dir / kStoreManifestTempName, ignored);
     return status.error();
   }
   return Store(std::move(impl));
@@ -784,7 +789,7 @@ Result<Store> Store::open(const std::string& dir, StoreOptions options) {
     // A temp manifest is a commit that never got renamed into place: it is not the store's
     // state, and the next commit overwrites it anyway.
     std::error_code ignored;
-    fs::remove(impl->dir / kManifestTempName, ignored);
+    fs::remove(impl->dir / kStoreManifestTempName, ignored);
   }
   return Store(std::move(impl));
 }
@@ -978,7 +983,7 @@ Status Store::prepare_commit(uint64_t step, const std::map<std::string, std::str
   }
   // Until finish_commit has renamed it into place, nothing is freed and nothing changes in
   // memory: both versions stay allocated and a retried commit starts over.
-  const fs::path temp = s.dir / kManifestTempName;
+  const fs::path temp = s.dir / kStoreManifestTempName;
   STRATA_RETURN_IF_ERROR(write_file_durably(temp, s.manifest_json(s.generation + 1, step, metadata, next).dump(1) + "\n"));
   s.prepared = Impl::PreparedCommit{std::move(next), std::move(to_free), step, metadata};
   return Status();
@@ -987,7 +992,7 @@ Status Store::prepare_commit(uint64_t step, const std::map<std::string, std::str
 Status Store::finish_commit() {
   Impl& s = *impl_;
   assert(s.prepared.has_value());
-  const fs::path temp = s.dir / kManifestTempName;
+  const fs::path temp = s.dir / kStoreManifestTempName;
   if (::rename(temp.c_str(), s.manifest_path().c_str()) != 0) return make_errno_error(errno, "rename", s.manifest_path().string());
   STRATA_RETURN_IF_ERROR(fsync_dir(s.dir));
   Impl::PreparedCommit prepared = std::move(*s.prepared);
@@ -1002,7 +1007,7 @@ Status Store::finish_commit() {
 }
 
 Result<std::optional<uint64_t>> Store::prepared_commit_step(const std::string& dir) {
-  const fs::path temp = fs::path(dir) / kManifestTempName;
+  const fs::path temp = fs::path(dir) / kStoreManifestTempName;
   std::error_code error;
   if (!fs::exists(temp, error)) return std::optional<uint64_t>();
   std::ifstream in(temp);
@@ -1017,7 +1022,7 @@ Result<std::optional<uint64_t>> Store::prepared_commit_step(const std::string& d
 }
 
 Status Store::roll_forward_prepared_commit(const std::string& dir) {
-  const fs::path temp = fs::path(dir) / kManifestTempName;
+  const fs::path temp = fs::path(dir) / kStoreManifestTempName;
   const fs::path manifest = fs::path(dir) / kStoreManifestName;
   if (::rename(temp.c_str(), manifest.c_str()) != 0) return make_errno_error(errno, "rename", manifest.string());
   return fsync_dir(fs::path(dir));

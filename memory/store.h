@@ -65,6 +65,10 @@ namespace strata::memory {
 
 inline constexpr int kStoreFormatVersion = 1;
 inline constexpr const char* kStoreManifestName = "manifest.json";
+// The other names a store writes in its folder: a commit's manifest before its rename, and the
+// data file of a store created without data paths.
+inline constexpr const char* kStoreManifestTempName = "manifest.json.tmp";
+inline constexpr const char* kStoreDefaultDataName = "data.strata";
 // A manifest holds a few hundred bytes per extent: 256 MiB is ~10^6 extents (16 TiB of state at
 // the default 16 MiB extents). Anything larger is refused before it is read into memory.
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
@@ -80,6 +84,8 @@ uint64_t extent_checksum(const void* data, uint64_t size_bytes);
 // the CPU time of re-hashing: on a two-core box ~9 ms of a core per 64 MiB read (docs/memory.md).
 enum class VerifyReads { always, once };
 const char* verify_reads_name(VerifyReads mode);
+// "always" / "once" → the mode; nullopt for anything else (callers name their key or flag).
+std::optional<VerifyReads> parse_verify_reads(std::string_view name);
 
 using EngineFactory = std::function<Result<std::unique_ptr<io::Engine>>(const io::EngineConfig&)>;
 

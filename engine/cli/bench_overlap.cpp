@@ -134,8 +134,8 @@ Status claim_scratch_dir(const std::string& dir) {
     return make_error(ErrorKind::invalid_argument, fmt::format("--dir {}: exists and is not a folder", dir));
   for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
     const std::string name = it->path().filename().string();
-    const bool store_file = name == memory::kStoreManifestName || name == std::string(memory::kStoreManifestName) + ".tmp" ||
-                            name == "data.strata";
+    const bool store_file = name == memory::kStoreManifestName || name == memory::kStoreManifestTempName ||
+                            name == memory::kStoreDefaultDataName;
     if (!store_file || !it->is_regular_file())
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("--dir {}: holds '{}', which is not a scratch store's; give a new or empty folder",
@@ -199,7 +199,7 @@ Status run_overlap(const OverlapOptions& o) {
   store_options.engine.block_size_bytes = 1 << 20;
   // Each scheduled run opens the store afresh: under `once` its warm-up iteration verifies every
   // layer and the measured one re-reads them trusted — a long generation's steady state.
-  store_options.verify_reads = o.verify_reads == "once" ? memory::VerifyReads::once : memory::VerifyReads::always;
+  store_options.verify_reads = *memory::parse_verify_reads(o.verify_reads);  // IsMember took only its names
   if (!o.compute_only) STRATA_RETURN_IF_ERROR(claim_scratch_dir(o.dir));
   LayerSums layer_sums(o.layers);
   memory::HostArenaOptions arena_options;

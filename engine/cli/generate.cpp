@@ -171,8 +171,7 @@ void add_generate_command(CLI::App& app, CliState& state) {
     o->sampling.progress = !o->json;
     Result<TrainConfig> config = o->model_dir.empty() ? load_train_config(o->config_path) : config_from_flags(*o);
     if (failed(config, state)) return;
-    if (!o->verify_reads.empty())
-      config->verify_reads = o->verify_reads == "once" ? memory::VerifyReads::once : memory::VerifyReads::always;
+    if (!o->verify_reads.empty()) config->verify_reads = *memory::parse_verify_reads(o->verify_reads);  // IsMember
     if (!o->model_dir.empty() && failed(stage_hf_weights(*config, !o->json), state)) return;
     const bool ids = !o->prompt_ids.empty();
     if (ids) o->prompt.clear();

@@ -22,7 +22,11 @@ def empty_aligned(shape, dtype=torch.float32, alignment=4096):
     return raw[offset:offset + size].view(dtype).view(tuple(shape))
 
 
-_VERIFY_READS = {"always": 0, "once": 1}
+def _verify_once(verify_reads):
+    """strata_store_set_verify_once's argument for a verify_reads name."""
+    if verify_reads not in ("always", "once"):
+        raise ValueError(f"verify_reads: {verify_reads!r}; use 'always' or 'once'")
+    return int(verify_reads == "once")
 
 
 class Store:
@@ -34,19 +38,17 @@ class Store:
     def __init__(self, path, *, _handle=None, read_only=False, verify_reads="always"):
         self._h = None
         self.path = str(path)
-        if verify_reads not in _VERIFY_READS:
-            raise ValueError(f"verify_reads: {verify_reads!r}; use 'always' or 'once'")
+        once = _verify_once(verify_reads)  # refused before anything is opened
         handle = ctypes.c_void_p()
         if _handle is None:
             check(lib.strata_store_open(self.path.encode(), int(read_only), ctypes.byref(handle)))
             _handle = handle
         self._h = _handle
-        check(lib.strata_store_set_verify_once(self._h, _VERIFY_READS[verify_reads]))
+        check(lib.strata_store_set_verify_once(self._h, once))
 
     @classmethod
     def create(cls, path, capacity_bytes, *, verify_reads="always"):
-        if verify_reads not in _VERIFY_READS:
-            raise ValueError(f"verify_reads: {verify_reads!r}; use 'always' or 'once'")
+        _verify_once(verify_reads)  # refused before a store is created
         handle = ctypes.c_void_p()
         check(lib.strata_store_create(str(path).encode(), int(capacity_bytes), ctypes.byref(handle)))
         return cls(path, _handle=handle, verify_reads=verify_reads)
