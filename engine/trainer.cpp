@@ -542,8 +542,11 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
     case StepKind::head: {
       const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
       STRATA_ASSIGN_OR_RETURN(const float* ln_f, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
+      // An fp32 run has no widening scratch (widen hands back the parameters as they are), and
+      // an offset from a null pointer is undefined even when nothing reads through it.
+      float* const embed_scratch = scratch == nullptr ? nullptr : scratch + unit.element_count;
       STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params_of(layout_.embed_unit(), 1, buffers),
-                                                        embed_unit.element_count, scratch + unit.element_count));
+                                                        embed_unit.element_count, embed_scratch));
       float* ln_f_grads = grads_of(info.unit, buffers);
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
       STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
