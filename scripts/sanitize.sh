@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Builds strata twice more, instrumented, and runs the suites that can show a bug under each
 # (scripts/test.sh calls this; README "Sanitizers" says why these suites):
-#   build-asan/  gcc, AddressSanitizer + UndefinedBehaviorSanitizer, any finding fatal:
+#   build-asan/  clang, AddressSanitizer + UndefinedBehaviorSanitizer, any finding fatal:
 #                every C++ suite except the CPU-kernel numerics (gpt2, optim), plus the
-#                fuzz replays and `strata train` refusing bad input through the sanitized binary;
+#                fuzz replays and `strata train` refusing bad input through the sanitized binary.
+#                The same folder is the fuzz build (scripts/fuzz.sh): its code also carries
+#                libFuzzer's coverage hooks, so the harnesses link against what is already
+#                built instead of a fourth full compile of the engine (README "CI time");
 #   build-tsan/  gcc, ThreadSanitizer: the threaded suites — io, scheduler (device, scheduler),
 #                memory (the store) — and `strata train` end to end (offloaded GPT-2 and Llama
 #                runs, and a run serving /metrics while it trains), with STRATA_THREADS=1.
 # Usage: scripts/sanitize.sh [asan|tsan]...   (default: both). Exit status: any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/ci_time.sh
 kinds=("$@")
 [ ${#kinds[@]} -eq 0 ] && kinds=(asan tsan)
 
@@ -20,19 +24,22 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 # run instead — see STRATA_THREADS below.
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 
+# build-asan/ is configured in one place for this script and fuzz.sh, so the two never differ.
+source scripts/asan_fuzz.sh
+
 status=0
 for kind in "${kinds[@]}"; do
   case "$kind" in
     asan)
       dir=build-asan
-      options=(-Db_sanitize=address,undefined -Dcpp_args=-fno-sanitize-recover=all -Dc_args=-fno-sanitize-recover=all)
       # train_mutated: the CLI's mutated inputs through the instrumented binary (it found a
       # key with a newline that printed two lines; fixed in report_error).
       suites=(--suite common --suite io --suite memory --suite scheduler --suite fuzz)
       named=(engine_safetensors train_bad_input train_mutated) ;;
     tsan)
       dir=build-tsan
-      options=(-Db_sanitize=thread)
+      # -g1: line tables, all a TSan report's stacks need (scripts/asan_fuzz.sh says why).
+      options=(-Db_sanitize=thread -Dcpp_args=-g1 -Dc_args=-g1)
       # STRATA_THREADS=1 (kernels/compute_threads.h): TBB starts no worker thread, so each
       # kernel runs on the thread that calls it. Debian's libtbb is not instrumented, and the
       # hand-off of a task to a worker happens inside it: with workers, every kernel buffer read
@@ -45,10 +52,10 @@ for kind in "${kinds[@]}"; do
       named=(engine_safetensors train_offload llama_train_offload monitor_metrics) ;;
     *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
   esac
-  if [ ! -f "$dir/build.ninja" ]; then
-    # -Db_lundef=false: the sanitizer runtimes resolve some symbols only at load time.
-    # -Dmpi=disabled: the sanitized binaries never run under mpirun (the zero suite is not among
-    # the selected tests), and Open MPI's libraries stay out of LeakSanitizer's view.
+  if [ "$kind" = asan ]; then
+    setup_asan_fuzz_build
+  elif [ ! -f "$dir/build.ninja" ]; then
+    # -Db_lundef=false and -Dmpi=disabled as for build-asan/ (scripts/asan_fuzz.sh says why).
     meson setup "$dir" -Dcuda=disabled -Dmpi=disabled -Db_lundef=false "${options[@]}" >/dev/null
   fi
   # Only what the selected tests run (their executables and the binaries they are given), not
@@ -72,13 +79,11 @@ for test in json.load(sys.stdin):
             if real in outputs:
                 out.add(os.path.relpath(real, build))
 print("\n".join(sorted(out)))' "$dir" "$(printf '%s\n' "${suites[@]}" | grep -v -- --suite | tr '\n' ' ')" "${named[*]}")
-  ninja -C "$dir" "${targets[@]}"
-  rm -f "$dir"/meson-logs/testlog*.json
-  start=$(date +%s)
+  timed "$kind build" ninja -C "$dir" "${targets[@]}"
+  rm -f "$dir"/meson-logs/testlog-suites.json "$dir"/meson-logs/testlog-named.json
   # Two runs (meson selects by suite or by name, not both); each leaves its own log, which
   # scripts/test.sh counts in its closing line.
-  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-suites "${suites[@]}" || status=1
-  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-named "${named[@]}" || status=1
-  echo "sanitize.sh: $kind suites took $(( $(date +%s) - start )) s"
+  timed "$kind tests" meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-suites "${suites[@]}" || status=1
+  timed "$kind named tests" meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 --logbase testlog-named "${named[@]}" || status=1
 done
 exit $status

@@ -10,7 +10,13 @@ packages=(
   nlohmann-json3-dev libopenblas-dev libcpp-httplib-dev
   fio python3 python3-torch python3-numpy
   prometheus chromium chromium-driver python3-selenium
-  clang libfuzzer-14-dev
+  # clang for the ASan + fuzz build; its sanitizer and libFuzzer runtimes are a package apart
+  # (libclang-rt-14-dev), which a plain Debian 12 lacks.
+  clang libfuzzer-14-dev libclang-rt-14-dev
+  # A compiler cache: a cold run is what CI's budget is set for, but a machine that built
+  # strata before (a developer's, or CI right after a session on the same machine) builds in
+  # minutes. scripts/test.sh makes hits work from any checkout folder.
+  ccache
   libpcre2-dev libsentencepiece-dev libutf8proc-dev python3-sentencepiece nodejs
   openmpi-bin libopenmpi-dev
 )
