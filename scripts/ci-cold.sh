@@ -6,12 +6,18 @@
 # the ci-time table that closes the output — is what README "CI time" records against the
 # 45-minute budget. A maintainer's check (root, debootstrap and the Debian mirror), not a test.
 #
-# Usage: scripts/ci-cold.sh [WORKDIR]   (default /var/tmp/strata-ci-cold; the pristine Debian is
-# kept in WORKDIR/base so a rerun skips debootstrap, and the run's tree is WORKDIR/root).
+# Usage: scripts/ci-cold.sh [--setup-only] [WORKDIR]   (default /var/tmp/strata-ci-cold; the
+# pristine Debian is kept in WORKDIR/base so a rerun skips debootstrap, and the run's tree is
+# WORKDIR/root). --setup-only runs scripts/setup.sh alone: does it install everything?
 # The CUDA toolkit is bind-mounted read-only from /usr/local/cuda when the host has one, as on
 # the CI machine, so the CUDA units are compiled as CI compiles them. Output: WORKDIR/ci.log.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+command='bash .ci/run'
+if [ "${1:-}" = --setup-only ]; then
+  command='bash scripts/setup.sh'
+  shift
+fi
 work=${1:-/var/tmp/strata-ci-cold}
 if [ "$(id -u)" -ne 0 ]; then echo "ci-cold.sh: needs root (debootstrap, chroot, mounts)" >&2; exit 2; fi
 if ! command -v debootstrap >/dev/null; then
@@ -46,16 +52,24 @@ bind /dev "$root/dev"
 bind /dev/pts "$root/dev/pts"
 mount -t tmpfs shm "$root/dev/shm" && mounts+=("$root/dev/shm")
 if [ -d /usr/local/cuda/bin ]; then bind "$(readlink -f /usr/local/cuda)" "$root/usr/local/cuda" ro; fi
-# A machine has a resolver and a hosts file (the browser tests resolve localhost).
+# A machine has a resolver and a hosts file (the browser tests resolve localhost), and trusts
+# what its network needs: local CAs (a network that inspects TLS) go in before setup.sh installs
+# ca-certificates, and npm, which reads Node's own CA list, is pointed at the system's as here.
 cp /etc/resolv.conf /etc/hosts "$root/etc/"
+if [ -d /usr/local/share/ca-certificates ]; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+fi
+trust=()
+if [ -n "${NODE_EXTRA_CA_CERTS:-}" ]; then trust=(NODE_EXTRA_CA_CERTS="$NODE_EXTRA_CA_CERTS"); fi
 
 git clone -q "$repo" "$root/src/strata"
 git -C "$root/src/strata" log --oneline -1
 start=$(date +%s)
 set +e
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 CI=true bash -c 'cd /src/strata && bash .ci/run' </dev/null 2>&1 | tee "$work/ci.log"
+  LANG=C.UTF-8 CI=true "${trust[@]}" bash -c "cd /src/strata && $command" </dev/null 2>&1 | tee "$work/ci.log"
 status=${PIPESTATUS[0]}
 set -e
-echo "ci-cold.sh: .ci/run exited $status after $(( ($(date +%s) - start) / 60 )) minutes (log: $work/ci.log)"
+echo "ci-cold.sh: '$command' exited $status after $(( ($(date +%s) - start) / 60 )) minutes (log: $work/ci.log)"
 exit "$status"
