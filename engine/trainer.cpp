@@ -493,7 +493,7 @@ Status Run::create_scheduler() {
   sch::SchedulerOptions options;
   options.host_budget_bytes = pool_bytes_;
   // The CPU device computes on the host blocks where they lie (docs/scheduler.md).
-  options.compute_in_place = device_->kind() == device::Kind::cpu;
+  options.compute_in_place = device_->memory_is_host();
   options.trace_capacity_events = options_.trace_path.empty() ? 0 : 1 << 20;
   STRATA_ASSIGN_OR_RETURN(scheduler_, sch::Scheduler::create(run_.plan, *device_, *host_arena_, backing_.get(),
                                                              std::move(options)));
@@ -760,7 +760,7 @@ std::vector<size_t> Run::gathered_units(const StepInfo& info) const {
 // synchronized before NCCL's own stream may read the slot.
 Status Run::start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers) {
   const uint32_t param_bytes = dtype_size_bytes(config_.precision);
-  const bool on_cpu = device_->kind() == device::Kind::cpu;
+  const bool on_cpu = device_->memory_is_host();
   const std::vector<size_t>& units = step_gathers_[step_index];
   for (size_t position = 0; position < units.size(); ++position) {
     auto* unit_params = static_cast<std::byte*>(slot.buffer.data()) +

@@ -161,7 +161,7 @@ Status run_overlap(const OverlapOptions& o) {
   // scheduler stages and computes in, less one layer — the device's own buffer when the
   // compute-only reference ran over one layer; kept so the pool, and the figures, stay those
   // of earlier rounds (7 layers of 64 MiB with the defaults).
-  const bool in_place = device_kind == device::Kind::cpu;
+  const bool in_place = device::memory_is_host(device_kind);
   const uint64_t pool_bytes =
       in_place ? host_budget + device_budget - std::min(device_budget, layer_bytes) : host_budget;
 
