@@ -102,8 +102,13 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
         ids.optim.push_back(chunk);
         continue;
       }
-      chunk.tensor = run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
-                                         home_of(config.placement.optimizer));
+      // On the host site the chunk never leaves host memory: the host update reads it where it
+      // lives (engine/trainer.cpp), so it is the host's alone, in no step.
+      chunk.tensor = run.optimizer_site == OptimizerSite::host
+                         ? run.plan.add_host_only_tensor(optim_name(unit, c, chunks.size()),
+                                                         chunks[c].element_count * 12)
+                         : run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
+                                               home_of(config.placement.optimizer));
       ids.optim.push_back(chunk);
     }
     run.units.push_back(std::move(ids));
