@@ -1286,23 +1286,28 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
                           comm::make_world_communicator(comm::CommOptions{true, config.parallel.timeout_s}));
   const int rank = world->rank();
   const int ranks = world->size();
-  // CUDA ranks: gradients and compute copies move between the GPUs over NCCL (engine/zero.h).
+  // Discrete ranks keep gradients and compute copies in device memory (engine/zero.h): CUDA
+  // moves them between the GPUs over NCCL; emulated ranks over the world's MPI, which can read
+  // the emulated region in NCCL's place because it is this process's memory.
   std::unique_ptr<comm::Communicator> gpus;
-  if (ranks > 1 && config.device_kind == "cuda") {
+  comm::Communicator* device_comm = nullptr;
+  if (ranks > 1 && !device::memory_is_host(config.device_kind)) {
     if (optimizer_site(config) == OptimizerSite::host)
       return make_error(ErrorKind::unsupported,
-                        fmt::format("{}: key 'placement.optimizer': host updates on {} CUDA ranks are not wired to ZeRO "
+                        fmt::format("{}: key 'placement.optimizer': host updates on {} {} ranks are not wired to ZeRO "
                                     "in this build; use device or nvme",
-                                    config.source_path, ranks));
-    Result<std::unique_ptr<comm::Communicator>> nccl = comm::make_nccl_communicator(*world);
-    if (!nccl.ok())
-      return make_error(ErrorKind::unsupported,
-                        fmt::format("{}: key 'device.kind': cuda on {} ranks needs NCCL between their GPUs: {}",
-                                    config.source_path, ranks, nccl.error().message));
-    gpus = std::move(nccl).value();
-  } else if (ranks > 1 && config.device_kind != "cpu") {
-    return make_error(ErrorKind::unsupported, fmt::format("{}: key 'device.kind': ZeRO runs on cpu or cuda ranks",
-                                                          config.source_path));
+                                    config.source_path, ranks, config.device_kind));
+    if (config.device_kind == "cuda") {
+      Result<std::unique_ptr<comm::Communicator>> nccl = comm::make_nccl_communicator(*world);
+      if (!nccl.ok())
+        return make_error(ErrorKind::unsupported,
+                          fmt::format("{}: key 'device.kind': cuda on {} ranks needs NCCL between their GPUs: {}",
+                                      config.source_path, ranks, nccl.error().message));
+      gpus = std::move(nccl).value();
+      device_comm = gpus.get();
+    } else {
+      device_comm = world.get();
+    }
   }
   STRATA_ASSIGN_OR_RETURN(TrainConfig mine, config_for_rank(config, rank, ranks));
   STRATA_RETURN_IF_ERROR(reslice_if_needed(*world, config, options.resume));  // committed by another N
@@ -1314,7 +1319,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
     if (!options.metrics_path.empty()) rank_options.metrics_path += fmt::format(".rank{}", rank);
     if (!options.trace_path.empty()) rank_options.trace_path += fmt::format(".rank{}", rank);
   }
-  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size, gpus.get());
+  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size, device_comm);
   Result<TrainSummary> summary = [&] {
     Run run(mine, rank_options, &zero);
     return run.execute();
