@@ -26,7 +26,9 @@ class CpuBackend final : public ComputeBackend {
   CpuBackend(device::Device& device, device::Stream stream) : device_(device), stream_(std::move(stream)) {}
 
   const char* name() const override { return "cpu"; }
-  bool is_host() const override { return true; }
+  // The ops' memory is the device's: host memory on the cpu device; on emulated the region
+  // stands for a GPU's, which callers must not read on the host (they copy, as on CUDA).
+  bool is_host() const override { return device_.memory_is_host(); }
   device::Stream& compute_stream() override { return stream_; }
   size_t workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) const override {
     return gk::workspace_size_bytes(config, max_shape);
