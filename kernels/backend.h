@@ -223,9 +223,9 @@ class ComputeBackend {
   ComputeBackend() = default;
 };
 
-// The backend for `device`'s kind (cpu or cuda), sized for batches up to `max_shape`. It
-// creates its compute stream on the device and, on CUDA, takes `fixed_device_bytes` from the
-// device's budget. The device must outlive it.
+// The backend for `device`'s kind (cpu and emulated: the CPU backend; cuda: the CUDA one),
+// sized for batches up to `max_shape`. It creates its compute stream on the device and, on
+// CUDA, takes `fixed_device_bytes` from the device's budget. The device must outlive it.
 [[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device,
                                                                    const gpt2::BatchShape& max_shape);
 

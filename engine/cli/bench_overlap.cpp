@@ -424,7 +424,7 @@ void add_bench_overlap_command(CLI::App& bench, CliState& state) {
   command->add_option("--compute-ratio", options->compute_ratio, "compute / I/O time when --compute-ms is 0")
       ->capture_default_str();
   command->add_option("--dir", options->dir, "scratch store folder, removed after (an existing one may hold only a scratch store)")->capture_default_str();
-  command->add_option("--device", options->device, "device kind the backend computes on: cpu or cuda")
+  command->add_option("--device", options->device, "device kind the backend computes on: cpu, cuda or emulated")
       ->capture_default_str();
   command->add_option("--device-budget", options->device_budget, "device memory budget")->capture_default_str();
   command->add_option("--host-budget", options->host_budget, "pinned host budget (below the model: data streams)")
