@@ -353,7 +353,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                        2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
                                        device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
                                        kernels::fixed_device_bytes(kind, gk::BatchShape{1, max_rows});
-  const bool one_pool = kind == device::Kind::cpu;
+  const bool one_pool = device::memory_is_host(kind);
   uint64_t weights_in_pool_bytes = 0;  // as the scheduler places them
   for (const Unit& unit : layout.units()) weights_in_pool_bytes += align_up(unit.element_count * element_bytes, 4096);
   const uint64_t both_budgets_bytes = config.host_memory_bytes + config.device_memory_bytes;

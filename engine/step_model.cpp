@@ -448,7 +448,8 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "predicted step time        {:8.2f} s  ({}-bound; {:.0f} tokens/s)", p.step_s, p.bound,
        static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len) / p.step_s);
   // What was measured and what assumed, when the kernels did not run where the config trains.
-  if (config.device_kind != rates.backend)
+  // Only cuda's kernels can be missing here: emulated runs the CPU backend by design.
+  if (config.device_kind == "cuda" && rates.backend != "cuda")
     append_line(out, "note: device.kind is {} but the kernels were timed on the {} backend (no {} device here): the "
                 "compute figures are assumed from it, only the I/O figures{} apply to the run",
                 config.device_kind, rates.backend, config.device_kind, p.tuned ? " (measured by strata tune)" : "");

@@ -8,6 +8,7 @@
 #include "engine/generate.h"
 #include "engine/hf/hf.h"
 #include "engine/monitor/monitor.h"
+#include "memory/device/device.h"
 
 namespace strata {
 
@@ -194,7 +195,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   config.precision = precision == "fp32" ? DType::f32 : DType::bf16;
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode device, root.child("device"));
-  STRATA_READ(config.device_kind, device.choice("kind", {"cpu", "cuda"}, "cpu"));
+  STRATA_READ(config.device_kind, device.choice("kind", {"cpu", "cuda", "emulated"}, "cpu"));
   STRATA_READ(config.device_memory_bytes, device.size("memory", 256ull << 20, 1u << 20));
   STRATA_RETURN_IF_ERROR(device.finish());
 
@@ -284,7 +285,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
 uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
   // The memory optimizer chunks stream through: on the CPU device the budgets are one pool
   // (docs/train.md); elsewhere a chunk is staged in host memory and updated on the device.
-  const uint64_t pool_bytes = config.device_kind == "cpu" ? config.host_memory_bytes + config.device_memory_bytes
+  const uint64_t pool_bytes = device::memory_is_host(config.device_kind) ? config.host_memory_bytes + config.device_memory_bytes
                                                           : std::min(config.host_memory_bytes, config.device_memory_bytes);
   // A sixteenth of it per chunk ([master | m | v], 12 bytes an element): several chunks are
   // in flight beside the parameters and gradients of the unit being updated, so the drive

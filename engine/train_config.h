@@ -111,7 +111,7 @@ struct TrainConfig {
   uint64_t steps = 200;
   OptimizerConfig optimizer;
   DType precision = DType::bf16;  // fp32, or bf16 weights with fp32 accumulate and master
-  std::string device_kind = "cpu";  // cpu | cuda
+  std::string device_kind = "cpu";  // cpu | cuda | emulated (memory/device/device.h)
   uint64_t device_memory_bytes = 256ull << 20;
   uint64_t host_memory_bytes = 512ull << 20;
   std::vector<std::string> nvme_paths;  // the store lives in the first; one file per path; {rank}: per rank

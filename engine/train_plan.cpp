@@ -1,6 +1,7 @@
 #include "engine/train_plan.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include <fmt/format.h>
 
@@ -33,19 +34,22 @@ sch::Home home_of(Tier tier) { return tier == Tier::nvme ? sch::Home::nvme : sch
 const char* optimizer_site_name(OptimizerSite site) { return site == OptimizerSite::host ? "host" : "device"; }
 
 OptimizerSite optimizer_site(const TrainConfig& config) {
-  return config.device_kind == "cuda" && config.placement.optimizer == Tier::host ? OptimizerSite::host
-                                                                                   : OptimizerSite::device;
+  // Host memory computed on in place is already where a host update would run.
+  return !device::memory_is_host(config.device_kind) && config.placement.optimizer == Tier::host
+             ? OptimizerSite::host
+             : OptimizerSite::device;
 }
 
 std::string optimizer_site_reason(const TrainConfig& config) {
-  if (config.device_kind != "cuda") return "the CPU backend updates the state in place";
+  if (device::memory_is_host(config.device_kind)) return "the CPU backend updates the state in place";
   switch (config.placement.optimizer) {
-    case Tier::device: return "CUDA AdamW on the device-homed state";
+    case Tier::device: return "the device's AdamW on the device-homed state";
     case Tier::host:
       return config.optimizer.grad_clip > 0
                  ? "CPU AdamW on the host-homed state, gradients device→host; after the global norm (grad_clip)"
                  : "CPU AdamW on the host-homed state, gradients device→host, overlapped with the next backward";
-    case Tier::nvme: return "CUDA AdamW: NVMe-homed state is staged through the device (no NVMe→host-only step yet)";
+    case Tier::nvme:
+      return "the device's AdamW: NVMe-homed state is staged through the device (no NVMe→host-only step yet)";
   }
   return "";
 }
@@ -98,8 +102,13 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
         ids.optim.push_back(chunk);
         continue;
       }
-      chunk.tensor = run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
-                                         home_of(config.placement.optimizer));
+      // On the host site the chunk never leaves host memory: the host update reads it where it
+      // lives (engine/trainer.cpp), so it is the host's alone, in no step.
+      chunk.tensor = run.optimizer_site == OptimizerSite::host
+                         ? run.plan.add_host_only_tensor(optim_name(unit, c, chunks.size()),
+                                                         chunks[c].element_count * 12)
+                         : run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
+                                               home_of(config.placement.optimizer));
       ids.optim.push_back(chunk);
     }
     run.units.push_back(std::move(ids));
@@ -230,7 +239,9 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
   kernels::gpt2::BatchShape shape{config.batch_size, config.model.seq_len};
   // The backend's workspace for this device kind (CUDA's grows with T²) and the fixed buffers
   // make_backend takes beside it, each rounded as the device rounds an allocation.
-  const device::Kind kind = config.device_kind == "cuda" ? device::Kind::cuda : device::Kind::cpu;
+  Result<device::Kind> parsed = device::parse_kind(config.device_kind);
+  assert(parsed.ok());  // device.kind is checked when the config is read
+  const device::Kind kind = parsed.ok() ? *parsed : device::Kind::cpu;
   sizes.workspace_bytes = align_up(layout.definition().workspace_size_bytes(kind, shape),
                                    device::kDeviceAlignmentBytes);
   if (const uint64_t fixed = kernels::fixed_device_bytes(kind, shape); fixed > 0)
@@ -264,7 +275,7 @@ uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayo
 RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run) {
   RunBudgets budgets;
   budgets.scratch_bytes = device_scratch(config, layout, run).total();
-  budgets.one_pool = config.device_kind == "cpu";
+  budgets.one_pool = device::memory_is_host(config.device_kind);
   if (!budgets.one_pool) {
     budgets.device_region_bytes = config.device_memory_bytes;
     budgets.pool_bytes = config.host_memory_bytes;

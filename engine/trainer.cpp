@@ -493,7 +493,7 @@ Status Run::create_scheduler() {
   sch::SchedulerOptions options;
   options.host_budget_bytes = pool_bytes_;
   // The CPU device computes on the host blocks where they lie (docs/scheduler.md).
-  options.compute_in_place = device_->kind() == device::Kind::cpu;
+  options.compute_in_place = device_->memory_is_host();
   options.trace_capacity_events = options_.trace_path.empty() ? 0 : 1 << 20;
   STRATA_ASSIGN_OR_RETURN(scheduler_, sch::Scheduler::create(run_.plan, *device_, *host_arena_, backing_.get(),
                                                              std::move(options)));
@@ -763,7 +763,7 @@ std::vector<size_t> Run::gathered_units(const StepInfo& info) const {
 // synchronized before NCCL's own stream may read the slot.
 Status Run::start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers) {
   const uint32_t param_bytes = dtype_size_bytes(config_.precision);
-  const bool on_cpu = device_->kind() == device::Kind::cpu;
+  const bool on_cpu = device_->memory_is_host();
   const std::vector<size_t>& units = step_gathers_[step_index];
   for (size_t position = 0; position < units.size(); ++position) {
     auto* unit_params = static_cast<std::byte*>(slot.buffer.data()) +
@@ -1289,23 +1289,28 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
                           comm::make_world_communicator(comm::CommOptions{true, config.parallel.timeout_s}));
   const int rank = world->rank();
   const int ranks = world->size();
-  // CUDA ranks: gradients and compute copies move between the GPUs over NCCL (engine/zero.h).
+  // Discrete ranks keep gradients and compute copies in device memory (engine/zero.h): CUDA
+  // moves them between the GPUs over NCCL; emulated ranks over the world's MPI, which can read
+  // the emulated region in NCCL's place because it is this process's memory.
   std::unique_ptr<comm::Communicator> gpus;
-  if (ranks > 1 && config.device_kind == "cuda") {
+  comm::Communicator* device_comm = nullptr;
+  if (ranks > 1 && !device::memory_is_host(config.device_kind)) {
     if (optimizer_site(config) == OptimizerSite::host)
       return make_error(ErrorKind::unsupported,
-                        fmt::format("{}: key 'placement.optimizer': host updates on {} CUDA ranks are not wired to ZeRO "
+                        fmt::format("{}: key 'placement.optimizer': host updates on {} {} ranks are not wired to ZeRO "
                                     "in this build; use device or nvme",
-                                    config.source_path, ranks));
-    Result<std::unique_ptr<comm::Communicator>> nccl = comm::make_nccl_communicator(*world);
-    if (!nccl.ok())
-      return make_error(ErrorKind::unsupported,
-                        fmt::format("{}: key 'device.kind': cuda on {} ranks needs NCCL between their GPUs: {}",
-                                    config.source_path, ranks, nccl.error().message));
-    gpus = std::move(nccl).value();
-  } else if (ranks > 1 && config.device_kind != "cpu") {
-    return make_error(ErrorKind::unsupported, fmt::format("{}: key 'device.kind': ZeRO runs on cpu or cuda ranks",
-                                                          config.source_path));
+                                    config.source_path, ranks, config.device_kind));
+    if (config.device_kind == "cuda") {
+      Result<std::unique_ptr<comm::Communicator>> nccl = comm::make_nccl_communicator(*world);
+      if (!nccl.ok())
+        return make_error(ErrorKind::unsupported,
+                          fmt::format("{}: key 'device.kind': cuda on {} ranks needs NCCL between their GPUs: {}",
+                                      config.source_path, ranks, nccl.error().message));
+      gpus = std::move(nccl).value();
+      device_comm = gpus.get();
+    } else {
+      device_comm = world.get();
+    }
   }
   STRATA_ASSIGN_OR_RETURN(TrainConfig mine, config_for_rank(config, rank, ranks));
   STRATA_RETURN_IF_ERROR(reslice_if_needed(*world, config, options.resume));  // committed by another N
@@ -1317,7 +1322,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
     if (!options.metrics_path.empty()) rank_options.metrics_path += fmt::format(".rank{}", rank);
     if (!options.trace_path.empty()) rank_options.trace_path += fmt::format(".rank{}", rank);
   }
-  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size, gpus.get());
+  ZeroStep zero(*world, ModelLayout(mine.model), mine, config.batch_size, device_comm);
   Result<TrainSummary> summary = [&] {
     Run run(mine, rank_options, &zero);
     return run.execute();

@@ -36,6 +36,9 @@
 // sum into AdamW's grad_scale = clip factor / N — the same update as averaging first. NCCL's own
 // reduction order applies (not rank order): such runs are deterministic for a fixed N and
 // topology, not bit-identical to MPI ranks. Not run in this repository's CI (no GPUs).
+// Emulated ranks (device.kind: emulated) take the same device-tensor path with the world's MPI
+// communicator as `device_comm` (their device region is the process's own memory), so ZeRO's
+// discrete branches run on machines without a GPU.
 //
 // Threads: the Run's thread only (comm/ is MPI_THREAD_SERIALIZED). The CPU device's stream is
 // synchronized before a collective reads or writes a step buffer.

@@ -10,6 +10,7 @@ namespace strata::kernels {
 Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device, const gpt2::BatchShape& max_shape) {
   switch (device.kind()) {
     case device::Kind::cpu:
+    case device::Kind::emulated:  // a discrete device whose kernels are the CPU's (device.h)
       return make_cpu_backend(device);
     case device::Kind::cuda:
 #if STRATA_HAVE_CUDA
@@ -152,16 +153,21 @@ Status ComputeBackend::llama_head_logits_bf16(const llama::Config& config, int64
   return Status();
 }
 
+namespace {
+// Sizes follow the kernels that run, not the device: emulated runs the CPU backend.
+bool runs_cpu_kernels(device::Kind kind) { return kind != device::Kind::cuda; }
+}  // namespace
+
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config) {
-  return kind == device::Kind::cpu ? gpt2::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
+  return runs_cpu_kernels(kind) ? gpt2::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
 }
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config) {
-  return kind == device::Kind::cpu ? llama::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
+  return runs_cpu_kernels(kind) ? llama::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
 }
 
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
-  if (kind == device::Kind::cuda) return cuda_workspace_size_bytes(config, max_shape);
+  if (!runs_cpu_kernels(kind)) return cuda_workspace_size_bytes(config, max_shape);
 #endif
   (void)kind;
   return gpt2::workspace_size_bytes(config, max_shape);
@@ -169,7 +175,7 @@ size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const
 
 size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
-  if (kind == device::Kind::cuda) return cuda_llama_workspace_size_bytes(config, max_shape);
+  if (!runs_cpu_kernels(kind)) return cuda_llama_workspace_size_bytes(config, max_shape);
 #endif
   (void)kind;
   return llama::workspace_size_bytes(config, max_shape);
@@ -178,7 +184,7 @@ size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, cons
 size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,
                                    int64_t max_positions) {
 #if STRATA_HAVE_CUDA
-  if (kind == device::Kind::cuda) return cuda_decode_workspace_size_bytes(config, max_rows, max_positions);
+  if (!runs_cpu_kernels(kind)) return cuda_decode_workspace_size_bytes(config, max_rows, max_positions);
 #endif
   (void)kind;
   return gpt2::decode_workspace_size_bytes(config, max_rows, max_positions);
@@ -187,7 +193,7 @@ size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config
 size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& config, int64_t max_rows,
                                    int64_t max_positions) {
 #if STRATA_HAVE_CUDA
-  if (kind == device::Kind::cuda) return cuda_decode_workspace_size_bytes(config, max_rows, max_positions);
+  if (!runs_cpu_kernels(kind)) return cuda_decode_workspace_size_bytes(config, max_rows, max_positions);
 #endif
   (void)kind;
   return llama::decode_workspace_size_bytes(config, max_rows, max_positions);
@@ -195,7 +201,7 @@ size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& confi
 
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
-  if (kind == device::Kind::cuda) return cuda_fixed_device_bytes(max_shape);
+  if (!runs_cpu_kernels(kind)) return cuda_fixed_device_bytes(max_shape);
 #endif
   (void)kind;
   (void)max_shape;

@@ -9,7 +9,8 @@
 // - Memory: every pointer an op takes is memory of the backend's device — a `DeviceBuffer` of
 //   the device, or a tensor the scheduler handed out (`StepBuffers::device_data`). `is_host()`
 //   says whether that memory is also host memory (ggml's buffer-type `is_host`): true on the
-//   CPU backend, false on CUDA, where only the device may dereference it. The caller owns every
+//   CPU backend of the cpu device; false on CUDA, where only the device may dereference it, and
+//   on the CPU backend of the emulated device, which stands for one (memory/device/device.h). The caller owns every
 //   buffer and keeps it alive and untouched until the stream has reached the op (ordering below).
 //   Ops allocate nothing. `make_backend` takes its few fixed buffers (CUDA: tokens, targets, the
 //   step scalars and the sum-of-squares scratch, `fixed_device_bytes`) from the device once.
@@ -20,7 +21,9 @@
 //   they are unpinned only once the stream has run the step's ops. The CPU backend runs each op
 //   on the calling thread before returning (its stream is then trivially past it — the
 //   cheapest correct order on a CPU, and the one that keeps its results bit-identical to the
-//   kernels called directly); the CUDA backend launches kernels on its cudaStream_t.
+//   kernels called directly) — on a discrete (emulated) device after first waiting for what
+//   the caller enqueued on that stream, as a launched kernel would; the CUDA backend launches
+//   kernels on its cudaStream_t.
 // - The step and its scalars: `begin_step` gives the batch's tokens and targets (host memory,
 //   untouched until `end_step` returns) and clears the step's loss and gradient sum — not the
 //   clip coefficient, which interleaved updates (engine/train_plan.h) take at the end of one
@@ -89,7 +92,7 @@ class ComputeBackend {
   ComputeBackend(const ComputeBackend&) = delete;
   ComputeBackend& operator=(const ComputeBackend&) = delete;
 
-  virtual const char* name() const = 0;  // "cpu", "cuda"
+  virtual const char* name() const = 0;  // "cpu" (also on emulated), "cuda"
   // Whether the memory the ops take is host memory (see the contract).
   virtual bool is_host() const = 0;
   // The stream the ops run on: hand it to Scheduler::release_after.
@@ -220,9 +223,9 @@ class ComputeBackend {
   ComputeBackend() = default;
 };
 
-// The backend for `device`'s kind (cpu or cuda), sized for batches up to `max_shape`. It
-// creates its compute stream on the device and, on CUDA, takes `fixed_device_bytes` from the
-// device's budget. The device must outlive it.
+// The backend for `device`'s kind (cpu and emulated: the CPU backend; cuda: the CUDA one),
+// sized for batches up to `max_shape`. It creates its compute stream on the device and, on
+// CUDA, takes `fixed_device_bytes` from the device's budget. The device must outlive it.
 [[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device,
                                                                    const gpt2::BatchShape& max_shape);
 

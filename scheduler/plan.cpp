@@ -22,6 +22,11 @@ TensorId AccessPlan::add_tensor(std::string name, uint64_t size_bytes, Home home
   return static_cast<TensorId>(tensors_.size() - 1);
 }
 
+TensorId AccessPlan::add_host_only_tensor(std::string name, uint64_t size_bytes) {
+  tensors_.push_back(PlanTensor{std::move(name), size_bytes, Home::host, true});
+  return static_cast<TensorId>(tensors_.size() - 1);
+}
+
 size_t AccessPlan::add_step(std::string name, std::vector<TensorId> reads, std::vector<TensorId> writes) {
   steps_.push_back(PlanStep{std::move(name), std::move(reads), std::move(writes)});
   return steps_.size() - 1;
@@ -61,8 +66,14 @@ Status AccessPlan::validate() const {
         used[id] = true;
       }
   }
-  for (size_t id = 0; id < tensors_.size(); ++id)
-    if (!used[id]) return bad(fmt::format("plan tensor '{}' is used by no step", tensors_[id].name));
+  // A tensor no step uses is a plan that forgot it, unless it says it is the host's alone; then
+  // a step naming it would move state the host updates in place.
+  for (size_t id = 0; id < tensors_.size(); ++id) {
+    if (tensors_[id].host_only && used[id])
+      return bad(fmt::format("plan tensor '{}' is host-only but a step uses it", tensors_[id].name));
+    if (!tensors_[id].host_only && !used[id])
+      return bad(fmt::format("plan tensor '{}' is used by no step", tensors_[id].name));
+  }
   return Status();
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -212,6 +213,9 @@ void Residency::free_all_host() {
 
 // Steps from `from_abs` to the next use of the tensor (0: the step at from_abs uses it).
 uint64_t Residency::distance(const Book& book, uint64_t from_abs) const {
+  // A host-only tensor (PlanTensor::host_only) is used by no step: its next use never comes.
+  // Far, but not so far that the ranks' `d += n()` could wrap.
+  if (book.uses.empty()) return std::numeric_limits<uint64_t>::max() / 4;
   const uint32_t position = static_cast<uint32_t>(from_abs % n());
   auto it = std::lower_bound(book.uses.begin(), book.uses.end(), position);
   if (it != book.uses.end()) return *it - position;
@@ -220,6 +224,7 @@ uint64_t Residency::distance(const Book& book, uint64_t from_abs) const {
 
 // Whether the next use at or after `from_abs` writes the tensor.
 bool Residency::next_use_writes(const Book& book, uint64_t from_abs) const {
+  if (book.uses.empty()) return false;  // host-only: no step writes it
   const uint32_t position = static_cast<uint32_t>(from_abs % n());
   auto it = std::lower_bound(book.uses.begin(), book.uses.end(), position);
   const size_t index = it != book.uses.end() ? static_cast<size_t>(it - book.uses.begin()) : 0;

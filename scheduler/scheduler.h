@@ -79,6 +79,10 @@ struct PlanTensor {
   std::string name;
   uint64_t size_bytes = 0;
   Home home = Home::nvme;
+  // Host-homed state that only the host reaches (begin_host_access), never a step: it holds its
+  // host block for the scheduler's life and no step may name it — e.g. optimizer state that a
+  // host-side update reads where it lives while the device computes (engine/train_plan.h).
+  bool host_only = false;
 };
 
 struct PlanStep {
@@ -90,6 +94,8 @@ struct PlanStep {
 class AccessPlan {
  public:
   TensorId add_tensor(std::string name, uint64_t size_bytes, Home home = Home::nvme);
+  // A host-homed tensor that no step uses (PlanTensor::host_only).
+  TensorId add_host_only_tensor(std::string name, uint64_t size_bytes);
   // Returns the step's index. Ids must come from add_tensor (checked by validate).
   size_t add_step(std::string name, std::vector<TensorId> reads, std::vector<TensorId> writes = {});
 
@@ -100,7 +106,8 @@ class AccessPlan {
   std::vector<TensorId> step_tensors(size_t step) const;
   // Bytes of those tensors, each rounded up to `alignment_bytes`.
   uint64_t step_bytes(size_t step, uint64_t alignment_bytes = 1) const;
-  // Non-empty, ids in range, each tensor used by some step, sizes > 0, names unique.
+  // Non-empty, ids in range, sizes > 0, names unique, each tensor used by some step except
+  // host-only ones, which no step may use.
   [[nodiscard]] Status validate() const;
 
  private:

@@ -161,7 +161,7 @@ Status run_overlap(const OverlapOptions& o) {
   // scheduler stages and computes in, less one layer — the device's own buffer when the
   // compute-only reference ran over one layer; kept so the pool, and the figures, stay those
   // of earlier rounds (7 layers of 64 MiB with the defaults).
-  const bool in_place = device_kind == device::Kind::cpu;
+  const bool in_place = device::memory_is_host(device_kind);
   const uint64_t pool_bytes =
       in_place ? host_budget + device_budget - std::min(device_budget, layer_bytes) : host_budget;
 
@@ -424,7 +424,7 @@ void add_bench_overlap_command(CLI::App& bench, CliState& state) {
   command->add_option("--compute-ratio", options->compute_ratio, "compute / I/O time when --compute-ms is 0")
       ->capture_default_str();
   command->add_option("--dir", options->dir, "scratch store folder, removed after (an existing one may hold only a scratch store)")->capture_default_str();
-  command->add_option("--device", options->device, "device kind the backend computes on: cpu or cuda")
+  command->add_option("--device", options->device, "device kind the backend computes on: cpu, cuda or emulated")
       ->capture_default_str();
   command->add_option("--device-budget", options->device_budget, "device memory budget")->capture_default_str();
   command->add_option("--host-budget", options->host_budget, "pinned host budget (below the model: data streams)")

@@ -44,10 +44,13 @@ void add_plan_command(CLI::App& app, CliState& state) {
     TrainPlan run = build_train_plan(*config, layout);
     if (failed(check_budgets(*config, layout, run), state)) return;
     // The kernels are timed on a device of the run's budget, as the run would have it.
-    // On the config's device kind where this machine has one; otherwise on the CPU, and the plan
-    // says its compute figures are assumed from there.
-    const device::Kind kind = config->device_kind == "cuda" && device::cuda_device_count() > 0 ? device::Kind::cuda
-                                                                                                : device::Kind::cpu;
+    // On the config's device kind where this machine has one (cpu and emulated always; cuda with
+    // a GPU); otherwise on the CPU, and the plan says its compute figures are assumed from there.
+    Result<device::Kind> config_kind = device::parse_kind(config->device_kind);
+    if (failed(config_kind, state)) return;
+    const device::Kind kind = *config_kind == device::Kind::cuda && device::cuda_device_count() == 0
+                                  ? device::Kind::cpu
+                                  : *config_kind;
     Result<std::unique_ptr<device::Device>> device =
         device::make_device(kind, run_budgets(*config, layout).timing_device_bytes);
     if (failed(device, state)) return;

@@ -1,7 +1,11 @@
 // The CPU backend (backend.h): kernels/gpt2 and kernels/optim called on the calling thread, in
 // the order the trainer called them before the seam, so the results are the same bits. Each op
-// has run when it returns; the compute stream exists only so that callers can order the
-// scheduler's releases after "the ops so far" the same way on every backend.
+// has run when it returns; on the CPU device the compute stream exists only so that callers can
+// order the scheduler's releases after "the ops so far" the same way on every backend. On a
+// discrete device (emulated) the callers also enqueue copies and stream waits on the compute
+// stream, as they do on CUDA, and expect the next op to run after them: so there each op first
+// waits for the work already on the stream (`in_stream_order`) — a kernel launched on a CUDA
+// stream would wait for it the same way.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,13 +26,16 @@ class CpuBackend final : public ComputeBackend {
   CpuBackend(device::Device& device, device::Stream stream) : device_(device), stream_(std::move(stream)) {}
 
   const char* name() const override { return "cpu"; }
-  bool is_host() const override { return true; }
+  // The ops' memory is the device's: host memory on the cpu device; on emulated the region
+  // stands for a GPU's, which callers must not read on the host (they copy, as on CUDA).
+  bool is_host() const override { return device_.memory_is_host(); }
   device::Stream& compute_stream() override { return stream_; }
   size_t workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) const override {
     return gk::workspace_size_bytes(config, max_shape);
   }
 
   Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     (void)rows;  // host memory: the kernels read the caller's arrays in place
     tokens_ = tokens;
     targets_ = targets;
@@ -42,32 +49,44 @@ class CpuBackend final : public ComputeBackend {
     return scalars_;
   }
   Status synchronize() override { return device_.synchronize(stream_); }
+
+ private:
+  // See the top of this file. Not on the CPU device: nothing an op must wait for is ever
+  // enqueued there, and a wait per op would cost each of them a round trip to the worker.
+  Status in_stream_order() { return device_.memory_is_host() ? Status() : device_.synchronize(stream_); }
+
+ public:
   Result<double> grad_sum_squares_now() override { return scalars_.grad_sum_squares; }
 
   Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte,
                            const float* wpe, float* x0) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::embedding_forward(config, shape, tokens_, wte, wpe, x0);
     return Status();
   }
   Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
                             float* d_wpe) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::embedding_backward(config, shape, tokens_, d_x0, d_wte, d_wpe);
     return Status();
   }
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                        const float* x_in, float* x_out, const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::block_forward(config, shape, weights, x_in, x_out, workspace);
     return Status();
   }
   Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                         const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
                         const gk::Workspace& workspace, bool recompute) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
     return Status();
   }
   Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
                                const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     scalars_.loss = gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
     return Status();
   }
@@ -77,63 +96,74 @@ class CpuBackend final : public ComputeBackend {
   }
   Status llama_embedding_forward(const llama::Config& config, const gk::BatchShape& shape, const float* embed,
                                  float* x0) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::embedding_forward(config, shape, tokens_, embed, x0);
     return Status();
   }
   Status llama_embedding_backward(const llama::Config& config, const gk::BatchShape& shape, const float* d_x0,
                                   float* d_embed) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::embedding_backward(config, shape, tokens_, d_x0, d_embed);
     return Status();
   }
   Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
                              const llama::BlockWeights& weights, const float* x_in, float* x_out,
                              const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::block_forward(config, shape, weights, x_in, x_out, workspace);
     return Status();
   }
   Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
                               const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
                               const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
     return Status();
   }
   Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
                                      const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
                                      const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     scalars_.loss = llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
     return Status();
   }
 
   Status embedding_decode(const gk::Config& config, int64_t past, int64_t rows, const int32_t* tokens,
                           const float* wte, const float* wpe, float* x0) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::embedding_decode(config, past, rows, tokens, wte, wpe, x0);
     return Status();
   }
   Status block_decode(const gk::Config& config, int64_t past, int64_t rows, const gk::BlockWeights& weights,
                       const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
                       const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace);
     return Status();
   }
   Status head_logits(const gk::Config& config, int64_t rows, const gk::HeadWeights& weights, const float* x_final,
                      float* logits, const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::head_decode(config, rows, weights, x_final, logits, workspace);
     return Status();
   }
 
   Status llama_embedding_decode(const llama::Config& config, int64_t rows, const int32_t* tokens, const float* embed,
                                 float* x0) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::embedding_decode(config, rows, tokens, embed, x0);
     return Status();
   }
   Status llama_block_decode(const llama::Config& config, int64_t past, int64_t rows, const llama::BlockWeights& weights,
                             const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
                             const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace);
     return Status();
   }
   Status llama_head_logits(const llama::Config& config, int64_t rows, const llama::HeadWeights& weights,
                            const float* x_final, float* logits, const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::head_decode(config, rows, weights, x_final, logits, workspace);
     return Status();
   }
@@ -144,12 +174,14 @@ class CpuBackend final : public ComputeBackend {
   Status block_decode_bf16(const gk::Config& config, int64_t past, int64_t rows, const gk::BlockWeightsBf16& weights,
                            const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
                            const gk::Workspace& workspace, const gk::Workspace& scratch) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace, scratch);
     return Status();
   }
   Status head_logits_bf16(const gk::Config& config, int64_t rows, const gk::HeadWeightsBf16& weights,
                           const float* x_final, float* logits, const gk::Workspace& workspace,
                           const gk::Workspace& scratch) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     gk::head_decode(config, rows, weights, x_final, logits, workspace, scratch);
     return Status();
   }
@@ -160,41 +192,50 @@ class CpuBackend final : public ComputeBackend {
                                  const llama::BlockWeightsBf16& weights, const float* x_in, float* x_out,
                                  const gk::KvCacheBlock& cache, const gk::Workspace& workspace,
                                  const gk::Workspace& scratch) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::block_decode(config, past, rows, weights, x_in, x_out, cache, workspace, scratch);
     return Status();
   }
   Status llama_head_logits_bf16(const llama::Config& config, int64_t rows, const llama::HeadWeightsBf16& weights,
                                 const float* x_final, float* logits, const gk::Workspace& workspace,
                                 const gk::Workspace& scratch) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     llama::head_decode(config, rows, weights, x_final, logits, workspace, scratch);
     return Status();
   }
 
   Status zero(float* values, uint64_t count) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     std::fill(values, values + count, 0.0f);
     return Status();
   }
   Status copy(void* dst, const void* src, uint64_t size_bytes) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     std::memcpy(dst, src, size_bytes);
     return Status();
   }
   Status cast_bf16_to_fp32(const uint16_t* src, float* dst, uint64_t count) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     kernels::cast_bf16_to_fp32(std::span<const uint16_t>(src, count), std::span<float>(dst, count));
     return Status();
   }
   Status cast_fp32_to_bf16(const float* src, uint16_t* dst, uint64_t count) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     kernels::cast_fp32_to_bf16(std::span<const float>(src, count), std::span<uint16_t>(dst, count));
     return Status();
   }
   Status sum_squares(const float* values, uint64_t count) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     scalars_.grad_sum_squares += kernels::sum_squares(std::span<const float>(values, count));
     return Status();
   }
   Status clip_coefficient(double max_norm) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     clip_scale_ = kernels::clip_coefficient(std::sqrt(scalars_.grad_sum_squares), max_norm);
     return Status();
   }
   Status adamw(const AdamWChunk& chunk) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
     detail::AdamWStepScalars scalars = chunk.scalars;
     if (chunk.use_clip_scale) scalars.grad_scale = clip_scale_;
     ComputeCopy copy;

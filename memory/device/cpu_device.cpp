@@ -2,6 +2,10 @@
 // events are completion counters behind a mutex and a condition variable, memory is one
 // page-aligned mapping of exactly the budget. Copies are real memcpy on the copy stream's own
 // thread, so a copy and a compute task on two streams really run at the same time.
+//
+// The same machinery is the `emulated` discrete device (device.h): only its kind differs, so
+// the engine keeps its state apart from host memory (`memory_is_host()` is false) and every
+// byte reaches the region by an explicit copy on a stream, ordered like a GPU's.
 
 #include <cassert>
 #include <cerrno>
@@ -132,11 +136,15 @@ class CpuEvent final : public EventBackend {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(PageMapping region, uint64_t budget_bytes)
-      : Device(budget_bytes, region.data()), region_(std::move(region)) {}
+  CpuDevice(Kind kind, PageMapping region, uint64_t budget_bytes)
+      : Device(budget_bytes, region.data()), kind_(kind), region_(std::move(region)) {}
 
-  Kind kind() const override { return Kind::cpu; }
+  Kind kind() const override { return kind_; }
   std::string describe() const override {
+    if (kind_ == Kind::emulated)
+      return fmt::format("emulated discrete device ({} arena, copies and CPU kernels on one worker thread per "
+                         "stream; for verification)",
+                         format_size(budget_bytes()));
     return fmt::format("cpu device ({} arena, one worker thread per stream)", format_size(budget_bytes()));
   }
 
@@ -172,12 +180,14 @@ class CpuDevice final : public Device {
   Status copy_to_device(Stream& stream, void* device_dst, const void* host_src,
                         uint64_t size_bytes) override {
     assert(in_region(device_dst, size_bytes));
+    assert(host_side_ok(host_src, size_bytes));
     own(stream).enqueue([=] { std::memcpy(device_dst, host_src, size_bytes); });
     return Status();
   }
   Status copy_to_host(Stream& stream, void* host_dst, const void* device_src,
                       uint64_t size_bytes) override {
     assert(in_region(device_src, size_bytes));
+    assert(host_side_ok(host_dst, size_bytes));
     own(stream).enqueue([=] { std::memcpy(host_dst, device_src, size_bytes); });
     return Status();
   }
@@ -209,6 +219,16 @@ class CpuDevice final : public Device {
     return p >= begin && p + size_bytes <= begin + budget_bytes();
   }
 
+  Kind kind_;  // cpu or emulated
+  // Emulated: the host side of a host↔device copy must be host memory, as cudaMemcpyAsync's
+  // direction demands — a device address there is a bug a GPU would fault on.
+  bool host_side_ok(const void* data, uint64_t size_bytes) const {
+    if (kind_ != Kind::emulated) return true;
+    auto* begin = reinterpret_cast<const char*>(region_.data());
+    auto* p = static_cast<const char*>(data);
+    return p + size_bytes <= begin || p >= begin + budget_bytes();
+  }
+
   // The budget's one anonymous mapping (rounded to 2 MiB), in huge pages and pre-faulted
   // (common/pages.h): the first copies are neither page-fault bound nor split per 4 KiB page.
   PageMapping region_;
@@ -216,9 +236,12 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-Result<std::unique_ptr<Device>> make_cpu_device(uint64_t budget_bytes) {
-  STRATA_ASSIGN_OR_RETURN(PageMapping region, PageMapping::map(budget_bytes, PageMappingOptions{}, "cpu device region"));
-  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(region), budget_bytes));
+Result<std::unique_ptr<Device>> make_cpu_device(Kind kind, uint64_t budget_bytes) {
+  assert(kind == Kind::cpu || kind == Kind::emulated);
+  STRATA_ASSIGN_OR_RETURN(PageMapping region,
+                          PageMapping::map(budget_bytes, PageMappingOptions{},
+                                           kind == Kind::emulated ? "emulated device region" : "cpu device region"));
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(kind, std::move(region), budget_bytes));
 }
 
 }  // namespace strata::device

@@ -14,13 +14,14 @@
 
 namespace strata::device {
 
-// Defined in cpu_device.cpp.
-[[nodiscard]] Result<std::unique_ptr<Device>> make_cpu_device(uint64_t budget_bytes);
+// Defined in cpu_device.cpp: `cpu` and `emulated` share its streams, events and region.
+[[nodiscard]] Result<std::unique_ptr<Device>> make_cpu_device(Kind kind, uint64_t budget_bytes);
 
 const char* kind_name(Kind kind) {
   switch (kind) {
     case Kind::cpu: return "cpu";
     case Kind::cuda: return "cuda";
+    case Kind::emulated: return "emulated";
   }
   return "?";
 }
@@ -28,8 +29,17 @@ const char* kind_name(Kind kind) {
 Result<Kind> parse_kind(std::string_view name) {
   if (name == "cpu") return Kind::cpu;
   if (name == "cuda") return Kind::cuda;
+  if (name == "emulated") return Kind::emulated;
   return make_error(ErrorKind::invalid_argument,
-                    fmt::format("device kind '{}' is not known; use cpu or cuda", name));
+                    fmt::format("device kind '{}' is not known; use cpu, cuda or emulated", name));
+}
+
+bool memory_is_host(Kind kind) { return kind == Kind::cpu; }
+
+bool memory_is_host(std::string_view kind_name) {
+  Result<Kind> kind = parse_kind(kind_name);
+  assert(kind.ok());  // device.kind is checked when the config is read
+  return kind.ok() && memory_is_host(*kind);
 }
 
 // --- owners ---------------------------------------------------------------------------
@@ -144,7 +154,8 @@ Result<std::unique_ptr<Device>> make_device(Kind kind, uint64_t budget_bytes, in
                       fmt::format("device budget must be at least {} bytes", kDeviceAlignmentBytes));
   switch (kind) {
     case Kind::cpu:
-      return make_cpu_device(budget_bytes);
+    case Kind::emulated:
+      return make_cpu_device(kind, budget_bytes);
     case Kind::cuda:
 #if STRATA_HAVE_CUDA
       return make_cuda_device(budget_bytes, cuda_ordinal);

@@ -1,14 +1,25 @@
 // strata/memory/device/device.h — the compute device as a memory tier with a copy engine.
 //
 // What it owns: a `Device` owns one memory region of exactly `budget_bytes` (one cudaMalloc on
-// CUDA, one page-aligned host mapping on the CPU device) and hands out pieces of it as
+// CUDA, one page-aligned host mapping on the CPU and emulated devices) and hands out pieces of it as
 // `DeviceBuffer`s through a range allocator: the device can never hold more than its budget,
 // because there is nothing beyond the region to allocate from. `Stream`, `Event` and
 // `DeviceBuffer` are move-only owners; destroying one releases what it holds. They must be
 // destroyed before the `Device` that made them.
 //
+// Kinds: `cpu` — device memory IS host memory: the CPU backend computes on the scheduler's
+// pinned host blocks in place (`memory_is_host()`), and the region keeps only kernel scratch.
+// `cuda` — a GPU: discrete memory, cudaStream_t / cudaEvent_t, the CUDA kernels. `emulated` — a
+// discrete accelerator emulated on the CPU, for verification: its region is host memory the
+// process owns, but it is used as a GPU's is — a capped arena of `device.memory`, every byte in
+// or out crossing by an explicit asynchronous copy on a stream's worker thread, CUDA's
+// stream/event/callback semantics — and it runs the CPU backend's kernels. So it takes the
+// CUDA path's every branch except the kernels and must train bit-identically to `cpu`; it is
+// slower than `cpu` (the copies are real). Every decision about where state lives and who
+// updates it asks `memory_is_host`, never the kind's name.
+//
 // Streams: work enqueued on one stream runs in order; work on different streams may run at
-// the same time. On the CPU device each stream is one worker thread with a bounded queue of
+// the same time. On the CPU and emulated devices each stream is one worker thread with a bounded queue of
 // tasks (enqueueing blocks while the queue is full), so copies on a copy stream really run
 // beside compute on a compute stream — overlap, stalls and budgets behave as on a GPU and are
 // tested on machines without one. On CUDA a stream is a cudaStream_t (`native_handle()`), on
@@ -49,9 +60,14 @@ namespace strata::device {
 
 inline constexpr uint64_t kDeviceAlignmentBytes = 4096;
 
-enum class Kind : uint8_t { cpu, cuda };
-const char* kind_name(Kind kind);
+enum class Kind : uint8_t { cpu, cuda, emulated };
+const char* kind_name(Kind kind);  // "cpu", "cuda", "emulated": the names device.kind accepts
 [[nodiscard]] Result<Kind> parse_kind(std::string_view name);
+// True when the kind's device memory is host memory the CPU computes on in place (cpu); false
+// for a discrete device (cuda, emulated). The one authority for that fact.
+bool memory_is_host(Kind kind);
+// The same for a validated `device.kind` name, where only the config exists (plans, budgets).
+bool memory_is_host(std::string_view kind_name);
 
 class Device;
 class StreamBackend;  // memory/device/backend.h
@@ -135,6 +151,8 @@ class Device {
 
   virtual Kind kind() const = 0;
   virtual std::string describe() const = 0;
+  // See `memory_is_host(Kind)`: whether buffers of this device may be computed on in place.
+  bool memory_is_host() const { return device::memory_is_host(kind()); }
 
   // --- streams and events ---
   [[nodiscard]] virtual Result<Stream> create_stream(std::string name) = 0;

@@ -3,7 +3,10 @@
 // started, which only finishes if they overlap), events complete when — and only when — the
 // work before them has run, a stream can wait on another's event, copies (host ↔ device and
 // device → device, at unaligned offsets, neighbours untouched) are byte-exact, and the arena
-// never hands out more than its budget.
+// never hands out more than its budget. The emulated device (the same machinery, discrete) is
+// checked for what makes it a GPU stand-in: its kind says its memory is not host memory, a copy
+// reads and writes its bytes when its stream reaches it (not when it is enqueued), events and
+// stream waits order a copy behind compute as CUDA's do, and its arena is as hard a cap.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -176,6 +179,78 @@ TEST(CpuDevice, FactoryRejectsUnknownAndMissing) {
   if (cuda_device_count() == 0) {
     EXPECT_FALSE(make_device(Kind::cuda, 1 << 20).ok());
   }
+}
+
+// --- the emulated discrete device -----------------------------------------------------
+
+std::unique_ptr<Device> emulated(uint64_t budget_bytes = 1 << 20) {
+  Result<std::unique_ptr<Device>> device = make_device(Kind::emulated, budget_bytes);
+  if (!device.ok()) {
+    ADD_FAILURE() << device.status().to_string();
+    throw std::runtime_error("emulated device");
+  }
+  return std::move(device).value();
+}
+
+TEST(EmulatedDevice, IsDiscreteAndNamedSo) {
+  auto device = emulated();
+  EXPECT_EQ(device->kind(), Kind::emulated);
+  EXPECT_FALSE(device->memory_is_host());
+  EXPECT_TRUE(cpu()->memory_is_host());
+  EXPECT_EQ(parse_kind(kind_name(Kind::emulated)).value(), Kind::emulated);
+  // The config-string answer is the same authority as the device's.
+  EXPECT_FALSE(memory_is_host("emulated"));
+  EXPECT_FALSE(memory_is_host("cuda"));
+  EXPECT_TRUE(memory_is_host("cpu"));
+  EXPECT_FALSE(memory_is_host(Kind::cuda));
+}
+
+// A copy is asynchronous: enqueued behind work that has not run, it has not touched either side
+// yet — the host source may still change and the change is what arrives (as with
+// cudaMemcpyAsync, the buffer must live and is read when the stream gets there) — and an event
+// recorded after it is incomplete until it has run.
+TEST(EmulatedDevice, CopiesRunWhenTheirStreamReachesThem) {
+  auto device = emulated();
+  Stream compute = device->create_stream("compute").value();
+  Stream copy = device->create_stream("h2d").value();
+  Event computed = device->create_event().value();
+  Event copied = device->create_event().value();
+  const uint64_t size_bytes = 12345;
+  DeviceBuffer buffer = device->allocate(size_bytes).value();
+  std::memset(buffer.data(), 0, size_bytes);  // the test may look: the region is this process's
+  std::vector<uint8_t> source(size_bytes, 1), back(size_bytes, 0);
+  std::atomic<bool> release{false};
+  ASSERT_TRUE(device->launch(compute, [&] {
+    while (!release.load()) std::this_thread::yield();
+  }).ok());
+  ASSERT_TRUE(device->record(computed, compute).ok());
+  ASSERT_TRUE(device->stream_wait(copy, computed).ok());  // the copy waits for the compute
+  ASSERT_TRUE(device->copy_to_device(copy, buffer.data(), source.data(), size_bytes).ok());
+  ASSERT_TRUE(device->copy_to_host(copy, back.data(), buffer.data(), size_bytes).ok());
+  ASSERT_TRUE(device->record(copied, copy).ok());
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(device->query(copied).value()) << "the copies completed before the compute they wait for";
+  EXPECT_EQ(static_cast<uint8_t*>(buffer.data())[0], 0) << "the copy ran at enqueue, not in stream order";
+  for (size_t i = 0; i < size_bytes; ++i) source[i] = static_cast<uint8_t>(i * 31 + 7);
+  release = true;
+  ASSERT_TRUE(device->wait(copied).ok());
+  EXPECT_TRUE(device->query(copied).value());
+  EXPECT_EQ(source, back) << "the device did not receive the source as it was when the copy ran";
+}
+
+// The emulated arena is the whole device: allocation past device.memory is no_space, never
+// memory taken from elsewhere.
+TEST(EmulatedDevice, BudgetIsHard) {
+  const uint64_t budget_bytes = 8 * kDeviceAlignmentBytes;
+  auto device = emulated(budget_bytes);
+  EXPECT_EQ(device->budget_bytes(), budget_bytes);
+  DeviceBuffer most = device->allocate(7 * kDeviceAlignmentBytes).value();
+  Result<DeviceBuffer> over = device->allocate(kDeviceAlignmentBytes + 1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().kind, ErrorKind::no_space);
+  DeviceBuffer last = device->allocate(kDeviceAlignmentBytes).value();
+  EXPECT_EQ(device->memory_stats().used_bytes, budget_bytes);
+  EXPECT_EQ(device->memory_stats().high_water_bytes, budget_bytes);
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 // random plans again computing in place (no device copies, no block changed under its NVMe
 // write); a failed create gives back its host blocks; many copies in flight do not deadlock
 // against the stream's completions (a watchdog turns a deadlock into a failure); a step made
-// ready by the pump alone (a write-only tensor placed, no copy) wakes its waiting acquire.
+// ready by the pump alone (a write-only tensor placed, no copy) wakes its waiting acquire; a
+// host-only tensor (in no step) keeps its bytes on the host while the plan runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -421,6 +422,45 @@ TEST(Scheduler, ReleaseAfterWaitsForTheComputeStream) {
   ASSERT_TRUE(device->synchronize(compute).ok());
   ASSERT_TRUE(scheduler->flush().ok());
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(has_stamp(backing.home(ids[i]).data(), 32 * kPage, i, versions[i]));
+}
+
+// Host-only tensors (the host-site optimizer state): validation requires every other tensor in
+// some step and refuses a host-only one that a step names; the scheduler keeps a host-only
+// tensor's block for its life and never copies it, so what the host wrote is there, unchanged,
+// after the plan has run around several times on a device with room for nothing but the steps.
+TEST(Scheduler, HostOnlyTensorStaysOnTheHostInNoStep) {
+  AccessPlan forgotten;
+  TensorId used = forgotten.add_tensor("w", 4 * kPage);
+  forgotten.add_tensor("lost", 4 * kPage, Home::host);
+  forgotten.add_step("step", {used});
+  EXPECT_NE(forgotten.validate().to_string().find("'lost' is used by no step"), std::string::npos);
+  AccessPlan misused;
+  TensorId state = misused.add_host_only_tensor("optim", 4 * kPage);
+  misused.add_step("step", {state});
+  EXPECT_NE(misused.validate().to_string().find("'optim' is host-only"), std::string::npos);
+
+  AccessPlan plan;
+  std::vector<TensorId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(plan.add_tensor("w" + std::to_string(i), 16 * kPage));
+  for (int i = 0; i < 3; ++i) plan.add_step("step" + std::to_string(i), {ids[i]}, {ids[i]});
+  const TensorId optim = plan.add_host_only_tensor("optim", 8 * kPage);
+  ASSERT_TRUE(plan.validate().ok()) << plan.validate().to_string();
+  auto device = cpu_device(16 * kPage);  // one step at a time: no room for the host-only tensor
+  memory::HostArena arena = host_arena(64 * kPage);
+  MemoryBacking backing(plan, std::chrono::microseconds(0));
+  SchedulerOptions options;
+  options.host_budget_bytes = 64 * kPage;
+  auto scheduler = must(Scheduler::create(plan, *device, arena, &backing, options), "create");
+  stamp(scheduler->begin_host_access(optim), 8 * kPage, optim, 1);
+  scheduler->end_host_access(optim);
+  for (int iteration = 0; iteration < 3; ++iteration)
+    for (size_t step = 0; step < 3; ++step) {
+      ASSERT_TRUE(scheduler->acquire(step).ok());
+      ASSERT_TRUE(scheduler->release(step).ok());
+    }
+  ASSERT_TRUE(scheduler->flush().ok());
+  EXPECT_TRUE(has_stamp(scheduler->begin_host_access(optim), 8 * kPage, optim, 1));
+  scheduler->end_host_access(optim);
 }
 
 // EIO on one tensor's extent: earlier steps succeed, the acquire needing it fails naming the
