@@ -13,6 +13,7 @@ packages=(
   clang libfuzzer-14-dev
   libpcre2-dev libsentencepiece-dev libutf8proc-dev python3-sentencepiece nodejs
   openmpi-bin libopenmpi-dev
+  patchelf debootstrap  # scripts/gpu-bundle.sh (rpath), scripts/gpu-bundle-check.sh (a bare chroot)
 )
 
 missing=()
