@@ -270,7 +270,16 @@ elif kind == "gemm":
              strata_over_cublas_fp32=strata_tflops / ref["fp32_tflops"] if ref and strata_tflops else None)
 elif kind == "bandwidth":
     r.update(status="pass" if last_json_line(args[0]) else "fail", reference=last_json_line(args[0]))
-print(json.dumps(r))
+def strict(value):
+    """NaN and Inf as text: strict JSON readers (jq) refuse the bare tokens."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strict(v) for v in value]
+    return value
+print(json.dumps(strict(r)))
 PY
   ) || line="{\"stage\": \"$name\", \"status\": \"fail\", \"why\": \"the comparison itself failed: logs/$name.log\"}"
   echo "$line" >> "$stages"
