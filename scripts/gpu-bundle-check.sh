@@ -34,17 +34,20 @@ if [ ! -x "$rootfs/bin/bash" ]; then
   mv "$rootfs.tmp" "$rootfs"
 fi
 
-# The bundle and its runs live in one folder of the chroot, removed after; /proc as a real
-# machine has it (strata re-executes itself through /proc/self/exe). Nothing else of the host.
+# The bundle and its runs live in one folder of the chroot, removed after; /proc and /sys as a
+# real machine has them (strata re-executes itself through /proc/self/exe; TBB and the I/O
+# layer read the CPUs and the block devices there). No package, no library of the host.
 check="$rootfs/opt/strata-check"
 rm -rf "$check"
 mkdir -p "$check"
 cleanup() {
+  umount "$rootfs/sys" 2> /dev/null || true
   umount "$rootfs/proc" 2> /dev/null || true
   rm -rf "$check"
 }
 trap cleanup EXIT
 mount -t proc proc "$rootfs/proc"
+mount -t sysfs -o ro sysfs "$rootfs/sys"
 tar -xJf "$archive" -C "$check"
 
 chroot "$rootfs" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /bin/bash -s <<'INSIDE'
