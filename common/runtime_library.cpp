@@ -33,13 +33,24 @@ std::vector<std::string> matches(const std::string& pattern) {
   return found;
 }
 
-// Steps 2 and 3 of the header's search order, as full paths to try one by one.
-std::vector<std::string> candidate_paths(const std::string& soname) {
-  std::vector<std::string> paths;
+// Steps 2 and 3 of the header's search order: the toolkit's folders as full paths, and the
+// site-packages folders whose nvidia/*/lib/ may hold a wheel's copy.
+struct Candidates {
+  std::vector<std::string> paths;         // to try one by one, in order
+  std::vector<std::string> wheel_globs;   // what was searched for wheels (for the error line)
+};
+
+Candidates candidate_paths(const std::string& soname) {
+  Candidates found;
+  auto add = [&found](std::string path) {
+    for (const std::string& seen : found.paths)
+      if (seen == path) return;  // $CUDA_HOME is usually /usr/local/cuda itself
+    found.paths.push_back(std::move(path));
+  };
   if (const char* cuda_home = std::getenv("CUDA_HOME"); cuda_home != nullptr && cuda_home[0] != '\0')
-    paths.push_back(std::string(cuda_home) + "/lib64/" + soname);
-  paths.push_back("/usr/local/cuda/lib64/" + soname);
-  paths.push_back("/usr/local/cuda/targets/x86_64-linux/lib/" + soname);
+    add(std::string(cuda_home) + "/lib64/" + soname);
+  add("/usr/local/cuda/lib64/" + soname);
+  add("/usr/local/cuda/targets/x86_64-linux/lib/" + soname);
   // Where pip puts wheels: the system's and a venv's site-packages, the user's, conda's.
   std::vector<std::string> prefixes = {"/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
                                        "/usr/lib/python3*/dist-packages", "/usr/lib/python3/dist-packages",
@@ -49,9 +60,11 @@ std::vector<std::string> candidate_paths(const std::string& soname) {
   if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0')
     prefixes.push_back(std::string(home) + "/.local/lib/python3*/site-packages");
   for (const std::string& prefix : prefixes) {
-    for (std::string& path : matches(prefix + "/nvidia/*/lib/" + soname)) paths.push_back(std::move(path));
+    const std::string pattern = prefix + "/nvidia/*/lib/" + soname;
+    found.wheel_globs.push_back(pattern);
+    for (std::string& path : matches(pattern)) add(std::move(path));
   }
-  return paths;
+  return found;
 }
 
 }  // namespace
@@ -68,7 +81,8 @@ RuntimeLibrary open_runtime_library(const char* soname) {
     const char* first_error = dlerror();
     std::string last_error = first_error != nullptr && std::string(first_error).find("No such file") == std::string::npos
                                  ? first_error : "";
-    for (const std::string& path : candidate_paths(soname)) {
+    const Candidates candidates = candidate_paths(soname);
+    for (const std::string& path : candidates.paths) {
       library.tried += ", " + path;
       library.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (library.handle != nullptr) {
@@ -78,7 +92,10 @@ RuntimeLibrary open_runtime_library(const char* soname) {
       const char* text = dlerror();
       if (text != nullptr && std::string(text).find("No such file") == std::string::npos) last_error = text;
     }
-    if (library.handle == nullptr && !last_error.empty()) library.tried += " (" + last_error + ")";
+    if (library.handle == nullptr) {
+      for (const std::string& pattern : candidates.wheel_globs) library.tried += ", " + pattern;
+      if (!last_error.empty()) library.tried += " (" + last_error + ")";
+    }
   }
   if (library.handle != nullptr) {
     library.tried.clear();

@@ -3,7 +3,8 @@
 # glibc: in a bare Debian chroot (debootstrap --variant=minbase bookworm, no package added — no
 # OpenBLAS, TBB, spdlog, yaml-cpp, liburing, CUDA, Python) the unpacked strata-gpu/ must
 #   - run `bin/strata --version`,
-#   - say "no GPU" with exit 77 from `bin/strata devices` (no driver here),
+#   - say "no GPU" with exit 77 from `bin/strata devices` (no driver here), and so must every
+#     CUDA suite in bin/ (they start: their libraries load),
 #   - train the demo config 20 steps on `cpu`, and on `emulated` when this build has that device
 #     (the two exports must be byte-identical),
 #   - exit 77 from `gpu-check.sh` in under 10 s.
@@ -65,6 +66,13 @@ for program in "$bundle"/bin/*; do
   if [ -n "$missing" ]; then say "FAIL $(basename "$program") lacks: $missing"; fail=1; fi
 done
 
+# Every CUDA suite starts (its libraries load) and skips honestly without a GPU.
+for suite in test_gpt2_cuda test_optim_cuda test_cuda_device test_backend_ops "test_comm_collectives nccl"; do
+  rc=0
+  text=$(timeout 60 $bundle/bin/$suite 2>&1) || rc=$?
+  if [ "$rc" -eq 77 ]; then say "$suite: exit 77: $(tail -1 <<< "$text")"; else say "FAIL $suite: exit $rc (want 77): $(tail -2 <<< "$text")"; fail=1; fi
+done
+
 rc=0
 devices=$(timeout 20 "$bundle/bin/strata" devices 2>&1) || rc=$?
 if [ "$rc" -eq 77 ]; then say "strata devices: exit 77: $devices"; else say "FAIL strata devices: exit $rc (want 77): $devices"; fail=1; fi
@@ -77,8 +85,8 @@ train() {  # train KIND
   "$bundle/bin/strata" train "demo-$1.yaml" --steps 20 --export "demo-$1.safetensors" > "train-$1.log" 2>&1
 }
 if train cpu; then
-  say "train cpu: 20 steps; last lines:"
-  tail -3 train-cpu.log | sed 's/^/    /'
+  say "train cpu: 20 steps:"
+  grep -a "^step *20/\|^trained steps" train-cpu.log | sed 's/^/    /'
 else
   say "FAIL train cpu (exit $?):"
   tail -5 train-cpu.log | sed 's/^/    /'
