@@ -12,8 +12,8 @@
 #   d. `strata bench overlap --device cuda` (NVMe reads overlapping device compute);
 #   e. Llama 1B (configs/llama-1b-offload.yaml), two steps on cuda, against `strata plan`'s
 #      prediction and its I/O floor;
-#   f. pinned host↔device copies: a plain cudaMemcpy loop (PyTorch), the reference for strata's
-#      copy figures;
+#   f. pinned host↔device copies: a plain cudaMemcpy loop (PyTorch), beside what strata's copies
+#      moved per second over the Llama run's last step (an average: a floor, not the peak);
 #   g. GEMM: strata's measured block compute at Llama 1B's shape against cuBLAS's own SGEMM at the
 #      same shapes (torch.matmul, TF32 off as strata's pedantic math).
 # Each finished stage appends one JSON line to OUT_DIR/stages.jsonl at once (a kill still leaves
@@ -270,7 +270,16 @@ elif kind == "gemm":
              strata_fwd_block_s=fwd, cublas=ref,
              strata_over_cublas_fp32=strata_tflops / ref["fp32_tflops"] if ref and strata_tflops else None)
 elif kind == "bandwidth":
-    r.update(status="pass" if last_json_line(args[0]) else "fail", reference=last_json_line(args[0]))
+    # bandwidth TORCH_LOG LLAMA_METRICS: the plain loop's GB/s, and beside it what strata's copies
+    # moved per second of the Llama run's last step (an average over the step, so a floor on the
+    # copy engine's rate, not its peak).
+    ref, m = last_json_line(args[0]), load(args[1])
+    strata_rates = None
+    if m and m.get("steps"):
+        last = m["steps"][-1]
+        strata_rates = {"h2d_GBps_over_last_step": last["host_to_device_bytes"] / last["seconds"] / 1e9,
+                        "d2h_GBps_over_last_step": last["device_to_host_bytes"] / last["seconds"] / 1e9}
+    r.update(status="pass" if ref else "fail", reference=ref, strata_llama=strata_rates)
 def strict(value):
     """NaN and Inf as text: strict JSON readers (jq) refuse the bare tokens."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -396,7 +405,7 @@ for name, dst, src in (("h2d", device, host), ("d2h", host, device)):
         rates.append(size / (time.perf_counter() - t) / 1e9)
     result[name + "_pinned_GBps_median"] = sorted(rates)[2]
 print(json.dumps(result))'
-analyse copies bandwidth "$out/logs/reference_copies.log"
+analyse copies bandwidth "$out/logs/reference_copies.log" "$work/llama-cuda.metrics.json"
 
 run_stage reference_gemm 40 python3 -c '
 import json, time, torch
