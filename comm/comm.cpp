@@ -69,9 +69,12 @@ Result<std::unique_ptr<Communicator>> make_world_communicator(const CommOptions&
 #endif
 }
 
-#if !STRATA_HAVE_NCCL || !STRATA_HAVE_MPI
+#if !STRATA_HAVE_NCCL
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator&) {
-  return make_error(ErrorKind::unsupported, "this build has no NCCL (needs CUDA, NCCL and MPI at setup)");
+  return make_error(ErrorKind::unsupported, "this build has no NCCL (needs CUDA and nccl.h at setup)");
+}
+Result<std::string> find_nccl_library() {
+  return make_error(ErrorKind::unsupported, "this build has no NCCL (needs CUDA and nccl.h at setup)");
 }
 #endif
 

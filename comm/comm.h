@@ -114,7 +114,12 @@ std::unique_ptr<Communicator> make_local_communicator();
 // NCCL between the GPUs of the ranks of `bootstrap` (one GPU per rank, cudaSetDevice(local
 // rank % GPUs)), its ncclUniqueId sent over `bootstrap`'s broadcast. Collectives take DEVICE
 // pointers and run on the communicator's own stream, waited for before returning. `unsupported`
-// when this build has no NCCL or no GPU is visible.
+// when this build has no NCCL, libnccl is not found on this machine, or no GPU is visible.
+// `bootstrap` may be the one-rank communicator (one GPU, no MPI).
 [[nodiscard]] Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap);
+
+// Where this process finds libnccl (loaded at run time: common/runtime_library.h): "PATH (NCCL
+// x.y.z)", or `unsupported` naming the places searched, or that this build has no NCCL.
+[[nodiscard]] Result<std::string> find_nccl_library();
 
 }  // namespace strata::comm

@@ -1,6 +1,16 @@
 // The NCCL communicator (comm/comm.h): collectives between GPUs, one per rank, on a stream of
-// its own; the ncclUniqueId travels over the bootstrap (MPI) communicator. Built whenever
-// CUDA, NCCL and MPI are found; tests/comm skips it (77) without a GPU.
+// its own; the ncclUniqueId travels over the bootstrap communicator (MPI, or the one-rank
+// communicator for a single GPU). Built whenever CUDA is and nccl.h is found; tests/comm skips it
+// (77) without a GPU.
+//
+// libnccl is loaded at run time, like cuBLAS (kernels/cuda/cublas_loader.cpp): it is 213 MB,
+// never travels with a strata bundle (scripts/gpu-bundle.sh), and lives on a GPU machine in the
+// CUDA toolkit or in PyTorch's nvidia-nccl wheel (common/runtime_library.h searches both). The
+// forwarders below take nccl.h's exact declarations (a drifting signature is a compile error);
+// a process that never makes an NCCL communicator never opens the library, and one that does on
+// a machine without NCCL gets one error line at creation naming the places searched.
+#include <dlfcn.h>
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -10,6 +20,89 @@
 #include <fmt/format.h>
 
 #include "comm/comm_impl.h"
+#include "common/log.h"
+#include "common/runtime_library.h"
+
+namespace strata::comm {
+namespace {
+
+#define STRATA_NCCL_STRINGIFY_INNER(x) #x
+#define STRATA_NCCL_STRINGIFY(x) STRATA_NCCL_STRINGIFY_INNER(x)
+
+// The library of the major version nccl.h describes (the ABI the forwarders were compiled for).
+const RuntimeLibrary& nccl_library() {
+  static const RuntimeLibrary library = open_runtime_library("libnccl.so." STRATA_NCCL_STRINGIFY(NCCL_MAJOR));
+  return library;
+}
+
+}  // namespace
+
+Result<std::string> find_nccl_library() {
+  const RuntimeLibrary& library = nccl_library();
+  if (library.handle == nullptr)
+    return make_error(ErrorKind::unsupported,
+                      "NCCL not found (tried " + library.tried +
+                          "); install the CUDA toolkit's NCCL or the nvidia-nccl wheel, or put its lib folder on "
+                          "LD_LIBRARY_PATH");
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return make_error(ErrorKind::internal, "NCCL: ncclGetVersion failed");
+  // NCCL_VERSION_CODE since 2.9: major*10000 + minor*100 + patch.
+  return fmt::format("{} (NCCL {}.{}.{})", library.path, version / 10000, version / 100 % 100, version % 100);
+}
+
+}  // namespace strata::comm
+
+namespace {
+
+template <typename Fn>
+Fn resolve_nccl(const char* name) {
+  void* library = strata::comm::nccl_library().handle;
+  return library == nullptr ? nullptr : reinterpret_cast<Fn>(dlsym(library, name));
+}
+
+}  // namespace
+
+// ncclSystemError when the library or the symbol is missing: find_nccl_library, called first by
+// make_nccl_communicator, has already said which.
+#define STRATA_NCCL_FORWARD(name, params, args)                     \
+  extern "C" ncclResult_t name params {                             \
+    static const auto fn = resolve_nccl<decltype(&name)>(#name);    \
+    return fn == nullptr ? ncclSystemError : fn args;               \
+  }
+
+STRATA_NCCL_FORWARD(ncclGetVersion, (int* version), (version))
+STRATA_NCCL_FORWARD(ncclGetUniqueId, (ncclUniqueId * unique_id), (unique_id))
+STRATA_NCCL_FORWARD(ncclCommInitRank, (ncclComm_t * comm, int nranks, ncclUniqueId comm_id, int rank),
+                    (comm, nranks, comm_id, rank))
+STRATA_NCCL_FORWARD(ncclCommDestroy, (ncclComm_t comm), (comm))
+STRATA_NCCL_FORWARD(ncclGroupStart, (), ())
+STRATA_NCCL_FORWARD(ncclGroupEnd, (), ())
+STRATA_NCCL_FORWARD(ncclAllReduce,
+                    (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                     ncclComm_t comm, cudaStream_t stream),
+                    (sendbuff, recvbuff, count, datatype, op, comm, stream))
+STRATA_NCCL_FORWARD(ncclReduceScatter,
+                    (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                     ncclComm_t comm, cudaStream_t stream),
+                    (sendbuff, recvbuff, recvcount, datatype, op, comm, stream))
+STRATA_NCCL_FORWARD(ncclReduce,
+                    (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                     int root, ncclComm_t comm, cudaStream_t stream),
+                    (sendbuff, recvbuff, count, datatype, op, root, comm, stream))
+STRATA_NCCL_FORWARD(ncclAllGather,
+                    (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm,
+                     cudaStream_t stream),
+                    (sendbuff, recvbuff, sendcount, datatype, comm, stream))
+STRATA_NCCL_FORWARD(ncclBroadcast,
+                    (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                     ncclComm_t comm, cudaStream_t stream),
+                    (sendbuff, recvbuff, count, datatype, root, comm, stream))
+
+// The one forwarder that returns text: a missing library has no error strings to give.
+extern "C" const char* ncclGetErrorString(ncclResult_t result) {
+  static const auto fn = resolve_nccl<decltype(&ncclGetErrorString)>("ncclGetErrorString");
+  return fn == nullptr ? "NCCL library not loaded" : fn(result);
+}
 
 namespace strata::comm {
 namespace {
@@ -35,6 +128,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   Status init() {
+    Result<std::string> library = find_nccl_library();
+    if (!library.ok()) return library.status();
+    spdlog::info("NCCL: {}", *library);
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
       return make_error(ErrorKind::unsupported, "NCCL: no CUDA device is visible to this process");

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sys/statvfs.h>
@@ -236,6 +237,19 @@ Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config, const 
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer, tokenizer::load_tokenizer(path));
   return std::unique_ptr<TokenCodec>(std::make_unique<TokenizerCodec>(std::move(tokenizer)));
+}
+
+float top2_margin(std::span<const float> logits) {
+  float best = -std::numeric_limits<float>::infinity(), second = best;
+  for (const float x : logits) {
+    if (x > best) {
+      second = best;
+      best = x;
+    } else if (x > second) {
+      second = x;
+    }
+  }
+  return logits.size() < 2 ? 0.0f : best - second;
 }
 
 int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, std::mt19937_64& rng,
@@ -582,6 +596,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   for (uint32_t produced = 0; produced < options.tokens; ++produced) {
     const int32_t next = sample_token(std::span<const float>(sampled_logits, static_cast<size_t>(vocab)), options, rng, order);
     summary.tokens.push_back(next);
+    summary.top2_margins.push_back(top2_margin(std::span<const float>(sampled_logits, static_cast<size_t>(vocab))));
     context.push_back(next);
     if (produced + 1 == options.tokens) break;  // the last token needs no pass after it
     if (past == window) {

@@ -102,6 +102,9 @@ struct SamplingOptions {
 
 struct GenerateSummary {
   std::vector<int32_t> tokens;  // the sampled tokens (not the prompt's)
+  // Per sampled token: its logits' best minus second best. How close each greedy choice was,
+  // so two backends' token streams can be compared with a near-tie rule (scripts/gpu-check.sh).
+  std::vector<float> top2_margins;
   std::string text;             // their decoded text
   uint32_t prompt_tokens = 0;
   double prefill_seconds = 0.0;  // the prompt's pass
@@ -123,6 +126,8 @@ struct GenerateSummary {
 };
 
 // Picks the next token from `logits` (see the contract). `order` is scratch, reused between calls.
+// The best logit minus the second best (0 with fewer than two).
+float top2_margin(std::span<const float> logits);
 int32_t sample_token(std::span<const float> logits, const SamplingOptions& options, std::mt19937_64& rng,
                      std::vector<std::pair<float, int32_t>>& order);
 

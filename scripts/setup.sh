@@ -19,6 +19,7 @@ packages=(
   ccache
   libpcre2-dev libsentencepiece-dev libutf8proc-dev python3-sentencepiece nodejs
   openmpi-bin libopenmpi-dev
+  patchelf debootstrap  # scripts/gpu-bundle.sh (rpath), scripts/gpu-bundle-check.sh (a bare chroot)
 )
 
 missing=()

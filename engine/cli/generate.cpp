@@ -96,6 +96,7 @@ void print_summary(const GenerateSummary& s, const Options& o) {
   if (o.json) {
     nlohmann::ordered_json json = {{"text", s.text},
                                    {"tokens", s.tokens},
+                                   {"top2_margins", s.top2_margins},
                                    {"prompt_tokens", s.prompt_tokens},
                                    {"prefill_seconds", s.prefill_seconds},
                                    {"decode_seconds", s.decode_seconds},

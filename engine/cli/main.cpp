@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   strata::cli::add_tune_command(app, state);
   strata::cli::add_io_bench_command(app, state);
   strata::cli::add_store_command(app, state);
+  strata::cli::add_devices_command(app, state);
   strata::cli::add_bench_overlap_command(*bench, state);
   strata::cli::add_bench_adam_command(*bench, state);
   // The last resort: every error is meant to come back as a Status, but an exception that

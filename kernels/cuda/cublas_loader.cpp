@@ -10,27 +10,35 @@
 // from the header is a compile error), and forward to the library's own symbols. If the library
 // cannot be loaded every call returns CUBLAS_STATUS_NOT_INITIALIZED, which Context::create
 // reports as an error (never a crash).
+//
+// Where: common/runtime_library.h's search (the loader's path, the CUDA toolkit, pip wheels),
+// so a strata bundle finds the cuBLAS of the machine it lands on (scripts/gpu-bundle.sh).
+#include "kernels/cuda/cublas_loader.h"
+
 #include <dlfcn.h>
 
 #include <cublas_v2.h>
 
-namespace {
+namespace strata::kernels {
 
 #define STRATA_STRINGIFY_INNER(x) #x
 #define STRATA_STRINGIFY(x) STRATA_STRINGIFY_INNER(x)
 
-// The library of the major version the headers describe (the ABI they were compiled against).
-void* cublas_library() {
-  static void* const handle = [] {
-    void* loaded = dlopen("libcublas.so." STRATA_STRINGIFY(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_LOCAL);
-    return loaded != nullptr ? loaded : dlopen("libcublas.so", RTLD_NOW | RTLD_LOCAL);
-  }();
-  return handle;
+// The library of the major version the headers describe (the ABI they were compiled against);
+// no unversioned fallback, since a libcublas.so of another major would take these calls with
+// another ABI.
+const RuntimeLibrary& cublas_runtime_library() {
+  static const RuntimeLibrary library = open_runtime_library("libcublas.so." STRATA_STRINGIFY(CUBLAS_VER_MAJOR));
+  return library;
 }
+
+}  // namespace strata::kernels
+
+namespace {
 
 template <typename Fn>
 Fn resolve(const char* name) {
-  void* library = cublas_library();
+  void* library = strata::kernels::cublas_runtime_library().handle;
   return library == nullptr ? nullptr : reinterpret_cast<Fn>(dlsym(library, name));
 }
 

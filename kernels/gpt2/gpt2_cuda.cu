@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "common/narrow.h"
+#include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/gpt2/gpt2_math.h"
 
@@ -364,6 +365,11 @@ Status head_run(const Context& ctx, const Config& config, const BatchShape& shap
 // ---------------------------------------------------------------------------------------------
 
 Result<Context> Context::create(cudaStream_t stream) {
+  // cuBLAS is loaded at run time (kernels/cuda/cublas_loader.h): a machine without it gets the
+  // places searched, not cuBLAS's bare NOT_INITIALIZED.
+  if (const RuntimeLibrary& cublas = kernels::cublas_runtime_library(); cublas.handle == nullptr)
+    return make_error(ErrorKind::unsupported, "cuBLAS not found (tried " + cublas.tried + "); install the CUDA "
+                      "toolkit or the nvidia-cublas wheel, or put its lib folder on LD_LIBRARY_PATH");
   cublasHandle_t handle = nullptr;
   cublasStatus_t code = cublasCreate(&handle);
   if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("create", code);

@@ -2,15 +2,24 @@
 // the one-rank communicator): each rank stamps its data with (rank, index) so a misplaced or
 // dropped block shows, and every floating-point result is compared bit for bit with the
 // rank-ordered sum computed here independently — the determinism comm/comm.h promises.
-// With "nccl" as argument it runs the same checks over NCCL on device buffers (exit 77 without
-// a GPU or without NCCL in this build).
+// With "nccl" as argument it makes an NCCL communicator over the same ranks (one rank needs no
+// MPI: one GPU) and checks a real all-reduce on device buffers against the exact sum (small
+// integers, exact in fp32 in any order). Exit 77 only where no GPU is visible or this build has
+// no NCCL; NCCL missing on a machine with a GPU, or any CUDA/NCCL error, fails.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "comm/comm.h"
+#include "strata_build_config.h"
+
+#if STRATA_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -129,14 +138,47 @@ int main(int argc, char** argv) {
   if (!nccl) {
     check(**world);
   } else {
-    // NCCL collectives take device pointers: this mode only proves it initializes over MPI and
-    // that an allreduce reaches every GPU; the full set is GPU-side work (scripts/gpu-check.sh).
-    auto gpu = strata::comm::make_nccl_communicator(**world);
-    if (!gpu.ok()) {
-      std::fprintf(stderr, "skip: %s\n", gpu.error().to_string().c_str());
+#if !STRATA_HAVE_NCCL
+    std::fprintf(stderr, "skip: this build has no NCCL (needs CUDA and nccl.h at setup)\n");
+    return 77;
+#else
+    int devices = 0;
+    const cudaError_t probe = cudaGetDeviceCount(&devices);
+    if (probe == cudaErrorNoDevice || probe == cudaErrorInsufficientDriver || (probe == cudaSuccess && devices == 0)) {
+      std::fprintf(stderr, "skip: no CUDA device (%s)\n", cudaGetErrorString(probe));
       return 77;
     }
+    if (probe != cudaSuccess) {
+      std::fprintf(stderr, "cudaGetDeviceCount failed: %s\n", cudaGetErrorString(probe));
+      return 1;
+    }
+    auto gpu = strata::comm::make_nccl_communicator(**world);
+    if (!gpu.ok()) {
+      std::fprintf(stderr, "%s\n", gpu.error().to_string().c_str());
+      return 1;
+    }
     expect((*gpu)->size() == (*world)->size(), "nccl size");
+    // Rank r holds r + 1 + (i % 7): the sum over n ranks is n(n+1)/2 + n(i % 7), exact in fp32.
+    constexpr uint64_t kCount = 1 << 20;  // 4 MiB: past NCCL's small-message protocol
+    std::vector<float> host(kCount);
+    for (uint64_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(my_rank + 1 + static_cast<int>(i % 7));
+    float* device = nullptr;
+    if (cudaMalloc(&device, kCount * sizeof(float)) != cudaSuccess ||
+        cudaMemcpy(device, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
+      std::fprintf(stderr, "cudaMalloc/cudaMemcpy of %llu floats failed\n", static_cast<unsigned long long>(kCount));
+      return 1;
+    }
+    const strata::Status reduced = (*gpu)->allreduce_sum(std::span<float>(device, kCount));
+    expect(reduced.ok(), "nccl allreduce status: " + (reduced.ok() ? std::string("ok") : reduced.error().to_string()));
+    expect(cudaMemcpy(host.data(), device, kCount * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess,
+           "copy back");
+    const int n = (*world)->size();
+    uint64_t wrong = 0;
+    for (uint64_t i = 0; i < kCount; ++i)
+      wrong += host[i] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 7)) ? 1 : 0;
+    expect(wrong == 0, "nccl allreduce: " + std::to_string(wrong) + " of " + std::to_string(kCount) + " sums wrong");
+    (void)cudaFree(device);
+#endif
   }
   if (failures == 0) std::fprintf(stderr, "rank %d of %d (%s): all collectives passed\n", my_rank, (*world)->size(),
                                   (*world)->transport());

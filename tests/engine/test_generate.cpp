@@ -114,6 +114,14 @@ TEST(Decode, KvCacheLogitsMatchTheFullSequenceForward) {
   EXPECT_EQ(past, kc.n_ctx);
 }
 
+// The margin gpu-check's near-tie rule reads: best minus runner-up, wherever they sit; a tie is 0.
+TEST(Sampling, Top2MarginIsBestMinusRunnerUp) {
+  EXPECT_FLOAT_EQ(top2_margin(std::vector<float>{1.0f, 5.0f, 3.0f}), 2.0f);
+  EXPECT_FLOAT_EQ(top2_margin(std::vector<float>{5.0f, 1.0f, 4.5f}), 0.5f);
+  EXPECT_FLOAT_EQ(top2_margin(std::vector<float>{-2.0f, 7.0f, 7.0f}), 0.0f);
+  EXPECT_FLOAT_EQ(top2_margin(std::vector<float>{3.0f}), 0.0f);
+}
+
 TEST(Sampling, GreedySeededTemperatureAndTopP) {
   const std::vector<float> logits = {0.0f, std::log(3.0f), -1.0f, std::log(2.0f) - 30.0f};
   std::vector<std::pair<float, int32_t>> order;
