@@ -174,6 +174,18 @@ def tensors(path):
         result[name] = values
     return result
 
+def find(obj, key):
+    """The first value under `key` anywhere in a JSON document (a plan's figures are nested)."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for v in obj.values():
+            found = find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
 def rel_l2(a, b):
     """||a - b|| / ||b||; NaN when either holds a NaN or an Inf."""
     if not all(math.isfinite(x) for x in a) or not all(math.isfinite(x) for x in b):
@@ -226,15 +238,6 @@ elif kind == "overlap":
 elif kind == "llama":
     # llama PLAN_LOG METRICS: two steps on cuda against the plan and its I/O floor.
     plan, m = last_json_line(args[0]), load(args[1])
-    def find(obj, key):
-        if isinstance(obj, dict):
-            if key in obj:
-                return obj[key]
-            for v in obj.values():
-                found = find(v, key)
-                if found is not None:
-                    return found
-        return None
     if not m:
         r.update(status="fail", why="no metrics from the training run")
     else:
@@ -252,15 +255,6 @@ elif kind == "llama":
 elif kind == "gemm":
     # gemm PLAN_LOG TORCH_LOG CONFIG_JSON: strata's block compute rate against cuBLAS's SGEMM.
     plan, ref, shape = last_json_line(args[0]), last_json_line(args[1]), json.loads(args[2])
-    def find(obj, key):
-        if isinstance(obj, dict):
-            if key in obj:
-                return obj[key]
-            for v in obj.values():
-                found = find(v, key)
-                if found is not None:
-                    return found
-        return None
     fwd = find(plan, "fwd_block_s")
     d, h, kv, hd, ff, t = (shape[k] for k in ("n_embd", "n_head", "n_kv_head", "head_dim", "intermediate_size", "tokens"))
     block_params = d * h * hd * 2 + d * kv * hd * 2 + 3 * d * ff

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_train import config, fail, strata, STRATA  # noqa: E402
+from test_train import committed_step, config, fail, strata, STRATA  # noqa: E402
 
 CASE = sys.argv[2]
 SMALL = {"model": {"n_layer": 2, "seq_len": 16}, "batch_size": 3, "steps": 4, "checkpoint_every": 3}
@@ -123,19 +123,12 @@ def case_resume(folder):
     cfg_path, _ = config(run_dir, device={"kind": "emulated", "memory": "8MiB"}, **overrides)
     manifest = os.path.join(run_dir, "nvme", "store", "manifest.json")
 
-    def committed_step():
-        try:
-            with open(manifest) as f:  # replaced by rename, so always whole
-                return int(json.load(f)["step"])
-        except (OSError, ValueError, KeyError):
-            return -1
-
     kills = 0
     for _ in range(3):
-        target = committed_step() + 1
+        target = committed_step(manifest) + 1
         process = subprocess.Popen([STRATA, "--log-level", "warn", "train", cfg_path, "--resume"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        while process.poll() is None and committed_step() < target:
+        while process.poll() is None and committed_step(manifest) < target:
             time.sleep(0.002)
         time.sleep(rng.uniform(0.0, 0.02))
         if process.poll() is not None:

@@ -76,6 +76,16 @@ def strata(*args, expect_ok=True):
     return result
 
 
+def committed_step(manifest):
+    """The step of a store's last commit, -1 before the first (the manifest is replaced by a
+    rename, so a read sees a whole one or none)."""
+    try:
+        with open(manifest) as f:
+            return int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
 def read_safetensors(path):
     entries, header = read_entries(path)
     return {name: raw for name, (_, raw) in entries.items()}, header
@@ -289,22 +299,15 @@ def case_resume(folder):
             kills = 0
             manifest = os.path.join(run_dir, "nvme", "store", "manifest.json")
 
-            def committed_step():
-                try:
-                    with open(manifest) as f:  # replaced by rename, so always whole
-                        return int(json.load(f)["step"])
-                except (OSError, ValueError, KeyError):
-                    return -1
-
             while True:
-                start_step = committed_step()
+                start_step = committed_step(manifest)
                 process = subprocess.Popen([STRATA, "--log-level", "warn", "train", cfg_path, "--resume"],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 # Let each life commit 1–3 steps, then kill it a random few milliseconds later:
                 # progress every time whatever the machine's speed, and often inside a step or
                 # a commit.
                 target = start_step + rng.randint(1, 3)
-                while process.poll() is None and committed_step() < target:
+                while process.poll() is None and committed_step(manifest) < target:
                     time.sleep(0.002)
                 time.sleep(rng.uniform(0.0, 0.03))
                 if process.poll() is None:
