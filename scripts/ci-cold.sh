@@ -51,7 +51,17 @@ mount -t sysfs sys "$root/sys" && mounts+=("$root/sys")
 bind /dev "$root/dev"
 bind /dev/pts "$root/dev/pts"
 mount -t tmpfs shm "$root/dev/shm" && mounts+=("$root/dev/shm")
-if [ -d /usr/local/cuda/bin ]; then bind "$(readlink -f /usr/local/cuda)" "$root/usr/local/cuda" ro; fi
+if [ -d /usr/local/cuda/bin ]; then
+  # The toolkit where the host has it, under its real name, with its libraries registered with
+  # the loader as the host registers them (libcudart is found through ld.so.conf.d, not a run path).
+  cuda_real=$(readlink -f /usr/local/cuda)
+  bind "$cuda_real" "$root$cuda_real" ro
+  if [ "$cuda_real" != /usr/local/cuda ]; then ln -sfn "$cuda_real" "$root/usr/local/cuda"; fi
+  for conf in /etc/ld.so.conf.d/*.conf; do
+    if grep -q "^$cuda_real" "$conf"; then cp "$conf" "$root/etc/ld.so.conf.d/"; fi
+  done
+  chroot "$root" /sbin/ldconfig
+fi
 # A machine has a resolver and a hosts file (the browser tests resolve localhost), and trusts
 # what its network needs: local CAs (a network that inspects TLS) go in before setup.sh installs
 # ca-certificates, and npm, which reads Node's own CA list, is pointed at the system's as here.

@@ -38,7 +38,10 @@ if command -v ccache >/dev/null; then
   cache_note=$(ccache --print-stats | awk -F'\t' '
     $1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { hits += $2 }
     $1 == "cache_miss" { misses += $2 }
-    END { printf "ccache: %d of %d compiles from the cache", hits, hits + misses }')
+    END {
+      printf "ccache: %d of %d compiles from the cache", hits, hits + misses
+      if (hits > 0) printf "; a cold run takes longer: scripts/ci-cold.sh measures one"
+    }')
 fi
 total_s=$((SECONDS - run_start))
 {
