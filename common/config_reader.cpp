@@ -112,9 +112,15 @@ bool ConfigNode::has(std::string_view key) const {
 
 std::string ConfigNode::resolve_path(const std::string& path) const {
   std::filesystem::path p(path);
-  if (p.is_absolute() || source_name_.empty()) return path;
-  std::filesystem::path base = std::filesystem::path(source_name_).parent_path();
-  return (base / p).lexically_normal().string();
+  if (source_name_.empty() && !p.is_absolute()) return path;
+  // Made absolute and normalized here, once, while the working directory is the one the config
+  // was named from: the store refuses a manifest naming `/run/configs/../data/strata.data`
+  // (memory/store.h), and a relative path would name another place from another folder.
+  const std::filesystem::path base = std::filesystem::path(source_name_).parent_path();
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(base / p, error);
+  if (error) return (base / p).lexically_normal().string();  // no working directory: left relative
+  return absolute.lexically_normal().string();
 }
 
 std::unique_ptr<YAML::Node> ConfigNode::lookup(std::string_view key) {

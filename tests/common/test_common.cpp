@@ -1,6 +1,8 @@
 // Proves the foundation's input handling: sizes parse in every documented form and reject
 // everything else, and the strict config reader names the key, the file and what is
-// accepted for unknown keys, wrong types and out-of-range values.
+// accepted for unknown keys, wrong types and out-of-range values; config paths resolve
+// absolute and normalized.
+#include <filesystem>
 #include <fstream>
 
 #include <sys/stat.h>
@@ -129,6 +131,20 @@ TEST(ConfigReader, LoadFileRefusesNonRegularAndHugeFiles) {
   const std::string fine = temp.file("fine.yaml");
   { std::ofstream out(fine); out << "a: 1\n"; }
   EXPECT_TRUE(ConfigNode::load_file(fine).ok());
+}
+
+// Issue 29: a config's relative path is made absolute and normalized against the config's
+// folder at read time, so the store never sees "configs/../data" (it refuses such a name).
+TEST(ConfigReader, ResolvePathIsAbsoluteAndNormalized) {
+  auto root = ConfigNode::load_string("a: 1\n", "configs/demo.yaml");
+  ASSERT_TRUE(root.ok());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  EXPECT_EQ(root->resolve_path("../strata-data/demo"), (cwd / "strata-data/demo").string());
+  EXPECT_EQ(root->resolve_path("./corpus.txt"), (cwd / "configs/corpus.txt").string());
+  EXPECT_EQ(root->resolve_path("/nvme/x/../run/rank{rank}"), "/nvme/run/rank{rank}");
+  auto bare_name = ConfigNode::load_string("a: 1\n", "demo.yaml");
+  ASSERT_TRUE(bare_name.ok());
+  EXPECT_EQ(bare_name->resolve_path("../data"), (cwd.parent_path() / "data").string());
 }
 
 TEST(ErrorText, NamesOpPathOffsetLengthAndTensor) {
