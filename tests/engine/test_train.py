@@ -245,6 +245,24 @@ def case_bad_input(folder):
             fail(f"{what}: expected one line naming '{needle}', got:\n{result.stderr}")
         if os.listdir(os.path.join(run_dir, "nvme")):
             fail(f"{what}: the refused run left files in the NVMe path")
+    # Issue 29: docs/parallel.md's old `paths: [/nvme/run/rank{rank}]` is not valid YAML (in
+    # [ ] a `{` opens a mapping); the one line names the line and key and shows the quoted form.
+    run_dir = os.path.join(folder, "bare-rank-template")
+    os.makedirs(os.path.join(run_dir, "nvme"))
+    cfg_path = os.path.join(run_dir, "train.yaml")
+    with open(cfg_path, "w") as f:
+        f.write("model: {n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 256, seq_len: 16}\n"
+                f"data: {{path: {CORPUS}}}\n"
+                f"nvme:\n  paths: [{run_dir}/nvme/rank{{rank}}]\n")
+    result = strata("train", cfg_path, expect_ok=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    print(f"bare {{rank}} in a flow list: exit {result.returncode}: {lines[-1] if lines else ''}")
+    quoted = f'paths: ["{os.path.join(run_dir, "nvme", "rank{rank}")}"]'
+    if result.returncode != 2 or len(lines) != 1 or "key 'nvme.paths'" not in lines[0] or quoted not in lines[0]:
+        fail(f"a bare {{rank}} in a flow list: expected exit 2 and one line naming nvme.paths and showing "
+             f"{quoted}, got exit {result.returncode}:\n{result.stderr}")
+    if os.listdir(os.path.join(run_dir, "nvme")):
+        fail("a bare {rank} in a flow list: the refused run left files in the NVMe path")
 
 
 def case_budgets(folder):
