@@ -1,7 +1,9 @@
 #include "common/config_reader.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -85,6 +87,80 @@ Result<ConfigNode> ConfigNode::load_file(const std::string& path) {
   return load_string(text, path);
 }
 
+// A `{rank}` template written bare inside a flow sequence (`paths: [/nvme/run/rank{rank}]`,
+// as docs/parallel.md once showed) is not valid YAML: inside [ ] a `{` opens a mapping, and
+// yaml-cpp only says "end of sequence flow not found". This finds the first line with a `{`
+// glued to a bare item of a [ ] list and says, for that line and key, how to quote it.
+// Block mappings are followed by indentation for the dotted key; nullopt when no line fits.
+static std::optional<std::string> bare_brace_in_flow_hint(const std::string& text) {
+  std::vector<std::pair<size_t, std::string>> open_keys;  // (indent, key) of the enclosing `key:` lines
+  size_t line_start = 0;
+  for (size_t line_number = 1; line_start < text.size(); ++line_number) {
+    size_t line_end = text.find('\n', line_start);
+    if (line_end == std::string::npos) line_end = text.size();
+    const std::string line = text.substr(line_start, line_end - line_start);
+    line_start = line_end + 1;
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos || line[indent] == '#') continue;
+    // This line's key: `name:` at its start (none for a list item or a flow mapping).
+    std::string key;
+    const size_t colon = line.find(':', indent);
+    if (colon != std::string::npos && line.find_first_of(" '\"[]{},#", indent) > colon)
+      key = line.substr(indent, colon - indent);
+    while (!open_keys.empty() && open_keys.back().first >= indent) open_keys.pop_back();
+
+    char quote = 0;
+    int depth = 0;  // of [ ]
+    for (size_t at = indent; at < line.size(); ++at) {
+      const char c = line[at];
+      if (quote != 0) {
+        if (c == quote) quote = 0;
+      } else if (c == '\'' || c == '"') {
+        quote = c;
+      } else if (c == '#' && at > 0 && line[at - 1] == ' ') {
+        break;  // a comment
+      } else if (c == '[') {
+        ++depth;
+      } else if (c == ']') {
+        depth = std::max(0, depth - 1);
+      } else if (c == '{' && depth > 0 && std::string_view(" [,{").find(line[at - 1]) == std::string_view::npos) {
+        // `{` glued to the text before it: never a mapping the writer meant. Quote each item
+        // of this line's [ ] in the example.
+        const size_t close = line.find('}', at);
+        const std::string placeholder = line.substr(at, close == std::string::npos ? 1 : close - at + 1);
+        const size_t list_open = line.find('['), list_close = line.rfind(']');
+        std::string example = "[\"/nvme/run/rank{rank}\"]";
+        if (list_open != std::string::npos && list_close != std::string::npos && list_close > list_open) {
+          std::vector<std::string> items;
+          std::string_view rest(line.data() + list_open + 1, list_close - list_open - 1);
+          while (!rest.empty()) {
+            const size_t comma = rest.find(',');
+            std::string item(rest.substr(0, comma));
+            item.erase(0, item.find_first_not_of(' '));
+            item.erase(item.find_last_not_of(' ') + 1);
+            if (!item.empty() && item.front() != '"' && item.front() != '\'') item = "\"" + item + "\"";
+            if (!item.empty()) items.push_back(item);
+            rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+          }
+          example = fmt::format("[{}]", fmt::join(items, ", "));
+        }
+        // The key is named only when the list is its value (not in `nvme: {paths: [...]}`).
+        const bool list_is_value = !key.empty() && line.find_first_not_of(' ', colon + 1) == list_open;
+        std::string full_key;
+        for (const auto& [open_indent, open_key] : open_keys) full_key += open_key + ".";
+        full_key += key;
+        const std::string where = list_is_value ? fmt::format("line {}: key '{}'", line_number, full_key)
+                                                : fmt::format("line {}", line_number);
+        return fmt::format("{}: a bare '{}' inside [ ] opens a YAML mapping; quote the path: {}{}", where,
+                           placeholder, list_is_value ? key + ": " : "", example);
+      }
+    }
+    // A `key:` with nothing after it opens a block mapping for the lines indented below it.
+    if (!key.empty() && line.find_first_not_of(' ', colon + 1) == std::string::npos) open_keys.emplace_back(indent, key);
+  }
+  return std::nullopt;
+}
+
 Result<ConfigNode> ConfigNode::load_string(const std::string& text, const std::string& source_name) {
   try {
     YAML::Node node = YAML::Load(text);
@@ -92,6 +168,8 @@ Result<ConfigNode> ConfigNode::load_string(const std::string& text, const std::s
       return ConfigNode(std::move(n), std::move(name), "");
     });
   } catch (const YAML::Exception& e) {
+    if (std::optional<std::string> hint = bare_brace_in_flow_hint(text))
+      return make_error(ErrorKind::invalid_argument, fmt::format("{}: {}", source_name, *hint));
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: not valid YAML: {}", source_name, e.what()));
   }
@@ -112,9 +190,15 @@ bool ConfigNode::has(std::string_view key) const {
 
 std::string ConfigNode::resolve_path(const std::string& path) const {
   std::filesystem::path p(path);
-  if (p.is_absolute() || source_name_.empty()) return path;
-  std::filesystem::path base = std::filesystem::path(source_name_).parent_path();
-  return (base / p).lexically_normal().string();
+  if (source_name_.empty() && !p.is_absolute()) return path;
+  // Made absolute and normalized here, once, while the working directory is the one the config
+  // was named from: the store refuses a manifest naming `/run/configs/../data/strata.data`
+  // (memory/store.h), and a relative path would name another place from another folder.
+  const std::filesystem::path base = std::filesystem::path(source_name_).parent_path();
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(base / p, error);
+  if (error) return (base / p).lexically_normal().string();  // no working directory: left relative
+  return absolute.lexically_normal().string();
 }
 
 std::unique_ptr<YAML::Node> ConfigNode::lookup(std::string_view key) {
@@ -208,6 +292,10 @@ Result<std::vector<std::string>> ConfigNode::string_list(
   if (value->IsScalar()) return std::vector<std::string>{value->Scalar()};
   if (!value->IsSequence()) return error_at(key, "expected a list of strings");
   for (const YAML::Node& item : *value) {
+    // `[{rank}]` parses, as a list holding the mapping {rank: null}: say how to write a string.
+    if (item.IsMap())
+      return error_at(key, "expected a list of strings, and an item is a mapping: inside [ ] a '{' opens one; "
+                           "quote the item, e.g. [\"/nvme/run/rank{rank}\"]");
     if (!item.IsScalar()) return error_at(key, "expected a list of strings");
     items.push_back(item.Scalar());
   }

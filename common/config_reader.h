@@ -40,7 +40,8 @@ class ConfigNode {
   bool has(std::string_view key) const;
   const std::string& source_name() const { return source_name_; }
   const std::string& key_path() const { return key_path_; }
-  // "corpus.txt" resolved against the config file's folder (absolute paths unchanged).
+  // "corpus.txt" resolved against the config file's folder, as an absolute, lexically
+  // normalized path (no "." or ".." left); an absolute path is only normalized.
   std::string resolve_path(const std::string& path) const;
 
   [[nodiscard]] Result<uint64_t> size(std::string_view key, std::optional<uint64_t> fallback,

@@ -681,7 +681,9 @@ Result<Store> Store::create(const std::string& dir, const std::vector<std::strin
     impl->manifest_paths.push_back(kStoreDefaultDataName);
   } else {
     for (const std::string& path : data_paths) {
-      const fs::path absolute = fs::absolute(path);
+      // Normalized as the manifest's contract wants it (resolve_data_path): a caller's
+      // "/run/configs/../data/strata.data" would otherwise make a store that open refuses.
+      const fs::path absolute = fs::absolute(path).lexically_normal();
       paths.push_back(absolute.string());
       // Files inside the store directory are named relative to it, so the directory can move.
       impl->manifest_paths.push_back(absolute.parent_path() == impl->dir ? absolute.filename().string()

@@ -1,6 +1,8 @@
 // Proves the foundation's input handling: sizes parse in every documented form and reject
 // everything else, and the strict config reader names the key, the file and what is
-// accepted for unknown keys, wrong types and out-of-range values.
+// accepted for unknown keys, wrong types and out-of-range values (and says how to quote a
+// bare `{rank}` in a [ ] list); config paths resolve absolute and normalized.
+#include <filesystem>
 #include <fstream>
 
 #include <sys/stat.h>
@@ -129,6 +131,55 @@ TEST(ConfigReader, LoadFileRefusesNonRegularAndHugeFiles) {
   const std::string fine = temp.file("fine.yaml");
   { std::ofstream out(fine); out << "a: 1\n"; }
   EXPECT_TRUE(ConfigNode::load_file(fine).ok());
+}
+
+// Issue 29: a bare `{rank}` in a flow list (docs/parallel.md's old example) is one error naming
+// the line and the dotted key and showing the quoted form; a quoted one reads as the string.
+TEST(ConfigReader, BareRankTemplateInFlowListSaysHowToQuote) {
+  auto bare = ConfigNode::load_string("steps: 3\nnvme:\n  # one store per rank\n  paths: [/nvme/a, /nvme/run/rank{rank}]\n",
+                                      "zero.yaml");
+  ASSERT_FALSE(bare.ok());
+  EXPECT_EQ(bare.error().kind, ErrorKind::invalid_argument);
+  EXPECT_EQ(bare.error().message,
+            "zero.yaml: line 4: key 'nvme.paths': a bare '{rank}' inside [ ] opens a YAML mapping; quote the path: "
+            "paths: [\"/nvme/a\", \"/nvme/run/rank{rank}\"]");
+  // In a flow mapping the key is not guessed; the line and the quoted list still are.
+  auto nested = ConfigNode::load_string("nvme: {paths: [/nvme/{rank}]}\n", "zero.yaml");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.error().message.find("line 1: a bare '{rank}'"), std::string::npos) << nested.error().message;
+  EXPECT_NE(nested.error().message.find("[\"/nvme/{rank}\"]"), std::string::npos) << nested.error().message;
+  // `[{rank}]` parses, as a list holding a mapping: the list getter says to quote.
+  auto as_map = ConfigNode::load_string("paths: [{rank}]\n", "zero.yaml");
+  ASSERT_TRUE(as_map.ok());
+  auto listed = as_map->string_list("paths", std::nullopt);
+  ASSERT_FALSE(listed.ok());
+  EXPECT_NE(listed.error().message.find("key 'paths'"), std::string::npos) << listed.error().message;
+  EXPECT_NE(listed.error().message.find("quote the item"), std::string::npos) << listed.error().message;
+  // Other bad YAML keeps yaml-cpp's own words; the quoted and block forms read.
+  auto other = ConfigNode::load_string("a: [1, 2\n", "bad.yaml");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.error().message.find("not valid YAML"), std::string::npos) << other.error().message;
+  for (const char* text : {"paths: [\"/nvme/run/rank{rank}\"]\n", "paths:\n  - /nvme/run/rank{rank}\n"}) {
+    auto good = ConfigNode::load_string(text, "zero.yaml");
+    ASSERT_TRUE(good.ok()) << text;
+    auto paths = good->string_list("paths", std::nullopt);
+    ASSERT_TRUE(paths.ok()) << text;
+    EXPECT_EQ(*paths, std::vector<std::string>{"/nvme/run/rank{rank}"});
+  }
+}
+
+// Issue 29: a config's relative path is made absolute and normalized against the config's
+// folder at read time, so the store never sees "configs/../data" (it refuses such a name).
+TEST(ConfigReader, ResolvePathIsAbsoluteAndNormalized) {
+  auto root = ConfigNode::load_string("a: 1\n", "configs/demo.yaml");
+  ASSERT_TRUE(root.ok());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  EXPECT_EQ(root->resolve_path("../strata-data/demo"), (cwd / "strata-data/demo").string());
+  EXPECT_EQ(root->resolve_path("./corpus.txt"), (cwd / "configs/corpus.txt").string());
+  EXPECT_EQ(root->resolve_path("/nvme/x/../run/rank{rank}"), "/nvme/run/rank{rank}");
+  auto bare_name = ConfigNode::load_string("a: 1\n", "demo.yaml");
+  ASSERT_TRUE(bare_name.ok());
+  EXPECT_EQ(bare_name->resolve_path("../data"), (cwd.parent_path() / "data").string());
 }
 
 TEST(ErrorText, NamesOpPathOffsetLengthAndTensor) {

@@ -14,6 +14,7 @@
 # and a run stopped at a commit and resumed equals the uninterrupted one. (blas_core) on a CPU
 # with AVX2, the GEMMs run OpenBLAS's AVX2 or AVX-512 kernels even where OpenBLAS itself picks
 # its SSE3 ones (a cloud Xeon Debian 12's OpenBLAS does not know), and OPENBLAS_CORETYPE wins.
+# (relative_paths) a config's `../` nvme path names one store from any working directory.
 #
 # Usage: test_train.py STRATA_BINARY CASE
 # test_disk_full.py imports the helpers (config, strata, read_safetensors): keep them free of CASE.
@@ -69,8 +70,8 @@ def config(folder, **overrides):
     return path, cfg
 
 
-def strata(*args, expect_ok=True):
-    result = subprocess.run([STRATA, *args], capture_output=True, text=True, timeout=600)
+def strata(*args, expect_ok=True, cwd=None):
+    result = subprocess.run([STRATA, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
     if expect_ok and result.returncode != 0:
         fail(f"strata {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
     return result
@@ -254,6 +255,24 @@ def case_bad_input(folder):
             fail(f"{what}: expected one line naming '{needle}', got:\n{result.stderr}")
         if os.listdir(os.path.join(run_dir, "nvme")):
             fail(f"{what}: the refused run left files in the NVMe path")
+    # Issue 29: docs/parallel.md's old `paths: [/nvme/run/rank{rank}]` is not valid YAML (in
+    # [ ] a `{` opens a mapping); the one line names the line and key and shows the quoted form.
+    run_dir = os.path.join(folder, "bare-rank-template")
+    os.makedirs(os.path.join(run_dir, "nvme"))
+    cfg_path = os.path.join(run_dir, "train.yaml")
+    with open(cfg_path, "w") as f:
+        f.write("model: {n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 256, seq_len: 16}\n"
+                f"data: {{path: {CORPUS}}}\n"
+                f"nvme:\n  paths: [{run_dir}/nvme/rank{{rank}}]\n")
+    result = strata("train", cfg_path, expect_ok=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    print(f"bare {{rank}} in a flow list: exit {result.returncode}: {lines[-1] if lines else ''}")
+    quoted = f'paths: ["{os.path.join(run_dir, "nvme", "rank{rank}")}"]'
+    if result.returncode != 2 or len(lines) != 1 or "key 'nvme.paths'" not in lines[0] or quoted not in lines[0]:
+        fail(f"a bare {{rank}} in a flow list: expected exit 2 and one line naming nvme.paths and showing "
+             f"{quoted}, got exit {result.returncode}:\n{result.stderr}")
+    if os.listdir(os.path.join(run_dir, "nvme")):
+        fail("a bare {rank} in a flow list: the refused run left files in the NVMe path")
 
 
 def case_budgets(folder):
@@ -527,9 +546,57 @@ def case_blas_core(folder):
     print(f"GEMM kernels: {picked} by default, Haswell when asked")
 
 
+def case_relative_paths(folder):
+    """Issue 29: a config's relative `nvme.paths: [../data]` names the same store whatever the
+    working directory — run from the config's own folder (the store was created, then refused
+    as not normalized) and resumed from another; plan, generate and store inspect/export with
+    relative paths work there too, and the manifest names the data file normalized."""
+    configs, elsewhere = os.path.join(folder, "configs"), os.path.join(folder, "elsewhere")
+    data = os.path.join(folder, "strata-data", "demo")
+    for path in (configs, elsewhere, data):
+        os.makedirs(path)
+
+    def write_config(steps):
+        with open(os.path.join(configs, "demo.yaml"), "w") as f:
+            f.write("model: {n_layer: 2, n_head: 4, n_embd: 64, vocab_size: 256, seq_len: 16, init: random}\n"
+                    f"data: {{path: {CORPUS}, format: text-bytes}}\n"
+                    f"batch_size: 2\nsteps: {steps}\ncheckpoint_every: 1\nprecision: fp32\n"
+                    "device: {memory: 64MiB}\nhost: {memory: 64MiB}\n"
+                    "nvme:\n  paths: [../strata-data/demo]\n")
+
+    write_config(steps=2)
+    result = strata("train", "demo.yaml", cwd=configs)
+    # The config's paths are resolved once, absolute and normalized: the run names its store so.
+    store = os.path.join(os.path.realpath(data), "store")
+    if f"in {store}\n" not in result.stderr:
+        fail(f"the run did not name its store as {store}:\n{result.stderr}")
+    manifest_path = os.path.join(data, "store", "manifest.json")
+    if not os.path.exists(manifest_path):
+        fail(f"no store at {manifest_path}; the folder holds {sorted(os.listdir(folder))}")
+    with open(manifest_path) as f:
+        files = json.load(f)["files"]
+    if files != [os.path.join(os.path.realpath(data), "strata.data")]:
+        fail(f"the manifest names {files}, not the normalized {data}/strata.data")
+    write_config(steps=4)
+    strata("train", "../configs/demo.yaml", "--resume", cwd=elsewhere)
+    with open(manifest_path) as f:
+        step = json.load(f)["step"]
+    if step != 4:
+        fail(f"the run resumed from {elsewhere} committed step {step}, not 4")
+    if sorted(os.listdir(folder)) != ["configs", "elsewhere", "strata-data"] or os.listdir(elsewhere):
+        fail(f"a relative path was resolved against the working directory: {sorted(os.listdir(folder))}")
+    strata("plan", "demo.yaml", cwd=configs)
+    strata("generate", "demo.yaml", "--tokens", "2", cwd=configs)
+    strata("store", "inspect", "../strata-data/demo/store", cwd=configs)
+    strata("store", "export", "../strata-data/demo/store", "../weights.safetensors", cwd=configs)
+    if not os.path.exists(os.path.join(folder, "weights.safetensors")):
+        fail("store export with a relative ../ path wrote elsewhere")
+    print(f"trained from {configs}, resumed from {elsewhere} to step {step}; the manifest names {files[0]}")
+
+
 CASES = {"reference": case_reference, "offload": case_offload, "bad_input": case_bad_input,
          "budgets": case_budgets, "resume": case_resume, "plan": case_plan, "chunk_budgets": case_chunk_budgets,
-         "interleave": case_interleave, "blas_core": case_blas_core}
+         "interleave": case_interleave, "blas_core": case_blas_core, "relative_paths": case_relative_paths}
 
 if __name__ == "__main__":
     CASE = sys.argv[2]

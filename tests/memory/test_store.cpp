@@ -143,6 +143,26 @@ TEST(Store, RoundTripOfHundredsOfOddSizedTensors) {
   EXPECT_EQ(report->bytes_checked, total_bytes);
 }
 
+// A data path with ".." (a config's `../data` beside its folder) is named normalized in the
+// manifest, so the store that create made opens again (it was refused as not normalized).
+TEST(Store, DataPathWithDotDotOpensAfterCreate) {
+  strata::testing::TempDir temp;
+  const std::string dir = temp.file("store");
+  ASSERT_TRUE(std::filesystem::create_directory(temp.file("configs")));
+  const std::string data_path = temp.file("configs") + "/../a.strata";
+  StoreOptions options = test_store_options();
+  options.external_data_paths = {data_path};
+  {
+    Result<Store> made = Store::create(dir, {data_path}, 1 << 20, options);
+    ASSERT_TRUE(made.ok()) << made.error().to_string();
+    ASSERT_TRUE(made->commit(1, {}).ok());
+  }
+  Result<Store> store = Store::open(dir, options);
+  ASSERT_TRUE(store.ok()) << store.error().to_string();
+  EXPECT_EQ(store->committed_step(), 1u);
+  EXPECT_TRUE(std::filesystem::is_regular_file(temp.file("a.strata")));
+}
+
 TEST(Store, StripedOverTwoFilesRoundTrips) {
   strata::testing::TempDir temp;
   const std::string dir = temp.file("store");
