@@ -134,6 +134,16 @@ struct Scheduler::Impl final : ResidencyMemory {
     ready_cv.notify_all();
   }
 
+  // Binds the calling (pump or I/O) thread to the device. A thread that cannot bind does no
+  // work: the sticky error fails the next acquire and flush, which is how a caller learns it.
+  bool bind_thread() {
+    Status bound = device.bind_thread();
+    if (bound.ok()) return true;
+    std::lock_guard lock(mutex);
+    fail_sticky(bound.error());
+    return false;
+  }
+
   // --- carrying out the residency's commands ---
 
   // Takes the commands of the pass just made (under the lock): NVMe transfers go to the I/O
@@ -454,8 +464,14 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   }
   s.copy_queue.reserve(2 * static_cast<size_t>(s.options.copies_in_flight));
   s.copies_to_enqueue.reserve(s.copy_queue.capacity());
-  s.pump_thread = std::thread([&s] { s.pump_loop(); });
-  s.io_thread = std::thread([&s] { s.io_loop(); });
+  // Both threads bind to the run's device before their first device call: on CUDA an unbound
+  // thread would open a context on GPU 0 and enqueue the copies there (device.h, bind_thread).
+  s.pump_thread = std::thread([&s] {
+    if (s.bind_thread()) s.pump_loop();
+  });
+  s.io_thread = std::thread([&s] {
+    if (s.bind_thread()) s.io_loop();
+  });
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(impl)));
 }
 

@@ -148,6 +148,10 @@ class CudaDevice final : public Device {
     }
     return Status();
   }
+  Status bind_thread() override {
+    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_), "cudaSetDevice");
+    return Status();
+  }
   Status register_host_memory(void* base, uint64_t size_bytes) override {
     cudaError_t code = cudaHostRegister(base, size_bytes, cudaHostRegisterDefault);
     // Memory from cudaHostAlloc (the pinned arena) is already registered: not an error.

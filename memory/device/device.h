@@ -175,6 +175,12 @@ class Device {
   // Runs `fn` on the host in stream order: on the CPU device this is how compute runs; on
   // CUDA it is a host callback (cudaLaunchHostFunc) that must not call CUDA itself.
   [[nodiscard]] virtual Status launch(Stream& stream, std::function<void()> fn) = 0;
+  // Makes the calling thread's device calls reach this device. CUDA keeps a current device per
+  // thread, device 0 until set: a thread that calls CUDA without this first opens a context on
+  // GPU 0 and enqueues there, whatever ordinal the run uses. So every thread strata starts that
+  // may call the device (the scheduler's pump and I/O threads, the host-optimizer worker) calls
+  // this before anything else. A no-op on the CPU and emulated devices.
+  [[nodiscard]] virtual Status bind_thread() { return Status(); }
   // Pins a host range for fast asynchronous copies (no-op on the CPU device).
   [[nodiscard]] virtual Status register_host_memory(void* base, uint64_t size_bytes) = 0;
   virtual void unregister_host_memory(void* base) = 0;
