@@ -558,15 +558,19 @@ Status Scheduler::release(size_t step) {
 }
 
 Status Scheduler::release_after(size_t step, device::Stream& stream) {
-  {
-    std::lock_guard lock(impl_->mutex);
-    if (std::find(impl_->held_steps.begin(), impl_->held_steps.end(), step) == impl_->held_steps.end())
-      return make_error(ErrorKind::invalid_argument, fmt::format("release of step {} which is not held", step));
-  }
-  {
-    std::lock_guard lock(impl_->mutex);
-    ++impl_->deferred_releases;
-  }
+  STRATA_RETURN_IF_ERROR(promise_release(step));
+  return release_promised_after(step, stream);
+}
+
+Status Scheduler::promise_release(size_t step) {
+  std::lock_guard lock(impl_->mutex);
+  if (std::find(impl_->held_steps.begin(), impl_->held_steps.end(), step) == impl_->held_steps.end())
+    return make_error(ErrorKind::invalid_argument, fmt::format("release of step {} which is not held", step));
+  ++impl_->deferred_releases;
+  return Status();
+}
+
+Status Scheduler::release_promised_after(size_t step, device::Stream& stream) {
   Status launched = impl_->device.launch(stream, [this, step] {
     // Unpin first, then stop counting the release as deferred: the other order leaves a moment
     // where the step is still held but no longer deferred, and an `acquire` checking its budget
@@ -579,8 +583,13 @@ Status Scheduler::release_after(size_t step, device::Stream& stream) {
     impl_->ready_cv.notify_all();  // the budget check of a waiting acquire depends on it
   });
   if (!launched.ok()) {
+    // The promise is kept even so: a step left held would make a later acquire wait forever.
+    Status released = release(step);
+    assert(released.ok());
+    (void)released;
     std::lock_guard lock(impl_->mutex);
     --impl_->deferred_releases;
+    impl_->ready_cv.notify_all();
   }
   return launched;
 }
