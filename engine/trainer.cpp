@@ -1118,6 +1118,7 @@ Result<TrainSummary> Run::execute() {
                  format_size(budgets.device_region_bytes), format_size(pool_bytes_));
   }
   memory::HostArenaOptions arena_options;
+  arena_options.try_cuda = device_->kind() == device::Kind::cuda;  // pinned by CUDA only for a CUDA run
   // Host-site updates stage outside the scheduler's budget (host_optimizer_staging_bytes).
   arena_options.capacity_bytes = pool_bytes_ + host_optimizer_staging_bytes(config_, layout_, run_);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
