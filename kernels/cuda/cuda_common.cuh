@@ -46,6 +46,9 @@ Status check_launch(const char* kernel) {
 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
+// Decoding: the attention of at most this many new rows runs per launch, so the scores buffer
+// holds this many rows × H × max_positions floats, not a whole prompt's (gpt2_cuda.cu).
+constexpr int64_t kDecodeScoreRows = 64;
 
 unsigned blocks_for(int64_t count, int64_t per_block = kThreads) {
   return static_cast<unsigned>((count + per_block - 1) / per_block);
