@@ -152,6 +152,32 @@ TEST(CpuSeamSelfCheck, BeginStepClearsTheScalars) {
   EXPECT_EQ(second.loss, 0.0);
 }
 
+// Proves the CPU backend's cross-entropy refuses a target outside the vocabulary — one past
+// the end and negative, on both heads — with an error naming the token id and the vocabulary
+// size, where the kernel alone would read past the logits row (its check is an assert).
+TEST(CpuSeamSelfCheck, HeadRefusesTargetsOutsideTheVocabulary) {
+  const int64_t vocab = small_config().vocab_size;
+  for (const int32_t bad : {static_cast<int32_t>(vocab), -1}) {
+    auto env = BackendEnv::create(device::Kind::cpu);
+    ASSERT_NE(env, nullptr);
+    const auto [gpt2, llama] = heads_with_target(*env, bad);
+    for (const Status& status : {gpt2, llama}) {
+      ASSERT_FALSE(status.ok()) << "target " << bad << " accepted";
+      EXPECT_EQ(status.error().kind, ErrorKind::invalid_argument);
+      EXPECT_NE(status.error().message.find("target token id " + std::to_string(bad)), std::string::npos)
+          << status.error().message;
+      EXPECT_NE(status.error().message.find("vocabulary of " + std::to_string(vocab)), std::string::npos)
+          << status.error().message;
+    }
+  }
+  // The last valid id still trains.
+  auto env = BackendEnv::create(device::Kind::cpu);
+  ASSERT_NE(env, nullptr);
+  const auto [gpt2, llama] = heads_with_target(*env, static_cast<int32_t>(vocab - 1));
+  EXPECT_TRUE(gpt2.ok()) << gpt2.to_string();
+  EXPECT_TRUE(llama.ok()) << llama.to_string();
+}
+
 // Proves decoding does not reserve training's attention scratch: at an 8B-like shape (32 heads,
 // 4096-token prompt and window) the decode workspace of every kind's kernels stays below one
 // H·T·T fp32 buffer — training's probabilities alone are two — and doubling the prompt at most

@@ -134,6 +134,22 @@ TEST_P(DecodeParity, CudaMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Ops, DecodeParity, ::testing::ValuesIn(kDecodeScenarios),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
+// Proves the CUDA backend's cross-entropy refuses a target outside the vocabulary on both heads
+// with the same error as the CPU's (kernels::check_targets), instead of indexing past the row.
+TEST(CrossEntropy, CudaRefusesTargetsOutsideTheVocabulary) {
+  const int64_t vocab = small_config().vocab_size;
+  for (const int32_t bad : {static_cast<int32_t>(vocab), -1}) {
+    auto cuda = BackendEnv::create(device::Kind::cuda);
+    ASSERT_NE(cuda, nullptr);
+    const auto [gpt2, llama] = heads_with_target(*cuda, bad);
+    for (const Status& status : {gpt2, llama}) {
+      ASSERT_FALSE(status.ok()) << "target " << bad << " accepted";
+      EXPECT_NE(status.error().message.find("target token id " + std::to_string(bad)), std::string::npos)
+          << status.error().message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::testing
 
