@@ -198,6 +198,17 @@ int cuda_device_count_impl() {
   return count;
 }
 
+Result<int> cuda_device_count_checked_impl() {
+  int count = 0;
+  const cudaError_t code = cudaGetDeviceCount(&count);
+  if (code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    return 0;
+  }
+  STRATA_CUDA_CHECK(code, "cudaGetDeviceCount");
+  return count;
+}
+
 Result<std::unique_ptr<Device>> make_cuda_device(uint64_t budget_bytes, int ordinal) {
   const int count = cuda_device_count_impl();
   if (ordinal < 0 || ordinal >= count)

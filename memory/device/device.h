@@ -212,7 +212,11 @@ class Device {
 // `cuda` in a build without CUDA, or on a machine without a GPU, is an `unsupported` error.
 [[nodiscard]] Result<std::unique_ptr<Device>> make_device(Kind kind, uint64_t budget_bytes,
                                                           int cuda_ordinal = 0);
-// How many CUDA devices this process can see (0 in a build without CUDA).
+// How many CUDA devices this process can see (0 in a build without CUDA, and 0 on any error).
 int cuda_device_count();
+// The same, telling "no GPU here" from a broken one: 0 in a build without CUDA, with no device
+// or with no (or too old a) driver — the only reasons a CUDA test may skip (exit 77) — and an
+// error for any other CUDA failure, which a test must report as a failure.
+[[nodiscard]] Result<int> cuda_device_count_or_error();
 
 }  // namespace strata::device
