@@ -483,6 +483,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const float* sampled_logits = backend->is_host() ? logits : logits_copy.data();
 
   memory::HostArenaOptions arena_options;
+  arena_options.try_cuda = kind == device::Kind::cuda;  // pinned by CUDA only for a CUDA run
   arena_options.capacity_bytes = pool_bytes;
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::NvmeBacking> backing, sch::make_store_backing(store, plan));

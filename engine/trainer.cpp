@@ -27,6 +27,7 @@
 #include "engine/model_layout.h"
 #include "engine/monitor/monitor.h"
 #include "engine/safetensors.h"
+#include "engine/slot_worker.h"
 #include "engine/step_model.h"
 #include "engine/train_plan.h"
 #include "engine/zero.h"
@@ -343,31 +344,46 @@ class Run {
   // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
   uint64_t nvme_used_bytes_ = 0;
   uint64_t nvme_capacity_bytes_ = 0;
-  // OptimizerSite::host (train_plan.h): a CPU backend runs the updates in host memory, ordered
-  // on `optimizer_stream_` of device_ (its host callbacks run them), so the compute stream goes
-  // on with the next backward meanwhile. Declared after scheduler_ so the stream, whose
-  // callbacks release the scheduler's steps, is drained before the scheduler goes.
+  // OptimizerSite::host (train_plan.h): a CPU backend runs the updates in host memory on
+  // `host_worker_`'s thread, so the compute stream goes on with the next backward meanwhile.
+  // A chunk's job is posted by a short host callback once its gradients are on the host (never
+  // run inside the callback: the CUDA driver runs callbacks one at a time, so a long one would
+  // hold back every copy completion of the scheduler); the worker then enqueues the new
+  // compute copy on `optimizer_stream_` and the step's release behind it. Declared after
+  // scheduler_ so the stream, whose callbacks release the scheduler's steps, is drained before
+  // the scheduler goes.
   struct HostUpdateSlot {
     memory::HostBuffer grads;   // the chunk's gradients, fp32, device→host
     memory::HostBuffer params;  // its new compute copy, host→device
     device::Event free;         // recorded on the optimizer stream once the slot is consumed
     bool used = false;
+    // The job (written by the trainer before the slot is posted, read by the worker after).
+    std::vector<kernels::AdamWChunk> pieces;
+    size_t step_index = 0;          // the plan step released once its P is copied back
+    void* device_params = nullptr;  // where in that step's P the chunk's new copy goes
+    const void* new_params = nullptr;
+    uint64_t params_size_bytes = 0;
   };
   Status open_host_optimizer();
-  Status update_on_host(const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step);
+  Status update_on_host(size_t step_index, const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step);
+  // The worker's job for one slot (SlotWorker::Job).
+  Status run_host_update(size_t slot_index, const Status& bound);
   std::vector<kernels::AdamWChunk> adamw_pieces(const Unit& unit, uint64_t begin, uint64_t count, uint64_t step,
                                                 float* master, const float* grads, uint16_t* copy) const;
   std::unique_ptr<device::Device> host_device_;
   std::unique_ptr<kernels::ComputeBackend> host_backend_;
   device::Stream optimizer_stream_;
-  device::Event grads_ready_, updates_done_;
+  device::Event updates_done_;
   std::vector<HostUpdateSlot> host_slots_;
   size_t next_host_slot_ = 0;
   std::optional<float> host_clip_scale_;  // this step's, once the norm came back
   // Interleaved updates: the step whose gradients (and clip coefficient, on the stream) wait
   // for their update in the next pass; none after a start, a resume or a commit.
   std::optional<uint64_t> pending_update_step_;
-  std::atomic<bool> host_update_failed_{false};  // set by a host callback, read after end_step
+  // Set by update_on_host when the step's release became the worker's (compute_and_release).
+  bool release_promised_ = false;
+  // Last: joined (after the jobs posted so far) before the slots, streams and scheduler go.
+  std::unique_ptr<SlotWorker> host_worker_;
 };
 
 Status Run::open_store(uint64_t& start_step) {
@@ -577,7 +593,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       return backend.sum_squares(grads, unit.element_count);
     }
     case StepKind::optimize: {
-      if (info.site == OptimizerSite::host) return update_on_host(info, buffers, step);
+      if (info.site == OptimizerSite::host) return update_on_host(step_index, info, buffers, step);
       // ZeRO: every rank takes the step's clip scale together; a chunk's owner updates it and
       // sends its new compute copy to the others (engine/zero.h).
       std::optional<float> zero_clip_scale;
@@ -663,7 +679,6 @@ Status Run::open_host_optimizer() {
   STRATA_ASSIGN_OR_RETURN(host_device_, device::make_device(device::Kind::cpu, kMiB));
   STRATA_ASSIGN_OR_RETURN(host_backend_, kernels::make_backend(*host_device_, gk::BatchShape{1, 1}));
   STRATA_ASSIGN_OR_RETURN(optimizer_stream_, device_->create_stream("optimizer"));
-  STRATA_ASSIGN_OR_RETURN(grads_ready_, device_->create_event());
   STRATA_ASSIGN_OR_RETURN(updates_done_, device_->create_event());
   uint64_t largest_chunk = 0;
   for (const UnitIds& ids : run_.units)
@@ -676,15 +691,20 @@ Status Run::open_host_optimizer() {
     STRATA_ASSIGN_OR_RETURN(slot.free, device_->create_event());
     host_slots_.push_back(std::move(slot));
   }
+  host_worker_ = std::make_unique<SlotWorker>(
+      host_slots_.size(), [this] { return device_->bind_thread(); },
+      [this](size_t slot_index, const Status& bound) { return run_host_update(slot_index, bound); });
   return Status();
 }
 
 // One optimizer chunk updated on the host (OptimizerSite::host): the chunk's gradients go
-// device→host behind the backward that made them, and the optimizer stream — which waits for
-// that copy, not the host — runs the CPU AdamW on master/m/v in their host home as a host
-// callback, then copies the new compute copy into the step's P. The compute stream is free to
-// run the next backward meanwhile; run_step makes it wait for the updates before the step ends.
-Status Run::update_on_host(const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step) {
+// device→host behind the backward that made them, and a host callback behind that copy posts
+// the chunk to host_worker_, which runs the CPU AdamW on master/m/v in their host home, then
+// enqueues the new compute copy into the step's P on the optimizer stream and the step's
+// release behind it (run_host_update). The compute stream is free to run the next backward
+// meanwhile; run_step makes it wait for the updates before the step ends.
+Status Run::update_on_host(size_t step_index, const StepInfo& info, const sch::StepBuffers& buffers,
+                           uint64_t step) {
   const Unit& unit = layout_.units()[info.unit];
   const UnitIds& ids = run_.units[info.unit];
   const ElementRange range = ids.optim[info.chunk].range;
@@ -697,35 +717,60 @@ Status Run::update_on_host(const StepInfo& info, const sch::StepBuffers& buffers
     host_clip_scale_ = kernels::clip_coefficient(std::sqrt(sum_squares), config_.optimizer.grad_clip);
   }
   // The chunk's home: host memory the scheduler never copies (it is in no step), whose block
-  // is fixed for the scheduler's life; only this stream touches it during a step.
+  // is fixed for the scheduler's life; only the worker touches it during a step.
   const sch::TensorId optim_id = ids.optim[info.chunk].tensor;
   auto* master = static_cast<float*>(scheduler_->begin_host_access(optim_id));
   scheduler_->end_host_access(optim_id);
 
-  HostUpdateSlot& slot = host_slots_[next_host_slot_];
+  const size_t slot_index = next_host_slot_;
+  HostUpdateSlot& slot = host_slots_[slot_index];
   next_host_slot_ = (next_host_slot_ + 1) % host_slots_.size();
   device::Stream& compute = backend_->compute_stream();
-  if (slot.used) STRATA_RETURN_IF_ERROR(device_->stream_wait(compute, slot.free));
+  if (slot.used) {
+    // The worker has enqueued the slot's last copy and recorded `free` behind it (so the wait
+    // below is on that record, not an older one); the device then waits for the copy itself.
+    host_worker_->wait_done(slot_index);
+    STRATA_RETURN_IF_ERROR(device_->stream_wait(compute, slot.free));
+  }
   slot.used = true;
   auto* host_grads = reinterpret_cast<float*>(slot.grads.data());
   STRATA_RETURN_IF_ERROR(device_->copy_to_host(compute, host_grads, grads_of(info.unit, buffers) + begin, count * 4));
-  STRATA_RETURN_IF_ERROR(device_->record(grads_ready_, compute));
-  STRATA_RETURN_IF_ERROR(device_->stream_wait(optimizer_stream_, grads_ready_));
 
   uint16_t* copy = config_.precision == DType::bf16 ? reinterpret_cast<uint16_t*>(slot.params.data()) : nullptr;
-  std::vector<kernels::AdamWChunk> pieces = adamw_pieces(unit, begin, count, step, master, host_grads, copy);
+  slot.pieces = adamw_pieces(unit, begin, count, step, master, host_grads, copy);
   if (clip)
-    for (kernels::AdamWChunk& piece : pieces) piece.scalars.grad_scale = *host_clip_scale_;
-  STRATA_RETURN_IF_ERROR(device_->launch(optimizer_stream_, [this, pieces = std::move(pieces)] {
-    for (const kernels::AdamWChunk& piece : pieces)
-      if (!host_backend_->adamw(piece).ok()) host_update_failed_ = true;
-  }));
+    for (kernels::AdamWChunk& piece : slot.pieces) piece.scalars.grad_scale = *host_clip_scale_;
   // fp32: the master IS the new compute copy; bf16: the rounded copy the update wrote.
   const uint32_t param_bytes = dtype_size_bytes(config_.precision);
-  const void* new_params = config_.precision == DType::f32 ? static_cast<const void*>(master) : slot.params.data();
-  auto* device_params = static_cast<std::byte*>(buffers.device_data(ids.params)) + begin * param_bytes;
-  STRATA_RETURN_IF_ERROR(device_->copy_to_device(optimizer_stream_, device_params, new_params, count * param_bytes));
-  return device_->record(slot.free, optimizer_stream_);
+  slot.step_index = step_index;
+  slot.new_params = config_.precision == DType::f32 ? static_cast<const void*>(master) : slot.params.data();
+  slot.device_params = static_cast<std::byte*>(buffers.device_data(ids.params)) + begin * param_bytes;
+  slot.params_size_bytes = count * param_bytes;
+
+  // From here the step's release is the worker's: promised now, so an acquire waits for it.
+  STRATA_RETURN_IF_ERROR(scheduler_->promise_release(step_index));
+  release_promised_ = true;
+  host_worker_->claim(slot_index);
+  // Only a post: the callback must be short (see host_worker_).
+  Status launched = device_->launch(compute, [worker = host_worker_.get(), slot_index] { worker->post(slot_index); });
+  // A claimed slot is always posted: its job keeps the release promise even on a failed device.
+  if (!launched.ok()) host_worker_->post(slot_index);
+  return launched;
+}
+
+Status Run::run_host_update(size_t slot_index, const Status& bound) {
+  HostUpdateSlot& slot = host_slots_[slot_index];
+  Status status = bound;
+  for (const kernels::AdamWChunk& piece : slot.pieces) {
+    if (!status.ok()) break;
+    status = host_backend_->adamw(piece);
+  }
+  if (status.ok())
+    status = device_->copy_to_device(optimizer_stream_, slot.device_params, slot.new_params, slot.params_size_bytes);
+  if (status.ok()) status = device_->record(slot.free, optimizer_stream_);
+  // Kept whatever happened above: a step left held would stall the next acquire forever.
+  Status released = scheduler_->release_promised_after(slot.step_index, optimizer_stream_);
+  return status.ok() ? released : status;
 }
 
 Status Run::reduce_across_ranks(size_t unit, float* grads) {
@@ -859,8 +904,11 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     STRATA_RETURN_IF_ERROR(compute_and_release(index, buffers, step, std::move(gathered), figures.compute_seconds));
   }
   if (run_.optimizer_site == OptimizerSite::host) {
-    // The step ends when the host updates have: the compute stream waits for them (no host
-    // wait), so end_step's one sync covers them and the next step's compute follows them.
+    // The step ends when the host updates have: once the worker has enqueued the last copy,
+    // the compute stream waits for them on the device, so end_step's one sync covers them and
+    // the next step's compute follows them. (end_step waits on the host anyway: waiting for
+    // the worker first costs nothing.)
+    host_worker_->wait_idle();
     STRATA_RETURN_IF_ERROR(device_->record(updates_done_, optimizer_stream_));
     STRATA_RETURN_IF_ERROR(device_->stream_wait(backend_->compute_stream(), updates_done_));
   }
@@ -872,8 +920,10 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     STRATA_ASSIGN_OR_RETURN(scalars.loss, zero_->mean_loss(scalars.loss));
   }
   host_clip_scale_.reset();
-  if (host_update_failed_)
-    return make_error(ErrorKind::internal, fmt::format("step {}: a host AdamW update failed", step + 1));
+  if (host_worker_ != nullptr)
+    if (Status updated = host_worker_->first_error(); !updated.ok())
+      return make_error(ErrorKind::internal,
+                        fmt::format("step {}: a host AdamW update failed: {}", step + 1, updated.error().message));
   // A diverged step is never committed: the check comes before the checkpoint that follows.
   if (!std::isfinite(scalars.loss))
     return make_error(ErrorKind::internal,
@@ -891,17 +941,16 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
 Status Run::compute_and_release(size_t index, const sch::StepBuffers& buffers, uint64_t step, Status status,
                                 double& compute_seconds) {
   const uint64_t start_ns = sch::Timeline::now_ns();
+  release_promised_ = false;
   if (status.ok()) status = compute(index, buffers, step);
   const uint64_t end_ns = sch::Timeline::now_ns();
   compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
   if (sch::Timeline* timeline = scheduler_->timeline(); timeline != nullptr)
     timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
-  // A host-site update's step is done once the optimizer stream has copied its P back.
-  const StepInfo& info = run_.steps[index];
-  device::Stream& done_on = info.kind == StepKind::optimize && info.site == OptimizerSite::host
-                                ? optimizer_stream_
-                                : backend_->compute_stream();
-  Status released = status.ok() ? scheduler_->release_after(index, done_on) : scheduler_->release(index);
+  // A host-site update's step is released by host_worker_, behind the copy of its P back.
+  if (release_promised_) return status;
+  Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream())
+                                 : scheduler_->release(index);
   STRATA_RETURN_IF_ERROR(status);
   return released;
 }
@@ -1069,6 +1118,7 @@ Result<TrainSummary> Run::execute() {
                  format_size(budgets.device_region_bytes), format_size(pool_bytes_));
   }
   memory::HostArenaOptions arena_options;
+  arena_options.try_cuda = device_->kind() == device::Kind::cuda;  // pinned by CUDA only for a CUDA run
   // Host-site updates stage outside the scheduler's budget (host_optimizer_staging_bytes).
   arena_options.capacity_bytes = pool_bytes_ + host_optimizer_staging_bytes(config_, layout_, run_);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "kernels/cpu/cpu_backend.h"
 
 namespace strata::kernels {
@@ -21,6 +23,16 @@ Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device, con
   }
   (void)max_shape;
   return make_error(ErrorKind::unsupported, "this build has no compute backend for a CUDA device (nvcc was not found)");
+}
+
+Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size) {
+  for (int64_t row = 0; row < rows; ++row)
+    if (targets[row] < 0 || targets[row] >= vocab_size)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("target token id {} (row {}) is outside the model's vocabulary of {} tokens "
+                                    "(ids 0..{}): the data was tokenized for another vocabulary",
+                                    targets[row], row, vocab_size, vocab_size - 1));
+  return Status();
 }
 
 // Generation's defaults: a backend that has not written its decode ops says so.

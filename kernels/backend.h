@@ -243,6 +243,11 @@ size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& confi
 // The bf16 decode ops' scratch on a device kind (ComputeBackend::decode_bf16_scratch_bytes).
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);
+// The refusal every backend's head ops make before a kernel indexes a logits row by a target:
+// a target outside [0, vocab_size) would read (and, with gradients, write) past the row. The
+// first such target is an `invalid_argument` naming the token id, its row and the vocabulary
+// size. `targets` are begin_step's, host memory, so this costs no device round trip.
+[[nodiscard]] Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size);
 // Vocabulary rows the base class's bf16 head widens and multiplies at a time.
 inline constexpr int64_t kDecodeHeadPieceRows = 4096;
 

@@ -2,8 +2,11 @@
 //
 // What it owns: one host region of `capacity_bytes`, obtained once when the arena is
 // created and returned when it is destroyed. How it is pinned, in order of preference:
-//   1. cudaHostAlloc (CUDA builds, when cudaGetDeviceCount finds a GPU): page-locked and
-//      mapped for the GPU's copy engines;
+//   1. cudaHostAlloc (CUDA builds, only when asked — `try_cuda`, which a run sets when its
+//      device is CUDA — and cudaGetDeviceCount finds a GPU): page-locked and mapped for the
+//      GPU's copy engines. Never by default: a cpu or emulated run in a CUDA build must not
+//      initialise CUDA at all (a context costs time, host memory and, on a shared GPU, VRAM);
+
 //   2. mmap + mlock, when RLIMIT_MEMLOCK (or CAP_IPC_LOCK) allows it: locked pages the kernel
 //      never swaps or migrates, so O_DIRECT reads land in them at full rate;
 //   3. mmap'd plain pages, pre-faulted, with ONE warning saying why pinning failed.
@@ -47,7 +50,7 @@ const char* pin_kind_name(PinKind kind);
 struct HostArenaOptions {
   uint64_t capacity_bytes = 0;
   uint64_t alignment_bytes = 4096;  // power of two, ≥ 64
-  bool try_cuda = true;             // use cudaHostAlloc when built with CUDA and a GPU is present
+  bool try_cuda = false;            // cudaHostAlloc (CUDA build, GPU present): runs on a CUDA device only
   bool try_mlock = true;            // else mmap + mlock where the limit allows
 };
 

@@ -134,6 +134,16 @@ struct Scheduler::Impl final : ResidencyMemory {
     ready_cv.notify_all();
   }
 
+  // Binds the calling (pump or I/O) thread to the device. A thread that cannot bind does no
+  // work: the sticky error fails the next acquire and flush, which is how a caller learns it.
+  bool bind_thread() {
+    Status bound = device.bind_thread();
+    if (bound.ok()) return true;
+    std::lock_guard lock(mutex);
+    fail_sticky(bound.error());
+    return false;
+  }
+
   // --- carrying out the residency's commands ---
 
   // Takes the commands of the pass just made (under the lock): NVMe transfers go to the I/O
@@ -454,8 +464,14 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   }
   s.copy_queue.reserve(2 * static_cast<size_t>(s.options.copies_in_flight));
   s.copies_to_enqueue.reserve(s.copy_queue.capacity());
-  s.pump_thread = std::thread([&s] { s.pump_loop(); });
-  s.io_thread = std::thread([&s] { s.io_loop(); });
+  // Both threads bind to the run's device before their first device call: on CUDA an unbound
+  // thread would open a context on GPU 0 and enqueue the copies there (device.h, bind_thread).
+  s.pump_thread = std::thread([&s] {
+    if (s.bind_thread()) s.pump_loop();
+  });
+  s.io_thread = std::thread([&s] {
+    if (s.bind_thread()) s.io_loop();
+  });
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(impl)));
 }
 
@@ -542,15 +558,19 @@ Status Scheduler::release(size_t step) {
 }
 
 Status Scheduler::release_after(size_t step, device::Stream& stream) {
-  {
-    std::lock_guard lock(impl_->mutex);
-    if (std::find(impl_->held_steps.begin(), impl_->held_steps.end(), step) == impl_->held_steps.end())
-      return make_error(ErrorKind::invalid_argument, fmt::format("release of step {} which is not held", step));
-  }
-  {
-    std::lock_guard lock(impl_->mutex);
-    ++impl_->deferred_releases;
-  }
+  STRATA_RETURN_IF_ERROR(promise_release(step));
+  return release_promised_after(step, stream);
+}
+
+Status Scheduler::promise_release(size_t step) {
+  std::lock_guard lock(impl_->mutex);
+  if (std::find(impl_->held_steps.begin(), impl_->held_steps.end(), step) == impl_->held_steps.end())
+    return make_error(ErrorKind::invalid_argument, fmt::format("release of step {} which is not held", step));
+  ++impl_->deferred_releases;
+  return Status();
+}
+
+Status Scheduler::release_promised_after(size_t step, device::Stream& stream) {
   Status launched = impl_->device.launch(stream, [this, step] {
     // Unpin first, then stop counting the release as deferred: the other order leaves a moment
     // where the step is still held but no longer deferred, and an `acquire` checking its budget
@@ -563,8 +583,13 @@ Status Scheduler::release_after(size_t step, device::Stream& stream) {
     impl_->ready_cv.notify_all();  // the budget check of a waiting acquire depends on it
   });
   if (!launched.ok()) {
+    // The promise is kept even so: a step left held would make a later acquire wait forever.
+    Status released = release(step);
+    assert(released.ok());
+    (void)released;
     std::lock_guard lock(impl_->mutex);
     --impl_->deferred_releases;
+    impl_->ready_cv.notify_all();
   }
   return launched;
 }

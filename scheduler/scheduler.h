@@ -264,6 +264,14 @@ class Scheduler {
   [[nodiscard]] Status release(size_t step);
   // Unpins them once the work already enqueued on `stream` has run (a host callback on it).
   [[nodiscard]] Status release_after(size_t step, device::Stream& stream);
+  // release_after in two halves, for a release another thread enqueues later (the trainer's
+  // host-optimizer worker, which copies the step's P back before it may be released).
+  // `promise_release` counts the release as coming at once — an acquire that needs its budget
+  // then waits for it instead of refusing — and `release_promised_after` (any thread) enqueues
+  // it. Every promise must be kept exactly once: if the stream cannot take the release, the
+  // step is released at once and the launch's error returned.
+  [[nodiscard]] Status promise_release(size_t step);
+  [[nodiscard]] Status release_promised_after(size_t step, device::Stream& stream);
   // Waits until every tensor's home copy holds its newest version (write-backs done). No step
   // may be held. Returns the first write-back error, if any.
   [[nodiscard]] Status flush();

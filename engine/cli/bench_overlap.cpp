@@ -203,6 +203,7 @@ Status run_overlap(const OverlapOptions& o) {
   if (!o.compute_only) STRATA_RETURN_IF_ERROR(claim_scratch_dir(o.dir));
   LayerSums layer_sums(o.layers);
   memory::HostArenaOptions arena_options;
+  arena_options.try_cuda = device_kind == device::Kind::cuda;  // pinned by CUDA only for a CUDA run
   arena_options.capacity_bytes = std::max(pool_bytes, layer_bytes) + (1 << 20);
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   {

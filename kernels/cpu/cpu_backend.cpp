@@ -87,6 +87,7 @@ class CpuBackend final : public ComputeBackend {
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
                                const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
+    STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
     scalars_.loss = gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
     return Status();
   }
@@ -124,6 +125,7 @@ class CpuBackend final : public ComputeBackend {
                                      const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
                                      const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
+    STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
     scalars_.loss = llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
     return Status();
   }

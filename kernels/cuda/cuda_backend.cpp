@@ -69,6 +69,7 @@ class CudaBackend final : public ComputeBackend {
     const uint64_t bytes = static_cast<uint64_t>(rows) * sizeof(int32_t);
     STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, bytes));
     STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, targets_, targets, bytes));
+    host_targets_ = targets;  // untouched until end_step (backend.h): the heads check them there
     // The loss and the sum, not the clip scale: interleaved updates (engine/train_plan.h) apply
     // the previous step's in this one; none reads it before a clip_coefficient has written it
     // (a pass with no pending gradients does no update). clip_scale is the last member.
@@ -151,6 +152,7 @@ class CudaBackend final : public ComputeBackend {
   Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
                                const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
     return gk::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
                                            &slots_->loss, workspace);
   }
@@ -180,6 +182,7 @@ class CudaBackend final : public ComputeBackend {
   Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
                                      const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
                                      const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
+    STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
     return llama::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
                                               &slots_->loss, workspace);
   }
@@ -223,6 +226,7 @@ class CudaBackend final : public ComputeBackend {
   double* sum_squares_scratch_ = nullptr;
   int32_t* tokens_ = nullptr;
   int32_t* targets_ = nullptr;
+  const int32_t* host_targets_ = nullptr;  // begin_step's, for check_targets
 };
 
 }  // namespace

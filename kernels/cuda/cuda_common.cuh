@@ -46,6 +46,9 @@ Status check_launch(const char* kernel) {
 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
+// Decoding: the attention of at most this many new rows runs per launch, so the scores buffer
+// holds this many rows × H × max_positions floats, not a whole prompt's (gpt2_cuda.cu).
+constexpr int64_t kDecodeScoreRows = 64;
 
 unsigned blocks_for(int64_t count, int64_t per_block = kThreads) {
   return static_cast<unsigned>((count + per_block - 1) / per_block);
@@ -137,6 +140,9 @@ __global__ void softmax_backward_kernel(const float* probs, float* d, int64_t t_
 
 // One block per row: loss = logsumexp − logit[target]; with write_grad the row becomes
 // grad_scale·(softmax − onehot). All reads finish (block reductions sync) before any write.
+// A target outside [0, vocab) never indexes the row: its loss is NaN and its gradient row zero.
+// The backend refuses such targets before launching (kernels::check_targets); this keeps a
+// direct caller from reading past the row all the same.
 __global__ void cross_entropy_kernel(float* logits, int64_t vocab, const int32_t* targets,
                                      bool write_grad, float grad_scale, float* row_loss) {
   __shared__ double shared_sum[kThreads];
@@ -144,6 +150,12 @@ __global__ void cross_entropy_kernel(float* logits, int64_t vocab, const int32_t
   const int64_t row = blockIdx.x;
   float* l = logits + row * vocab;
   const int32_t target = targets[row];
+  if (target < 0 || target >= vocab) {
+    if (threadIdx.x == 0) row_loss[row] = NAN;
+    if (write_grad)
+      for (int64_t j = threadIdx.x; j < vocab; j += kThreads) l[j] = 0.0f;
+    return;
+  }
   const float target_logit = l[target];
   float max_value = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += kThreads) max_value = fmaxf(max_value, l[j]);

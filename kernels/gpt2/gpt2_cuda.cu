@@ -180,10 +180,13 @@ struct BlockLayout {
   size_t size_bytes;
 };
 
-BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base) {
+// `training`: with the [B, H, T, T] attention probabilities and their gradients, which only
+// training's forward and backward use; decoding leaves them out (null), as they would cost
+// 2·H·T² floats for a T-row prompt — 4.3 GB at 32 heads and 4096 rows.
+BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base, bool training = true) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
-  const int64_t att_rows = shape.batch * config.n_head * shape.seq_len * shape.seq_len;
+  const int64_t att_rows = training ? shape.batch * config.n_head * shape.seq_len * shape.seq_len : 0;
   WorkspaceCarver carve(base);
   BlockLayout l{};
   l.ln1_out = carve.take(n * c);
@@ -197,8 +200,8 @@ BlockLayout block_layout(const Config& config, const BatchShape& shape, float* b
   l.ln2_rstd = carve.take(n);
   l.fc_pre = carve.take(n * 4 * c);
   l.fc_act = carve.take(n * 4 * c);
-  l.probs = carve.take(att_rows);
-  l.d_probs = carve.take(att_rows);
+  l.probs = training ? carve.take(att_rows) : nullptr;
+  l.d_probs = training ? carve.take(att_rows) : nullptr;
   l.size_bytes = carve.used_bytes();
   return l;
 }
@@ -536,21 +539,24 @@ Status head_forward(const Context& ctx, const Config& config, const BatchShape& 
 namespace strata::kernels::gpt2::cuda {
 namespace {
 
-// One block per (new row r, head h): p_j = softmax_j(scale·q·k_j) over the cached positions
-// 0..past+r, then out = Σ_j p_j v_j in position order. q is the fused qkv [rows, 3C];
-// `scores` [rows, H, max_positions]. Max and sum by fixed block trees: no atomics.
+// One block per (new row r, head h) of the rows first_row…: p_j = softmax_j(scale·q·k_j) over
+// the cached positions 0..past+r, then out = Σ_j p_j v_j in position order. q is the fused qkv
+// [rows, 3C]; `scores` [launched rows, H, max_positions]. Max and sum by fixed block trees: no
+// atomics. A block's result depends on its row alone, so launching the rows in groups
+// (block_decode) changes no bit.
 __global__ void decode_attention_kernel(const float* qkv, const float* keys, const float* values, int64_t past,
-                                        int64_t n_head, int64_t head_dim, int64_t max_positions, float scale,
-                                        float* scores, float* att) {
+                                        int64_t first_row, int64_t n_head, int64_t head_dim, int64_t max_positions,
+                                        float scale, float* scores, float* att) {
   __shared__ double sum_shared[kThreads];
   __shared__ float max_shared[kThreads];
-  const int64_t r = blockIdx.x / n_head;
+  const int64_t local_row = blockIdx.x / n_head;
+  const int64_t r = first_row + local_row;
   const int64_t h = blockIdx.x % n_head;
   const int64_t d = head_dim;
   const int64_t c = n_head * d;
   const int64_t count = past + r + 1;
   const float* q_row = qkv + r * 3 * c + h * d;
-  float* p = scores + (r * n_head + h) * max_positions;
+  float* p = scores + (local_row * n_head + h) * max_positions;
   float local_max = -INFINITY;
   for (int64_t j = threadIdx.x; j < count; j += kThreads) {
     const float* k = keys + j * c + h * d;
@@ -583,8 +589,13 @@ __global__ void embedding_decode_kernel(const int32_t* tokens, const float* wte,
   x0[i] = wte[static_cast<int64_t>(tokens[r]) * c + j] + wpe[(past + r) * c + j];
 }
 
+// The decode workspace: the block's per-row buffers (no training attention scratch) and the
+// scores of at most kDecodeScoreRows rows at a time (a long prompt's attention runs in groups
+// of rows), so it grows linearly with the prompt, never with its square.
 auto decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
-  return decode_layout_after(block_layout(config, BatchShape{1, rows}, base), rows * config.n_head * max_positions, base);
+  const int64_t score_rows = std::min(rows, kDecodeScoreRows);
+  return decode_layout_after(block_layout(config, BatchShape{1, rows}, base, /*training=*/false),
+                             score_rows * config.n_head * max_positions, base);
 }
 
 size_t head_decode_size_bytes(const Config& config) { return head_decode_scratch_bytes(config.n_embd, 2); }
@@ -623,9 +634,13 @@ Status block_decode(const Context& ctx, const Config& config, int64_t past, int6
   code = cudaMemcpy2DAsync(cache.values + past * c, row_bytes, ws.qkv + 2 * c, qkv_pitch, row_bytes,
                            static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, ctx.stream());
   if (code != cudaSuccess) return cuda_error("memcpy v into the cache", code);
-  STRATA_CUDA_LAUNCH(decode_attention_kernel, static_cast<unsigned>(rows * config.n_head), kThreads, ctx.stream(),
-                     ws.qkv, cache.keys, cache.values, past, config.n_head, config.head_dim(), cache.max_positions,
-                     1.0f / std::sqrt(static_cast<float>(config.head_dim())), layout.scores, ws.att);
+  for (int64_t first = 0; first < rows; first += kDecodeScoreRows) {
+    const int64_t group = std::min(kDecodeScoreRows, rows - first);
+    STRATA_CUDA_LAUNCH(decode_attention_kernel, static_cast<unsigned>(group * config.n_head), kThreads, ctx.stream(),
+                       ws.qkv, cache.keys, cache.values, past, first, config.n_head, config.head_dim(),
+                       cache.max_positions, 1.0f / std::sqrt(static_cast<float>(config.head_dim())), layout.scores,
+                       ws.att);
+  }
   STRATA_RETURN_IF_ERROR(
       linear_forward(ctx, ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, rows, c, c, ws.x1));
   STRATA_RETURN_IF_ERROR(

@@ -128,7 +128,11 @@ struct BlockLayout {
   size_t size_bytes;
 };
 
-BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base) {
+// `training`: with what only training's forward and backward use — the [B, H, T, T] attention
+// probabilities and their gradients, and dq/dk/dv; decoding leaves them out (null), as the
+// probabilities alone would cost 2·H·T² floats for a T-row prompt (4.3 GB at 32 heads and
+// 4096 rows).
+BlockLayout block_layout(const Config& config, const BatchShape& shape, float* base, bool training = true) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t scores = shape.batch * config.n_head * shape.seq_len * shape.seq_len;
@@ -146,11 +150,13 @@ BlockLayout block_layout(const Config& config, const BatchShape& shape, float* b
   l.gate = carve.take(n * config.intermediate_size);
   l.up = carve.take(n * config.intermediate_size);
   l.act = carve.take(n * config.intermediate_size);
-  l.dq = carve.take(n * config.q_width());
-  l.dk = carve.take(n * config.kv_width());
-  l.dv = carve.take(n * config.kv_width());
-  l.probs = carve.take(scores);
-  l.d_probs = carve.take(scores);
+  if (training) {
+    l.dq = carve.take(n * config.q_width());
+    l.dk = carve.take(n * config.kv_width());
+    l.dv = carve.take(n * config.kv_width());
+    l.probs = carve.take(scores);
+    l.d_probs = carve.take(scores);
+  }
   l.size_bytes = carve.used_bytes();
   return l;
 }
@@ -434,14 +440,17 @@ Status head_forward_backward(const Context& ctx, const Config& config, const Bat
 
 namespace {
 
-// One block per (new row r, query head h): p_j = softmax_j(scale·q·k_j) over cached positions
-// 0..past+r, then out = Σ_j p_j v_j in position order. `scores` [rows, H, max_positions].
+// One block per (new row r, query head h) of the rows first_row…: p_j = softmax_j(scale·q·k_j)
+// over cached positions 0..past+r, then out = Σ_j p_j v_j in position order. `scores`
+// [launched rows, H, max_positions]. A block's result depends on its row alone, so launching
+// the rows in groups (block_decode) changes no bit.
 __global__ void decode_attention_kernel(Config config, const float* q, const float* keys, const float* values,
-                                        int64_t past, int64_t max_positions, float scale, float* scores,
-                                        float* att) {
+                                        int64_t past, int64_t first_row, int64_t max_positions, float scale,
+                                        float* scores, float* att) {
   __shared__ double sum_shared[kThreads];
   __shared__ float max_shared[kThreads];
-  const int64_t r = blockIdx.x / config.n_head;
+  const int64_t local_row = blockIdx.x / config.n_head;
+  const int64_t r = first_row + local_row;
   const int64_t h = blockIdx.x % config.n_head;
   const int64_t d = config.head_dim;
   const int64_t qw = config.n_head * d;  // Config's q_width / kv_width are host-only
@@ -449,7 +458,7 @@ __global__ void decode_attention_kernel(Config config, const float* q, const flo
   const int64_t kv = kv_head_of(config, h);
   const int64_t count = past + r + 1;
   const float* q_row = q + r * qw + h * d;
-  float* p = scores + (r * config.n_head + h) * max_positions;
+  float* p = scores + (local_row * config.n_head + h) * max_positions;
   float local_max = -INFINITY;
   for (int64_t j = threadIdx.x; j < count; j += kThreads) {
     const float* k = keys + j * kvw + kv * d;
@@ -473,8 +482,13 @@ __global__ void decode_attention_kernel(Config config, const float* q, const flo
   }
 }
 
+// The decode workspace: the block's per-row buffers (no training scratch) and the scores of at
+// most kDecodeScoreRows rows at a time (a long prompt's attention runs in groups of rows), so it
+// grows linearly with the prompt, never with its square.
 auto decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
-  return gpt2::decode_layout_after(block_layout(config, BatchShape{1, rows}, base), rows * config.n_head * max_positions, base);
+  const int64_t score_rows = std::min(rows, gpt2::cuda::kDecodeScoreRows);
+  return gpt2::decode_layout_after(block_layout(config, BatchShape{1, rows}, base, /*training=*/false),
+                                   score_rows * config.n_head * max_positions, base);
 }
 
 size_t head_decode_size_bytes(const Config& config) { return gpt2::head_decode_scratch_bytes(config.n_embd, 1); }
@@ -520,9 +534,12 @@ Status block_decode(const Context& ctx, const Config& config, int64_t past, int6
   if (code != cudaSuccess) return cuda_error("memcpy k into the cache", code);
   code = cudaMemcpyAsync(cache.values + past * kvw, ws.v, kv_bytes, cudaMemcpyDeviceToDevice, ctx.stream());
   if (code != cudaSuccess) return cuda_error("memcpy v into the cache", code);
-  STRATA_CUDA_LAUNCH(decode_attention_kernel, static_cast<unsigned>(rows * config.n_head), kThreads, ctx.stream(),
-                     config, ws.q, cache.keys, cache.values, past, cache.max_positions,
-                     1.0f / std::sqrt(static_cast<float>(config.head_dim)), layout.scores, ws.att);
+  for (int64_t first = 0; first < rows; first += gpt2::cuda::kDecodeScoreRows) {
+    const int64_t group = std::min(gpt2::cuda::kDecodeScoreRows, rows - first);
+    STRATA_CUDA_LAUNCH(decode_attention_kernel, static_cast<unsigned>(group * config.n_head), kThreads, ctx.stream(),
+                       config, ws.q, cache.keys, cache.values, past, first, cache.max_positions,
+                       1.0f / std::sqrt(static_cast<float>(config.head_dim)), layout.scores, ws.att);
+  }
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, rows, qw, c, ws.h));
   if (config.o_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.h, w.o_proj_bias, rows, c));
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, rows, ws.n2, ws.rstd2));

@@ -30,6 +30,7 @@ class EventBackend {
 // memory/device/cuda_device.cpp: only in CUDA builds.
 [[nodiscard]] Result<std::unique_ptr<Device>> make_cuda_device(uint64_t budget_bytes, int ordinal);
 int cuda_device_count_impl();
+[[nodiscard]] Result<int> cuda_device_count_checked_impl();
 #endif
 
 }  // namespace strata::device

@@ -14,6 +14,13 @@
 namespace strata::device {
 namespace {
 
+// Device memory kept free beside the arena, which takes the budget whole at start-up: what the
+// process allocates outside it later — cuBLAS's workspace (32 MiB a handle on Hopper), the
+// modules of kernels loaded lazily on first launch (tens of MiB), NCCL's communicator buffers
+// (a few MiB per channel and peer: up to a few hundred MiB on 8 GPUs). Without it a budget just
+// under cudaMemGetInfo's free fits at start and fails at the first GEMM or collective.
+constexpr uint64_t kCudaHeadroomBytes = uint64_t{512} << 20;
+
 Error cuda_error(cudaError_t code, const char* op) {
   Error error = make_error(code == cudaErrorMemoryAllocation ? ErrorKind::no_space : ErrorKind::internal,
                            fmt::format("{}: {} ({})", op, cudaGetErrorString(code), cudaGetErrorName(code)));
@@ -148,6 +155,10 @@ class CudaDevice final : public Device {
     }
     return Status();
   }
+  Status bind_thread() override {
+    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_), "cudaSetDevice");
+    return Status();
+  }
   Status register_host_memory(void* base, uint64_t size_bytes) override {
     cudaError_t code = cudaHostRegister(base, size_bytes, cudaHostRegisterDefault);
     // Memory from cudaHostAlloc (the pinned arena) is already registered: not an error.
@@ -187,12 +198,35 @@ int cuda_device_count_impl() {
   return count;
 }
 
+Result<int> cuda_device_count_checked_impl() {
+  int count = 0;
+  const cudaError_t code = cudaGetDeviceCount(&count);
+  if (code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    return 0;
+  }
+  STRATA_CUDA_CHECK(code, "cudaGetDeviceCount");
+  return count;
+}
+
 Result<std::unique_ptr<Device>> make_cuda_device(uint64_t budget_bytes, int ordinal) {
   const int count = cuda_device_count_impl();
   if (ordinal < 0 || ordinal >= count)
     return make_error(ErrorKind::unsupported,
                       fmt::format("cuda device {} requested but this machine shows {} CUDA device(s)", ordinal, count));
   STRATA_CUDA_CHECK(cudaSetDevice(ordinal), "cudaSetDevice");
+  // Asked after cudaSetDevice, so the context this process now holds is already counted out.
+  size_t free_bytes = 0, total_bytes = 0;
+  STRATA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  const uint64_t usable_bytes = free_bytes > kCudaHeadroomBytes ? free_bytes - kCudaHeadroomBytes : 0;
+  if (budget_bytes > usable_bytes)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("device.memory is {} but cuda:{} has {} free (of {}), less the {} kept beside the "
+                                  "arena for cuBLAS's workspace, NCCL's buffers and the kernels' modules: set "
+                                  "device.memory to at most {}",
+                                  format_size(budget_bytes), ordinal, format_size(free_bytes),
+                                  format_size(total_bytes), format_size(kCudaHeadroomBytes),
+                                  format_size(usable_bytes)));
   void* region = nullptr;
   cudaError_t code = cudaMalloc(&region, budget_bytes);
   if (code != cudaSuccess) {

@@ -176,4 +176,12 @@ int cuda_device_count() {
 #endif
 }
 
+Result<int> cuda_device_count_or_error() {
+#if STRATA_HAVE_CUDA
+  return cuda_device_count_checked_impl();
+#else
+  return 0;
+#endif
+}
+
 }  // namespace strata::device

@@ -175,6 +175,12 @@ class Device {
   // Runs `fn` on the host in stream order: on the CPU device this is how compute runs; on
   // CUDA it is a host callback (cudaLaunchHostFunc) that must not call CUDA itself.
   [[nodiscard]] virtual Status launch(Stream& stream, std::function<void()> fn) = 0;
+  // Makes the calling thread's device calls reach this device. CUDA keeps a current device per
+  // thread, device 0 until set: a thread that calls CUDA without this first opens a context on
+  // GPU 0 and enqueues there, whatever ordinal the run uses. So every thread strata starts that
+  // may call the device (the scheduler's pump and I/O threads, the host-optimizer worker) calls
+  // this before anything else. A no-op on the CPU and emulated devices.
+  [[nodiscard]] virtual Status bind_thread() { return Status(); }
   // Pins a host range for fast asynchronous copies (no-op on the CPU device).
   [[nodiscard]] virtual Status register_host_memory(void* base, uint64_t size_bytes) = 0;
   virtual void unregister_host_memory(void* base) = 0;
@@ -206,7 +212,11 @@ class Device {
 // `cuda` in a build without CUDA, or on a machine without a GPU, is an `unsupported` error.
 [[nodiscard]] Result<std::unique_ptr<Device>> make_device(Kind kind, uint64_t budget_bytes,
                                                           int cuda_ordinal = 0);
-// How many CUDA devices this process can see (0 in a build without CUDA).
+// How many CUDA devices this process can see (0 in a build without CUDA, and 0 on any error).
 int cuda_device_count();
+// The same, telling "no GPU here" from a broken one: 0 in a build without CUDA, with no device
+// or with no (or too old a) driver — the only reasons a CUDA test may skip (exit 77) — and an
+// error for any other CUDA failure, which a test must report as a failure.
+[[nodiscard]] Result<int> cuda_device_count_or_error();
 
 }  // namespace strata::device

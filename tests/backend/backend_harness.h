@@ -517,4 +517,39 @@ inline OpOutputs run_decode_scenario(BackendEnv& env, const std::string& name) {
   return out;
 }
 
+// The GPT-2 and Llama heads of one step whose targets hold `bad_target` at their last row (the
+// rest from the scenario): each backend must refuse both heads (kernels::check_targets) rather
+// than index a logits row by it. Returns the two heads' Statuses.
+inline std::pair<Status, Status> heads_with_target(BackendEnv& env, int32_t bad_target) {
+  Scenario scenario = make_scenario();
+  auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
+  targets.back() = bad_target;
+  kernels::ComputeBackend& b = env.backend();
+  EXPECT_TRUE(b.begin_step(tokens.data(), targets.data(), s.rows()).ok());
+  float* ln_f = env.upload(random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f));
+  float* wte = env.upload(random_floats(wte_n, 0.1f, 1));
+  float* x = env.upload(random_floats(act, 1.0f, 10));
+  float* d_x = env.zeros<float>(act);
+  float* ln_f_grads = env.zeros<float>(2 * static_cast<size_t>(c.n_embd));
+  float* wte_grads = env.zeros<float>(wte_n);
+  const Status gpt2 = b.head_forward_backward(c, s, gk::HeadWeights{ln_f, ln_f + c.n_embd, wte}, x, d_x,
+                                              gk::HeadGrads{ln_f_grads, ln_f_grads + c.n_embd, wte_grads},
+                                              env.workspace());
+  kernels::llama::Config lc = small_llama_config();
+  lc.vocab_size = c.vocab_size;  // the same targets index the same vocabulary
+  const size_t table = static_cast<size_t>(lc.vocab_size * lc.n_embd);
+  const size_t llama_act = rows * static_cast<size_t>(lc.n_embd);
+  float* norm = env.upload(random_floats(static_cast<size_t>(lc.n_embd), 0.1f, 29, 1.0f));
+  float* lm_head = env.upload(random_floats(table, 0.1f, 30));
+  float* lx = env.upload(random_floats(llama_act, 1.0f, 31));
+  float* d_lx = env.zeros<float>(llama_act);
+  float* d_norm = env.zeros<float>(static_cast<size_t>(lc.n_embd));
+  float* d_lm_head = env.zeros<float>(table);
+  const Status llama = b.llama_head_forward_backward(lc, s, kernels::llama::HeadWeights{norm, lm_head}, lx, d_lx,
+                                                     kernels::llama::HeadGrads{d_norm, d_lm_head},
+                                                     env.workspace_for(b.llama_workspace_size_bytes(lc, s)));
+  (void)b.end_step();
+  return {gpt2, llama};
+}
+
 }  // namespace strata::testing

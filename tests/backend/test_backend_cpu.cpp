@@ -5,6 +5,7 @@
 // returns the loss and the gradient sum of squares the kernels return, bit for bit, and that
 // the backend reports its memory as host memory.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <span>
 
@@ -149,6 +150,64 @@ TEST(CpuSeamSelfCheck, BeginStepClearsTheScalars) {
   const OpOutputs second = run_scenario(*env, "zero_copy");
   EXPECT_EQ(second.grad_sum_squares, 0.0);
   EXPECT_EQ(second.loss, 0.0);
+}
+
+// Proves the CPU backend's cross-entropy refuses a target outside the vocabulary — one past
+// the end and negative, on both heads — with an error naming the token id and the vocabulary
+// size, where the kernel alone would read past the logits row (its check is an assert).
+TEST(CpuSeamSelfCheck, HeadRefusesTargetsOutsideTheVocabulary) {
+  const int64_t vocab = small_config().vocab_size;
+  for (const int32_t bad : {static_cast<int32_t>(vocab), -1}) {
+    auto env = BackendEnv::create(device::Kind::cpu);
+    ASSERT_NE(env, nullptr);
+    const auto [gpt2, llama] = heads_with_target(*env, bad);
+    for (const Status& status : {gpt2, llama}) {
+      ASSERT_FALSE(status.ok()) << "target " << bad << " accepted";
+      EXPECT_EQ(status.error().kind, ErrorKind::invalid_argument);
+      EXPECT_NE(status.error().message.find("target token id " + std::to_string(bad)), std::string::npos)
+          << status.error().message;
+      EXPECT_NE(status.error().message.find("vocabulary of " + std::to_string(vocab)), std::string::npos)
+          << status.error().message;
+    }
+  }
+  // The last valid id still trains.
+  auto env = BackendEnv::create(device::Kind::cpu);
+  ASSERT_NE(env, nullptr);
+  const auto [gpt2, llama] = heads_with_target(*env, static_cast<int32_t>(vocab - 1));
+  EXPECT_TRUE(gpt2.ok()) << gpt2.to_string();
+  EXPECT_TRUE(llama.ok()) << llama.to_string();
+}
+
+// Proves decoding does not reserve training's attention scratch: at an 8B-like shape (32 heads,
+// 4096-token prompt and window) the decode workspace of every kind's kernels stays below one
+// H·T·T fp32 buffer — training's probabilities alone are two — and doubling the prompt at most
+// doubles it (it grows with the prompt's rows, never their square).
+TEST(DecodeWorkspace, GrowsLinearlyWithThePrompt) {
+  constexpr int64_t kRows = 4096, kHeads = 32;
+  const gk::Config gpt2{32, kHeads, 4096, 50257, kRows};
+  kernels::llama::Config llama;
+  llama.n_layer = 32;
+  llama.n_head = kHeads;
+  llama.n_kv_head = 8;
+  llama.head_dim = 128;
+  llama.n_embd = 4096;
+  llama.intermediate_size = 14336;
+  llama.vocab_size = 128256;
+  llama.n_ctx = kRows;
+  const double square_bytes = static_cast<double>(kHeads) * kRows * kRows * 4;
+  for (const device::Kind kind : {device::Kind::cpu, device::Kind::emulated, device::Kind::cuda}) {
+    const size_t gpt2_bytes = kernels::decode_workspace_size_bytes(kind, gpt2, kRows, kRows);
+    const size_t llama_bytes = kernels::decode_workspace_size_bytes(kind, llama, kRows, kRows);
+    EXPECT_LT(static_cast<double>(gpt2_bytes), square_bytes) << device::kind_name(kind);
+    EXPECT_LT(static_cast<double>(llama_bytes), square_bytes) << device::kind_name(kind);
+    const size_t gpt2_half = kernels::decode_workspace_size_bytes(kind, gpt2, kRows / 2, kRows);
+    const size_t llama_half = kernels::decode_workspace_size_bytes(kind, llama, kRows / 2, kRows);
+    EXPECT_LE(static_cast<double>(gpt2_bytes), 2.05 * static_cast<double>(gpt2_half)) << device::kind_name(kind);
+    EXPECT_LE(static_cast<double>(llama_bytes), 2.05 * static_cast<double>(llama_half)) << device::kind_name(kind);
+    std::printf("%-8s decode workspace at %lld rows: gpt2 %.2f GB, llama %.2f GB (H·T·T·4 = %.2f GB)\n",
+                device::kind_name(kind), static_cast<long long>(kRows), gpt2_bytes / 1e9, llama_bytes / 1e9,
+                square_bytes / 1e9);
+  }
 }
 
 }  // namespace

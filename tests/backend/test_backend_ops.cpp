@@ -134,11 +134,33 @@ TEST_P(DecodeParity, CudaMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Ops, DecodeParity, ::testing::ValuesIn(kDecodeScenarios),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
+// Proves the CUDA backend's cross-entropy refuses a target outside the vocabulary on both heads
+// with the same error as the CPU's (kernels::check_targets), instead of indexing past the row.
+TEST(CrossEntropy, CudaRefusesTargetsOutsideTheVocabulary) {
+  const int64_t vocab = small_config().vocab_size;
+  for (const int32_t bad : {static_cast<int32_t>(vocab), -1}) {
+    auto cuda = BackendEnv::create(device::Kind::cuda);
+    ASSERT_NE(cuda, nullptr);
+    const auto [gpt2, llama] = heads_with_target(*cuda, bad);
+    for (const Status& status : {gpt2, llama}) {
+      ASSERT_FALSE(status.ok()) << "target " << bad << " accepted";
+      EXPECT_NE(status.error().message.find("target token id " + std::to_string(bad)), std::string::npos)
+          << status.error().message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::testing
 
 int main(int argc, char** argv) {
-  if (strata::device::cuda_device_count() == 0) {
+  // Skip (77) only where there is no GPU or no driver; any other CUDA error is a failure.
+  strata::Result<int> devices = strata::device::cuda_device_count_or_error();
+  if (!devices.ok()) {
+    std::fprintf(stderr, "FAIL: %s\n", devices.error().to_string().c_str());
+    return 1;
+  }
+  if (*devices == 0) {
     std::printf("no CUDA device visible: op parity skipped\n");
     return 77;
   }

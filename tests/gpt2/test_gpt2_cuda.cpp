@@ -184,12 +184,17 @@ INSTANTIATE_TEST_SUITE_P(
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Skip (77) only where there is no GPU or no driver; any other CUDA error is a failure.
   int devices = 0;
   const cudaError_t code = cudaGetDeviceCount(&devices);
-  if (code != cudaSuccess || devices == 0) {
+  if (code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver || (code == cudaSuccess && devices == 0)) {
     std::fprintf(stderr, "SKIP: no CUDA device (%s)\n",
                  code != cudaSuccess ? cudaGetErrorString(code) : "device count 0");
     return 77;
+  }
+  if (code != cudaSuccess) {
+    std::fprintf(stderr, "FAIL: cudaGetDeviceCount: %s\n", cudaGetErrorString(code));
+    return 1;
   }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

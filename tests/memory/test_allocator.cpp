@@ -256,5 +256,17 @@ TEST(HostArena, ReportsHowItIsPinned) {
   EXPECT_NE(pinned->pin_kind(), PinKind::unpinned);
 }
 
+// Proves an arena asks CUDA for its pages only when told to (a CUDA run sets try_cuda): by
+// default — every cpu and emulated run — it never comes from cudaHostAlloc, even in a CUDA build
+// on a machine with a GPU, so such a run does not initialise CUDA at all.
+TEST(HostArena, PinsWithCudaOnlyWhenAsked) {
+  HostArenaOptions options;
+  options.capacity_bytes = 1 << 20;
+  EXPECT_FALSE(options.try_cuda);
+  Result<HostArena> arena = HostArena::create(options);
+  ASSERT_TRUE(arena.ok());
+  EXPECT_NE(arena->pin_kind(), PinKind::cuda_host);
+}
+
 }  // namespace
 }  // namespace strata::memory

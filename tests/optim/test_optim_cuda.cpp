@@ -157,10 +157,16 @@ TEST(OptimCuda, SumSquaresIsDeterministicAndAgreesWithCpu) {
 }  // namespace strata::kernels
 
 int main(int argc, char** argv) {
+  // Skip (77) only where there is no GPU or no driver; any other CUDA error is a failure.
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  const cudaError_t code = cudaGetDeviceCount(&devices);
+  if (code == cudaErrorNoDevice || code == cudaErrorInsufficientDriver || (code == cudaSuccess && devices == 0)) {
     std::printf("SKIP: no CUDA device here; the CUDA kernels of kernels/optim are built but not run\n");
     return 77;
+  }
+  if (code != cudaSuccess) {
+    std::fprintf(stderr, "FAIL: cudaGetDeviceCount: %s\n", cudaGetErrorString(code));
+    return 1;
   }
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

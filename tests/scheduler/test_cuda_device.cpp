@@ -75,7 +75,13 @@ TEST(CudaDevice, ArenaHoldsItsBudget) {
 }  // namespace strata::device
 
 int main(int argc, char** argv) {
-  if (strata::device::cuda_device_count() == 0) {
+  // Skip (77) only where there is no GPU or no driver; any other CUDA error is a failure.
+  strata::Result<int> devices = strata::device::cuda_device_count_or_error();
+  if (!devices.ok()) {
+    std::fprintf(stderr, "FAIL: %s\n", devices.error().to_string().c_str());
+    return 1;
+  }
+  if (*devices == 0) {
     std::printf("no CUDA device visible: skipping\n");
     return 77;
   }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <filesystem>
@@ -558,6 +559,69 @@ TEST(Scheduler, FailedCreateGivesBackItsHostBlocks) {
   EXPECT_EQ(arena.stats().allocator.used_bytes, 0u) << "host blocks leaked by a failed create";
   EXPECT_EQ(arena.stats().allocator.live_block_count, 0u);
   EXPECT_EQ(device.registered, 0) << "the arena stays registered after a failed create";
+}
+
+// A CPU device whose bind_thread records the threads that call it and fails; everything else
+// goes to a real CPU device (whose streams these are: it checks that itself).
+class BindRecordingDevice final : private TestRegion, public device::Device {
+ public:
+  explicit BindRecordingDevice(uint64_t budget_bytes)
+      : TestRegion(budget_bytes), Device(budget_bytes, region.data()),
+        inner_(must(device::make_device(device::Kind::cpu, budget_bytes), "cpu device")) {}
+  device::Kind kind() const override { return device::Kind::emulated; }
+  std::string describe() const override { return "a device that records its bound threads"; }
+  Result<device::Stream> create_stream(std::string name) override { return inner_->create_stream(std::move(name)); }
+  Result<device::Event> create_event() override { return inner_->create_event(); }
+  Status record(device::Event& e, device::Stream& s) override { return inner_->record(e, s); }
+  Status wait(device::Event& e) override { return inner_->wait(e); }
+  Result<bool> query(device::Event& e) override { return inner_->query(e); }
+  Status stream_wait(device::Stream& s, device::Event& e) override { return inner_->stream_wait(s, e); }
+  Status synchronize(device::Stream& s) override { return inner_->synchronize(s); }
+  Status copy_to_device(device::Stream& s, void* d, const void* h, uint64_t n) override {
+    return inner_->copy_to_device(s, d, h, n);
+  }
+  Status copy_to_host(device::Stream& s, void* h, const void* d, uint64_t n) override {
+    return inner_->copy_to_host(s, h, d, n);
+  }
+  Status copy_on_device(device::Stream& s, void* d, const void* f, uint64_t n) override {
+    return inner_->copy_on_device(s, d, f, n);
+  }
+  Status launch(device::Stream& s, std::function<void()> fn) override { return inner_->launch(s, std::move(fn)); }
+  Status register_host_memory(void*, uint64_t) override { return Status(); }
+  void unregister_host_memory(void*) override {}
+  Status bind_thread() override {
+    std::lock_guard lock(mutex);
+    bound_threads.push_back(std::this_thread::get_id());
+    return make_error(ErrorKind::internal, "cannot bind this thread (test)");
+  }
+  std::mutex mutex;
+  std::vector<std::thread::id> bound_threads;
+
+ private:
+  std::unique_ptr<device::Device> inner_;
+};
+
+// Proves the scheduler's pump and I/O threads bind to the device before any device call (on
+// CUDA an unbound thread enqueues on GPU 0, whatever the run's ordinal), each on its own
+// thread, and that a thread that cannot bind fails the next acquire with the bind's error
+// rather than doing its work on the wrong device or hanging the caller.
+TEST(Scheduler, PumpAndIoThreadsBindToTheDeviceFirst) {
+  AccessPlan plan;
+  const TensorId layer = plan.add_tensor("layer", kPage, Home::host);
+  plan.add_step("step", {layer});
+  BindRecordingDevice device(16 * kPage);
+  memory::HostArena arena = host_arena(16 * kPage);
+  SchedulerOptions options;
+  options.host_budget_bytes = 16 * kPage;
+  Watchdog watchdog("PumpAndIoThreadsBindToTheDeviceFirst", 30);
+  auto scheduler = must(Scheduler::create(plan, device, arena, nullptr, options), "create");
+  auto buffers = scheduler->acquire(0);
+  ASSERT_FALSE(buffers.ok());
+  EXPECT_NE(buffers.error().to_string().find("cannot bind"), std::string::npos) << buffers.error().to_string();
+  scheduler.reset();  // joins both threads
+  ASSERT_EQ(device.bound_threads.size(), 2u);
+  EXPECT_NE(device.bound_threads[0], device.bound_threads[1]);
+  for (const std::thread::id id : device.bound_threads) EXPECT_NE(id, std::this_thread::get_id());
 }
 
 // Before the fix the pump enqueued copies while holding the scheduler's mutex, and the copy
