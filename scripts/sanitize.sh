@@ -35,7 +35,7 @@ for kind in "${kinds[@]}"; do
       # train_mutated: the CLI's mutated inputs through the instrumented binary (it found a
       # key with a newline that printed two lines; fixed in report_error).
       suites=(--suite common --suite io --suite memory --suite scheduler --suite fuzz)
-      named=(engine_safetensors train_bad_input train_mutated) ;;
+      named=(engine_safetensors engine_slot_worker train_bad_input train_mutated) ;;
     tsan)
       dir=build-tsan
       # -g1: line tables, all a TSan report's stacks need (scripts/asan_fuzz.sh says why).
@@ -49,7 +49,10 @@ for kind in "${kinds[@]}"; do
       # and train_budgets (asserts peak RSS, which TSan's shadow memory inflates).
       export STRATA_THREADS=1
       suites=(--suite io --suite memory --suite scheduler)
-      named=(engine_safetensors train_offload llama_train_offload monitor_metrics) ;;
+      # engine_slot_worker and train_emulated_placements: the discrete device's threads — copy
+      # streams, the host AdamW's worker fed from a stream callback — on every placement.
+      named=(engine_safetensors engine_slot_worker train_offload llama_train_offload monitor_metrics
+             train_emulated_placements) ;;
     *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
   esac
   if [ "$kind" = asan ]; then
