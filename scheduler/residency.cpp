@@ -480,7 +480,21 @@ void Residency::prefetch() {
       if (device_current(book, entry.reads) || book.device_op == DeviceOp::loading) continue;
       if (!entry.reads) {
         // Fully overwritten by its step: space, no load.
-        if (device_blocked || book.device_allocated) continue;
+        if (book.device_allocated) {
+          // Allocated but not current: a copy the caller made stale (end_host_access bumps
+          // the version past a placeholder or loaded copy, e.g. a host-homed tensor filled
+          // right after create, while the pump's first pass had already placed it). Its
+          // space is all the step needs, so it becomes a placeholder at the current version.
+          // Skipped as "allocated", it was never current again and nothing else would touch
+          // it: the step's acquire waited for ever (the random-plans test's seed 34 stall).
+          // The pump wakes the waiter after the pass.
+          if (book.device_op == DeviceOp::none) {
+            book.device_version = book.version;
+            book.device_placeholder = true;
+          }
+          continue;
+        }
+        if (device_blocked) continue;
         if (allocate_in(Tier::device, entry.tensor, d)) {
           book.device_version = book.version;
           book.device_placeholder = true;

@@ -703,5 +703,46 @@ TEST(Scheduler, WriteOnlyTensorPlacedByThePumpWakesTheWaiter) {
   scheduler->end_host_access(w);
 }
 
+// The random-plans test's other stall (seed 34, about once in 10 runs under ASan): a
+// host-homed tensor whose first use is write-only got its device space (a placeholder, at
+// version 0) from the pump's very first pass, and then the caller filled its host block
+// (begin/end_host_access bumps the version to 1). The placeholder, allocated but one version
+// behind, was never current again, and the pass skipped every allocated write-only tensor:
+// step 0 waited for ever. Here the pass is made to win that race: the test waits for the
+// placeholder's allocation before it touches the host block.
+TEST(Scheduler, WriteOnlyPlaceholderMadeStaleByTheCallerIsRenewed) {
+  const uint64_t size_bytes = 8 * kPage;
+  AccessPlan plan;
+  TensorId w = plan.add_tensor("w", size_bytes, Home::host);
+  plan.add_step("overwrite.w", {}, {w});
+  plan.add_step("read.w", {w});
+  auto device = cpu_device(4 * size_bytes);
+  memory::HostArena arena = host_arena(4 * size_bytes);
+  SchedulerOptions options;
+  options.host_budget_bytes = 4 * size_bytes;
+  std::atomic<bool> placed{false};
+  options.on_allocate = [&](Tier tier, uint64_t, uint64_t) {
+    if (tier == Tier::device) placed = true;
+  };
+  Watchdog watchdog("WriteOnlyPlaceholderMadeStaleByTheCallerIsRenewed", 20);
+  auto scheduler = must(Scheduler::create(plan, *device, arena, nullptr, options), "create");
+  while (!placed) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the pump's first pass
+  stamp(scheduler->begin_host_access(w), size_bytes, w, 1);
+  scheduler->end_host_access(w);
+  for (uint64_t iteration = 0; iteration < 3; ++iteration) {
+    auto first = scheduler->acquire(0);  // before the fix: waited for ever
+    ASSERT_TRUE(first.ok()) << first.status().to_string();
+    stamp(first->device_data(w), size_bytes, w, 10 + iteration);
+    ASSERT_TRUE(scheduler->release(0).ok());
+    auto second = scheduler->acquire(1);
+    ASSERT_TRUE(second.ok()) << second.status().to_string();
+    ASSERT_TRUE(has_stamp(second->device_data(w), size_bytes, w, 10 + iteration));
+    ASSERT_TRUE(scheduler->release(1).ok());
+  }
+  ASSERT_TRUE(scheduler->flush().ok());
+  EXPECT_TRUE(has_stamp(scheduler->begin_host_access(w), size_bytes, w, 12));
+  scheduler->end_host_access(w);
+}
+
 }  // namespace
 }  // namespace strata::scheduler
