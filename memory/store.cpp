@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <numeric>
 #include <unordered_map>
 #include <utility>
@@ -135,6 +136,33 @@ class Fd {
     }
   }
   return text;
+}
+
+// The manifest's integer fields are read only when they are integers of the right sign:
+// nlohmann's get<uint64_t>() / get<int64_t>() convert a floating-point number with a plain cast,
+// undefined when it is out of range (clang's UBSan stopped the manifest fuzzer on 4.4e30), and
+// a negative number wraps. load_manifest reports this as a corrupt manifest, like a type error.
+struct ManifestFieldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+uint64_t unsigned_at(const json& object, const char* key) {
+  const json& value = object.at(key);
+  if (!value.is_number_unsigned()) throw ManifestFieldError(std::string("'") + key + "' is not a non-negative integer");
+  return value.get<uint64_t>();
+}
+
+std::vector<int64_t> integers_at(const json& object, const char* key) {
+  const json& values = object.at(key);
+  if (!values.is_array()) throw ManifestFieldError(std::string("'") + key + "' is not an array");
+  std::vector<int64_t> out;
+  for (const json& value : values) {
+    if (!value.is_number_integer()) throw ManifestFieldError(std::string("'") + key + "' holds a non-integer");
+    // An unsigned value past INT64_MAX would wrap: read it as negative's refusal does.
+    if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX}) out.push_back(-1);
+    else out.push_back(value.get<int64_t>());
+  }
+  return out;
 }
 
 Error corrupt_manifest(const fs::path& path, const std::string& why) {
@@ -556,19 +584,19 @@ struct Store::Impl {
         return corrupt_manifest(path, std::string("it is not a strata store manifest (no \"format\": \"") +
                                           kFormatName + "\")");
       }
-      const int version = manifest.at("format_version").get<int>();
-      if (version != kStoreFormatVersion) {
+      const uint64_t version = unsigned_at(manifest, "format_version");
+      if (version != static_cast<uint64_t>(kStoreFormatVersion)) {
         Error error = corrupt_manifest(
             path, "it has store format version " + std::to_string(version) +
                       " and this strata reads version " + std::to_string(kStoreFormatVersion));
         error.kind = ErrorKind::unsupported;
         return error;
       }
-      generation = manifest.at("generation").get<uint64_t>();
-      step = manifest.at("step").get<uint64_t>();
-      capacity_bytes = manifest.at("capacity_bytes").get<uint64_t>();
-      granule_bytes = manifest.at("granule_bytes").get<uint64_t>();
-      stripe_bytes = manifest.at("stripe_bytes").get<uint64_t>();
+      generation = unsigned_at(manifest, "generation");
+      step = unsigned_at(manifest, "step");
+      capacity_bytes = unsigned_at(manifest, "capacity_bytes");
+      granule_bytes = unsigned_at(manifest, "granule_bytes");
+      stripe_bytes = unsigned_at(manifest, "stripe_bytes");
       if (!is_power_of_two(granule_bytes) || capacity_bytes == 0 || capacity_bytes % granule_bytes != 0) {
         return corrupt_manifest(path, "its geometry (capacity " + std::to_string(capacity_bytes) +
                                           ", granule " + std::to_string(granule_bytes) + ") is invalid");
@@ -583,8 +611,8 @@ struct Store::Impl {
         Result<DType> dtype = parse_dtype(entry.at("dtype").get<std::string>());
         if (!dtype.ok()) return corrupt_manifest(path, "tensor '" + name + "': " + dtype.error().message);
         record.dtype = *dtype;
-        record.shape = entry.at("shape").get<std::vector<int64_t>>();
-        record.size_bytes = entry.at("size_bytes").get<uint64_t>();
+        record.shape = integers_at(entry, "shape");
+        record.size_bytes = unsigned_at(entry, "size_bytes");
         for (int64_t dim : record.shape) {
           if (dim < 0) return corrupt_manifest(path, "tensor '" + name + "' has a negative dimension");
         }
@@ -595,8 +623,8 @@ struct Store::Impl {
         uint64_t total = 0;
         for (const json& e : entry.at("extents")) {
           Extent extent;
-          extent.offset_bytes = e.at("offset").get<uint64_t>();
-          extent.length_bytes = e.at("length").get<uint64_t>();
+          extent.offset_bytes = unsigned_at(e, "offset");
+          extent.length_bytes = unsigned_at(e, "length");
           const std::string sum = e.at("xxh3").get<std::string>();
           char* end = nullptr;
           extent.xxh3 = std::strtoull(sum.c_str(), &end, 16);
@@ -617,6 +645,8 @@ struct Store::Impl {
       }
     } catch (const json::exception& e) {
       return corrupt_manifest(path, std::string("a field is missing or has the wrong type: ") + e.what());
+    } catch (const ManifestFieldError& e) {
+      return corrupt_manifest(path, std::string("a field has the wrong type: ") + e.what());
     }
     return Status();
   }
