@@ -23,8 +23,8 @@ constexpr uint64_t kCudaHeadroomBytes = uint64_t{512} << 20;
 
 Error cuda_error(cudaError_t code, const char* op) {
   Error error = make_error(code == cudaErrorMemoryAllocation ? ErrorKind::no_space : ErrorKind::internal,
-                           fmt::format("{}: {} ({})", op, cudaGetErrorString(code), cudaGetErrorName(code)));
-  error.op = op;
+                           fmt::format("{} ({})", cudaGetErrorString(code), cudaGetErrorName(code)));
+  error.op = op;  // Error::to_string prints "op: message"
   return error;
 }
 
@@ -160,8 +160,11 @@ class CudaDevice final : public Device {
     return Status();
   }
   Status register_host_memory(void* base, uint64_t size_bytes) override {
+    // Memory from cudaHostAlloc (the pinned arena of a CUDA run) is pinned already, and CUDA 13
+    // answers cudaHostRegister on it with cudaErrorInvalidValue, not AlreadyRegistered (seen on
+    // the first H100 run): ask what the pointer is first, and register only pageable memory.
+    if (is_pinned_by_cuda(base)) return Status();
     cudaError_t code = cudaHostRegister(base, size_bytes, cudaHostRegisterDefault);
-    // Memory from cudaHostAlloc (the pinned arena) is already registered: not an error.
     if (code == cudaErrorHostMemoryAlreadyRegistered) {
       cudaGetLastError();
       return Status();
@@ -170,10 +173,22 @@ class CudaDevice final : public Device {
     return Status();
   }
   void unregister_host_memory(void* base) override {
+    // Fails on cudaHostAlloc memory, which was never registered here: cleared, not an error.
     if (cudaHostUnregister(base) != cudaSuccess) cudaGetLastError();
   }
 
  private:
+  // True for memory CUDA pinned itself: cudaHostAlloc's, whose host pointer is its own base.
+  // Registered memory reports cudaMemoryTypeHost too, but register_host_memory's callers
+  // register a region once, so telling the two apart is not needed there.
+  static bool is_pinned_by_cuda(void* base) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, base) != cudaSuccess) {
+      cudaGetLastError();  // pageable memory on older runtimes: an error, not a type
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeHost;
+  }
   cudaStream_t own(Stream& stream) const {
     assert(stream.valid() && stream.backend().owner() == this);
     return static_cast<CudaStream&>(stream.backend()).stream();

@@ -10,6 +10,7 @@
 
 #include "common/size.h"
 #include "memory/device/device.h"
+#include "memory/host_arena.h"
 
 namespace strata::device {
 namespace {
@@ -37,6 +38,31 @@ TEST(CudaDevice, RoundTripThroughTwoStreamsIsBitExact) {
   EXPECT_EQ(std::memcmp(source.data(), back.data(), size_bytes), 0);
   device->unregister_host_memory(source.data());
   device->unregister_host_memory(back.data());
+}
+
+// The first H100 run: every training run failed at start-up, because the scheduler registers its
+// host arena and CUDA 13 answers cudaHostRegister on cudaHostAlloc memory with InvalidValue.
+TEST(CudaDevice, PinnedArenaFromCudaHostAllocRegistersAndCopies) {
+  auto device = make_device(Kind::cuda, 64 << 20).value();
+  memory::HostArenaOptions options;
+  options.capacity_bytes = 16 << 20;
+  options.try_cuda = true;
+  memory::HostArena arena = memory::HostArena::create(options).value();
+  ASSERT_EQ(arena.pin_kind(), memory::PinKind::cuda_host);
+  Status registered = device->register_host_memory(arena.base(), arena.capacity_bytes());
+  ASSERT_TRUE(registered.ok()) << registered.to_string();
+  const uint64_t size_bytes = 1 << 20;
+  std::byte* source = arena.base();
+  std::byte* back = arena.base() + size_bytes;
+  for (uint64_t i = 0; i < size_bytes; ++i) source[i] = static_cast<std::byte>(i * 29 + 7);
+  std::memset(back, 0, size_bytes);
+  Stream stream = device->create_stream("copies").value();
+  DeviceBuffer buffer = device->allocate(size_bytes).value();
+  ASSERT_TRUE(device->copy_to_device(stream, buffer.data(), source, size_bytes).ok());
+  ASSERT_TRUE(device->copy_to_host(stream, back, buffer.data(), size_bytes).ok());
+  ASSERT_TRUE(device->synchronize(stream).ok());
+  EXPECT_EQ(std::memcmp(source, back, size_bytes), 0);
+  device->unregister_host_memory(arena.base());  // a no-op on cudaHostAlloc memory, and no error
 }
 
 TEST(CudaDevice, CopyOnDeviceMovesExactlyTheRange) {
