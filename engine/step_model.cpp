@@ -165,7 +165,7 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     tokens[i] = static_cast<int32_t>((i * 31) % vocab);
     targets[i] = static_cast<int32_t>((i * 17 + 5) % vocab);
   }
-  STRATA_RETURN_IF_ERROR(backend.begin_step(tokens.data(), targets.data(), shape.rows()));
+  STRATA_RETURN_IF_ERROR(backend.begin_step({tokens.data(), targets.data(), shape.rows()}));
   const uint64_t workspace_bytes = model.workspace_size_bytes(backend, shape);
   auto init_unit = [&](size_t unit, float* dst) {
     return fill_device(device, backend, dst, layout.units()[unit].element_count,

@@ -887,7 +887,7 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     std::copy_n(global_targets_.begin() + first, targets_.size(), targets_.begin());
     zero_->begin_step();
   }
-  STRATA_RETURN_IF_ERROR(backend_->begin_step(tokens_.data(), targets_.data(), shape_.rows()));
+  STRATA_RETURN_IF_ERROR(backend_->begin_step({tokens_.data(), targets_.data(), shape_.rows()}));
   host_clip_scale_.reset();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));

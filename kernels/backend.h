@@ -65,6 +65,15 @@ namespace strata::kernels {
 
 // What `end_step` brings back to the host: the step's mean loss and the sum of squares of every
 // gradient `sum_squares` saw since `begin_step`.
+// One step's batch for the embedding and head ops: host memory, untouched until `end_step`
+// returns. `rows` is the number of tokens (the shape's B·T). Issue 30 adds what fine-tuning data
+// carries beside the ids (loss masks in `targets`, per-example positions, example boundaries).
+struct StepBatch {
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t rows = 0;
+};
+
 struct StepScalars {
   double loss = 0.0;
   double grad_sum_squares = 0.0;
@@ -102,7 +111,7 @@ class ComputeBackend {
 
   // --- the step ---
   // The batch (rows = shape.rows() of each) for the embedding and head ops; clears the scalars.
-  [[nodiscard]] virtual Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) = 0;
+  [[nodiscard]] virtual Status begin_step(const StepBatch& batch) = 0;
   // Waits for every op enqueued so far and returns the step's scalars (the one sync).
   [[nodiscard]] virtual Result<StepScalars> end_step() = 0;
   // Waits for every op enqueued so far (timing, tests).

@@ -218,7 +218,7 @@ Status run_overlap(const OverlapOptions& o) {
     for (uint32_t layer = 0; layer < o.layers; ++layer) {
       for (uint64_t i = 0; i < layer_values; ++i) values[i] = layer_value(layer, i);
       for (uint32_t j = 1; j <= kFractions; ++j) {
-        STRATA_RETURN_IF_ERROR(reference->begin_step(nullptr, nullptr, 0));
+        STRATA_RETURN_IF_ERROR(reference->begin_step({}));
         STRATA_RETURN_IF_ERROR(reference->sum_squares(values, prefix_count(layer_values, j)));
         STRATA_ASSIGN_OR_RETURN(kernels::StepScalars sums, reference->end_step());
         layer_sums[layer][j] = sums.grad_sum_squares;
@@ -266,7 +266,7 @@ Status run_overlap(const OverlapOptions& o) {
         before = s->stats();
         start_ns = now_ns();
       }
-      if (computes) STRATA_RETURN_IF_ERROR(backend->begin_step(nullptr, nullptr, 0));
+      if (computes) STRATA_RETURN_IF_ERROR(backend->begin_step({}));
       for (uint32_t layer = 0; layer < o.layers; ++layer) {
         STRATA_ASSIGN_OR_RETURN(scheduler::StepBuffers buffers, s->acquire(layer));
         if (!computes) {
@@ -301,7 +301,7 @@ Status run_overlap(const OverlapOptions& o) {
   // Compute only: the same ops over the resident layers, one step per pass over the model.
   auto compute_run = [&](const Passes& passes) -> Result<std::pair<double, bool>> {
     const uint64_t start_ns = now_ns();
-    STRATA_RETURN_IF_ERROR(backend->begin_step(nullptr, nullptr, 0));
+    STRATA_RETURN_IF_ERROR(backend->begin_step({}));
     for (uint32_t layer = 0; layer < o.layers; ++layer)
       STRATA_RETURN_IF_ERROR(enqueue_layer(*backend, resident[layer].data(), layer_values, passes));
     STRATA_ASSIGN_OR_RETURN(kernels::StepScalars sums, backend->end_step());

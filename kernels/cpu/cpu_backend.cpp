@@ -34,11 +34,11 @@ class CpuBackend final : public ComputeBackend {
     return gk::workspace_size_bytes(config, max_shape);
   }
 
-  Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) override {
+  Status begin_step(const StepBatch& batch) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    (void)rows;  // host memory: the kernels read the caller's arrays in place
-    tokens_ = tokens;
-    targets_ = targets;
+    // host memory: the kernels read the caller's arrays in place
+    tokens_ = batch.tokens;
+    targets_ = batch.targets;
     scalars_ = StepScalars{};  // not clip_scale_: interleaved updates use the previous step's
     return Status();
   }

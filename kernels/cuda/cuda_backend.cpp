@@ -64,12 +64,12 @@ class CudaBackend final : public ComputeBackend {
     return gk::cuda::workspace_size_bytes(config, max_shape);
   }
 
-  Status begin_step(const int32_t* tokens, const int32_t* targets, int64_t rows) override {
-    assert(rows <= max_shape_.rows());
-    const uint64_t bytes = static_cast<uint64_t>(rows) * sizeof(int32_t);
-    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, bytes));
-    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, targets_, targets, bytes));
-    host_targets_ = targets;  // untouched until end_step (backend.h): the heads check them there
+  Status begin_step(const StepBatch& batch) override {
+    assert(batch.rows <= max_shape_.rows());
+    const uint64_t bytes = static_cast<uint64_t>(batch.rows) * sizeof(int32_t);
+    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, batch.tokens, bytes));
+    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, targets_, batch.targets, bytes));
+    host_targets_ = batch.targets;  // untouched until end_step (backend.h): the heads check them there
     // The loss and the sum, not the clip scale: interleaved updates (engine/train_plan.h) apply
     // the previous step's in this one; none reads it before a clip_coefficient has written it
     // (a pass with no pending gradients does no update). clip_scale is the last member.

@@ -169,7 +169,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
   const Scenario scenario = make_scenario();
   const auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   kernels::ComputeBackend& b = env.backend();
-  EXPECT_TRUE(b.begin_step(tokens.data(), targets.data(), s.rows()).ok());
+  EXPECT_TRUE(b.begin_step({tokens.data(), targets.data(), s.rows()}).ok());
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
 
@@ -318,7 +318,7 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   const auto tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 21);
   const auto targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 22);
   kernels::ComputeBackend& b = env.backend();
-  EXPECT_TRUE(b.begin_step(tokens.data(), targets.data(), s.rows()).ok());
+  EXPECT_TRUE(b.begin_step({tokens.data(), targets.data(), s.rows()}).ok());
   const gk::Workspace ws = env.workspace_for(b.llama_workspace_size_bytes(c, s));
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
@@ -525,7 +525,7 @@ inline std::pair<Status, Status> heads_with_target(BackendEnv& env, int32_t bad_
   auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   targets.back() = bad_target;
   kernels::ComputeBackend& b = env.backend();
-  EXPECT_TRUE(b.begin_step(tokens.data(), targets.data(), s.rows()).ok());
+  EXPECT_TRUE(b.begin_step({tokens.data(), targets.data(), s.rows()}).ok());
   float* ln_f = env.upload(random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f));
   float* wte = env.upload(random_floats(wte_n, 0.1f, 1));
   float* x = env.upload(random_floats(act, 1.0f, 10));
