@@ -101,6 +101,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     if (m.arch == "gpt2" && m.seq_len > f.seq_len)
       return model.error_at("seq_len", fmt::format("is {} but {} has {} positions (n_positions)", m.seq_len,
                                                    folder_config, f.seq_len));
+    if (f.attention_window > 0 && m.seq_len > f.attention_window)
+      return model.error_at("seq_len", fmt::format("is {} but {} has a sliding window of {} tokens; strata's attention "
+                                                   "is full causal, the same only up to {} tokens", m.seq_len,
+                                                   folder_config, f.attention_window, f.attention_window));
     STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
     STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
   } else {

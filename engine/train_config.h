@@ -62,6 +62,12 @@ struct ModelConfig {
   // attention_bias), and o_proj's (HF Llama's attention_bias only; never without q/k/v).
   bool qkv_bias = false;
   bool o_proj_bias = false;
+  // How a Hugging Face checkpoint stores the projections (the math is Llama's either way):
+  // Phi-3 fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`, stacked along rows.
+  bool fused_projections = false;
+  // A checkpoint's sliding window (Mistral, Phi-3), in tokens; 0: none. strata's attention is
+  // full causal, which equals a window of W tokens exactly while seq_len ≤ W: the one rule.
+  uint32_t attention_window = 0;
 
   uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }

@@ -207,7 +207,7 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     if (init) {
       // check_init_file ran first; bf16 / fp16 widen in place.
       for (const UnitTensor& tensor : unit.tensors)
-        STRATA_RETURN_IF_ERROR(init->read_fp32(hf::TensorSpec{tensor.name, tensor.shape, tensor.name == "wpe.weight"},
+        STRATA_RETURN_IF_ERROR(init->read_fp32(hf::tensor_spec(config.model, tensor.name, tensor.shape),
                                                master + tensor.offset_elements));
     } else {
       layout.initialize_unit(u, config.model.seed, master);
@@ -1412,7 +1412,7 @@ Status export_store_weights(const std::vector<std::string>& store_dirs, const st
   // The tensors in the layout's order, which is the order they are read from the store.
   std::vector<hf::TensorSpec> tensors;
   for (const Unit& unit : layout.units())
-    for (const UnitTensor& tensor : unit.tensors) tensors.push_back({tensor.name, tensor.shape});
+    for (const UnitTensor& tensor : unit.tensors) tensors.push_back(hf::tensor_spec(model, tensor.name, tensor.shape));
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"strata_step", std::to_string(store.committed_step())}};
   // A path ending in .safetensors is one file, as before; any other is a Hugging Face folder.
