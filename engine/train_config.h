@@ -19,6 +19,7 @@
 #include "io/io_config.h"
 #include "memory/store.h"
 #include "memory/tier.h"
+#include "optim/state.h"
 
 namespace strata {
 
@@ -74,6 +75,10 @@ struct ModelConfig {
 };
 
 struct OptimizerConfig {
+  // Which optimizer, and so its state layout (optim/state.h): what a chunk of it weighs and
+  // how it is packed. AdamW with fp32 state is the one kind so far.
+  optim::Kind kind = optim::Kind::adamw;
+  optim::StateLayout state() const { return optim::StateLayout(kind); }
   double lr = 3.0e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -81,7 +86,7 @@ struct OptimizerConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   // Optimizer state (fp32 master, first and second moment) travels in chunks of at most this
-  // many elements, each chunk one store tensor packed [master | m | v]: the update of a big
+  // many elements, each chunk one store tensor (packed as state() says): the update of a big
   // unit (GPT-2 XL's 80 M-parameter embeddings) then streams through the device a piece at a
   // time instead of needing 1 GB of it at once, and the read of one chunk overlaps the update
   // of the one before. A store records it (metadata `optim_chunk_elements`). When the config
