@@ -44,8 +44,11 @@ def conv1d(x, weight, bias):
     return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight).view(shape)
 
 
-def attention(p, prefix, x, n_head, allowed):
+def attention(p, prefix, x, n_head, allowed=None):
+    """`allowed` [b, 1, t, t] (query, key) pairs that may attend; None: plain causal."""
     b, t, c = x.shape
+    if allowed is None:
+        allowed = torch.tril(torch.ones(t, t, dtype=torch.bool))
     hd = c // n_head
     qkv = conv1d(x, p[prefix + "attn.c_attn.weight"], p[prefix + "attn.c_attn.bias"])
     q, k, v = qkv.split(c, dim=2)
@@ -61,7 +64,7 @@ def attention(p, prefix, x, n_head, allowed):
     return conv1d(out, p[prefix + "attn.c_proj.weight"], p[prefix + "attn.c_proj.bias"])
 
 
-def block(p, i, x, n_head, allowed):
+def block(p, i, x, n_head, allowed=None):
     prefix = f"h.{i}."
     c = x.shape[-1]
     h = torch.nn.functional.layer_norm(x, (c,), p[prefix + "ln_1.weight"], p[prefix + "ln_1.bias"], eps=1e-5)

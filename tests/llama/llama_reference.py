@@ -64,9 +64,12 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d)
 
 
-def block(p, i, x, cfg, cos, sin, mask):
+def block(p, i, x, cfg, cos, sin, mask=None):
+    """`mask`: additive attention mask broadcast against [b, heads, t, t]; None: plain causal."""
     pre = f"model.layers.{i}."
     b, t, _ = x.shape
+    if mask is None:
+        mask = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
     nh, nkv, hd = int(cfg["n_head"]), int(cfg["n_kv_head"]), int(cfg["head_dim"])
     bias = lambda name: p.get(pre + f"self_attn.{name}.bias")  # noqa: E731  (None: nn.Linear(bias=False))
     h = rms_norm(x, p[pre + "input_layernorm.weight"], cfg["norm_eps"])
