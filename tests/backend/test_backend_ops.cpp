@@ -20,8 +20,9 @@
 namespace strata::testing {
 namespace {
 
-// Why each tolerance (a packed_ scenario is held to its op's): the casts, zero/copy, the embedding gather and AdamW are elementwise with
-// the same rounding on both (elementwise.h), so they must be exact. The GPT-2 ops use cuBLAS
+// Why each tolerance (a packed_ scenario is held to its op's): the casts, zero/copy, the
+// embedding gather and AdamW are elementwise with the same rounding on both (elementwise.h), so
+// they must be exact. The GPT-2 ops use cuBLAS
 // and other reduction orders: fp32 rounding, the 1e-5 that test_gpt2_cuda holds the kernels to.
 // The embedding gradient adds repeated tokens in another order. The sum of squares is double
 // on both, in another order. The clipped AdamW inherits the sum's last-bit difference through

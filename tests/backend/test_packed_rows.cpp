@@ -385,8 +385,8 @@ TEST_P(PackedRows, MatchesTorchWithBlockDiagonalMask) {
   EXPECT_LE(loss_error, kTorchTolerance);
   double worst = 0.0;
   for (const NamedTensor& t : model->tensors()) {
-    const double error =
-        strata::testing::relative_error(packed.grads.data() + t.offset, read_f64(out + "/" + t.name + ".grad.f64", t.numel));
+    const std::vector<double> reference = read_f64(out + "/" + t.name + ".grad.f64", t.numel);
+    const double error = strata::testing::relative_error(packed.grads.data() + t.offset, reference);
     EXPECT_LE(error, kTorchTolerance) << "gradient of " << t.name;
     worst = std::max(worst, error);
   }
@@ -412,9 +412,9 @@ TEST_P(PackedRows, EqualsTheExamplesRunAlone) {
   for (const Example& e : packing.examples) {
     const auto first = static_cast<size_t>(e.first_row);
     const auto length = static_cast<size_t>(e.length);
-    const std::vector<int32_t> tokens(batch.tokens.begin() + e.first_row, batch.tokens.begin() + e.first_row + e.length);
-    const std::vector<int32_t> targets(batch.targets.begin() + e.first_row,
-                                       batch.targets.begin() + e.first_row + e.length);
+    const auto begin = static_cast<std::ptrdiff_t>(first), end = static_cast<std::ptrdiff_t>(first + length);
+    const std::vector<int32_t> tokens(batch.tokens.begin() + begin, batch.tokens.begin() + end);
+    const std::vector<int32_t> targets(batch.targets.begin() + begin, batch.targets.begin() + end);
     const StepResult alone =
         model->step(*rig.backend, gk::BatchShape{1, e.length}, {tokens.data(), targets.data(), e.length}, rig.ws);
     const double share = static_cast<double>(e.length) / tokens_total;  // its weight in the packed mean
