@@ -1,0 +1,186 @@
+// The AVX2 + FMA loop of the 8-bit AdamW (adamw8bit.h). It mirrors adamw8bit_loop in
+// adamw8bit_cpu.cpp operation for operation — the same fp32 operations in the same order (the
+// fp32 AdamW's FMAs, nothing else fused: -ffp-contract=off), the same comparisons in the code
+// search (gathers from the same tables), an exact max — so it returns the scalar loop's bits;
+// the last n % 8 elements of a block go through the shared element functions.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/optim/adamw8bit.h"
+#include "kernels/optim/cpu_kernels.h"
+
+#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace strata::kernels::detail {
+namespace {
+
+inline float widen8(float grad) { return grad; }
+inline float widen8(uint16_t grad_bf16) { return bf16_bits_to_fp32(grad_bf16); }
+inline float abs_fp32(float value) { return bits_to_float(float_to_bits(value) & 0x7FFFFFFFu); }
+
+STRATA_AVX2 inline __m256 load_grads8(const float* grads) { return _mm256_loadu_ps(grads); }
+STRATA_AVX2 inline __m256 load_grads8(const uint16_t* grads) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grads)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// The bf16/fp16 patterns of 8 floats, through the scalar functions: the copy is a small part of
+// the work here, and this keeps one definition of torch's rounding.
+inline void store_copy8(DType dtype, uint16_t* copy, const float* values) {
+  if (dtype == DType::bf16) {
+    for (int k = 0; k < 8; ++k) copy[k] = fp32_to_bf16_bits(values[k]);
+  } else if (dtype == DType::f16) {
+    for (int k = 0; k < 8; ++k) copy[k] = fp32_to_fp16_bits(values[k]);
+  }
+}
+
+STRATA_AVX2 inline __m256 abs8(__m256 value) {
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(value), _mm256_set1_epi32(0x7FFFFFFF)));
+}
+
+STRATA_AVX2 inline float horizontal_max(__m256 value) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, value);
+  float result = lanes[0];
+  for (int k = 1; k < 8; ++k) result = lanes[k] > result ? lanes[k] : result;
+  return result;
+}
+
+// nearest_code for 8 values: the same seven halving steps, the same two midpoint comparisons.
+STRATA_AVX2 inline __m256i nearest_code8(const CodeTable& table, __m256 x) {
+  __m256i pivot = _mm256_set1_epi32(127);
+  for (int half = 64; half > 0; half >>= 1) {
+    const __m256 value = _mm256_i32gather_ps(table.values, pivot, 4);
+    const __m256i right = _mm256_castps_si256(_mm256_cmp_ps(x, value, _CMP_GT_OQ));
+    const __m256i move = _mm256_blendv_epi8(_mm256_set1_epi32(-half), _mm256_set1_epi32(half), right);
+    pivot = _mm256_add_epi32(pivot, move);
+  }
+  const __m256 upper_mid = _mm256_i32gather_ps(table.midpoints, _mm256_add_epi32(pivot, _mm256_set1_epi32(1)), 4);
+  const __m256 lower_mid = _mm256_i32gather_ps(table.midpoints, pivot, 4);
+  const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(x, upper_mid, _CMP_GT_OQ));    // -1 where true
+  const __m256i down = _mm256_castps_si256(_mm256_cmp_ps(x, lower_mid, _CMP_LT_OQ));  // -1 where true
+  return _mm256_add_epi32(_mm256_sub_epi32(pivot, up), down);
+}
+
+// quantize_moment for 8 values of one block.
+STRATA_AVX2 inline void quantize8(const CodeTable& table, bool is_signed, const float* values, float absmax,
+                                  uint8_t* codes) {
+  const __m256 value = _mm256_loadu_ps(values);
+  const __m256 divisor = _mm256_set1_ps(absmax == 0.0f ? 1.0f : absmax);
+  __m256i code = nearest_code8(table, _mm256_div_ps(value, divisor));
+  if (is_signed) {
+    const __m256i value_negative = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
+    const __m256i code_negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), code);
+    const __m256i differ = _mm256_xor_si256(value_negative, code_negative);
+    const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ));
+    const __m256i step = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), positive);
+    code = _mm256_add_epi32(code, _mm256_and_si256(differ, step));
+  }
+  // Every lane is 0..255: the two saturating packs narrow without changing a value.
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(words, words));
+}
+
+template <typename Grad>
+STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& t, const Grad* grads) {
+  alignas(32) float fresh_m[kAdamW8bitMaxBlockElements];
+  alignas(32) float fresh_v[kAdamW8bitMaxBlockElements];
+  alignas(32) float updated[8];
+  const CodeTable& m_table = *t.exp_avg_table;
+  const CodeTable& v_table = *t.exp_avg_sq_table;
+  const __m256 grad_scale = _mm256_set1_ps(s.grad_scale);
+  const __m256 decay = _mm256_set1_ps(s.decay);
+  const __m256 beta1 = _mm256_set1_ps(s.beta1);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(s.beta2);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 bias_correction2_sqrt = _mm256_set1_ps(s.bias_correction2_sqrt);
+  const __m256 eps = _mm256_set1_ps(s.eps);
+  const __m256 neg_step_size = _mm256_set1_ps(s.neg_step_size);
+  const __m256i exponent_mask = _mm256_set1_epi32(0x7F800000);
+  for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
+    const size_t n = std::min(t.block_elements, t.count - begin);
+    const float m_scale = t.exp_avg_absmax[block];
+    const float v_scale = t.exp_avg_sq_absmax[block];
+    const __m256 m_scale8 = _mm256_set1_ps(m_scale);
+    const __m256 v_scale8 = _mm256_set1_ps(v_scale);
+    __m256 m_max8 = _mm256_setzero_ps();
+    __m256 v_max8 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const size_t e = begin + i;
+      const __m256i m_codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.exp_avg_codes + e)));
+      const __m256i v_codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.exp_avg_sq_codes + e)));
+      const __m256 m0 = _mm256_mul_ps(_mm256_i32gather_ps(m_table.values, m_codes, 4), m_scale8);
+      const __m256 v0 = _mm256_mul_ps(_mm256_i32gather_ps(v_table.values, v_codes, 4), v_scale8);
+      const __m256 p0 = _mm256_loadu_ps(t.params + e);
+      // adamw_element's operations in its order (the fp32 AVX2 loop's sequence).
+      const __m256 g = _mm256_mul_ps(load_grads8(grads + e), grad_scale);
+      const __m256 p = _mm256_mul_ps(p0, decay);
+      const __m256 m1 = _mm256_fmadd_ps(g, one_minus_beta1, _mm256_mul_ps(m0, beta1));
+      const __m256 v1 = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g, _mm256_mul_ps(v0, beta2));
+      const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), bias_correction2_sqrt), eps);
+      const __m256 p1 = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m1), denom));
+      // A NaN/inf scaled gradient keeps the element's param and dequantised moments.
+      const __m256 skip = _mm256_castsi256_ps(
+          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(g), exponent_mask), exponent_mask));
+      const __m256 m = _mm256_blendv_ps(m1, m0, skip);
+      const __m256 v = _mm256_blendv_ps(v1, v0, skip);
+      const __m256 param = _mm256_blendv_ps(p1, p0, skip);
+      _mm256_storeu_ps(t.params + e, param);
+      if (t.copy_dtype != DType::f32) {
+        _mm256_store_ps(updated, param);
+        store_copy8(t.copy_dtype, t.copy + e, updated);
+      }
+      _mm256_store_ps(fresh_m + i, m);
+      _mm256_store_ps(fresh_v + i, v);
+      // max(a, acc) returns acc where a is NaN: `a > acc ? a : acc`, the scalar rule.
+      m_max8 = _mm256_max_ps(abs8(m), m_max8);
+      v_max8 = _mm256_max_ps(abs8(v), v_max8);
+    }
+    float m_max = horizontal_max(m_max8);
+    float v_max = horizontal_max(v_max8);
+    for (; i < n; ++i) {
+      const size_t e = begin + i;
+      float p = t.params[e];
+      float m = mul_rn(m_table.values[t.exp_avg_codes[e]], m_scale);
+      float v = mul_rn(v_table.values[t.exp_avg_sq_codes[e]], v_scale);
+      adamw8bit_element(s, widen8(grads[e]), p, m, v);
+      t.params[e] = p;
+      if (t.copy_dtype == DType::bf16) {
+        t.copy[e] = fp32_to_bf16_bits(p);
+      } else if (t.copy_dtype == DType::f16) {
+        t.copy[e] = fp32_to_fp16_bits(p);
+      }
+      fresh_m[i] = m;
+      fresh_v[i] = v;
+      const float m_abs = abs_fp32(m), v_abs = abs_fp32(v);
+      m_max = m_abs > m_max ? m_abs : m_max;
+      v_max = v_abs > v_max ? v_abs : v_max;
+    }
+    t.exp_avg_absmax[block] = m_max;
+    t.exp_avg_sq_absmax[block] = v_max;
+    size_t q = 0;
+    for (; q + 8 <= n; q += 8) {
+      quantize8(m_table, true, fresh_m + q, m_max, t.exp_avg_codes + begin + q);
+      quantize8(v_table, false, fresh_v + q, v_max, t.exp_avg_sq_codes + begin + q);
+    }
+    for (; q < n; ++q) {
+      t.exp_avg_codes[begin + q] = quantize_moment(m_table, true, fresh_m[q], m_max);
+      t.exp_avg_sq_codes[begin + q] = quantize_moment(v_table, false, fresh_v[q], v_max);
+    }
+  }
+}
+
+}  // namespace
+
+STRATA_AVX2 void adamw8bit_fp32_grads_avx2(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads) {
+  adamw8bit_loop(s, tile, grads);
+}
+STRATA_AVX2 void adamw8bit_bf16_grads_avx2(const AdamWStepScalars& s, const AdamW8bitTile& tile,
+                                           const uint16_t* grads) {
+  adamw8bit_loop(s, tile, grads);
+}
+
+}  // namespace strata::kernels::detail
