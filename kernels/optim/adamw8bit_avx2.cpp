@@ -1,8 +1,8 @@
 // The AVX2 + FMA loop of the 8-bit AdamW (adamw8bit.h). It mirrors adamw8bit_loop in
 // adamw8bit_cpu.cpp operation for operation — the same fp32 operations in the same order (the
-// fp32 AdamW's FMAs, nothing else fused: -ffp-contract=off), the same comparisons in the code
-// search (gathers from the same tables), an exact max — so it returns the scalar loop's bits;
-// the last n % 8 elements of a block go through the shared element functions.
+// fp32 AdamW's FMAs, nothing else fused: -ffp-contract=off), the same quantiser
+// (adamw8bit_element.h's table lookup, on 8 lanes with one gather), an exact max — so it returns
+// the scalar loop's bits; the last n % 8 elements of a block go through the element functions.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -47,35 +47,43 @@ STRATA_AVX2 inline float horizontal_max(__m256 value) {
   return result;
 }
 
-// nearest_code for 8 values: the same seven halving steps, the same two midpoint comparisons.
-STRATA_AVX2 inline __m256i nearest_code8(const CodeTable& table, __m256 x) {
-  __m256i pivot = _mm256_set1_epi32(127);
-  for (int half = 64; half > 0; half >>= 1) {
-    const __m256 value = _mm256_i32gather_ps(table.values, pivot, 4);
-    const __m256i right = _mm256_castps_si256(_mm256_cmp_ps(x, value, _CMP_GT_OQ));
-    const __m256i move = _mm256_blendv_epi8(_mm256_set1_epi32(-half), _mm256_set1_epi32(half), right);
-    pivot = _mm256_add_epi32(pivot, move);
-  }
-  const __m256 upper_mid = _mm256_i32gather_ps(table.midpoints, _mm256_add_epi32(pivot, _mm256_set1_epi32(1)), 4);
-  const __m256 lower_mid = _mm256_i32gather_ps(table.midpoints, pivot, 4);
-  const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(x, upper_mid, _CMP_GT_OQ));    // -1 where true
-  const __m256i down = _mm256_castps_si256(_mm256_cmp_ps(x, lower_mid, _CMP_LT_OQ));  // -1 where true
-  return _mm256_add_epi32(_mm256_sub_epi32(pivot, up), down);
-}
-
-// quantize_moment for 8 values of one block.
+// quantize_moment for 8 values of one block: nearest_code_lut's key, one gather of the bucket
+// entries and the same integer threshold test on 8 lanes, then keep_sign for m — the same
+// comparisons, so the same codes.
 STRATA_AVX2 inline void quantize8(const CodeTable& table, bool is_signed, const float* values, float absmax,
                                   uint8_t* codes) {
-  const __m256 value = _mm256_loadu_ps(values);
-  const __m256 divisor = _mm256_set1_ps(absmax == 0.0f ? 1.0f : absmax);
-  __m256i code = nearest_code8(table, _mm256_div_ps(value, divisor));
-  if (is_signed) {
+  const __m256 value = _mm256_load_ps(values);
+  const __m256 x = _mm256_div_ps(value, _mm256_set1_ps(absmax == 0.0f ? 1.0f : absmax));
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
+  const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kCodeBucketMinExponent), exponent);
+  const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
+  const __m256i bucket = _mm256_andnot_si256(
+      _mm256_or_si256(tiny, beyond_one),
+      _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(exponent, _mm256_set1_epi32(kCodeBucketMinExponent)), 8),
+                      _mm256_and_si256(_mm256_srli_epi32(bits, 15), _mm256_set1_epi32(0xFF))));
+  const __m256i negative = _mm256_srai_epi32(bits, 31);
+  const __m256i key = _mm256_add_epi32(
+      _mm256_and_si256(negative, _mm256_set1_epi32(static_cast<int>(kCodeBucketsPerSign))), bucket);
+  const __m256i entry = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table.bucket), key, 4);
+  const __m256i limit = _mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF));
+  const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
+  const __m256i past = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, limit), _mm256_cmpgt_epi32(limit, low), negative);
+  const __m256i tie_flag = _mm256_and_si256(entry, _mm256_set1_epi32(0x10000));
+  const __m256i tie_up = _mm256_and_si256(_mm256_cmpeq_epi32(low, limit),
+                                          _mm256_cmpeq_epi32(tie_flag, _mm256_set1_epi32(0x10000)));
+  // The first code is the entry's top byte; `past | tie_up` is -1 where the code goes up.
+  __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(entry, 24), _mm256_or_si256(past, tie_up));
+  const __m256i past_one = _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_set1_ps(1.0f), _CMP_GT_OQ));
+  const __m256i edge_code = _mm256_and_si256(past_one, _mm256_set1_epi32(255));
+  code = _mm256_blendv_epi8(code, edge_code, beyond_one);
+  if (is_signed) {  // keep_sign
     const __m256i value_negative = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
     const __m256i code_negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), code);
     const __m256i differ = _mm256_xor_si256(value_negative, code_negative);
     const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ));
     const __m256i step = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), positive);
-    code = _mm256_add_epi32(code, _mm256_and_si256(differ, step));
+    code = _mm256_and_si256(_mm256_add_epi32(code, _mm256_and_si256(differ, step)), _mm256_set1_epi32(0xFF));
   }
   // Every lane is 0..255: the two saturating packs narrow without changing a value.
   const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));

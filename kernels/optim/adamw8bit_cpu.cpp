@@ -2,6 +2,7 @@
 // picks the ISA and splits a chunk into tiles of whole blocks across the TBB arena. Built with
 // -ffp-contract=off like the rest of the optim library (the torch operation order is explicit).
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -80,13 +81,35 @@ detail::CodeTable make_code_table(const std::array<float, 256>& values) {
   std::copy(values.begin(), values.end(), table.values);
   table.midpoints[0] = -std::numeric_limits<float>::infinity();
   for (size_t k = 1; k < 256; ++k) table.midpoints[k] = (values[k - 1] + values[k]) * 0.5f;
+  table.midpoints[256] = std::numeric_limits<float>::infinity();
+  // Each bucket's first code by the reference search at its lowest x, and the threshold above
+  // it if that lies inside the bucket; the lookup is exact only if no bucket spans two
+  // thresholds, which the search at the bucket's highest x confirms.
+  for (uint32_t sign = 0; sign < 2; ++sign) {
+    for (uint32_t bucket = 0; bucket < detail::kCodeBucketsPerSign; ++bucket) {
+      const uint32_t low_bits = bucket == 0 ? 0u : ((bucket >> 8) + detail::kCodeBucketMinExponent) << 23 |
+                                                       (bucket & 0xFFu) << 15;
+      const uint32_t high_bits = bucket == 0 ? (detail::kCodeBucketMinExponent << 23 | 0x7FFFu) : (low_bits | 0x7FFFu);
+      const float low = std::bit_cast<float>(low_bits), high = std::bit_cast<float>(high_bits);
+      const float lowest = sign == 0 ? low : -high;
+      const float highest = sign == 0 ? high : -low;
+      const uint32_t first = detail::nearest_code(table.values, table.midpoints, lowest);
+      [[maybe_unused]] const uint32_t last = detail::nearest_code(table.values, table.midpoints, highest);
+      assert(last <= first + 1 && "a lookup bucket spans two code thresholds");
+      assert((bucket != 0 || last == first) && "the lowest bucket holds a threshold");
+      const uint32_t threshold_bits = std::bit_cast<uint32_t>(table.midpoints[first + 1]);
+      const uint32_t bucket_high_bits = (sign << 31) | low_bits;
+      const bool inside = bucket != 0 && (threshold_bits >> 15) == (bucket_high_bits >> 15);
+      uint32_t entry = first << 24;
+      if (inside) {
+        entry |= (threshold_bits & 0x7FFFu) | ((first & 1u) != 0 ? 0x10000u : 0u);
+      } else {
+        entry |= sign == 0 ? 0x8000u : 0u;  // a limit no x of the bucket passes
+      }
+      table.bucket[sign * detail::kCodeBucketsPerSign + bucket] = entry;
+    }
+  }
   return table;
-}
-
-const detail::CodeTable& code_table(bool is_signed) {
-  static const detail::CodeTable signed_table = make_code_table(dynamic_code(true));
-  static const detail::CodeTable unsigned_table = make_code_table(dynamic_code(false));
-  return is_signed ? signed_table : unsigned_table;
 }
 
 void assert_state_shape(const AdamW8bitState& state) {
@@ -114,8 +137,8 @@ void adamw8bit_span(const AdamWStepScalars& scalars, const AdamW8bitState& state
   const size_t tile_elements = tile_blocks * block_elements;
   const auto run = [&](size_t begin, size_t end) {
     detail::AdamW8bitTile tile;
-    tile.exp_avg_table = &code_table(true);
-    tile.exp_avg_sq_table = &code_table(false);
+    tile.exp_avg_table = &detail::cpu_code_table(true);
+    tile.exp_avg_sq_table = &detail::cpu_code_table(false);
     tile.block_elements = block_elements;
     tile.params = state.params.data() + begin;
     tile.exp_avg_codes = state.exp_avg_codes.data() + begin;
@@ -168,6 +191,13 @@ void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitS
 // --- the scalar reference loop --------------------------------------------------------------------
 
 namespace detail {
+
+const CodeTable& cpu_code_table(bool is_signed) {
+  static const CodeTable signed_table = make_code_table(dynamic_code(true));
+  static const CodeTable unsigned_table = make_code_table(dynamic_code(false));
+  return is_signed ? signed_table : unsigned_table;
+}
+
 namespace {
 
 inline float widen8(float grad) { return grad; }

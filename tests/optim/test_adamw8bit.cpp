@@ -179,21 +179,16 @@ TEST(AdamW8bit, ZeroGradientsOnZeroStateStayZero) {
 
 TEST(AdamW8bit, CodeSearchReturnsTheNearestCode) {
   for (const bool is_signed : {true, false}) {
+    const detail::CodeTable& table = detail::cpu_code_table(is_signed);
     const auto& values = dynamic_code(is_signed);
-    detail::CodeTable table{};
-    std::copy(values.begin(), values.end(), table.values);
-    table.midpoints[0] = -INFINITY;
-    for (size_t k = 1; k < 256; ++k) table.midpoints[k] = (values[k - 1] + values[k]) * 0.5f;
     std::mt19937_64 rng(11);
     std::uniform_real_distribution<float> uniform(is_signed ? -1.0f : 0.0f, 1.0f);
     std::vector<float> probes;
     for (int i = 0; i < 200000; ++i) probes.push_back(uniform(rng));
-    for (size_t k = 0; k < 256; ++k) {
-      probes.push_back(values[k]);
-      if (k > 0) probes.push_back(table.midpoints[k]);  // exact ties: the even index wins
-    }
+    for (size_t k = 0; k < 256; ++k) probes.push_back(values[k]);
+    for (size_t k = 1; k < 256; ++k) probes.push_back(table.midpoints[k]);  // exact ties
     for (const float x : probes) {
-      const uint32_t code = detail::nearest_code(table, x);
+      const uint32_t code = detail::nearest_code(table.values, table.midpoints, x);
       ASSERT_LT(code, 256u);
       // Nearest in exact arithmetic, up to the fp32 rounding of the midpoint bitsandbytes
       // compares against (half an ulp of a value <= 1: below 6e-8).
@@ -201,17 +196,45 @@ TEST(AdamW8bit, CodeSearchReturnsTheNearestCode) {
       for (size_t k = 0; k < 256; ++k) {
         ASSERT_LE(distance, std::fabs(static_cast<double>(values[k]) - x) + 6e-8) << x << " code " << code;
       }
-      // And exactly the fp32 midpoint rule: x lies between the thresholds around its code.
+      // And exactly the fp32 midpoint rule: x lies between the thresholds around its code, and
+      // a tie on a threshold keeps the even index.
       ASSERT_GE(x, table.midpoints[code]) << x;
-      if (code < 255) {
-        ASSERT_LE(x, table.midpoints[code + 1]) << x;
-      }
-      if (code > 0 && x == table.midpoints[code]) {
+      ASSERT_LE(x, table.midpoints[code + 1]) << x;
+      if (x == table.midpoints[code] || x == table.midpoints[code + 1]) {
         EXPECT_EQ(code % 2, 0u) << x;
       }
-      if (code < 255 && x == table.midpoints[code + 1]) {
-        EXPECT_EQ(code % 2, 0u) << x;
+    }
+  }
+}
+
+// The CPU's table lookup is the search, on every threshold and its neighbours, every bucket's
+// edges, random values and the specials: two monotone step functions agreeing around every
+// step and at every bucket edge agree everywhere.
+TEST(AdamW8bit, TableLookupEqualsTheSearch) {
+  for (const bool is_signed : {true, false}) {
+    const detail::CodeTable& table = detail::cpu_code_table(is_signed);
+    std::vector<float> probes = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, INFINITY, -INFINITY, NAN, -NAN,
+                                 1e-30f, -1e-30f, 1e-8f, -1e-8f, 5.9604645e-08f, -5.9604645e-08f};
+    for (size_t k = 1; k < 256; ++k) {
+      const uint32_t bits = std::bit_cast<uint32_t>(table.midpoints[k]);
+      for (int delta = -3; delta <= 3; ++delta) probes.push_back(std::bit_cast<float>(bits + delta));
+    }
+    for (uint32_t bucket = 0; bucket < detail::kCodeBucketsPerSign; ++bucket) {
+      const uint32_t low = ((bucket >> 8) + detail::kCodeBucketMinExponent) << 23 | (bucket & 0xFFu) << 15;
+      for (const uint32_t bits : {low, low | 0x7FFFu, low | 0x4000u}) {
+        probes.push_back(std::bit_cast<float>(bits));
+        probes.push_back(-std::bit_cast<float>(bits));
       }
+    }
+    std::mt19937_64 rng(12);
+    for (int i = 0; i < 1000000; ++i) {
+      // Random bit patterns of magnitude <= 1, both signs: every exponent equally.
+      const uint32_t bits = static_cast<uint32_t>(rng()) % 0x3F800001u | (rng() & 1 ? 0x80000000u : 0u);
+      probes.push_back(std::bit_cast<float>(bits));
+    }
+    for (const float x : probes) {
+      ASSERT_EQ(detail::nearest_code_lut(table, x), detail::nearest_code(table.values, table.midpoints, x))
+          << x << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(x) << ")";
     }
   }
 }
