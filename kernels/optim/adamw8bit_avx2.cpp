@@ -1,7 +1,7 @@
 // The AVX2 + FMA loop of the 8-bit AdamW (adamw8bit.h). It mirrors adamw8bit_loop in
 // adamw8bit_cpu.cpp operation for operation — the same fp32 operations in the same order (the
 // fp32 AdamW's FMAs, nothing else fused: -ffp-contract=off), the same quantiser
-// (adamw8bit_element.h's table lookup, on 8 lanes with one gather), an exact max — so it returns
+// (adamw8bit_element.h's table lookup, 8 lanes at a time, no gathers), an exact max — so it returns
 // the scalar loop's bits; the last n % 8 elements of a block go through the element functions.
 #include <immintrin.h>
 
@@ -47,47 +47,61 @@ STRATA_AVX2 inline float horizontal_max(__m256 value) {
   return result;
 }
 
-// quantize_moment for 8 values of one block: nearest_code_lut's key, one gather of the bucket
-// entries and the same integer threshold test on 8 lanes, then keep_sign for m — the same
-// comparisons, so the same codes.
-STRATA_AVX2 inline void quantize8(const CodeTable& table, bool is_signed, const float* values, float absmax,
-                                  uint8_t* codes) {
-  const __m256 value = _mm256_load_ps(values);
-  const __m256 x = _mm256_div_ps(value, _mm256_set1_ps(absmax == 0.0f ? 1.0f : absmax));
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
-  const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kCodeBucketMinExponent), exponent);
-  const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
-  const __m256i bucket = _mm256_andnot_si256(
-      _mm256_or_si256(tiny, beyond_one),
-      _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(exponent, _mm256_set1_epi32(kCodeBucketMinExponent)), 8),
-                      _mm256_and_si256(_mm256_srli_epi32(bits, 15), _mm256_set1_epi32(0xFF))));
-  const __m256i negative = _mm256_srai_epi32(bits, 31);
-  const __m256i key = _mm256_add_epi32(
-      _mm256_and_si256(negative, _mm256_set1_epi32(static_cast<int>(kCodeBucketsPerSign))), bucket);
-  const __m256i entry = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table.bucket), key, 4);
-  const __m256i limit = _mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF));
-  const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
-  const __m256i past = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, limit), _mm256_cmpgt_epi32(limit, low), negative);
-  const __m256i tie_flag = _mm256_and_si256(entry, _mm256_set1_epi32(0x10000));
-  const __m256i tie_up = _mm256_and_si256(_mm256_cmpeq_epi32(low, limit),
-                                          _mm256_cmpeq_epi32(tie_flag, _mm256_set1_epi32(0x10000)));
-  // The first code is the entry's top byte; `past | tie_up` is -1 where the code goes up.
-  __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(entry, 24), _mm256_or_si256(past, tie_up));
-  const __m256i past_one = _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_set1_ps(1.0f), _CMP_GT_OQ));
-  const __m256i edge_code = _mm256_and_si256(past_one, _mm256_set1_epi32(255));
-  code = _mm256_blendv_epi8(code, edge_code, beyond_one);
-  if (is_signed) {  // keep_sign
-    const __m256i value_negative = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
-    const __m256i code_negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), code);
-    const __m256i differ = _mm256_xor_si256(value_negative, code_negative);
-    const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ));
-    const __m256i step = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), positive);
-    code = _mm256_and_si256(_mm256_add_epi32(code, _mm256_and_si256(differ, step)), _mm256_set1_epi32(0xFF));
+// quantize_moment over the `count` values of one block, 8 lanes at a time, in three sweeps so
+// no gather is needed (vpgatherdd costs ~25 cycles on CPUs with the gather-data-sampling
+// microcode mitigation, this VM's included): the ratio and its bucket key on 8 lanes; the
+// bucket entries by plain loads; the threshold test and keep_sign on 8 lanes. Same
+// comparisons as nearest_code_lut, so the same codes. `count` is a multiple of 8.
+STRATA_AVX2 void quantize_block(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                                size_t count, float* ratios, uint32_t* entries, uint8_t* codes) {
+  const __m256 inverse8 = _mm256_set1_ps(inverse);
+  for (size_t q = 0; q < count; q += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_load_ps(values + q), inverse8);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
+    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kCodeBucketMinExponent), exponent);
+    const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
+    const __m256i bucket = _mm256_andnot_si256(
+        _mm256_or_si256(tiny, beyond_one),
+        _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(exponent, _mm256_set1_epi32(kCodeBucketMinExponent)), 8),
+                        _mm256_and_si256(_mm256_srli_epi32(bits, 15), _mm256_set1_epi32(0xFF))));
+    const __m256i key = _mm256_add_epi32(
+        _mm256_and_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(static_cast<int>(kCodeBucketsPerSign))),
+        bucket);
+    _mm256_store_ps(ratios + q, x);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(entries + q), key);
   }
-  // Every lane is 0..255: the two saturating packs narrow without changing a value.
-  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(codes), _mm_packus_epi16(words, words));
+  for (size_t q = 0; q < count; ++q) entries[q] = table.bucket[entries[q]];
+  for (size_t q = 0; q < count; q += 8) {
+    const __m256 value = _mm256_load_ps(values + q);
+    const __m256 x = _mm256_load_ps(ratios + q);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i entry = _mm256_load_si256(reinterpret_cast<const __m256i*>(entries + q));
+    const __m256i negative = _mm256_srai_epi32(bits, 31);
+    const __m256i beyond_one = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF)),
+                                                  _mm256_set1_epi32(127));
+    const __m256i limit = _mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF));
+    const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
+    const __m256i past = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, limit), _mm256_cmpgt_epi32(limit, low), negative);
+    const __m256i tie_flag = _mm256_and_si256(entry, _mm256_set1_epi32(0x10000));
+    const __m256i tie_up = _mm256_and_si256(_mm256_cmpeq_epi32(low, limit),
+                                            _mm256_cmpeq_epi32(tie_flag, _mm256_set1_epi32(0x10000)));
+    // The first code is the entry's top byte; `past | tie_up` is -1 where the code goes up.
+    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(entry, 24), _mm256_or_si256(past, tie_up));
+    const __m256i past_one = _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_set1_ps(1.0f), _CMP_GT_OQ));
+    code = _mm256_blendv_epi8(code, _mm256_and_si256(past_one, _mm256_set1_epi32(255)), beyond_one);
+    if (is_signed) {  // keep_sign
+      const __m256i value_negative = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
+      const __m256i code_negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), code);
+      const __m256i differ = _mm256_xor_si256(value_negative, code_negative);
+      const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ));
+      const __m256i step = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), positive);
+      code = _mm256_and_si256(_mm256_add_epi32(code, _mm256_and_si256(differ, step)), _mm256_set1_epi32(0xFF));
+    }
+    // Every lane is 0..255: the two saturating packs narrow without changing a value.
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + q), _mm_packus_epi16(words, words));
+  }
 }
 
 template <typename Grad>
@@ -95,6 +109,8 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
   alignas(32) float fresh_m[kAdamW8bitMaxBlockElements];
   alignas(32) float fresh_v[kAdamW8bitMaxBlockElements];
   alignas(32) float updated[8];
+  alignas(32) float ratios[kAdamW8bitMaxBlockElements];
+  alignas(32) uint32_t entries[kAdamW8bitMaxBlockElements];
   const CodeTable& m_table = *t.exp_avg_table;
   const CodeTable& v_table = *t.exp_avg_sq_table;
   const __m256 grad_scale = _mm256_set1_ps(s.grad_scale);
@@ -115,13 +131,17 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
     const __m256 v_scale8 = _mm256_set1_ps(v_scale);
     __m256 m_max8 = _mm256_setzero_ps();
     __m256 v_max8 = _mm256_setzero_ps();
+    const size_t n8 = n / 8 * 8;
+    // The code values by plain loads first (no gathers, as in quantize_block).
+    for (size_t i = 0; i < n8; ++i) {
+      fresh_m[i] = m_table.values[t.exp_avg_codes[begin + i]];
+      fresh_v[i] = v_table.values[t.exp_avg_sq_codes[begin + i]];
+    }
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
+    for (; i < n8; i += 8) {
       const size_t e = begin + i;
-      const __m256i m_codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.exp_avg_codes + e)));
-      const __m256i v_codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.exp_avg_sq_codes + e)));
-      const __m256 m0 = _mm256_mul_ps(_mm256_i32gather_ps(m_table.values, m_codes, 4), m_scale8);
-      const __m256 v0 = _mm256_mul_ps(_mm256_i32gather_ps(v_table.values, v_codes, 4), v_scale8);
+      const __m256 m0 = _mm256_mul_ps(_mm256_load_ps(fresh_m + i), m_scale8);
+      const __m256 v0 = _mm256_mul_ps(_mm256_load_ps(fresh_v + i), v_scale8);
       const __m256 p0 = _mm256_loadu_ps(t.params + e);
       // adamw_element's operations in its order (the fp32 AVX2 loop's sequence).
       const __m256 g = _mm256_mul_ps(load_grads8(grads + e), grad_scale);
@@ -169,14 +189,13 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
     }
     t.exp_avg_absmax[block] = m_max;
     t.exp_avg_sq_absmax[block] = v_max;
-    size_t q = 0;
-    for (; q + 8 <= n; q += 8) {
-      quantize8(m_table, true, fresh_m + q, m_max, t.exp_avg_codes + begin + q);
-      quantize8(v_table, false, fresh_v + q, v_max, t.exp_avg_sq_codes + begin + q);
-    }
+    const float m_inverse = inverse_absmax(m_max), v_inverse = inverse_absmax(v_max);
+    quantize_block(m_table, true, fresh_m, m_inverse, n8, ratios, entries, t.exp_avg_codes + begin);
+    quantize_block(v_table, false, fresh_v, v_inverse, n8, ratios, entries, t.exp_avg_sq_codes + begin);
+    size_t q = n8;
     for (; q < n; ++q) {
-      t.exp_avg_codes[begin + q] = quantize_moment(m_table, true, fresh_m[q], m_max);
-      t.exp_avg_sq_codes[begin + q] = quantize_moment(v_table, false, fresh_v[q], v_max);
+      t.exp_avg_codes[begin + q] = quantize_moment(m_table, true, fresh_m[q], m_inverse);
+      t.exp_avg_sq_codes[begin + q] = quantize_moment(v_table, false, fresh_v[q], v_inverse);
     }
   }
 }

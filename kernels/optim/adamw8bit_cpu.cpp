@@ -238,9 +238,10 @@ void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& t, const Gra
     }
     t.exp_avg_absmax[block] = m_max;
     t.exp_avg_sq_absmax[block] = v_max;
+    const float m_inverse = inverse_absmax(m_max), v_inverse = inverse_absmax(v_max);
     for (size_t i = 0; i < n; ++i) {
-      t.exp_avg_codes[begin + i] = quantize_moment(m_table, true, fresh_m[i], m_max);
-      t.exp_avg_sq_codes[begin + i] = quantize_moment(v_table, false, fresh_v[i], v_max);
+      t.exp_avg_codes[begin + i] = quantize_moment(m_table, true, fresh_m[i], m_inverse);
+      t.exp_avg_sq_codes[begin + i] = quantize_moment(v_table, false, fresh_v[i], v_inverse);
     }
   }
 }

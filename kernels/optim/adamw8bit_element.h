@@ -81,9 +81,10 @@ inline uint32_t nearest_code_lut(const CodeTable& table, float x) {
   return beyond_one ? (x > 1.0f ? 255u : 0u) : code;
 }
 
-// m or v over its block's absmax, the quantiser's input (a block of zeros divides by 1).
-STRATA_HOST_DEVICE inline float moment_ratio(float value, float absmax) {
-  return div_rn(value, absmax == 0.0f ? 1.0f : absmax);
+// The quantiser's scale of a block: 1/absmax rounded to fp32 once (1 for a block of zeros), so
+// each element costs a multiply, not a division (the divider is this kernel's bottleneck).
+STRATA_HOST_DEVICE inline float inverse_absmax(float absmax) {
+  return div_rn(1.0f, absmax == 0.0f ? 1.0f : absmax);
 }
 
 // Signed (m): a value whose sign differs from its code's is moved one code towards its side, as
@@ -97,9 +98,11 @@ STRATA_HOST_DEVICE inline uint32_t keep_sign(uint32_t code, float value) {
   return code;
 }
 
-// `value` (a fresh moment) as a code of its block with scale `absmax`, on the CPU.
-inline uint8_t quantize_moment(const CodeTable& table, bool is_signed, float value, float absmax) {
-  const uint32_t code = nearest_code_lut(table, moment_ratio(value, absmax));
+// `value` (a fresh moment) as a code of its block, whose inverse_absmax is `inverse`, on the CPU.
+// value * inverse may exceed 1 by an ulp at the block's largest element: that is still code 255
+// (or 0 for -1 - ulp), the search's answer there too.
+inline uint8_t quantize_moment(const CodeTable& table, bool is_signed, float value, float inverse) {
+  const uint32_t code = nearest_code_lut(table, mul_rn(value, inverse));
   return static_cast<uint8_t>(is_signed ? keep_sign(code, value) : code);
 }
 

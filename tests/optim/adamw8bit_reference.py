@@ -109,7 +109,7 @@ class Tables:
 
 def quantize(values, absmax_per_element, code, signed):
     divisor = torch.where(absmax_per_element == 0, torch.ones_like(absmax_per_element), absmax_per_element)
-    x = values / divisor
+    x = values * torch.reciprocal(divisor)  # 1/absmax rounded once, then a multiply
     hi = torch.searchsorted(code, x).clamp(max=255)  # first code >= x
     lo = (hi - 1).clamp(min=0)
     mid = (code[lo] + code[hi]) * 0.5
