@@ -21,12 +21,14 @@
 //       else: p *= 1 - lr*wd; m = b1*m0 + (1-b1)*g; v = b2*v0 + (1-b2)*g*g;
 //             p += (-lr/(1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
 //     The weight update reads the fresh fp32 m and v, never their requantised values. Then per
-//     block: absmax = max |m| (resp. v) over the block's elements; each m / absmax (one
-//     correctly rounded fp32 division; a block whose absmax is 0 divides by 1) is stored as the
+//     block: absmax = max |m| (resp. v) over the block's elements; each m times 1/absmax (the
+//     reciprocal rounded to fp32 once per block; 1 for a block of zeros) is stored as the
 //     NEAREST code: bitsandbytes' search (7 halving steps from index 127, then the midpoint
 //     (a + b) * 0.5f in fp32 of the two neighbours decides; an exact tie keeps the even index,
 //     where that search ends). For m, as bitsandbytes does, a negative value never becomes the
-//     +0 code: it takes the smallest-magnitude negative code instead.
+//     +0 code: it takes the smallest-magnitude negative code instead. (bitsandbytes divides by
+//     absmax with the approximate __fdividef; it applies weight decay after the update and
+//     zeroes the moments of a NaN/inf-gradient element: docs/optim.md.)
 //   * The compute copy (copy.dtype bf16/f16) receives the updated params rounded like cast.h;
 //     grads may be fp32 or bf16 (widened exactly), scaled by `grad_scale` as in adamw.h.
 //   * Bits: the scalar, AVX2 and CUDA paths give identical params, codes and absmax for every
