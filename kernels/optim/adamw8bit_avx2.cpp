@@ -25,12 +25,21 @@ STRATA_AVX2 inline __m256 load_grads8(const uint16_t* grads) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-// The bf16/fp16 patterns of 8 floats, through the scalar functions: the copy is a small part of
-// the work here, and this keeps one definition of torch's rounding.
-inline void store_copy8(DType dtype, uint16_t* copy, const float* values) {
+// The bf16 patterns of 8 floats with cast.h's rounding: (bits + 0x7FFF + lsb) >> 16, every NaN
+// 0xFFFF. fp16 goes through the scalar function (rarely the compute dtype with fp32 masters).
+STRATA_AVX2 inline void store_copy8(DType dtype, uint16_t* copy, __m256 value) {
   if (dtype == DType::bf16) {
-    for (int k = 0; k < 8; ++k) copy[k] = fp32_to_bf16_bits(values[k]);
+    const __m256i bits = _mm256_castps_si256(value);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(value, value, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(kBf16NaNBits), is_nan);
+    // Every lane is <= 0xFFFF: the unsigned-saturating pack only narrows.
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(copy),
+                     _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1)));
   } else if (dtype == DType::f16) {
+    alignas(32) float values[8];
+    _mm256_store_ps(values, value);
     for (int k = 0; k < 8; ++k) copy[k] = fp32_to_fp16_bits(values[k]);
   }
 }
@@ -114,7 +123,6 @@ template <typename Grad>
 STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& t, const Grad* grads) {
   alignas(32) float fresh_m[kAdamW8bitMaxBlockElements];
   alignas(32) float fresh_v[kAdamW8bitMaxBlockElements];
-  alignas(32) float updated[8];
   alignas(32) float ratios[kAdamW8bitMaxBlockElements];
   alignas(32) uint32_t entries[kAdamW8bitMaxBlockElements];
   const CodeTable& m_table = *t.exp_avg_table;
@@ -163,10 +171,7 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
       const __m256 v = _mm256_blendv_ps(v1, v0, skip);
       const __m256 param = _mm256_blendv_ps(p1, p0, skip);
       _mm256_storeu_ps(t.params + e, param);
-      if (t.copy_dtype != DType::f32) {
-        _mm256_store_ps(updated, param);
-        store_copy8(t.copy_dtype, t.copy + e, updated);
-      }
+      if (t.copy_dtype != DType::f32) store_copy8(t.copy_dtype, t.copy + e, param);
       _mm256_store_ps(fresh_m + i, m);
       _mm256_store_ps(fresh_v + i, v);
       // max(a, acc) returns acc where a is NaN: `a > acc ? a : acc`, the scalar rule.
