@@ -34,7 +34,7 @@
 //   * Bits: the scalar, AVX2 and CUDA paths give identical params, codes and absmax for every
 //     input, at any thread count (blocks are independent; max is exact and order-free).
 //   * Threads: tiles of whole blocks across the calling thread's TBB arena, as adamw_step.
-//     Allocation: none; a block's fresh moments live on the stack (bs <= kAdamW8bitMaxBlockElements).
+//     Allocation: none; a block's fresh moments and scratch live on the stack (64 KiB at most).
 //   * Shapes: asserted — codes N, absmax ceil(N/bs), copy N when asked; 1 <= bs <= max.
 #pragma once
 
