@@ -57,9 +57,9 @@ STRATA_AVX2 inline float horizontal_max(__m256 value) {
 }
 
 // quantize_moment over the `count` values of one block, 8 lanes at a time, in three sweeps so
-// no gather is needed (vpgatherdd costs ~25 cycles on CPUs with the gather-data-sampling
-// microcode mitigation, this VM's included): the ratio and its bucket key on 8 lanes; the
-// bucket entries by plain loads; the threshold test and keep_sign on 8 lanes. Same
+// no gather is needed (vpgatherdd was no faster than plain loads on this AMD EPYC, and is far
+// slower on Intel CPUs with the gather-data-sampling microcode mitigation): the ratio and its
+// bucket key on 8 lanes; the bucket entries by plain loads; the threshold test and keep_sign on 8 lanes. Same
 // comparisons as nearest_code_lut, so the same codes. `count` is a multiple of 8. Each 8 lanes
 // also prefetch one line of `prefetch` (the next block's params or grads): this sweep makes no
 // demand misses, so without it the hardware prefetcher idles and the next block's first sweep
