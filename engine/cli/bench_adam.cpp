@@ -481,7 +481,8 @@ Status check_8bit(BlockSample& s, const Buffers& b, const State8bit& st, const k
 
 Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa) {
   if (isa != CpuIsa::avx2) {
-    return make_error(ErrorKind::unsupported, "--mode 8bit compares AVX2 kernels: it needs --isa best or avx2 on an AVX2 CPU");
+    return make_error(ErrorKind::unsupported,
+                      "--mode 8bit compares AVX2 kernels: it needs --isa best or avx2 on an AVX2 CPU");
   }
   const bool with_copy = copy != DType::f32;
   Buffers b;
@@ -530,7 +531,9 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
   int64_t step_fp32 = 0, step_8bit = 0, step_cpu_adam = 0;
   Sample sample = choose_sample(b.count);
   BlockSample blocks;
-  for (uint64_t k = 0; k < std::min<uint64_t>(st.blocks, 64); ++k) blocks.blocks.push_back(k * 2654435761ull % st.blocks);
+  for (uint64_t k = 0; k < std::min<uint64_t>(st.blocks, 64); ++k) {
+    blocks.blocks.push_back(k * 2654435761ull % st.blocks);
+  }
   blocks.blocks.push_back(st.blocks - 1);
   std::sort(blocks.blocks.begin(), blocks.blocks.end());
   blocks.blocks.erase(std::unique(blocks.blocks.begin(), blocks.blocks.end()), blocks.blocks.end());

@@ -59,12 +59,12 @@ STRATA_AVX2 inline float horizontal_max(__m256 value) {
 // quantize_moment over the `count` values of one block, 8 lanes at a time, in three sweeps so
 // no gather is needed (vpgatherdd was no faster than plain loads on this AMD EPYC, and is far
 // slower on Intel CPUs with the gather-data-sampling microcode mitigation): the ratio and its
-// bucket key on 8 lanes; the bucket entries by plain loads; the threshold test and keep_sign on 8 lanes. Same
-// comparisons as nearest_code_lut, so the same codes. `count` is a multiple of 8. Each 8 lanes
-// also prefetch one line of `prefetch` (the next block's params or grads): this sweep makes no
-// demand misses, so without it the hardware prefetcher idles and the next block's first sweep
-// waits on DRAM (3x slower at 50M params here); one line per iteration keeps the fill buffers
-// free, where prefetching a whole block at once did not help.
+// bucket key on 8 lanes; the bucket entries by plain loads; the threshold test and keep_sign
+// on 8 lanes. Same comparisons as nearest_code_lut, so the same codes. `count` is a multiple
+// of 8. Each 8 lanes also prefetch one line of `prefetch` (the next block's params or grads):
+// this sweep makes no demand misses, so without it the hardware prefetcher idles and the next
+// block's first sweep waits on DRAM; one line per iteration keeps the fill buffers free, where
+// prefetching a whole block at once did not help.
 STRATA_AVX2 void quantize_block(const CodeTable& table, bool is_signed, const float* values, float inverse,
                                 size_t count, float* ratios, uint32_t* entries, uint8_t* codes,
                                 const char* prefetch, size_t prefetch_bytes) {
@@ -93,8 +93,8 @@ STRATA_AVX2 void quantize_block(const CodeTable& table, bool is_signed, const fl
     const __m256i bits = _mm256_castps_si256(x);
     const __m256i entry = _mm256_load_si256(reinterpret_cast<const __m256i*>(entries + q));
     const __m256i negative = _mm256_srai_epi32(bits, 31);
-    const __m256i beyond_one = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF)),
-                                                  _mm256_set1_epi32(127));
+    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
+    const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
     const __m256i limit = _mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF));
     const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
     const __m256i past = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, limit), _mm256_cmpgt_epi32(limit, low), negative);

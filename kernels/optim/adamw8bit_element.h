@@ -69,7 +69,8 @@ inline uint32_t nearest_code_lut(const CodeTable& table, float x) {
   const uint32_t exponent = (bits >> 23) & 0xFFu;
   const bool tiny = exponent < kCodeBucketMinExponent;
   const bool beyond_one = exponent > 127;
-  const uint32_t bucket = (tiny || beyond_one) ? 0u : ((exponent - kCodeBucketMinExponent) << 8) | ((bits >> 15) & 0xFFu);
+  const uint32_t bucket =
+      (tiny || beyond_one) ? 0u : ((exponent - kCodeBucketMinExponent) << 8) | ((bits >> 15) & 0xFFu);
   const uint32_t negative = bits >> 31;
   const uint32_t entry = table.bucket[negative * kCodeBucketsPerSign + bucket];
   const uint32_t limit = entry & 0xFFFFu;
