@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "kernels/optim/adamw8bit_element.h"
 #include "kernels/optim/elementwise.h"
 
 namespace strata::kernels::detail {
@@ -34,7 +35,27 @@ inline double combine_sum_squares_lanes(const double* lanes) {
                                  const uint16_t* grads, float* exp_avg, float* exp_avg_sq,        \
                                  DType copy_dtype, uint16_t* copy, size_t count);                 \
   double sum_squares_fp32_##suffix(const float* values, size_t count);                            \
-  double sum_squares_bf16_##suffix(const uint16_t* values, size_t count);
+  double sum_squares_bf16_##suffix(const uint16_t* values, size_t count);                         \
+  void adamw8bit_fp32_grads_##suffix(const AdamWStepScalars& s, const AdamW8bitTile& tile,        \
+                                     const float* grads);                                         \
+  void adamw8bit_bf16_grads_##suffix(const AdamWStepScalars& s, const AdamW8bitTile& tile,        \
+                                     const uint16_t* grads);
+
+// One tile of the 8-bit AdamW (adamw8bit.h): whole blocks from a block boundary, `count`
+// elements; the absmax pointers point at the tile's first block.
+struct AdamW8bitTile {
+  const CodeTable* exp_avg_table = nullptr;     // signed dynamic code
+  const CodeTable* exp_avg_sq_table = nullptr;  // unsigned dynamic code
+  size_t block_elements = 0;
+  float* params = nullptr;
+  uint8_t* exp_avg_codes = nullptr;
+  uint8_t* exp_avg_sq_codes = nullptr;
+  float* exp_avg_absmax = nullptr;
+  float* exp_avg_sq_absmax = nullptr;
+  DType copy_dtype = DType::f32;
+  uint16_t* copy = nullptr;
+  size_t count = 0;
+};
 
 STRATA_OPTIM_DECLARE_KERNELS(scalar)
 STRATA_OPTIM_DECLARE_KERNELS(avx2)

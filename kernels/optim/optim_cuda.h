@@ -45,6 +45,20 @@ using detail::AdamWStepScalars;  // built on the host by adamw_step_scalars() (a
                                              float* params, const float* grads, float* exp_avg,
                                              float* exp_avg_sq, size_t count, DType copy_dtype,
                                              uint16_t* copy, cudaStream_t stream);
+// adamw8bit.h's step on the device (adamw8bit.cu), same bits as the CPU: one chunk of `count`
+// elements in blocks of `block_elements` (1..kAdamW8bitMaxBlockElements, else invalid_argument);
+// codes, absmax, params, grads and copy are device memory laid out as adamw8bit.h says.
+// `device_grad_scale`, when not null, replaces scalars.grad_scale as in adamw_step_device_scale.
+[[nodiscard]] Status adamw8bit_step(const AdamWStepScalars& scalars, const float* device_grad_scale, float* params,
+                                    const float* grads, uint8_t* exp_avg_codes, uint8_t* exp_avg_sq_codes,
+                                    float* exp_avg_absmax, float* exp_avg_sq_absmax, size_t count,
+                                    size_t block_elements, DType copy_dtype, uint16_t* copy, cudaStream_t stream);
+[[nodiscard]] Status adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const float* device_grad_scale,
+                                               float* params, const uint16_t* grads_bf16, uint8_t* exp_avg_codes,
+                                               uint8_t* exp_avg_sq_codes, float* exp_avg_absmax,
+                                               float* exp_avg_sq_absmax, size_t count, size_t block_elements,
+                                               DType copy_dtype, uint16_t* copy, cudaStream_t stream);
+
 // adamw.h's clip_coefficient(sqrt(*sum_squares), max_norm) on the device, same bits, into
 // *coefficient (device memory).
 [[nodiscard]] Status clip_coefficient(const double* sum_squares, double max_norm, float* coefficient,

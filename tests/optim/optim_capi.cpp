@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/optim/adamw.h"
+#include "kernels/optim/adamw8bit.h"
 #include "kernels/optim/cast.h"
 
 namespace {
@@ -57,6 +58,37 @@ double strata_sum_squares(const float* values, size_t count, int isa) {
 
 float strata_clip_coefficient(double total_norm, double max_norm) {
   return strata::kernels::clip_coefficient(total_norm, max_norm);
+}
+
+// The 256 values of bitsandbytes' dynamic map (signed: m's, unsigned: v's) into `out`.
+void strata_dynamic_code(int is_signed, float* out) {
+  const auto& code = strata::kernels::dynamic_code(is_signed != 0);
+  for (size_t i = 0; i < code.size(); ++i) out[i] = code[i];
+}
+
+// One 8-bit AdamW step over one chunk (adamw8bit.h); grads_dtype and copy_dtype as above.
+void strata_adamw8bit_step(double lr, double beta1, double beta2, double eps, double weight_decay,
+                           int64_t step, float grad_scale, float* params, const void* grads,
+                           int grads_dtype, uint8_t* exp_avg_codes, uint8_t* exp_avg_sq_codes,
+                           float* exp_avg_absmax, float* exp_avg_sq_absmax, size_t block_elements,
+                           int copy_dtype, uint16_t* copy, size_t count, int isa) {
+  const strata::kernels::AdamWConfig config{lr, beta1, beta2, eps, weight_decay};
+  const auto scalars = strata::kernels::adamw_step_scalars(config, step, grad_scale);
+  const size_t blocks = strata::kernels::adamw8bit_block_count(count, block_elements);
+  const strata::kernels::AdamW8bitState state{{params, count},
+                                              {exp_avg_codes, count},
+                                              {exp_avg_sq_codes, count},
+                                              {exp_avg_absmax, blocks},
+                                              {exp_avg_sq_absmax, blocks},
+                                              block_elements};
+  strata::kernels::ComputeCopy out{to_copy_dtype(copy_dtype), {copy, copy == nullptr ? 0 : count}};
+  if (grads_dtype == 1) {
+    strata::kernels::adamw8bit_step_bf16_grads(
+        scalars, state, {static_cast<const uint16_t*>(grads), count}, out, to_isa(isa));
+  } else {
+    strata::kernels::adamw8bit_step(scalars, state, {static_cast<const float*>(grads), count}, out,
+                                    to_isa(isa));
+  }
 }
 
 }  // extern "C"

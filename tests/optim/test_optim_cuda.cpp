@@ -1,8 +1,10 @@
 // kernels/optim on CUDA: proves the GPU kernels give the CPU's exact bits (AdamW with its bf16
-// and fp16 copies, bf16 grads, odd lengths; all four casts over every 16-bit pattern and
+// and fp16 copies, bf16 grads, odd lengths; the 8-bit block-wise AdamW's params, codes and
+// absmax with NaN/inf gradients and several block sizes; all four casts over every 16-bit pattern and
 // millions of fp32 ones) and that the GPU sum of squares is run-to-run identical and agrees
 // with the CPU's to double rounding. Exits 77 (skip) where no CUDA device is present.
 #include <algorithm>
+#include <cmath>
 #include <bit>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/optim/adamw.h"
+#include "kernels/optim/adamw8bit.h"
 #include "kernels/optim/cast.h"
 #include "kernels/optim/optim_cuda.h"
 
@@ -102,6 +105,71 @@ TEST(OptimCuda, AdamWMatchesCpuBitForBit) {
       }
     }
   }
+}
+
+// The 8-bit AdamW (adamw8bit.cu against the CPU's scalar path): 6 steps over chunks with
+// short tails, gradients over 12 decades per block and NaN/inf entries, a device grad scale.
+TEST(OptimCuda, AdamW8bitMatchesCpuBitForBit) {
+  const AdamWConfig config{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1};
+  for (const size_t block : {size_t{256}, size_t{64}, size_t{4096}}) {
+    for (const size_t count : {size_t{1}, size_t{1000}, size_t{300'007}}) {
+      for (const bool bf16_grads : {false, true}) {
+        const DType copy_dtype = bf16_grads ? DType::f16 : DType::bf16;
+        const size_t blocks = adamw8bit_block_count(count, block);
+        std::vector<float> params = random_floats(count, 1, 1.0f), m_absmax(blocks), v_absmax(blocks);
+        std::vector<uint8_t> m_codes(count), v_codes(count);
+        std::vector<uint16_t> copy(count);
+        const AdamW8bitState state{params, m_codes, v_codes, m_absmax, v_absmax, block};
+        adamw8bit_init(state);
+        DeviceArray<float> d_params(params), d_m_absmax(m_absmax), d_v_absmax(v_absmax);
+        DeviceArray<uint8_t> d_m_codes(m_codes), d_v_codes(v_codes);
+        DeviceArray<uint16_t> d_copy(count);
+        DeviceArray<float> d_scale(std::vector<float>{0.5f});
+        std::mt19937_64 rng(9);
+        for (int step = 1; step <= 6; ++step) {
+          std::vector<float> grads = random_floats(count, 200 + step, 1.0f);
+          for (size_t begin = 0; begin < count; begin += block) {
+            const float scale = std::pow(10.0f, static_cast<float>(static_cast<int>(rng() % 12) - 9));
+            for (size_t i = begin; i < std::min(count, begin + block); ++i) grads[i] *= scale;
+          }
+          for (size_t i = step; i < count; i += 53) grads[i] = (i % 3 == 0) ? NAN : (i % 3 == 1 ? INFINITY : -INFINITY);
+          std::vector<uint16_t> grads_bf16(count);
+          cast_fp32_to_bf16(grads, grads_bf16);
+          const AdamWStepScalars scalars = adamw_step_scalars(config, step, 0.5f);
+          const ComputeCopy out{copy_dtype, copy};
+          if (bf16_grads) {
+            adamw8bit_step_bf16_grads(scalars, state, grads_bf16, out, CpuIsa::scalar);
+            DeviceArray<uint16_t> d_grads(grads_bf16);
+            ASSERT_TRUE(cuda::adamw8bit_step_bf16_grads(scalars, d_scale.get(), d_params.get(), d_grads.get(),
+                                                        d_m_codes.get(), d_v_codes.get(), d_m_absmax.get(),
+                                                        d_v_absmax.get(), count, block, copy_dtype, d_copy.get(),
+                                                        nullptr)
+                            .ok());
+          } else {
+            adamw8bit_step(scalars, state, grads, out, CpuIsa::scalar);
+            DeviceArray<float> d_grads(grads);
+            ASSERT_TRUE(cuda::adamw8bit_step(scalars, nullptr, d_params.get(), d_grads.get(), d_m_codes.get(),
+                                             d_v_codes.get(), d_m_absmax.get(), d_v_absmax.get(), count, block,
+                                             copy_dtype, d_copy.get(), nullptr)
+                            .ok());
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
+        SCOPED_TRACE(testing::Message() << "block " << block << " count " << count << " bf16 grads " << bf16_grads);
+        expect_same_bytes(d_params.to_host(), params, "params");
+        expect_same_bytes(d_m_codes.to_host(), m_codes, "exp_avg codes");
+        expect_same_bytes(d_v_codes.to_host(), v_codes, "exp_avg_sq codes");
+        expect_same_bytes(d_m_absmax.to_host(), m_absmax, "exp_avg absmax");
+        expect_same_bytes(d_v_absmax.to_host(), v_absmax, "exp_avg_sq absmax");
+        expect_same_bytes(d_copy.to_host(), copy, "compute copy");
+      }
+    }
+  }
+  // A block larger than the kernel takes is refused, not run.
+  EXPECT_FALSE(cuda::adamw8bit_step(adamw_step_scalars(config, 1), nullptr, nullptr, nullptr, nullptr, nullptr,
+                                    nullptr, nullptr, 10, kAdamW8bitMaxBlockElements + 1, DType::f32, nullptr,
+                                    nullptr)
+                   .ok());
 }
 
 TEST(OptimCuda, CastsMatchCpuBitForBit) {

@@ -1,0 +1,235 @@
+// The AVX2 + FMA loop of the 8-bit AdamW (adamw8bit.h). It mirrors adamw8bit_loop in
+// adamw8bit_cpu.cpp operation for operation — the same fp32 operations in the same order (the
+// fp32 AdamW's FMAs, nothing else fused: -ffp-contract=off), the same quantiser
+// (adamw8bit_element.h's table lookup, 8 lanes at a time, no gathers), an exact max — so it returns
+// the scalar loop's bits; the last n % 8 elements of a block go through the element functions.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/optim/adamw8bit.h"
+#include "kernels/optim/cpu_kernels.h"
+
+#define STRATA_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace strata::kernels::detail {
+namespace {
+
+inline float widen8(float grad) { return grad; }
+inline float widen8(uint16_t grad_bf16) { return bf16_bits_to_fp32(grad_bf16); }
+inline float abs_fp32(float value) { return bits_to_float(float_to_bits(value) & 0x7FFFFFFFu); }
+
+STRATA_AVX2 inline __m256 load_grads8(const float* grads) { return _mm256_loadu_ps(grads); }
+STRATA_AVX2 inline __m256 load_grads8(const uint16_t* grads) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grads)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// The bf16 patterns of 8 floats with cast.h's rounding: (bits + 0x7FFF + lsb) >> 16, every NaN
+// 0xFFFF. fp16 goes through the scalar function (rarely the compute dtype with fp32 masters).
+STRATA_AVX2 inline void store_copy8(DType dtype, uint16_t* copy, __m256 value) {
+  if (dtype == DType::bf16) {
+    const __m256i bits = _mm256_castps_si256(value);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(value, value, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(kBf16NaNBits), is_nan);
+    // Every lane is <= 0xFFFF: the unsigned-saturating pack only narrows.
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(copy),
+                     _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1)));
+  } else if (dtype == DType::f16) {
+    alignas(32) float values[8];
+    _mm256_store_ps(values, value);
+    for (int k = 0; k < 8; ++k) copy[k] = fp32_to_fp16_bits(values[k]);
+  }
+}
+
+STRATA_AVX2 inline __m256 abs8(__m256 value) {
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(value), _mm256_set1_epi32(0x7FFFFFFF)));
+}
+
+STRATA_AVX2 inline float horizontal_max(__m256 value) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, value);
+  float result = lanes[0];
+  for (int k = 1; k < 8; ++k) result = lanes[k] > result ? lanes[k] : result;
+  return result;
+}
+
+// quantize_moment over the `count` values of one block, 8 lanes at a time, in three sweeps so
+// no gather is needed (vpgatherdd was no faster than plain loads on this AMD EPYC, and is far
+// slower on Intel CPUs with the gather-data-sampling microcode mitigation): the ratio and its
+// bucket key on 8 lanes; the bucket entries by plain loads; the threshold test and keep_sign
+// on 8 lanes. Same comparisons as nearest_code_lut, so the same codes. `count` is a multiple
+// of 8. Each 8 lanes also prefetch one line of `prefetch` (the next block's params or grads):
+// this sweep makes no demand misses, so without it the hardware prefetcher idles and the next
+// block's first sweep waits on DRAM; one line per iteration keeps the fill buffers free, where
+// prefetching a whole block at once did not help.
+STRATA_AVX2 void quantize_block(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                                size_t count, float* ratios, uint32_t* entries, uint8_t* codes,
+                                const char* prefetch, size_t prefetch_bytes) {
+  const __m256 inverse8 = _mm256_set1_ps(inverse);
+  for (size_t q = 0; q < count; q += 8) {
+    if (q * 8 < prefetch_bytes) _mm_prefetch(prefetch + q * 8, _MM_HINT_T0);
+    const __m256 x = _mm256_mul_ps(_mm256_load_ps(values + q), inverse8);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
+    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kCodeBucketMinExponent), exponent);
+    const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
+    const __m256i bucket = _mm256_andnot_si256(
+        _mm256_or_si256(tiny, beyond_one),
+        _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(exponent, _mm256_set1_epi32(kCodeBucketMinExponent)), 8),
+                        _mm256_and_si256(_mm256_srli_epi32(bits, 15), _mm256_set1_epi32(0xFF))));
+    const __m256i key = _mm256_add_epi32(
+        _mm256_and_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(static_cast<int>(kCodeBucketsPerSign))),
+        bucket);
+    _mm256_store_ps(ratios + q, x);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(entries + q), key);
+  }
+  for (size_t q = 0; q < count; ++q) entries[q] = table.bucket[entries[q]];
+  for (size_t q = 0; q < count; q += 8) {
+    const __m256 value = _mm256_load_ps(values + q);
+    const __m256 x = _mm256_load_ps(ratios + q);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i entry = _mm256_load_si256(reinterpret_cast<const __m256i*>(entries + q));
+    const __m256i negative = _mm256_srai_epi32(bits, 31);
+    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
+    const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
+    const __m256i limit = _mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF));
+    const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
+    const __m256i past = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, limit), _mm256_cmpgt_epi32(limit, low), negative);
+    const __m256i tie_flag = _mm256_and_si256(entry, _mm256_set1_epi32(0x10000));
+    const __m256i tie_up = _mm256_and_si256(_mm256_cmpeq_epi32(low, limit),
+                                            _mm256_cmpeq_epi32(tie_flag, _mm256_set1_epi32(0x10000)));
+    // The first code is the entry's top byte; `past | tie_up` is -1 where the code goes up.
+    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(entry, 24), _mm256_or_si256(past, tie_up));
+    const __m256i past_one = _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_set1_ps(1.0f), _CMP_GT_OQ));
+    code = _mm256_blendv_epi8(code, _mm256_and_si256(past_one, _mm256_set1_epi32(255)), beyond_one);
+    if (is_signed) {  // keep_sign
+      const __m256i value_negative = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
+      const __m256i code_negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), code);
+      const __m256i differ = _mm256_xor_si256(value_negative, code_negative);
+      const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ));
+      const __m256i step = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), positive);
+      code = _mm256_and_si256(_mm256_add_epi32(code, _mm256_and_si256(differ, step)), _mm256_set1_epi32(0xFF));
+    }
+    // Every lane is 0..255: the two saturating packs narrow without changing a value.
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + q), _mm_packus_epi16(words, words));
+  }
+}
+
+template <typename Grad>
+STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& t, const Grad* grads) {
+  alignas(32) float fresh_m[kAdamW8bitMaxBlockElements];
+  alignas(32) float fresh_v[kAdamW8bitMaxBlockElements];
+  alignas(32) float ratios[kAdamW8bitMaxBlockElements];
+  alignas(32) uint32_t entries[kAdamW8bitMaxBlockElements];
+  const CodeTable& m_table = *t.exp_avg_table;
+  const CodeTable& v_table = *t.exp_avg_sq_table;
+  const __m256 grad_scale = _mm256_set1_ps(s.grad_scale);
+  const __m256 decay = _mm256_set1_ps(s.decay);
+  const __m256 beta1 = _mm256_set1_ps(s.beta1);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(s.beta2);
+  const __m256 one_minus_beta2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 bias_correction2_sqrt = _mm256_set1_ps(s.bias_correction2_sqrt);
+  const __m256 eps = _mm256_set1_ps(s.eps);
+  const __m256 neg_step_size = _mm256_set1_ps(s.neg_step_size);
+  const __m256i exponent_mask = _mm256_set1_epi32(0x7F800000);
+  for (size_t begin = 0, block = 0; begin < t.count; begin += t.block_elements, ++block) {
+    const size_t n = std::min(t.block_elements, t.count - begin);
+    const float m_scale = t.exp_avg_absmax[block];
+    const float v_scale = t.exp_avg_sq_absmax[block];
+    const __m256 m_scale8 = _mm256_set1_ps(m_scale);
+    const __m256 v_scale8 = _mm256_set1_ps(v_scale);
+    __m256 m_max8 = _mm256_setzero_ps();
+    __m256 v_max8 = _mm256_setzero_ps();
+    const size_t n8 = n / 8 * 8;
+    // The code values by plain loads first (no gathers, as in quantize_block).
+    for (size_t i = 0; i < n8; ++i) {
+      fresh_m[i] = m_table.values[t.exp_avg_codes[begin + i]];
+      fresh_v[i] = v_table.values[t.exp_avg_sq_codes[begin + i]];
+    }
+    size_t i = 0;
+    for (; i < n8; i += 8) {
+      const size_t e = begin + i;
+      const __m256 m0 = _mm256_mul_ps(_mm256_load_ps(fresh_m + i), m_scale8);
+      const __m256 v0 = _mm256_mul_ps(_mm256_load_ps(fresh_v + i), v_scale8);
+      const __m256 p0 = _mm256_loadu_ps(t.params + e);
+      // adamw_element's operations in its order (the fp32 AVX2 loop's sequence).
+      const __m256 g = _mm256_mul_ps(load_grads8(grads + e), grad_scale);
+      const __m256 p = _mm256_mul_ps(p0, decay);
+      const __m256 m1 = _mm256_fmadd_ps(g, one_minus_beta1, _mm256_mul_ps(m0, beta1));
+      const __m256 v1 = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g, _mm256_mul_ps(v0, beta2));
+      const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v1), bias_correction2_sqrt), eps);
+      const __m256 p1 = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m1), denom));
+      // A NaN/inf scaled gradient keeps the element's param and dequantised moments.
+      const __m256 skip = _mm256_castsi256_ps(
+          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(g), exponent_mask), exponent_mask));
+      const __m256 m = _mm256_blendv_ps(m1, m0, skip);
+      const __m256 v = _mm256_blendv_ps(v1, v0, skip);
+      const __m256 param = _mm256_blendv_ps(p1, p0, skip);
+      _mm256_storeu_ps(t.params + e, param);
+      if (t.copy_dtype != DType::f32) store_copy8(t.copy_dtype, t.copy + e, param);
+      _mm256_store_ps(fresh_m + i, m);
+      _mm256_store_ps(fresh_v + i, v);
+      // max(a, acc) returns acc where a is NaN: `a > acc ? a : acc`, the scalar rule.
+      m_max8 = _mm256_max_ps(abs8(m), m_max8);
+      v_max8 = _mm256_max_ps(abs8(v), v_max8);
+    }
+    float m_max = horizontal_max(m_max8);
+    float v_max = horizontal_max(v_max8);
+    for (; i < n; ++i) {
+      const size_t e = begin + i;
+      float p = t.params[e];
+      float m = mul_rn(m_table.values[t.exp_avg_codes[e]], m_scale);
+      float v = mul_rn(v_table.values[t.exp_avg_sq_codes[e]], v_scale);
+      adamw8bit_element(s, widen8(grads[e]), p, m, v);
+      t.params[e] = p;
+      if (t.copy_dtype == DType::bf16) {
+        t.copy[e] = fp32_to_bf16_bits(p);
+      } else if (t.copy_dtype == DType::f16) {
+        t.copy[e] = fp32_to_fp16_bits(p);
+      }
+      fresh_m[i] = m;
+      fresh_v[i] = v;
+      const float m_abs = abs_fp32(m), v_abs = abs_fp32(v);
+      m_max = m_abs > m_max ? m_abs : m_max;
+      v_max = v_abs > v_max ? v_abs : v_max;
+    }
+    t.exp_avg_absmax[block] = m_max;
+    t.exp_avg_sq_absmax[block] = v_max;
+    const float m_inverse = inverse_absmax(m_max), v_inverse = inverse_absmax(v_max);
+    // The next block's codes now (2 x 4 lines), its params and grads spread over the quantiser.
+    const size_t next = begin + n;
+    const size_t next_n = next < t.count ? std::min(t.block_elements, t.count - next) : 0;
+    if (next_n > 0) {
+      for (size_t k = 0; k < next_n; k += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(t.exp_avg_codes + next + k), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(t.exp_avg_sq_codes + next + k), _MM_HINT_T0);
+      }
+    }
+    quantize_block(m_table, true, fresh_m, m_inverse, n8, ratios, entries, t.exp_avg_codes + begin,
+                   reinterpret_cast<const char*>(t.params + next), next_n * sizeof(float));
+    quantize_block(v_table, false, fresh_v, v_inverse, n8, ratios, entries, t.exp_avg_sq_codes + begin,
+                   reinterpret_cast<const char*>(grads + next), next_n * sizeof(Grad));
+    size_t q = n8;
+    for (; q < n; ++q) {
+      t.exp_avg_codes[begin + q] = quantize_moment(m_table, true, fresh_m[q], m_inverse);
+      t.exp_avg_sq_codes[begin + q] = quantize_moment(v_table, false, fresh_v[q], v_inverse);
+    }
+  }
+}
+
+}  // namespace
+
+STRATA_AVX2 void adamw8bit_fp32_grads_avx2(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads) {
+  adamw8bit_loop(s, tile, grads);
+}
+STRATA_AVX2 void adamw8bit_bf16_grads_avx2(const AdamWStepScalars& s, const AdamW8bitTile& tile,
+                                           const uint16_t* grads) {
+  adamw8bit_loop(s, tile, grads);
+}
+
+}  // namespace strata::kernels::detail
