@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 

@@ -24,7 +24,7 @@
 
 #include "common/size.h"
 #include "engine/cli/commands.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata::cli {
 
