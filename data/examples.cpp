@@ -65,9 +65,10 @@ Result<nlohmann::json> chat_messages(const nlohmann::json& line) {
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("key '{}.role' is {}", key, role == message.end() ? "missing" : describe(*role) + ", not a string"));
     const std::string name = role->get<std::string>();
-    if (name != "system" && name != "user" && name != "assistant" && name != "tool")
+    if (name != "system" && name != "user" && name != "assistant" && name != "tool" && name != "ipython" &&
+        name != "developer" && name != "function")
       return make_error(ErrorKind::invalid_argument,
-                        fmt::format("key '{}.role' is '{}'; roles are system, user, assistant, tool", key, name));
+                        fmt::format("key '{}.role' is '{}'; roles are system, user, assistant, tool, ipython, developer, function", key, name));
     auto content = message.find("content");
     if (content == message.end() || !content->is_string())
       return make_error(ErrorKind::invalid_argument,
