@@ -30,7 +30,6 @@ Result<std::unique_ptr<TrainBatches>> TrainBatches::open(const TrainConfig& conf
   batches->rank_rows_ = rank_rows;
   batches->rank_ = rank;
   batches->seq_len_ = config.model.seq_len;
-  const uint64_t rank_tokens = uint64_t{rank_rows} * config.model.seq_len;
   if (!is_example_format(config.data_format)) {
     STRATA_ASSIGN_OR_RETURN(TokenData stream, TokenData::open(config.data_path, config.data_format,
                                                               config.model.vocab_size, config.model.seq_len,
@@ -62,8 +61,6 @@ Result<std::unique_ptr<TrainBatches>> TrainBatches::open(const TrainConfig& conf
   }
   STRATA_ASSIGN_OR_RETURN(data::Batches built, data::Batches::build(std::move(examples), options));
   batches->examples_ = std::make_unique<data::Batches>(std::move(built));
-  batches->positions_.resize(rank_tokens);
-  batches->segments_.resize(rank_tokens);
   const data::BatchStats& s = batches->examples_->stats();
   spdlog::info("data {}: {} examples → {} rows of {} tokens ({}), {} trained targets an epoch ({:.1f}% of the row "
                "tokens); skipped: {} with nothing to train, {} bad lines; {} truncated",
@@ -78,10 +75,11 @@ uint64_t TrainBatches::total_steps(const TrainConfig& config) const {
   return config.steps;
 }
 
-void TrainBatches::fill(uint64_t step, int32_t* tokens, int32_t* targets) {
+void TrainBatches::fill(uint64_t batch_index, int32_t* tokens, int32_t* targets, int32_t* positions,
+                        int32_t* segments) {
+  const uint64_t step = batch_index;
   if (examples_) {
-    examples_->fill(step, static_cast<uint32_t>(rank_) * rank_rows_, rank_rows_, tokens, targets, positions_.data(),
-                    segments_.data());
+    examples_->fill(step, static_cast<uint32_t>(rank_) * rank_rows_, rank_rows_, tokens, targets, positions, segments);
     return;
   }
   if (global_rows_ == rank_rows_) {

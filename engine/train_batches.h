@@ -6,8 +6,9 @@
 // buffer; `fill` then writes step s's rows for this rank without allocating, as a pure function
 // of (data, config, seed, s), so a resumed run reads exactly what an uninterrupted one would.
 // Token streams keep TokenData's order bit for bit (targets are never −1 there); examples give
-// targets −1 where the loss must not look, plus per-token positions and segment ids
-// (positions(), segments(): null for a token stream) for StepBatch's packed attention.
+// targets −1 where the loss must not look, plus per-token positions and segment ids for
+// StepBatch's packed attention (into the caller's arrays, so micro-batches filled ahead keep
+// their own).
 // Threads: one thread calls fill at a time (the trainer's).
 #pragma once
 
@@ -30,11 +31,13 @@ class TrainBatches {
                                                                   uint32_t rank_rows, int rank);
   // config.steps, or with config.epochs the steps that show every row that many times.
   uint64_t total_steps(const TrainConfig& config) const;
-  // Step `step`'s rows of this rank into tokens/targets (rank_rows × seq_len each), and the
-  // positions/segments below.
-  void fill(uint64_t step, int32_t* tokens, int32_t* targets);
-  const int32_t* positions() const { return examples_ ? positions_.data() : nullptr; }
-  const int32_t* segments() const { return examples_ ? segments_.data() : nullptr; }
+  // Batch `batch_index`'s rows of this rank (the step's index; with gradient accumulation the
+  // micro-batch's, step · K + k) into rank_rows × seq_len values each. positions and segments
+  // (StepBatch's packed-attention fields) are written for examples, where non-null; a token
+  // stream leaves them alone (has_boundaries() is false: pass null to the backend).
+  void fill(uint64_t batch_index, int32_t* tokens, int32_t* targets, int32_t* positions = nullptr,
+            int32_t* segments = nullptr);
+  bool has_boundaries() const { return examples_ != nullptr; }
   // Null for a token stream.
   const data::BatchStats* example_stats() const { return examples_ ? &examples_->stats() : nullptr; }
 
@@ -47,7 +50,6 @@ class TrainBatches {
   int rank_ = 0;
   uint32_t seq_len_ = 0;
   std::vector<int32_t> global_tokens_, global_targets_;  // a token stream over ranks: the whole batch first
-  std::vector<int32_t> positions_, segments_;
 };
 
 }  // namespace strata

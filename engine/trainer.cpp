@@ -340,6 +340,10 @@ class Run {
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
+  // Fine-tuning examples only (empty for a token stream): each token's position within its
+  // example and the example's index in its row, for packed attention (StepBatch).
+  std::vector<int32_t> positions_;
+  std::vector<int32_t> segments_;
   uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
   // The store's size, sampled before the scheduler takes it and at each commit (on the I/O
   // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
@@ -897,10 +901,11 @@ void set_example_boundaries(Batch& batch, const int32_t* positions, const int32_
 // tensors given back behind them (release_after); the loss and the gradient norm come back
 // once, at the end.
 Status Run::run_step(uint64_t step, StepFigures& figures) {
-  batches_->fill(step, tokens_.data(), targets_.data());
+  // positions_/segments_ are empty (data() null) for a token stream: the backend's defaults.
+  batches_->fill(step, tokens_.data(), targets_.data(), positions_.data(), segments_.data());
   if (zero_ != nullptr) zero_->begin_step();
   kernels::StepBatch batch{tokens_.data(), targets_.data(), shape_.rows()};
-  set_example_boundaries(batch, batches_->positions(), batches_->segments());
+  set_example_boundaries(batch, positions_.data(), segments_.data());
   STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
   host_clip_scale_.reset();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
@@ -1193,6 +1198,10 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(open_host_optimizer());
   tokens_.resize(static_cast<size_t>(shape_.rows()));
   targets_.resize(static_cast<size_t>(shape_.rows()));
+  if (batches_->has_boundaries()) {
+    positions_.resize(tokens_.size());
+    segments_.resize(tokens_.size());
+  }
 
   spdlog::info("training {} parameters for steps {}..{}: device {} ({}), host {}, store {} ({})",
                layout_.parameter_count(), start_step + 1, total_steps, config_.device_kind,
