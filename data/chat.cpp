@@ -9,11 +9,9 @@
 
 #include "data/examples.h"
 
-#if __has_include("data/chat_template.h")
+#include "strata_build_config.h"  // STRATA_HAVE_CHAT_TEMPLATE: data/chat_template.h is in the tree
+#if STRATA_HAVE_CHAT_TEMPLATE
 #include "data/chat_template.h"
-#define STRATA_HAVE_CHAT_TEMPLATE 1
-#else
-#define STRATA_HAVE_CHAT_TEMPLATE 0
 #endif
 
 namespace strata::data {

@@ -9,6 +9,10 @@
 #  (tokenize) `strata tokenize --data-format completion` writes ids, masks and boundaries equal
 #    to Python's own tokenization of the fixture. (examples_train) `data.format: examples` on
 #    them trains bit-identically to the JSONL.
+#  (chat) `strata tokenize --data-format chat` through the fixture's chat_template: ids and masks
+#    equal python3-jinja2's rendering of the same template (assistant turns cut by the prefix
+#    rule transformers uses) tokenized piece by piece. Skips (77) in a build without the chat
+#    template engine (data/chat_template.h).
 #  (resume) a run stopped at step 3 and resumed ends bit-identical to an uninterrupted one (the
 #    shuffled batch of step s depends on s alone).
 #  (bad_input) a malformed line, an example longer than the row, a chat tokenizer without a
@@ -247,6 +251,81 @@ def case_tokenize(folder):
         fail(f"source lines {lines} (line 5 is blank)")
 
 
+def jinja_segments(template, messages):
+    """(text, trained) pieces by transformers' prefix rule: assistant turn i is the text between
+    the render of messages[:i] (with the generation prompt) and that of messages[:i+1]."""
+    try:
+        import jinja2
+    except ImportError as error:
+        skip(f"python3-jinja2 is not importable ({error})")
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    compiled = env.from_string(template)
+
+    def render(prefix, generation_prompt):
+        return compiled.render(messages=prefix, add_generation_prompt=generation_prompt, bos_token="<s>",
+                               eos_token="</s>")
+    full = render(messages, False)
+    pieces, at = [], 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start, end = len(render(messages[:i], True)), len(render(messages[:i + 1], False))
+        if start > at:
+            pieces.append((full[at:start], False))
+        pieces.append((full[start:end], True))
+        at = end
+    if at < len(full):
+        pieces.append((full[at:], False))
+    return pieces
+
+
+def encode_with_specials(text):
+    """The fixture tokenizer on text that may hold its added tokens <s> and </s>."""
+    ids = []
+    while text:
+        cut = min((i for i in (text.find("<s>"), text.find("</s>")) if i >= 0), default=-1)
+        if cut < 0:
+            ids += encode(text)
+            break
+        ids += encode(text[:cut])
+        token = "<s>" if text.startswith("<s>", cut) else "</s>"
+        ids.append(BOS if token == "<s>" else EOS)
+        text = text[cut + len(token):]
+    return ids
+
+
+def case_chat(folder):
+    out = os.path.join(folder, "chat.ex")
+    chats = os.path.join(HERE, "chats.jsonl")
+    result = strata("tokenize", "--tokenizer", TOKENIZER, "--in", chats, "--out", out, "--data-format", "chat",
+                    "--json", expect_ok=False)
+    if result.returncode != 0 and "which this build lacks" in result.stderr:
+        skip("this build has no chat template engine: " + result.stderr.strip().splitlines()[-1])
+    if result.returncode != 0:
+        fail(f"strata tokenize --data-format chat exited {result.returncode}:\n{result.stderr}")
+    with open(os.path.join(TOKENIZER, "tokenizer_config.json")) as f:
+        template = json.load(f)["chat_template"]
+    ids, mask = [], []
+    with open(chats) as f:
+        for line in f:
+            record = json.loads(line)
+            messages = ([{"role": "system", "content": record["system"]}] if "system" in record else []) + record["messages"]
+            for text, trained in jinja_segments(template, messages):
+                piece = encode_with_specials(text)
+                ids += piece
+                mask += [int(trained)] * len(piece)
+    with open(out, "rb") as f:
+        got = list(struct.unpack(f"<{len(ids)}H", f.read())) if os.path.getsize(out) == 2 * len(ids) else None
+    with open(out + ".mask", "rb") as f:
+        got_mask = list(f.read())
+    if got != ids:
+        fail(f"chat ids {got} != jinja2's {ids}")
+    if got_mask != mask:
+        fail(f"chat mask {got_mask} != jinja2's {mask}")
+    if json.loads(result.stdout)["documents"] != 3:
+        fail(f"chat summary {result.stdout}")
+
+
 def case_examples_train(folder):
     """The same examples from the tokenized files train exactly as from the JSONL."""
     out = os.path.join(folder, "ex.bin")
@@ -329,8 +408,8 @@ def main():
     os.makedirs(base, exist_ok=True)
     folder = tempfile.mkdtemp(prefix=f"finetune-{case}-", dir=base)
     try:
-        {"loss": case_loss, "tokenize": case_tokenize, "examples_train": case_examples_train, "resume": case_resume,
-         "bad_input": case_bad_input}[case](folder)
+        {"loss": case_loss, "tokenize": case_tokenize, "examples_train": case_examples_train, "chat": case_chat,
+         "resume": case_resume, "bad_input": case_bad_input}[case](folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"ok: {case}")
