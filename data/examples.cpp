@@ -307,6 +307,10 @@ Result<Examples> read_examples_file(const std::string& path) {
   examples.trained.resize(token_count);
   for (uint64_t i = 0; i < token_count; ++i) {
     examples.tokens[i] = token_bytes == 2 ? load_le<uint16_t>(ids, 2 * i) : load_le<uint32_t>(ids, 4 * i);
+    // The ids index the embedding: one outside the vocabulary the index names is refused here.
+    if (examples.tokens[i] >= examples.vocab_size)
+      return bad(path, fmt::format("token {} at index {} is outside the vocabulary of {} its index names",
+                                   examples.tokens[i], i, examples.vocab_size));
     const auto flag = static_cast<uint8_t>(mask[i]);
     if (flag > 1) return bad(path + ".mask", fmt::format("byte {} is {}; a mask byte is 0 or 1", i, flag));
     examples.trained[i] = flag;

@@ -350,6 +350,17 @@ TEST(ExamplesFile, RoundTripAndCorruption) {
   ASSERT_FALSE(short_ids.ok());
   EXPECT_NE(short_ids.status().error().message.find("but its index names 19 tokens"), std::string::npos)
       << short_ids.status().error().message;
+  // An id past the vocabulary the index names (it would index past the embedding).
+  ASSERT_TRUE(write_examples(*examples, path, 2).ok());
+  {
+    std::fstream ids(path, std::ios::in | std::ios::out | std::ios::binary);
+    ids.seekp(6);
+    const char big[2] = {static_cast<char>(0x03), static_cast<char>(0x01)};  // 0x0103 = 259
+    ids.write(big, 2);
+  }
+  auto bad_id = read_examples_file(path);
+  ASSERT_FALSE(bad_id.ok());
+  EXPECT_EQ(bad_id.status().error().message, path + ": token 259 at index 3 is outside the vocabulary of 259 its index names");
   for (const char* suffix : {"", ".mask", ".examples"}) std::filesystem::remove(path + suffix);
 }
 
