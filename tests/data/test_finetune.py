@@ -171,10 +171,15 @@ def reference_losses(torch, tensors, cfg, steps):
                                    {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
                                   lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"])
 
+    # Where the reference's block takes an attention mask (packed rows), it is plain causal here.
+    import inspect
+    causal = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).expand(inputs.shape[0], 1, SEQ, SEQ)
+    takes_mask = len(inspect.signature(gpt2_reference.block).parameters) == 5
+
     def logits_of():
         x = params["wte.weight"][inputs] + params["wpe.weight"][torch.arange(SEQ)]
         for i in range(N_LAYER):
-            x = gpt2_reference.block(params, i, x, N_HEAD)
+            x = gpt2_reference.block(params, i, x, N_HEAD, *([causal] if takes_mask else []))
         x = torch.nn.functional.layer_norm(x, (N_EMBD,), params["ln_f.weight"], params["ln_f.bias"], eps=1e-5)
         return torch.matmul(x, params["wte.weight"].t()).reshape(-1, VOCAB)
 
