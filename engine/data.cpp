@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata {
 
@@ -80,6 +80,8 @@ Result<std::vector<uint32_t>> tokenize_text_file(const std::string& path, const 
 
 Result<TokenData> TokenData::open(const std::string& path, DataFormat format, uint32_t vocab_size,
                                   uint32_t window_tokens, const std::string& tokenizer_path) {
+  if (is_example_format(format))
+    return make_error(ErrorKind::internal, "TokenData::open: an example format is read by data::Batches");
   if (format == DataFormat::text) {
     TokenData data;
     data.format_ = format;
@@ -152,7 +154,10 @@ uint32_t TokenData::token(uint64_t index) const {
       return value;
     }
     case DataFormat::tokens_u32:
-    case DataFormat::text: {
+    case DataFormat::text:
+    case DataFormat::completion:  // never opened (open refuses them)
+    case DataFormat::chat:
+    case DataFormat::examples: {
       uint32_t value = 0;
       std::memcpy(&value, bytes_ + 4 * index, 4);
       return value;

@@ -18,7 +18,12 @@
 
 namespace strata {
 
-enum class DataFormat : uint8_t { text_bytes, tokens_u16, tokens_u32, text };
+// The last three are fine-tuning examples (data/examples.h), not a token stream: TokenData
+// refuses them; the trainer reads them through data::Batches.
+enum class DataFormat : uint8_t { text_bytes, tokens_u16, tokens_u32, text, completion, chat, examples };
+constexpr bool is_example_format(DataFormat format) {
+  return format == DataFormat::completion || format == DataFormat::chat || format == DataFormat::examples;
+}
 
 class TokenData {
  public:

@@ -26,7 +26,7 @@
 // seeded by `seed` — the same seed gives the same tokens.
 //
 // The text seam: a TokenCodec turns the prompt into token ids and ids back into text: the byte
-// codec (text-bytes vocabularies) or a tokenizer (engine/tokenizer/, TokenizerCodec); the
+// codec (text-bytes vocabularies) or a tokenizer (text/, TokenizerCodec); the
 // sampled text is decoded once, all tokens together, so a character split across tokens is whole.
 //
 // Threads: one call on one thread; compute fans out through TBB, the scheduler runs its own.
@@ -42,7 +42,7 @@
 #include <memory>
 
 #include "common/status.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 #include "engine/train_config.h"
 
 namespace strata {
@@ -69,7 +69,7 @@ class ByteCodec final : public TokenCodec {
   std::string decode(int32_t token) const override;
 };
 
-// A tokenizer (engine/tokenizer/: tokenizer.json BPE or SentencePiece) as the codec. Ids the
+// A tokenizer (text/: tokenizer.json BPE or SentencePiece) as the codec. Ids the
 // model has but the tokenizer lacks (a vocabulary padded past the tokenizer's) print as <id>.
 class TokenizerCodec final : public TokenCodec {
  public:

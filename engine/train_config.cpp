@@ -161,24 +161,54 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.data_path, data.string("path", std::nullopt));
   config.data_path = data.resolve_path(config.data_path);
   STRATA_ASSIGN_OR_RETURN(std::string format,
-                          data.choice("format", {"text-bytes", "tokens-u16", "tokens-u32", "text"}, "text-bytes"));
+                          data.choice("format", {"text-bytes", "tokens-u16", "tokens-u32", "text", "completion", "chat",
+                                                 "examples"},
+                                      "text-bytes"));
   config.data_format = format == "text-bytes"   ? DataFormat::text_bytes
                        : format == "tokens-u16" ? DataFormat::tokens_u16
                        : format == "tokens-u32" ? DataFormat::tokens_u32
-                                                : DataFormat::text;
-  // data.tokenizer: the tokenizer that encodes a `text` corpus at start-up (docs/tokenizers.md).
-  if (config.data_format == DataFormat::text) {
+                       : format == "text"       ? DataFormat::text
+                       : format == "completion" ? DataFormat::completion
+                       : format == "chat"       ? DataFormat::chat
+                                                : DataFormat::examples;
+  // data.tokenizer: the tokenizer that encodes a text corpus or JSONL examples at start-up
+  // (docs/tokenizers.md, docs/data.md); `examples` files were tokenized by `strata tokenize`.
+  const bool tokenizes = config.data_format == DataFormat::text || config.data_format == DataFormat::completion ||
+                         config.data_format == DataFormat::chat;
+  if (tokenizes) {
     STRATA_READ(config.data_tokenizer, data.string("tokenizer", std::nullopt));
     config.data_tokenizer = data.resolve_path(config.data_tokenizer);
   } else if (data.has("tokenizer")) {
-    return data.error_at("tokenizer", fmt::format("is only read with format: text (the format is {})", format));
+    return data.error_at("tokenizer", fmt::format("is only read with format: text, completion or chat (the format is {})", format));
   }
+  // The example keys mean nothing to a token stream: refused there rather than ignored.
+  ExampleDataConfig& e = config.examples;
+  if (is_example_format(config.data_format)) {
+    if (config.data_format != DataFormat::examples) {
+      STRATA_READ(e.train_on_input, data.boolean("train_on_input", false));
+      STRATA_READ(e.skip_bad_lines, data.boolean("skip_bad_lines", false));
+    }
+    STRATA_READ(e.packing, data.boolean("packing", false));
+    STRATA_READ(e.truncate, data.boolean("truncate", false));
+  }
+  for (const char* key : {"train_on_input", "skip_bad_lines", "packing", "truncate"})
+    if (data.has(key) && !is_example_format(config.data_format))
+      return data.error_at(key, fmt::format("is only read with format: completion, chat or examples (the format is {})", format));
+  for (const char* key : {"train_on_input", "skip_bad_lines"})
+    if (data.has(key) && config.data_format == DataFormat::examples)
+      return data.error_at(key, "is applied when the examples are tokenized (strata tokenize), not with format: examples");
   STRATA_RETURN_IF_ERROR(data.finish());
   if (config.data_format == DataFormat::text_bytes && m.vocab_size < 256)
     return model.error_at("vocab_size", fmt::format("{} is too small for data.format text-bytes; use 256 or more", m.vocab_size));
 
   STRATA_READ(config.batch_size, root.integer("batch_size", 8, 1, 1 << 16));
   STRATA_READ(config.steps, root.integer("steps", 200, 0, INT64_MAX));
+  STRATA_READ(config.epochs, root.integer("epochs", 0, 1, 1 << 20));
+  if (root.has("epochs") && !is_example_format(config.data_format))
+    return root.error_at("epochs", "counts passes over fine-tuning examples (data.format completion, chat or examples); "
+                                   "give steps for a token stream");
+  if (root.has("epochs") && root.has("steps"))
+    return root.error_at("epochs", "and steps are two ways to say how long to train: give one");
   STRATA_READ(config.checkpoint_every, root.integer("checkpoint_every", 10, 1, INT64_MAX));
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode optimizer, root.child("optimizer"));

@@ -112,14 +112,26 @@ struct ParallelConfig {
   double timeout_s = 120.0;  // a collective waiting longer means a rank was lost: exit, no hang
 };
 
+// Fine-tuning data (data.format completion | chat | examples; data/examples.h, docs/data.md).
+struct ExampleDataConfig {
+  bool train_on_input = false;  // train on prompts and user turns too (completion, chat)
+  bool skip_bad_lines = false;  // count and skip bad JSONL lines instead of refusing the file
+  bool packing = false;         // several examples a row (positions and segments keep them apart)
+  bool truncate = false;        // cut examples longer than seq_len + 1 tokens, else refuse them
+};
+
 struct TrainConfig {
   std::string source_path;
   ModelConfig model;
   std::string data_path;
   DataFormat data_format = DataFormat::text_bytes;
-  std::string data_tokenizer;  // data.format text: tokenizer.json / tokenizer.model (or its folder)
+  std::string data_tokenizer;  // data.format text, completion, chat: tokenizer.json / tokenizer.model (or its folder)
+  ExampleDataConfig examples;
   uint32_t batch_size = 8;
   uint64_t steps = 200;
+  // epochs: the alternative to steps for example formats — steps = ceil(rows · epochs / global
+  // batch rows), known once the data is read (data::Batches::steps_for_epochs). 0: steps rules.
+  uint64_t epochs = 0;
   OptimizerConfig optimizer;
   DType precision = DType::bf16;  // fp32, or bf16 weights with fp32 accumulate and master
   std::string device_kind = "cpu";  // cpu | cuda | emulated (memory/device/device.h)

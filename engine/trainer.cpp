@@ -22,6 +22,7 @@
 
 #include "common/size.h"
 #include "engine/data.h"
+#include "engine/train_batches.h"
 #include "engine/generate.h"
 #include "engine/hf/hf.h"
 #include "engine/model_layout.h"
@@ -339,12 +340,12 @@ class Run {
   std::vector<kernels::AdamWChunk> device_pieces_;          // the device-site update's calls, reused
   gk::BatchShape shape_;
   ZeroStep* zero_ = nullptr;  // N > 1 ranks (engine/zero.h); null: one rank, as before
-  std::vector<int32_t> global_tokens_, global_targets_;  // the whole batch, before this rank's rows
   const std::byte* gathered_ = nullptr;        // the slot the current step computes on
   std::vector<size_t> next_gather_step_;       // per plan step: the next gathering step (SIZE_MAX: none)
   std::vector<std::vector<size_t>> step_gathers_;  // per plan step: gathered_units, made at start-up
   TrainPlan run_;
-  std::unique_ptr<TokenData> data_;
+  // Step s's tokens and targets (engine/train_batches.h): the token stream or fine-tuning examples.
+  std::unique_ptr<TrainBatches> batches_;
   std::unique_ptr<memory::Store> store_;
   std::unique_ptr<memory::HostArena> host_arena_;
   uint64_t pool_bytes_ = 0;  // the scheduler's host budget: host.memory, plus device.memory on the CPU device
@@ -361,6 +362,10 @@ class Run {
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
+  // Fine-tuning examples only (empty for a token stream): each token's position within its
+  // example and the example's index in its row, for packed attention (StepBatch).
+  std::vector<int32_t> positions_;
+  std::vector<int32_t> segments_;
   uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
   // The store's size, sampled before the scheduler takes it and at each commit (on the I/O
   // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
@@ -872,23 +877,37 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   return static_cast<float*>(block_grads_.data());
 }
 
+// Packed rows (data.packing) hand the backend each token's position within its example and its
+// example's id in the row, so attention never crosses examples. Written against StepBatch's
+// fields where the backend has them; a build whose StepBatch lacks them refuses packing at
+// start-up (kStepBatchKeepsExamplesApart) rather than train across example boundaries.
+template <typename Batch>
+constexpr bool step_batch_has_boundaries = requires(Batch batch) {
+  batch.positions;
+  batch.segments;
+};
+constexpr bool kStepBatchKeepsExamplesApart = step_batch_has_boundaries<kernels::StepBatch>;
+
+template <typename Batch>
+void set_example_boundaries(Batch& batch, const int32_t* positions, const int32_t* segments) {
+  if constexpr (step_batch_has_boundaries<Batch>) {
+    batch.positions = positions;
+    batch.segments = segments;
+  } else {
+    (void)batch, (void)positions, (void)segments;
+  }
+}
+
 // One training step: every plan step's ops are enqueued on the backend's stream and its
 // tensors given back behind them (release_after); the loss and the gradient norm come back
 // once, at the end.
 Status Run::run_step(uint64_t step, StepFigures& figures) {
-  if (zero_ == nullptr) {
-    data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
-  } else {
-    // The batch a single rank would read; this rank trains on its block of rows.
-    global_tokens_.resize(tokens_.size() * static_cast<size_t>(zero_->ranks()));
-    global_targets_.resize(global_tokens_.size());
-    data_->fill_batch(step, zero_->global_batch(), global_tokens_.data(), global_targets_.data());
-    const auto first = static_cast<int64_t>(tokens_.size()) * zero_->rank();
-    std::copy_n(global_tokens_.begin() + first, tokens_.size(), tokens_.begin());
-    std::copy_n(global_targets_.begin() + first, targets_.size(), targets_.begin());
-    zero_->begin_step();
-  }
-  STRATA_RETURN_IF_ERROR(backend_->begin_step({tokens_.data(), targets_.data(), shape_.rows()}));
+  // positions_/segments_ are empty (data() null) for a token stream: the backend's defaults.
+  batches_->fill(step, tokens_.data(), targets_.data(), positions_.data(), segments_.data());
+  if (zero_ != nullptr) zero_->begin_step();
+  kernels::StepBatch batch{tokens_.data(), targets_.data(), shape_.rows()};
+  set_example_boundaries(batch, positions_.data(), segments_.data());
+  STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
   host_clip_scale_.reset();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
@@ -1053,6 +1072,12 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
                      {"host", pool_bytes_},
                      {"nvme", nvme_capacity_bytes_}};
   json["steps"] = std::move(steps);
+  // Fine-tuning examples: what start-up made of them, the skipped ones counted (docs/data.md).
+  if (const data::BatchStats* d = batches_->example_stats())
+    json["data"] = {{"examples", d->examples},           {"examples_used", d->examples_used},
+                    {"skipped_untrained", d->skipped_untrained}, {"bad_lines_skipped", d->bad_lines_skipped},
+                    {"truncated", d->truncated},         {"rows_per_epoch", d->rows},
+                    {"trained_tokens_per_epoch", d->trained_tokens}, {"row_tokens_per_epoch", d->row_tokens}};
   json["summary"] = summary_json(summary);
   std::ofstream out(options_.metrics_path);
   out << json.dump(2) << "\n";
@@ -1083,12 +1108,15 @@ Result<TrainSummary> Run::execute() {
                          : build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
   STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
-  STRATA_ASSIGN_OR_RETURN(TokenData data, TokenData::open(config_.data_path, config_.data_format,
-                                                          config_.model.vocab_size, config_.model.seq_len,
-                                                          config_.data_tokenizer));
-  data_ = std::make_unique<TokenData>(std::move(data));
+  if (config_.examples.packing && !kStepBatchKeepsExamplesApart)
+    return make_error(ErrorKind::unsupported,
+                      "data.packing: true needs a compute backend whose attention keeps packed examples apart "
+                      "(StepBatch positions and segments), which this build lacks; use data.packing: false");
+  const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
+  STRATA_ASSIGN_OR_RETURN(batches_, TrainBatches::open(config_, global_rows, config_.batch_size,
+                                                       zero_ != nullptr ? zero_->rank() : 0));
   STRATA_RETURN_IF_ERROR(check_init_file(config_));
-  const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : config_.steps;
+  const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : batches_->total_steps(config_);
 
   STRATA_RETURN_IF_ERROR(open_device());
   // The prediction `strata plan` makes, timed on the still empty device arena.
@@ -1171,6 +1199,10 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(open_host_optimizer());
   tokens_.resize(static_cast<size_t>(shape_.rows()));
   targets_.resize(static_cast<size_t>(shape_.rows()));
+  if (batches_->has_boundaries()) {
+    positions_.resize(tokens_.size());
+    segments_.resize(tokens_.size());
+  }
 
   spdlog::info("training {} parameters for steps {}..{}: device {} ({}), host {}, store {} ({})",
                layout_.parameter_count(), start_step + 1, total_steps, config_.device_kind,

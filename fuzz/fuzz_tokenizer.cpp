@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view json(reinterpret_cast<const char*>(data), size);

@@ -1,5 +1,7 @@
 // `strata tokenize`: a text corpus (.txt, or .jsonl with one {"text": ...} object a line) →
-// a token file that `data.format: tokens-u16 | tokens-u32` trains on.
+// a token file that `data.format: tokens-u16 | tokens-u32` trains on; or, with --data-format
+// completion | chat, fine-tuning examples → ids + OUT.mask + OUT.examples that `data.format:
+// examples` trains on (data/examples.h has the format; docs/data.md).
 //
 // Each document (the whole .txt, or one .jsonl line) is framed as BOS ids EOS — BOS where the
 // model's texts start with one (Tokenizer::add_bos), EOS where the tokenizer has one
@@ -23,8 +25,9 @@
 #include <spdlog/spdlog.h>
 
 #include "common/size.h"
+#include "data/examples.h"
 #include "engine/cli/commands.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata::cli {
 
@@ -36,6 +39,9 @@ struct TokenizeOptions {
   std::string out_path;
   std::string format = "auto";
   std::string text_key = "text";
+  std::string data_format = "text";  // text | completion | chat
+  bool train_on_input = false;
+  bool skip_bad_lines = false;
   bool no_special = false;
   bool json = false;
 };
@@ -48,6 +54,8 @@ struct TokenizeSummary {
   double seconds = 0;
   uint32_t token_bytes = 0;
   uint32_t vocab_size = 0;
+  uint64_t trained_tokens = 0;     // examples: tokens the loss sees
+  uint64_t bad_lines_skipped = 0;  // examples with --skip-bad-lines
 };
 
 // A read-only mapping of the whole input (an empty file maps nothing).
@@ -145,7 +153,49 @@ bool ends_with(const std::string& text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+uint32_t token_bytes_for(const std::string& format, uint32_t vocab_size) {
+  if (format == "auto") return vocab_size > 65536 ? 4 : 2;
+  return format == "tokens-u16" ? 2 : 4;
+}
+
+// --data-format completion | chat: every line an example, tokenized piece by piece with its mask.
+Result<TokenizeSummary> run_tokenize_examples(const TokenizeOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!ends_with(options.in_path, ".jsonl"))
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("--in {}: --data-format {} reads a .jsonl (one example a line)", options.in_path,
+                                  options.data_format));
+  if (options.no_special)
+    return make_error(ErrorKind::invalid_argument,
+                      "--no-special: examples are framed as the model reads them (completion: BOS/EOS; chat: the template)");
+  data::ExampleOptions example_options;
+  example_options.format = options.data_format == "chat" ? data::ExampleFormat::chat : data::ExampleFormat::completion;
+  example_options.tokenizer_path = options.tokenizer_path;
+  example_options.train_on_input = options.train_on_input;
+  example_options.skip_bad_lines = options.skip_bad_lines;
+  const auto encode_start = std::chrono::steady_clock::now();
+  STRATA_ASSIGN_OR_RETURN(data::Examples examples, data::read_jsonl_examples(options.in_path, example_options));
+  TokenizeSummary summary;
+  summary.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - encode_start).count();
+  summary.vocab_size = examples.vocab_size;
+  summary.token_bytes = token_bytes_for(options.format, summary.vocab_size);
+  if (summary.token_bytes == 2 && summary.vocab_size > 65536)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("--format tokens-u16: {} holds {} tokens, more than 16-bit ids can name; use tokens-u32",
+                                  options.tokenizer_path, summary.vocab_size));
+  STRATA_RETURN_IF_ERROR(data::write_examples(examples, options.out_path, summary.token_bytes));
+  summary.documents = examples.count();
+  summary.tokens = examples.tokens.size();
+  for (uint8_t flag : examples.trained) summary.trained_tokens += flag;
+  summary.bad_lines_skipped = examples.bad_lines_skipped;
+  struct stat info {};
+  if (::stat(options.in_path.c_str(), &info) == 0) summary.input_bytes = static_cast<uint64_t>(info.st_size);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
 Result<TokenizeSummary> run_tokenize(const TokenizeOptions& options) {
+  if (options.data_format != "text") return run_tokenize_examples(options);
   const auto start = std::chrono::steady_clock::now();
   bool jsonl = ends_with(options.in_path, ".jsonl");
   if (!jsonl && !ends_with(options.in_path, ".txt"))
@@ -154,8 +204,7 @@ Result<TokenizeSummary> run_tokenize(const TokenizeOptions& options) {
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::load_tokenizer(options.tokenizer_path));
   TokenizeSummary summary;
   summary.vocab_size = tok->vocab_size();
-  if (options.format == "auto") summary.token_bytes = summary.vocab_size > 65536 ? 4 : 2;
-  else summary.token_bytes = options.format == "tokens-u16" ? 2 : 4;
+  summary.token_bytes = token_bytes_for(options.format, summary.vocab_size);
   if (summary.token_bytes == 2 && summary.vocab_size > 65536)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("--format tokens-u16: {} holds {} tokens, more than 16-bit ids can name; use tokens-u32",
@@ -244,6 +293,13 @@ void add_tokenize_command(CLI::App& app, CliState& state) {
       ->check(CLI::IsMember({"auto", "tokens-u16", "tokens-u32"}))
       ->capture_default_str();
   command->add_option("--text-key", options->text_key, "the .jsonl field holding the text")->capture_default_str();
+  command->add_option("--data-format", options->data_format,
+                      "text: documents into one token stream; completion | chat: fine-tuning examples (.jsonl) into "
+                      "ids + OUT.mask + OUT.examples for data.format: examples (docs/data.md)")
+      ->check(CLI::IsMember({"text", "completion", "chat"}))
+      ->capture_default_str();
+  command->add_flag("--train-on-input", options->train_on_input, "examples: train on prompts and user turns too");
+  command->add_flag("--skip-bad-lines", options->skip_bad_lines, "examples: count and skip bad lines instead of stopping");
   command->add_flag("--no-special", options->no_special, "no BOS/EOS around documents");
   command->add_flag("--json", options->json, "print the summary as one JSON object on stdout");
   command->callback([options, &state] {
@@ -258,11 +314,19 @@ void add_tokenize_command(CLI::App& app, CliState& state) {
                                      {"input_bytes", s.input_bytes}, {"vocab_size", s.vocab_size},
                                      {"encode_seconds", s.encode_seconds}, {"seconds", s.seconds},
                                      {"encode_mb_per_s", encode_mb_per_s}};
+      if (options->data_format != "text") {
+        json["data_format"] = options->data_format;
+        json["trained_tokens"] = s.trained_tokens;
+        json["bad_lines_skipped"] = s.bad_lines_skipped;
+      }
       fmt::print("{}\n", json.dump());
     } else {
       spdlog::info("wrote {} tokens ({}, vocab {}) from {} documents, {} of text, to {} in {:.2f} s ({:.1f} MB/s encoding)",
                    s.tokens, format, s.vocab_size, s.documents, format_size(s.input_bytes), options->out_path, s.seconds,
                    encode_mb_per_s);
+      if (options->data_format != "text")
+        spdlog::info("{} examples, {} trained tokens, {} bad lines skipped; masks in {}.mask, boundaries in {}.examples",
+                     s.documents, s.trained_tokens, s.bad_lines_skipped, options->out_path, options->out_path);
     }
   });
 }

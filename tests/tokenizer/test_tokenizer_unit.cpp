@@ -10,8 +10,8 @@
 
 #include <string>
 
-#include "engine/tokenizer/tokenizer.h"
-#include "engine/tokenizer/transforms.h"
+#include "text/tokenizer.h"
+#include "text/transforms.h"
 
 namespace strata::tokenizer {
 namespace {

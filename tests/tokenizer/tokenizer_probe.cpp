@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cli/commands.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

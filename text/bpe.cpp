@@ -29,9 +29,9 @@
 #include <queue>
 #include <unordered_map>
 
-#include "engine/tokenizer/internal.h"
-#include "engine/tokenizer/tokenizer.h"
-#include "engine/tokenizer/transforms.h"
+#include "text/internal.h"
+#include "text/tokenizer.h"
+#include "text/transforms.h"
 
 namespace strata::tokenizer {
 namespace {

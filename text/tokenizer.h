@@ -1,4 +1,4 @@
-// strata/engine/tokenizer/tokenizer.h — text to token ids and back.
+// strata/text/tokenizer.h — text to token ids and back.
 //
 // Two kinds behind one interface:
 //  - BPE from a Hugging Face `tokenizer.json`, in two alphabets: byte-level (GPT-2, Llama 3,

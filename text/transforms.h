@@ -1,7 +1,7 @@
-// strata/engine/tokenizer/transforms.h — the text-to-text parts of a tokenizer.json around the
+// strata/text/transforms.h — the text-to-text parts of a tokenizer.json around the
 // BPE model: the `normalizer` (run on the text between added tokens before pre-tokenizing) and
 // the `decoder` of SentencePiece-style BPE (Llama 2, Mistral: tokens back to text). Internal to
-// engine/tokenizer/; the contract of the whole is in tokenizer.h.
+// text/; the contract of the whole is in tokenizer.h.
 //
 // Normalizers read: NFC, NFD, NFKC, NFKD (through utf8proc, Unicode's own tables), Prepend,
 // Replace (a String pattern, or a Regex through PCRE2), Lowercase, Strip, StripAccents,
@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tokenizer/internal.h"
+#include "text/internal.h"
 
 namespace strata::tokenizer::detail {
 

@@ -1,6 +1,6 @@
 // Choosing and loading a tokenizer from a path, tokenizer_config.json, and the UTF-8 check
 // every encode starts with.
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/tokenizer/internal.h"
+#include "text/internal.h"
 
 namespace strata::tokenizer {
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace strata::tokenizer {
 namespace {

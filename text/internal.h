@@ -1,5 +1,5 @@
-// strata/engine/tokenizer/internal.h — what the tokenizer.json readers share (not a public
-// interface: engine/tokenizer/ only). UTF-8 helpers, the PCRE2 handles as RAII types, and the
+// strata/text/internal.h — what the tokenizer.json readers share (not a public
+// interface: text/ only). UTF-8 helpers, the PCRE2 handles as RAII types, and the
 // Loader that words every refusal as "FILE: key 'KEY': WHAT" (the one-line error of tokenizer.h).
 // Threads: all of it is plain functions and values; a compiled pcre2_code may be matched from
 // any number of threads at once (each with its own match data).

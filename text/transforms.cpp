@@ -1,7 +1,7 @@
 // Normalizers and SentencePiece-style decoders of tokenizer.json (the contract is in transforms.h).
-#include "engine/tokenizer/transforms.h"
+#include "text/transforms.h"
 
-#include "engine/tokenizer/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <utf8proc.h>
 
