@@ -63,17 +63,26 @@
 
 namespace strata::kernels {
 
-// What `end_step` brings back to the host: the step's mean loss and the sum of squares of every
-// gradient `sum_squares` saw since `begin_step`.
 // One step's batch for the embedding and head ops: host memory, untouched until `end_step`
 // returns. `rows` is the number of tokens (the shape's B·T). Issue 30 adds what fine-tuning data
-// carries beside the ids (loss masks in `targets`, per-example positions, example boundaries).
+// carries beside the ids (per-example positions, example boundaries).
+// - Loss masks live in `targets`: a negative target is a token the loss does not see (zero loss,
+//   exactly zero gradient; gpt2.h, "Loss masks").
+// - `loss_normalizer_tokens` is N, what the head divides the loss sum and the gradient by; 0
+//   means this batch's own count of trained targets. Gradient accumulation passes the whole
+//   update's count to each of its micro-batches, so their gradients add up to the full batch's
+//   and their `StepScalars::loss` values add up to the mean over every trained token.
 struct StepBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   int64_t rows = 0;
+  int64_t loss_normalizer_tokens = 0;
 };
 
+// `loss` is the head's loss sum over trained tokens divided by the batch's N (above): the mean
+// over trained tokens when N is the batch's own count, 0 when no token is trained.
+// What `end_step` brings back to the host: that loss and the sum of squares of every gradient
+// `sum_squares` saw since `begin_step`.
 struct StepScalars {
   double loss = 0.0;
   double grad_sum_squares = 0.0;
@@ -253,9 +262,10 @@ size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& confi
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);
 // The refusal every backend's head ops make before a kernel indexes a logits row by a target:
-// a target outside [0, vocab_size) would read (and, with gradients, write) past the row. The
+// a target at or past vocab_size would read (and, with gradients, write) past the row. The
 // first such target is an `invalid_argument` naming the token id, its row and the vocabulary
-// size. `targets` are begin_step's, host memory, so this costs no device round trip.
+// size. Negative targets are loss masks (StepBatch) and pass. `targets` are begin_step's, host
+// memory, so this costs no device round trip.
 [[nodiscard]] Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size);
 // Vocabulary rows the base class's bf16 head widens and multiplies at a time.
 inline constexpr int64_t kDecodeHeadPieceRows = 4096;
