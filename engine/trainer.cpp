@@ -24,6 +24,7 @@
 #include "engine/data.h"
 #include "engine/generate.h"
 #include "engine/hf/hf.h"
+#include "engine/lr_schedule.h"
 #include "engine/model_layout.h"
 #include "engine/monitor/monitor.h"
 #include "engine/safetensors.h"
@@ -249,6 +250,7 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
 struct StepFigures {
   uint64_t step = 0;
   double loss = 0.0;
+  double learning_rate = 0.0;  // the lr of this step's update (lr_schedule.h)
   double seconds = 0.0;
   double compute_seconds = 0.0;
   double stall_seconds = 0.0;
@@ -260,7 +262,8 @@ struct StepFigures {
 // A step's figures as the live metrics take them (scheduler::TierPair order is the monitor's).
 monitor::StepSample monitor_sample(const StepFigures& f) {
   static_assert(sch::kTierPairCount == monitor::kPairCount);
-  monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed};
+  monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed,
+                             f.learning_rate};
   std::copy(std::begin(f.bytes), std::end(f.bytes), sample.transfer_bytes);
   std::copy(std::begin(f.tier_bytes), std::end(f.tier_bytes), sample.tier_bytes);
   return sample;
@@ -285,6 +288,11 @@ class Run {
   Status open_store(uint64_t& start_step);
   Status create_scheduler();
   Status run_step(uint64_t step, StepFigures& figures);
+  // Whether a forward/backward plan step belongs to the update's last micro-batch (always
+  // with gradient_accumulation_steps 1): only then are its gradients complete.
+  bool last_micro_batch(const StepInfo& info) const {
+    return info.micro_batch + 1 == config_.gradient_accumulation_steps;
+  }
   // Interleaved updates (train_plan.h): the pass that applies the pending update and nothing
   // else, so that a commit holds every step's update and no gradients are pending.
   Status drain_pending_update();
@@ -339,6 +347,11 @@ class Run {
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
+  // gradient_accumulation_steps K > 1: the K micro-batches of one update, rows after rows, read
+  // before the first (N, the loss's divisor, counts the trained tokens of all K) and untouched
+  // until the update's last end_step (backend.h: begin_step's batch is host memory).
+  std::vector<int32_t> micro_tokens_;
+  std::vector<int32_t> micro_targets_;
   uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
   // The store's size, sampled before the scheduler takes it and at each commit (on the I/O
   // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
@@ -565,23 +578,28 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
                                                         embed_unit.element_count, embed_scratch));
       float* ln_f_grads = grads_of(info.unit, buffers);
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
-      STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
-      STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
+      // Micro-batches after the first add to the gradients the ones before left.
+      if (info.micro_batch == 0) {
+        STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
+        STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
+      }
       STRATA_RETURN_IF_ERROR(model.head_forward_backward(backend, shape_, ln_f, embed,
                                                          f32(run_.activations[static_cast<size_t>(model.n_layer())]),
                                                          f32(run_.d_x), ln_f_grads, embed_grads, workspace));
+      if (!last_micro_batch(info)) return Status();  // the norm is the accumulated gradient's
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, ln_f_grads);
       return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
       STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
       float* grads = grads_of(info.unit, buffers);
-      STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
+      if (info.micro_batch == 0) STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
       auto i = static_cast<size_t>(unit.block_index);
       float* d_x = f32(run_.d_x);
       STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape_, weights, f32(run_.activations[i]),
                                                   d_x, d_x, grads, workspace,
                                                     /*recompute=*/true));
+      if (!last_micro_batch(info)) return Status();
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
       return backend.sum_squares(grads, unit.element_count);
     }
@@ -589,6 +607,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       float* grads = grads_of(info.unit, buffers);
       STRATA_RETURN_IF_ERROR(
           model.embedding_backward(backend, shape_, f32(run_.d_x), grads));
+      if (!last_micro_batch(info)) return Status();
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
       return backend.sum_squares(grads, unit.element_count);
     }
@@ -644,7 +663,8 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
 // null) point at the chunk's first element.
 std::vector<kernels::AdamWChunk> Run::adamw_pieces(const Unit& unit, uint64_t begin, uint64_t count, uint64_t step,
                                                    float* master, const float* grads, uint16_t* copy) const {
-  kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
+  // The schedule's lr of this update (lr_schedule.h: `step` is the update's 0-based index).
+  kernels::AdamWConfig adamw{learning_rate_at(config_, step), config_.optimizer.beta1, config_.optimizer.beta2,
                              config_.optimizer.eps, config_.optimizer.weight_decay};
   const auto t = static_cast<int64_t>(step + 1);
   const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
@@ -875,7 +895,18 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
 // tensors given back behind them (release_after); the loss and the gradient norm come back
 // once, at the end.
 Status Run::run_step(uint64_t step, StepFigures& figures) {
-  if (zero_ == nullptr) {
+  const uint32_t micro_batches = config_.gradient_accumulation_steps;
+  int64_t loss_normalizer_tokens = 0;  // K = 1: the batch's own count (backend.h, StepBatch)
+  double accumulated_loss = 0.0;       // K > 1: the micro-batches' losses so far (each is its sum / N)
+  if (micro_batches > 1) {
+    // Micro-batch k of update s reads batch s·K + k: K = 1 reads what runs always read.
+    const size_t rows = tokens_.size();
+    for (uint32_t k = 0; k < micro_batches; ++k)
+      data_->fill_batch(step * micro_batches + k, config_.batch_size, micro_tokens_.data() + k * rows,
+                        micro_targets_.data() + k * rows);
+    loss_normalizer_tokens = kernels::gpt2::count_trained_targets(micro_targets_.data(),
+                                                                  static_cast<int64_t>(micro_targets_.size()));
+  } else if (zero_ == nullptr) {
     data_->fill_batch(step, config_.batch_size, tokens_.data(), targets_.data());
   } else {
     // The batch a single rank would read; this rank trains on its block of rows.
@@ -887,9 +918,21 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     std::copy_n(global_targets_.begin() + first, targets_.size(), targets_.begin());
     zero_->begin_step();
   }
-  STRATA_RETURN_IF_ERROR(backend_->begin_step({tokens_.data(), targets_.data(), shape_.rows()}));
+  if (micro_batches == 1)
+    STRATA_RETURN_IF_ERROR(backend_->begin_step({tokens_.data(), targets_.data(), shape_.rows()}));
   host_clip_scale_.reset();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
+    if (const StepInfo& info = run_.steps[index]; micro_batches > 1 && info.kind == StepKind::fwd_embed) {
+      // A micro-batch begins. The one before it ends with a wait for its loss (begin_step
+      // clears it); its gradients stay where the plan keeps them, summed into by this one.
+      if (info.micro_batch > 0) {
+        STRATA_ASSIGN_OR_RETURN(kernels::StepScalars previous, backend_->end_step());
+        accumulated_loss += previous.loss;
+      }
+      const size_t first = info.micro_batch * tokens_.size();
+      STRATA_RETURN_IF_ERROR(backend_->begin_step(
+          {micro_tokens_.data() + first, micro_targets_.data() + first, shape_.rows(), loss_normalizer_tokens}));
+    }
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     if (run_.interleaved_updates && run_.steps[index].kind == StepKind::optimize && !pending_update_step_) {
       // No gradients wait (the first pass after a start, resume or commit): the step's
@@ -916,6 +959,8 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   // updates in the next pass (begin_step does not clear it).
   if (run_.interleaved_updates) STRATA_RETURN_IF_ERROR(backend_->clip_coefficient(config_.optimizer.grad_clip));
   STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
+  // The mean over every trained token of the K micro-batches: each loss is its sum over N.
+  if (micro_batches > 1) scalars.loss += accumulated_loss;
   if (zero_ != nullptr) {
     STRATA_ASSIGN_OR_RETURN(scalars.loss, zero_->mean_loss(scalars.loss));
   }
@@ -1036,6 +1081,7 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
   for (const StepFigures& f : figures) {
     steps.push_back({{"step", f.step},
                      {"loss", f.loss},
+                     {"learning_rate", f.learning_rate},
                      {"seconds", f.seconds},
                      {"compute_seconds", f.compute_seconds},
                      {"stall_seconds", f.stall_seconds},
@@ -1078,6 +1124,14 @@ Status Run::open_device() {
 }
 
 Result<TrainSummary> Run::execute() {
+  // ZeRO reduces each unit's gradient across ranks right after its backward: accumulating
+  // would need the reduction after the last micro-batch only, with this rank's full gradients
+  // kept until then (stage 2 keeps a share). Not built yet: refused before any work, not wrong.
+  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with ZeRO ranks "
+                                  "(mpirun -np {}) yet; use 1, or raise batch_size",
+                                  config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
   run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
                          : build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
@@ -1170,6 +1224,10 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(open_host_optimizer());
   tokens_.resize(static_cast<size_t>(shape_.rows()));
   targets_.resize(static_cast<size_t>(shape_.rows()));
+  if (config_.gradient_accumulation_steps > 1) {
+    micro_tokens_.resize(tokens_.size() * config_.gradient_accumulation_steps);
+    micro_targets_.resize(micro_tokens_.size());
+  }
 
   spdlog::info("training {} parameters for steps {}..{}: device {} ({}), host {}, store {} ({})",
                layout_.parameter_count(), start_step + 1, total_steps, config_.device_kind,
@@ -1179,7 +1237,9 @@ Result<TrainSummary> Run::execute() {
   TrainSummary summary;
   summary.first_step = start_step;
   // The job's tokens: with ZeRO ranks, the global batch (config_.batch_size is this rank's share).
-  const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} * config_.model.seq_len;
+  // With accumulation, the K micro-batches of one update.
+  const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} *
+                                   config_.model.seq_len * config_.gradient_accumulation_steps;
   if (options_.monitor != nullptr) {
     monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
                           prediction ? prediction->step_s : 0.0,
@@ -1191,6 +1251,7 @@ Result<TrainSummary> Run::execute() {
   for (uint64_t step = start_step; step < total_steps; ++step) {
     StepFigures f;
     f.step = step + 1;
+    f.learning_rate = learning_rate_at(config_, step);
     const auto step_start = Clock::now();
     const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps;
     Status status = run_step(step, f);
@@ -1215,9 +1276,9 @@ Result<TrainSummary> Run::execute() {
     if (options_.progress) {
       auto rate = [&](sch::TierPair pair) { return static_cast<double>(f.bytes[static_cast<size_t>(pair)]) / f.seconds / 1e9; };
       fmt::print(stderr,
-                 "step {:>5}/{} | loss {:.4f} | {:>7.0f} tok/s | nvme r {:.2f} w {:.2f} GB/s | h2d {:.2f} d2h {:.2f} "
-                 "GB/s | stall {:4.1f}%{}\n",
-                 f.step, total_steps, f.loss, static_cast<double>(tokens_per_step) / f.seconds,
+                 "step {:>5}/{} | loss {:.4f} | lr {:.3e} | {:>7.0f} tok/s | nvme r {:.2f} w {:.2f} GB/s | h2d {:.2f} "
+                 "d2h {:.2f} GB/s | stall {:4.1f}%{}\n",
+                 f.step, total_steps, f.loss, f.learning_rate, static_cast<double>(tokens_per_step) / f.seconds,
                  rate(sch::TierPair::nvme_to_host), rate(sch::TierPair::host_to_nvme),
                  rate(sch::TierPair::host_to_device), rate(sch::TierPair::device_to_host),
                  100.0 * f.stall_seconds / f.seconds, commit ? " | committed" : "");
