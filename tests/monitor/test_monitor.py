@@ -30,7 +30,7 @@ CORPUS = "/usr/share/common-licenses/GPL-3"
 REQUIRED = ["strata_step", "strata_loss", "strata_tokens_per_second", "strata_step_seconds", "strata_stall_ratio",
             "strata_tier_bytes", "strata_tier_budget_bytes", "strata_transfer_bytes_total",
             "strata_nvme_read_bytes_total", "strata_nvme_write_bytes_total", "strata_io_errors_total",
-            "strata_checksum_failures_total", "strata_predicted_step_seconds"]
+            "strata_checksum_failures_total", "strata_predicted_step_seconds", "strata_learning_rate"]
 
 
 def fail(message):
@@ -245,8 +245,8 @@ return Array.from(document.querySelectorAll('canvas[data-chart]')).map(function 
 
 def check_page(driver, origin):
     charts = driver.execute_script(INK_SCRIPT)
-    if len(charts) != 7:
-        fail(f"expected 7 charts, found {len(charts)}")
+    if len(charts) != 8:  # loss, learning rate, tokens/s, step time, stall, occupancy, bandwidth, NVMe written
+        fail(f"expected 8 charts, found {len(charts)}")
     for name, ink in charts:
         if ink < 50:
             fail(f"chart {name} has no series drawn ({ink} coloured pixels)")
