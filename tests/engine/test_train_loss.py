@@ -8,7 +8,9 @@
 # the uninterrupted run's lrs and losses and exports its bytes. (accumulation) K micro-batches
 # of B rows train to the weights of one batch of K·B rows (relative L2 ≤ 1e-5, exported weights)
 # for GPT-2 and Llama, resident and offloaded, clipped and not; gradient_accumulation_steps: 1
-# is bit-identical to leaving it out. (bad_input) the combinations that are refused are one
+# is bit-identical to leaving it out; the emulated discrete device (and its host-site AdamW)
+# accumulates bit-identically to the cpu; a K=4 trace updates each unit once a step and moves
+# the optimizer state at most once a step each way. (bad_input) the combinations that are refused are one
 # line naming the key.
 #
 # Usage: test_train_loss.py STRATA_BINARY CASE
@@ -244,6 +246,25 @@ def case_accumulation(folder):
                     tt.fail(f"{model_name} {placement_name} clip {clip}: gradient_accumulation_steps: 1 is not "
                             "bit-identical to leaving it out")
     print(f"K×B = one batch of K·B everywhere (worst relative L2 {worst:.2e}); K=1 bit-identical")
+
+    # The discrete-device path (device.kind: emulated: staging, and with optimizer: host the
+    # host-site AdamW that CUDA runs) accumulates as the CPU device does, bit for bit.
+    for optimizer_home in ("host", "nvme"):
+        exports = {}
+        for kind in ("cpu", "emulated"):
+            run_dir = os.path.join(folder, f"{kind}-{optimizer_home}")
+            os.makedirs(run_dir)
+            cfg_path, _ = tt.config(run_dir, model={"n_layer": 2, "seq_len": 16}, batch_size=2, steps=4,
+                                    precision="bf16", gradient_accumulation_steps=2, checkpoint_every=3,
+                                    device={"kind": kind, "memory": "64MiB"},
+                                    placement={"params": "nvme", "grads": "host", "optimizer": optimizer_home})
+            out = os.path.join(run_dir, "w.safetensors")
+            tt.strata("train", cfg_path, "--export", out)
+            with open(out, "rb") as f:
+                exports[kind] = f.read()
+        if exports["cpu"] != exports["emulated"]:
+            tt.fail(f"K=2 with optimizer: {optimizer_home}: the emulated device trained other weights than the cpu")
+    print("K=2: device.kind emulated (optimizer host and nvme) = cpu, bit for bit")
 
     # Offloaded optimizer state is read and written once per update, not per micro-batch: in
     # the trace of a K=4 run, each unit's update computes once a step and its state crosses
