@@ -899,11 +899,26 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   int64_t loss_normalizer_tokens = 0;  // K = 1: the batch's own count (backend.h, StepBatch)
   double accumulated_loss = 0.0;       // K > 1: the micro-batches' losses so far (each is its sum / N)
   if (micro_batches > 1) {
-    // Micro-batch k of update s reads batch s·K + k: K = 1 reads what runs always read.
+    // Micro-batch k of update s reads batch s·K + k: K = 1 reads what runs always read. With
+    // ZeRO ranks, this rank's block of rows of that global batch (as below).
     const size_t rows = tokens_.size();
-    for (uint32_t k = 0; k < micro_batches; ++k)
-      data_->fill_batch(step * micro_batches + k, config_.batch_size, micro_tokens_.data() + k * rows,
-                        micro_targets_.data() + k * rows);
+    for (uint32_t k = 0; k < micro_batches; ++k) {
+      if (zero_ == nullptr) {
+        data_->fill_batch(step * micro_batches + k, config_.batch_size, micro_tokens_.data() + k * rows,
+                          micro_targets_.data() + k * rows);
+        continue;
+      }
+      global_tokens_.resize(rows * static_cast<size_t>(zero_->ranks()));
+      global_targets_.resize(global_tokens_.size());
+      data_->fill_batch(step * micro_batches + k, zero_->global_batch(), global_tokens_.data(),
+                        global_targets_.data());
+      const auto first = static_cast<int64_t>(rows) * zero_->rank();
+      std::copy_n(global_tokens_.begin() + first, rows, micro_tokens_.begin() + static_cast<int64_t>(k * rows));
+      std::copy_n(global_targets_.begin() + first, rows, micro_targets_.begin() + static_cast<int64_t>(k * rows));
+    }
+    if (zero_ != nullptr) zero_->begin_step();
+    // This rank's trained tokens: with ZeRO the ranks' losses and gradients are then averaged,
+    // which is the mean over every trained token when each rank trains as many (no masks).
     loss_normalizer_tokens = kernels::gpt2::count_trained_targets(micro_targets_.data(),
                                                                   static_cast<int64_t>(micro_targets_.size()));
   } else if (zero_ == nullptr) {
@@ -1124,13 +1139,14 @@ Status Run::open_device() {
 }
 
 Result<TrainSummary> Run::execute() {
-  // ZeRO reduces each unit's gradient across ranks right after its backward: accumulating
-  // would need the reduction after the last micro-batch only, with this rank's full gradients
-  // kept until then (stage 2 keeps a share). Not built yet: refused before any work, not wrong.
-  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1)
+  // ZeRO with accumulation: each rank sums its micro-batches' gradients in its whole G and
+  // the reduction runs once, after the last micro-batch's backward. Stage 3 gathers each
+  // unit's compute copy ahead of the next step of one pass; the K passes of an update would
+  // need their own gather order — not built yet: refused before any work, not wrong.
+  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1 && config_.parallel.zero_stage == 3)
     return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with ZeRO ranks "
-                                  "(mpirun -np {}) yet; use 1, or raise batch_size",
+                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with "
+                                  "parallel.zero_stage 3 on {} ranks yet; use stage 1 or 2, or 1 micro-batch",
                                   config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
   run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
                          : build_train_plan(config_, layout_);
