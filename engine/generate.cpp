@@ -696,7 +696,7 @@ Status stage_hf_weights(const TrainConfig& config, bool progress) {
   uint64_t done_bytes = 0;
   for (const Unit& unit : layout.units()) {
     for (const UnitTensor& tensor : unit.tensors)
-      STRATA_RETURN_IF_ERROR(checkpoint.read_fp32(hf::TensorSpec{tensor.name, tensor.shape, tensor.name == "wpe.weight"},
+      STRATA_RETURN_IF_ERROR(checkpoint.read_fp32(hf::tensor_spec(config.model, tensor.name, tensor.shape),
                                                   master + tensor.offset_elements));
     const int64_t shape[] = {static_cast<int64_t>(unit.element_count)};
     const void* data = master;

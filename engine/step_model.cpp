@@ -242,32 +242,31 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
       return backend.sum_squares(embed_grads, embed_n);
     }));
   }
-  {  // Phase 3: AdamW over one optimizer chunk (or less: the rate per element is what counts).
+  {  // Phase 3: the optimizer over one chunk (or less: the rate per element is what counts),
+     // laid out and cut into kernel calls as the run's optimizer does it (optim/state.h).
     std::vector<device::DeviceBuffer> held;
+    const optim::StateLayout state = config.optimizer.state();
     const uint64_t count = std::min<uint64_t>(layout.largest_unit_elements(), uint64_t{4} << 20);
-    STRATA_ASSIGN_OR_RETURN(float* optim, allocate_floats(device, backend, held, count * 3));
+    const uint64_t chunk_floats = (state.chunk_bytes(count) + sizeof(float) - 1) / sizeof(float);
+    STRATA_ASSIGN_OR_RETURN(float* optim, allocate_floats(device, backend, held, chunk_floats));
     STRATA_ASSIGN_OR_RETURN(float* grads, allocate_floats(device, backend, held, count));
     STRATA_ASSIGN_OR_RETURN(float* params, allocate_floats(device, backend, held, count));
-    STRATA_RETURN_IF_ERROR(fill_device(device, backend, optim, count * 3, [&](float* values) {
-      fill_values(values, count, 0.02f);
-      std::fill(values + count, values + 3 * count, 0.0f);
+    STRATA_RETURN_IF_ERROR(fill_device(device, backend, optim, chunk_floats, [&](float* values) {
+      std::vector<float> master(count);
+      fill_values(master.data(), count, 0.02f);
+      state.initialize(master.data(), count, reinterpret_cast<std::byte*>(values));
     }));
     STRATA_RETURN_IF_ERROR(init_values(grads, count, 1e-3f));
-    kernels::AdamWConfig adamw{config.optimizer.lr, config.optimizer.beta1, config.optimizer.beta2,
-                               config.optimizer.eps, config.optimizer.weight_decay};
-    auto update = [&](int64_t t) {
-      kernels::AdamWChunk chunk;
-      chunk.scalars = kernels::adamw_step_scalars(adamw, t, 1.0f);
-      chunk.params = optim;
-      chunk.grads = grads;
-      chunk.exp_avg = optim + count;
-      chunk.exp_avg_sq = optim + 2 * count;
-      chunk.count = count;
-      if (config.precision == DType::bf16) {
-        chunk.copy_dtype = DType::bf16;
-        chunk.copy = reinterpret_cast<uint16_t*>(params);
-      }
-      return backend.adamw(chunk);
+    const kernels::AdamWConfig adamw{config.optimizer.lr, config.optimizer.beta1, config.optimizer.beta2,
+                                     config.optimizer.eps, config.optimizer.weight_decay};
+    const optim::TensorSpan whole{0, count, true};
+    std::vector<kernels::AdamWChunk> pieces;
+    auto update = [&](int64_t t) -> Status {
+      uint16_t* copy = config.precision == DType::bf16 ? reinterpret_cast<uint16_t*>(params) : nullptr;
+      state.update_pieces(adamw, static_cast<uint64_t>(t - 1), {&whole, 1}, 0, count,
+                          reinterpret_cast<std::byte*>(optim), grads, copy, pieces);
+      for (const kernels::AdamWChunk& piece : pieces) STRATA_RETURN_IF_ERROR(backend.adamw(piece));
+      return Status();
     };
     STRATA_RETURN_IF_ERROR(timed(backend, [&] { return update(1); }).status());  // the first pays for TBB's threads
     STRATA_ASSIGN_OR_RETURN(double seconds, timed(backend, [&] { return update(2); }));
@@ -278,16 +277,17 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     float* source = optim;
     float* target = params;
     if (!backend.is_host()) {
-      host_copy.resize(count * 4);
-      fill_values(host_copy.data(), count * 3, 0.02f);
+      host_copy.resize(chunk_floats + count);
+      fill_values(host_copy.data(), chunk_floats, 0.02f);
       source = host_copy.data();
-      target = host_copy.data() + count * 3;
+      target = host_copy.data() + chunk_floats;
     }
     const uint64_t bytes = count * 4;
     rates.copy_ns_per_byte = seconds_of([&] { std::memcpy(target, source, bytes); }) * 1e9 / static_cast<double>(bytes);
     volatile uint64_t digest = 0;
     rates.hash_ns_per_byte =
-        seconds_of([&] { digest = memory::extent_checksum(source, count * 12); }) * 1e9 / static_cast<double>(count * 12);
+        seconds_of([&] { digest = memory::extent_checksum(source, state.chunk_bytes(count)); }) * 1e9 /
+        static_cast<double>(state.chunk_bytes(count));
     (void)digest;
   }
   rates.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();

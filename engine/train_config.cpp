@@ -101,6 +101,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     if (m.arch == "gpt2" && m.seq_len > f.seq_len)
       return model.error_at("seq_len", fmt::format("is {} but {} has {} positions (n_positions)", m.seq_len,
                                                    folder_config, f.seq_len));
+    if (f.attention_window > 0 && m.seq_len > f.attention_window)
+      return model.error_at("seq_len", fmt::format("is {} but {} has a sliding window of {} tokens; strata's attention "
+                                                   "is full causal, the same only up to {} tokens", m.seq_len,
+                                                   folder_config, f.attention_window, f.attention_window));
     STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
     STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
   } else {
@@ -306,12 +310,12 @@ uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
   // (docs/train.md); elsewhere a chunk is staged in host memory and updated on the device.
   const uint64_t pool_bytes = device::memory_is_host(config.device_kind) ? config.host_memory_bytes + config.device_memory_bytes
                                                           : std::min(config.host_memory_bytes, config.device_memory_bytes);
-  // A sixteenth of it per chunk ([master | m | v], 12 bytes an element): several chunks are
+  // A sixteenth of it per chunk (state().bytes_per_element() an element): several chunks are
   // in flight beside the parameters and gradients of the unit being updated, so the drive
   // always has the next chunk's read queued. A power of two, 64 Ki … 16 Mi elements (the old
   // fixed value: what large budgets keep).
   constexpr uint64_t kMinElements = uint64_t{64} << 10, kMaxElements = uint64_t{16} << 20;
-  const uint64_t target = pool_bytes / 16 / 12;
+  const uint64_t target = pool_bytes / 16 / config.optimizer.state().bytes_per_element();
   uint64_t elements = kMinElements;
   while (elements * 2 <= std::min(target, kMaxElements)) elements *= 2;
   return elements;

@@ -19,6 +19,7 @@
 #include "io/io_config.h"
 #include "memory/store.h"
 #include "memory/tier.h"
+#include "optim/state.h"
 
 namespace strata {
 
@@ -62,12 +63,22 @@ struct ModelConfig {
   // attention_bias), and o_proj's (HF Llama's attention_bias only; never without q/k/v).
   bool qkv_bias = false;
   bool o_proj_bias = false;
+  // How a Hugging Face checkpoint stores the projections (the math is Llama's either way):
+  // Phi-3 fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`, stacked along rows.
+  bool fused_projections = false;
+  // A checkpoint's sliding window (Mistral, Phi-3), in tokens; 0: none. strata's attention is
+  // full causal, which equals a window of W tokens exactly while seq_len ≤ W: the one rule.
+  uint32_t attention_window = 0;
 
   uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }
 };
 
 struct OptimizerConfig {
+  // Which optimizer, and so its state layout (optim/state.h): what a chunk of it weighs and
+  // how it is packed. AdamW with fp32 state is the one kind so far.
+  optim::Kind kind = optim::Kind::adamw;
+  optim::StateLayout state() const { return optim::StateLayout(kind); }
   double lr = 3.0e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -75,7 +86,7 @@ struct OptimizerConfig {
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0 disables clipping
   // Optimizer state (fp32 master, first and second moment) travels in chunks of at most this
-  // many elements, each chunk one store tensor packed [master | m | v]: the update of a big
+  // many elements, each chunk one store tensor (packed as state() says): the update of a big
   // unit (GPT-2 XL's 80 M-parameter embeddings) then streams through the device a piece at a
   // time instead of needing 1 GB of it at once, and the read of one chunk overlaps the update
   // of the one before. A store records it (metadata `optim_chunk_elements`). When the config

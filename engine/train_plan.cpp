@@ -69,6 +69,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   TrainPlan run;
   run.optimizer_site = optimizer_site(config);
   const uint32_t param_bytes = dtype_size_bytes(config.precision);
+  const optim::StateLayout state = config.optimizer.state();
   const bool scratch_grads = config.placement.grads == Tier::device;
   run.params_gathered = !owners.empty() && config.parallel.zero_stage >= 3;
   run.interleaved_updates = interleaved_updates(config, !owners.empty());
@@ -108,8 +109,9 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
       // lives (engine/trainer.cpp), so it is the host's alone, in no step.
       chunk.tensor = run.optimizer_site == OptimizerSite::host
                          ? run.plan.add_host_only_tensor(optim_name(unit, c, chunks.size()),
-                                                         chunks[c].element_count * 12)
-                         : run.plan.add_tensor(optim_name(unit, c, chunks.size()), chunks[c].element_count * 12,
+                                                         state.chunk_bytes(chunks[c].element_count))
+                         : run.plan.add_tensor(optim_name(unit, c, chunks.size()),
+                                               state.chunk_bytes(chunks[c].element_count),
                                                home_of(config.placement.optimizer));
       ids.optim.push_back(chunk);
     }

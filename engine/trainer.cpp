@@ -84,7 +84,8 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
                    {"parallel.ranks", std::to_string(ranks)},  // engine/zero.h: how the optimizer chunks are split
                    {"step", std::to_string(step)},
                    {"precision", dtype_name(config.precision)},
-                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
+                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)},
+                   {"optim_state", config.optimizer.state().name()}});
   // The run's tokenizer, for an exported Hugging Face folder to carry (export_store_weights).
   if (const std::string tokenizer = tokenizer_path_for(config); !tokenizer.empty()) metadata["tokenizer"] = tokenizer;
   return metadata;
@@ -102,6 +103,19 @@ Result<uint64_t> metadata_number(const std::map<std::string, std::string>& metad
 Result<uint64_t> optim_chunk_elements_of(const std::map<std::string, std::string>& metadata, const std::string& dir) {
   if (metadata.count("optim_chunk_elements") == 0) return std::numeric_limits<uint64_t>::max();
   return metadata_number(metadata, "optim_chunk_elements", 1, std::numeric_limits<uint64_t>::max(), dir);
+}
+
+// The optimizer state layout a store was written with (stores from before the seam: adamw, the
+// one layout there was).
+Result<optim::StateLayout> optim_state_of(const std::map<std::string, std::string>& metadata, const std::string& dir) {
+  auto it = metadata.find("optim_state");
+  if (it == metadata.end()) return optim::StateLayout(optim::Kind::adamw);
+  const std::optional<optim::Kind> kind = optim::kind_named(it->second);
+  if (!kind)
+    return make_error(ErrorKind::corrupt,
+                      fmt::format("store {}: metadata 'optim_state' is '{}', an optimizer this strata does not know", dir,
+                                  it->second));
+  return optim::StateLayout(*kind);
 }
 
 // The model a store was trained with, from its committed metadata (model.h's shape keys, held
@@ -195,9 +209,10 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     for (const OptimChunk& chunk : ids.optim) largest_chunk = std::max(largest_chunk, chunk.range.element_count);
   STRATA_ASSIGN_OR_RETURN(memory::HostBuffer master_buffer, memory::HostBuffer::allocate(arena, largest * 4));
   // Staging: a 16-bit init tensor or compute copy (2 B/element), zero gradients (4 B), or one
-  // optimizer chunk (12 B).
+  // optimizer chunk (its state layout's bytes).
+  const optim::StateLayout state = config.optimizer.state();
   STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging_buffer,
-                          memory::HostBuffer::allocate(arena, std::max(largest * 4, largest_chunk * 12)));
+                          memory::HostBuffer::allocate(arena, std::max(largest * 4, state.chunk_bytes(largest_chunk))));
   auto* master = reinterpret_cast<float*>(master_buffer.data());
   auto* staging = reinterpret_cast<float*>(staging_buffer.data());
   auto* staging_bits = reinterpret_cast<uint16_t*>(staging_buffer.data());
@@ -208,7 +223,7 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     if (init) {
       // check_init_file ran first; bf16 / fp16 widen in place.
       for (const UnitTensor& tensor : unit.tensors)
-        STRATA_RETURN_IF_ERROR(init->read_fp32(hf::TensorSpec{tensor.name, tensor.shape, tensor.name == "wpe.weight"},
+        STRATA_RETURN_IF_ERROR(init->read_fp32(hf::tensor_spec(config.model, tensor.name, tensor.shape),
                                                master + tensor.offset_elements));
     } else {
       layout.initialize_unit(u, config.model.seed, master);
@@ -217,11 +232,9 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
       if (ids.optim[c].tensor == kNoTensor) continue;  // another rank's (engine/zero.h)
       const ElementRange& range = ids.optim[c].range;
       const uint64_t count = range.element_count;
-      std::copy(master + range.begin_elements, master + range.begin_elements + count, staging);
-      std::fill(staging + count, staging + 3 * count, 0.0f);
-      const int64_t optim_shape[] = {3, static_cast<int64_t>(count)};
-      STRATA_RETURN_IF_ERROR(write_tensor(store, optim_name(unit, c, ids.optim.size()), DType::f32, optim_shape,
-                                          staging, count * 12));
+      state.initialize(master + range.begin_elements, count, staging_buffer.data());
+      STRATA_RETURN_IF_ERROR(write_tensor(store, optim_name(unit, c, ids.optim.size()), state.store_dtype(),
+                                          state.store_shape(count), staging_buffer.data(), state.chunk_bytes(count)));
     }
     const int64_t flat_shape[] = {static_cast<int64_t>(n)};
     // P, or at ZeRO stage 3 this rank's share of it (none when it owns none of the unit).
@@ -272,8 +285,14 @@ monitor::StepSample monitor_sample(const StepFigures& f) {
 class Run {
  public:
   Run(const TrainConfig& config, const TrainOptions& options, ZeroStep* zero = nullptr)
-      : config_(config), options_(options), layout_(config.model),
-        shape_{config.batch_size, config.model.seq_len}, zero_(zero != nullptr && zero->active() ? zero : nullptr) {}
+      : config_(config), options_(options), layout_(config.model), state_(config.optimizer.state()),
+        shape_{config.batch_size, config.model.seq_len}, zero_(zero != nullptr && zero->active() ? zero : nullptr) {
+    for (const Unit& unit : layout_.units()) {
+      std::vector<optim::TensorSpan>& spans = unit_spans_.emplace_back();
+      for (const UnitTensor& tensor : unit.tensors)
+        spans.push_back({tensor.offset_elements, tensor.element_count, tensor.weight_decay});
+    }
+  }
   // Ops still on the compute stream may hold scheduler callbacks (release_after): they finish
   // before the scheduler and the buffers they name go away.
   ~Run() {
@@ -323,6 +342,9 @@ class Run {
   const TrainConfig& config_;
   const TrainOptions& options_;
   ModelLayout layout_;
+  optim::StateLayout state_;                              // the optimizer's chunks (optim/state.h)
+  std::vector<std::vector<optim::TensorSpan>> unit_spans_;  // per unit: its tensors, for the update
+  std::vector<kernels::AdamWChunk> device_pieces_;          // the device-site update's calls, reused
   gk::BatchShape shape_;
   ZeroStep* zero_ = nullptr;  // N > 1 ranks (engine/zero.h); null: one rank, as before
   std::vector<int32_t> global_tokens_, global_targets_;  // the whole batch, before this rank's rows
@@ -381,8 +403,9 @@ class Run {
   Status update_on_host(size_t step_index, const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step);
   // The worker's job for one slot (SlotWorker::Job).
   Status run_host_update(size_t slot_index, const Status& bound);
-  std::vector<kernels::AdamWChunk> adamw_pieces(const Unit& unit, uint64_t begin, uint64_t count, uint64_t step,
-                                                float* master, const float* grads, uint16_t* copy) const;
+  // The optimizer's kernel calls for one chunk of `unit` (optim/state.h), into `pieces`.
+  void optimizer_pieces(size_t unit, uint64_t begin, uint64_t count, uint64_t step, std::byte* chunk,
+                        const float* grads, uint16_t* copy, std::vector<kernels::AdamWChunk>& pieces) const;
   std::unique_ptr<device::Device> host_device_;
   std::unique_ptr<kernels::ComputeBackend> host_backend_;
   device::Stream optimizer_stream_;
@@ -625,11 +648,11 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       }
       if (zero_ != nullptr && !zero_->owns(info.unit, info.chunk))
         return run_.params_gathered ? Status() : share_updated_params(info, buffers);
-      // One optimizer chunk, packed [master | m | v], updated piecewise (adamw_pieces).
+      // One optimizer chunk, packed as the optimizer's state layout says, updated piecewise.
       const ElementRange range = ids.optim[info.chunk].range;
       const uint64_t begin = range.begin_elements;
       const uint64_t count = range.element_count;
-      float* master = f32(ids.optim[info.chunk].tensor);
+      auto* chunk = static_cast<std::byte*>(buffers.device_data(ids.optim[info.chunk].tensor));
       const float* grads = grads_of(info.unit, buffers);
       // P, or at stage 3 this rank's share of it, which starts at element `first` of the unit.
       void* params = buffers.device_data(ids.params);
@@ -643,13 +666,15 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       // opt step when one is pending).
       const uint64_t update_step = run_.interleaved_updates ? pending_update_step_.value_or(step) : step;
       uint16_t* copy = config_.precision == DType::bf16 ? static_cast<uint16_t*>(params) + (begin - first) : nullptr;
-      for (kernels::AdamWChunk& piece : adamw_pieces(unit, begin, count, update_step, master, grads + begin, copy)) {
+      optimizer_pieces(info.unit, begin, count, update_step, chunk, grads + begin, copy, device_pieces_);
+      for (kernels::AdamWChunk& piece : device_pieces_) {
         piece.use_clip_scale = clip;
         if (zero_clip_scale) piece.scalars.grad_scale = *zero_clip_scale;
         STRATA_RETURN_IF_ERROR(backend.adamw(piece));
       }
       if (config_.precision == DType::f32)
-        STRATA_RETURN_IF_ERROR(backend.copy(static_cast<float*>(params) + (begin - first), master, count * 4));
+        STRATA_RETURN_IF_ERROR(
+            backend.copy(static_cast<float*>(params) + (begin - first), state_.master(chunk), count * 4));
       if (zero_ != nullptr && !run_.params_gathered) return share_updated_params(info, buffers);
       return Status();
     }
@@ -657,39 +682,16 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
   return Status();
 }
 
-// The AdamW work of one optimizer chunk, elements [begin, begin + count) of `unit`, on either
-// site: one piece per unit tensor overlapping the chunk, each with its own weight-decay rule.
-// `master` is the chunk's packed [master | m | v]; `grads` and `copy` (bf16 compute copy, or
-// null) point at the chunk's first element.
-std::vector<kernels::AdamWChunk> Run::adamw_pieces(const Unit& unit, uint64_t begin, uint64_t count, uint64_t step,
-                                                   float* master, const float* grads, uint16_t* copy) const {
+// The optimizer work of one chunk, elements [begin, begin + count) of `unit`, on either site:
+// the state layout cuts it into one kernel call per unit tensor overlapping the chunk, each with
+// its own weight-decay rule. `grads` and `copy` (bf16 compute copy, or null) point at the
+// chunk's first element.
+void Run::optimizer_pieces(size_t unit, uint64_t begin, uint64_t count, uint64_t step, std::byte* chunk,
+                           const float* grads, uint16_t* copy, std::vector<kernels::AdamWChunk>& pieces) const {
   // The schedule's lr of this update (lr_schedule.h: `step` is the update's 0-based index).
-  kernels::AdamWConfig adamw{learning_rate_at(config_, step), config_.optimizer.beta1, config_.optimizer.beta2,
-                             config_.optimizer.eps, config_.optimizer.weight_decay};
-  const auto t = static_cast<int64_t>(step + 1);
-  const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(adamw, t);
-  adamw.weight_decay = 0.0;
-  const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(adamw, t);
-  std::vector<kernels::AdamWChunk> pieces;
-  for (const UnitTensor& tensor : unit.tensors) {
-    const uint64_t first = std::max(begin, tensor.offset_elements);
-    const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
-    if (first >= last) continue;
-    const uint64_t local = first - begin;  // within the chunk
-    kernels::AdamWChunk piece;
-    piece.scalars = tensor.weight_decay ? decayed : undecayed;
-    piece.params = master + local;
-    piece.grads = grads + local;
-    piece.exp_avg = master + count + local;
-    piece.exp_avg_sq = master + 2 * count + local;
-    piece.count = last - first;
-    if (copy != nullptr) {
-      piece.copy_dtype = DType::bf16;
-      piece.copy = copy + local;
-    }
-    pieces.push_back(piece);
-  }
-  return pieces;
+  const kernels::AdamWConfig adamw{learning_rate_at(config_, step), config_.optimizer.beta1, config_.optimizer.beta2,
+                                   config_.optimizer.eps, config_.optimizer.weight_decay};
+  state_.update_pieces(adamw, step, unit_spans_[unit], begin, count, chunk, grads, copy, pieces);
 }
 
 // The CPU backend, the optimizer stream and the staging slots of OptimizerSite::host; nothing
@@ -725,7 +727,6 @@ Status Run::open_host_optimizer() {
 // meanwhile; run_step makes it wait for the updates before the step ends.
 Status Run::update_on_host(size_t step_index, const StepInfo& info, const sch::StepBuffers& buffers,
                            uint64_t step) {
-  const Unit& unit = layout_.units()[info.unit];
   const UnitIds& ids = run_.units[info.unit];
   const ElementRange range = ids.optim[info.chunk].range;
   const uint64_t begin = range.begin_elements;
@@ -739,7 +740,7 @@ Status Run::update_on_host(size_t step_index, const StepInfo& info, const sch::S
   // The chunk's home: host memory the scheduler never copies (it is in no step), whose block
   // is fixed for the scheduler's life; only the worker touches it during a step.
   const sch::TensorId optim_id = ids.optim[info.chunk].tensor;
-  auto* master = static_cast<float*>(scheduler_->begin_host_access(optim_id));
+  auto* chunk = static_cast<std::byte*>(scheduler_->begin_host_access(optim_id));
   scheduler_->end_host_access(optim_id);
 
   const size_t slot_index = next_host_slot_;
@@ -757,13 +758,13 @@ Status Run::update_on_host(size_t step_index, const StepInfo& info, const sch::S
   STRATA_RETURN_IF_ERROR(device_->copy_to_host(compute, host_grads, grads_of(info.unit, buffers) + begin, count * 4));
 
   uint16_t* copy = config_.precision == DType::bf16 ? reinterpret_cast<uint16_t*>(slot.params.data()) : nullptr;
-  slot.pieces = adamw_pieces(unit, begin, count, step, master, host_grads, copy);
+  optimizer_pieces(info.unit, begin, count, step, chunk, host_grads, copy, slot.pieces);
   if (clip)
     for (kernels::AdamWChunk& piece : slot.pieces) piece.scalars.grad_scale = *host_clip_scale_;
   // fp32: the master IS the new compute copy; bf16: the rounded copy the update wrote.
   const uint32_t param_bytes = dtype_size_bytes(config_.precision);
   slot.step_index = step_index;
-  slot.new_params = config_.precision == DType::f32 ? static_cast<const void*>(master) : slot.params.data();
+  slot.new_params = config_.precision == DType::f32 ? static_cast<const void*>(state_.master(chunk)) : slot.params.data();
   slot.device_params = static_cast<std::byte*>(buffers.device_data(ids.params)) + begin * param_bytes;
   slot.params_size_bytes = count * param_bytes;
 
@@ -945,8 +946,9 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
         accumulated_loss += previous.loss;
       }
       const size_t first = info.micro_batch * tokens_.size();
-      STRATA_RETURN_IF_ERROR(backend_->begin_step(
-          {micro_tokens_.data() + first, micro_targets_.data() + first, shape_.rows(), loss_normalizer_tokens}));
+      kernels::StepBatch batch{micro_tokens_.data() + first, micro_targets_.data() + first, shape_.rows()};
+      batch.loss_normalizer_tokens = loss_normalizer_tokens;
+      STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
     }
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     if (run_.interleaved_updates && run_.steps[index].kind == StepKind::optimize && !pending_update_step_) {
@@ -1339,21 +1341,22 @@ Result<TrainSummary> Run::execute() {
   return summary;
 }
 
-// Reads the fp32 master weights of one unit — the first third of each optimizer chunk — into
-// `master` (the unit's element count of floats). A ZeRO job's chunks are spread over its ranks'
-// stores (engine/zero.h): each is read from whichever store holds it.
-Status read_master(std::vector<memory::Store>& stores, const Unit& unit, uint64_t chunk_elements, float* master,
-                   std::vector<float>& staging) {
+// Reads the fp32 master weights of one unit — where the state layout keeps them in each
+// optimizer chunk — into `master` (the unit's element count of floats). A ZeRO job's chunks are
+// spread over its ranks' stores (engine/zero.h): each is read from whichever store holds it.
+Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state, const Unit& unit,
+                   uint64_t chunk_elements, float* master, std::vector<std::byte>& staging) {
   const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements);
   for (size_t c = 0; c < chunks.size(); ++c) {
     const uint64_t count = chunks[c].element_count;
-    staging.resize(std::max<size_t>(staging.size(), count * 3));
+    staging.resize(std::max<size_t>(staging.size(), state.chunk_bytes(count)));
     const std::string name = optim_name(unit, c, chunks.size());
     memory::Store* holder = &stores.front();
     for (memory::Store& store : stores)
       if (store.find(name).has_value()) holder = &store;
-    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), count * 12));
-    std::copy(staging.begin(), staging.begin() + static_cast<int64_t>(count), master + chunks[c].begin_elements);
+    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), state.chunk_bytes(count)));
+    const float* chunk_master = state.master(staging.data());
+    std::copy(chunk_master, chunk_master + count, master + chunks[c].begin_elements);
   }
   return Status();
 }
@@ -1489,7 +1492,7 @@ Status export_store_weights(const std::vector<std::string>& store_dirs, const st
   // The tensors in the layout's order, which is the order they are read from the store.
   std::vector<hf::TensorSpec> tensors;
   for (const Unit& unit : layout.units())
-    for (const UnitTensor& tensor : unit.tensors) tensors.push_back({tensor.name, tensor.shape});
+    for (const UnitTensor& tensor : unit.tensors) tensors.push_back(hf::tensor_spec(model, tensor.name, tensor.shape));
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"strata_step", std::to_string(store.committed_step())}};
   // A path ending in .safetensors is one file, as before; any other is a Hugging Face folder.
@@ -1507,10 +1510,11 @@ Status export_store_weights(const std::vector<std::string>& store_dirs, const st
     folder_writer.emplace(std::move(writer));
   }
   STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
+  STRATA_ASSIGN_OR_RETURN(const optim::StateLayout state, optim_state_of(store.committed_metadata(), store_dir));
   std::vector<float> master(layout.largest_unit_elements());
-  std::vector<float> staging;
+  std::vector<std::byte> staging;
   for (const Unit& unit : layout.units()) {
-    STRATA_RETURN_IF_ERROR(read_master(stores, unit, chunk_elements, master.data(), staging));
+    STRATA_RETURN_IF_ERROR(read_master(stores, state, unit, chunk_elements, master.data(), staging));
     for (const UnitTensor& tensor : unit.tensors) {
       const float* values = master.data() + tensor.offset_elements;
       if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->write_next(values, tensor.element_count * 4));

@@ -117,7 +117,7 @@ nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayo
     const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements);
     for (size_t c = 0; c < ranges.size(); ++c) {
       chunks[static_cast<size_t>(owners[u][c])] += 1;
-      optimizer_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * 12;
+      optimizer_bytes[static_cast<size_t>(owners[u][c])] += config.optimizer.state().chunk_bytes(ranges[c].element_count);
       if (stage >= 3 && ranks > 1) params_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * param_bytes;
     }
   }

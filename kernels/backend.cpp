@@ -35,6 +35,25 @@ Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size) {
   return Status();
 }
 
+Status check_packing(const int32_t* positions, const int32_t* segments, const gpt2::BatchShape& shape) {
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    for (int64_t t = 0; t < shape.seq_len; ++t) {
+      const int64_t r = b * shape.seq_len + t;
+      if (positions != nullptr && (positions[r] < 0 || positions[r] >= shape.seq_len))
+        return make_error(ErrorKind::invalid_argument,
+                          fmt::format("packed position {} (batch row {}, token {}) is outside 0..{}: a position "
+                                      "within an example must be below the sequence length {}",
+                                      positions[r], b, t, shape.seq_len - 1, shape.seq_len));
+      if (segments != nullptr && t > 0 && segments[r] < segments[r - 1])
+        return make_error(ErrorKind::invalid_argument,
+                          fmt::format("packed segment id {} (batch row {}, token {}) follows id {}: segment ids "
+                                      "must not decrease along a row (each example one contiguous run)",
+                                      segments[r], b, t, segments[r - 1]));
+    }
+  }
+  return Status();
+}
+
 // Generation's defaults: a backend that has not written its decode ops says so.
 static Error no_decode(const ComputeBackend& backend) {
   return make_error(ErrorKind::unsupported,

@@ -12,8 +12,9 @@
 //   CPU backend of the cpu device; false on CUDA, where only the device may dereference it, and
 //   on the CPU backend of the emulated device, which stands for one (memory/device/device.h). The caller owns every
 //   buffer and keeps it alive and untouched until the stream has reached the op (ordering below).
-//   Ops allocate nothing. `make_backend` takes its few fixed buffers (CUDA: tokens, targets, the
-//   step scalars and the sum-of-squares scratch, `fixed_device_bytes`) from the device once.
+//   Ops allocate nothing. `make_backend` takes its few fixed buffers (CUDA: tokens, targets, a
+//   packed batch's positions and segments, the step scalars and the sum-of-squares scratch,
+//   `fixed_device_bytes`) from the device once.
 // - Ordering: ops are enqueued on `compute_stream()` and return without waiting; ops of one
 //   backend run in the order they were called. They are ordered with the scheduler's copies by
 //   events, never by a host wait: a step's tensors are on the device when `acquire` returns,
@@ -63,19 +64,31 @@
 
 namespace strata::kernels {
 
-// One step's batch for the embedding and head ops: host memory, untouched until `end_step`
-// returns. `rows` is the number of tokens (the shape's B·T). Issue 30 adds what fine-tuning data
-// carries beside the ids (per-example positions, example boundaries).
+// One step's batch for the embedding, block and head ops: host memory, untouched until
+// `end_step` returns. `rows` is the number of tokens (the shape's B·T).
 // - Loss masks live in `targets`: a negative target is a token the loss does not see (zero loss,
 //   exactly zero gradient; gpt2.h, "Loss masks").
 // - `loss_normalizer_tokens` is N, what the head divides the loss sum and the gradient by; 0
 //   means this batch's own count of trained targets. Gradient accumulation passes the whole
 //   update's count to each of its micro-batches, so their gradients add up to the full batch's
 //   and their `StepScalars::loss` values add up to the mean over every trained token.
+// Packed rows (several examples in one seq_len row; docs/backend.md "Packed rows"), each
+// [rows] int32 or null — gpt2::PackedRows' semantics:
+// - `positions`: each token's position within its example, in [0, seq_len). GPT-2's embedding
+//   ops look wpe up at it; Llama's block ops rotate q and k by it. Null: t, the index in the row.
+// - `segments`: each token's example id, non-decreasing along a row (an example is one
+//   contiguous run; equal ids = same example). Every block op's attention (both models, forward
+//   and backward) lets token t see token u only when u ≤ t and both share the id. Null: one
+//   example per row.
+// Both null is today's unpacked batch, bit for bit. The ops that read them refuse values
+// outside those rules with `invalid_argument` (check_packing) before any kernel indexes by them.
+// The head and the loss are per token and need neither. Decoding ignores them.
 struct StepBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   int64_t rows = 0;
+  const int32_t* positions = nullptr;
+  const int32_t* segments = nullptr;
   int64_t loss_normalizer_tokens = 0;
 };
 
@@ -267,6 +280,11 @@ size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config)
 // size. Negative targets are loss masks (StepBatch) and pass. `targets` are begin_step's, host
 // memory, so this costs no device round trip.
 [[nodiscard]] Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size);
+// The refusal of StepBatch's packing fields the ops make before a kernel indexes by them: a
+// position outside [0, shape.seq_len) (it would read past wpe's / RoPE's table) or a segment id
+// smaller than the one before it in its row is an `invalid_argument` naming the value, its batch
+// row and column. Null arrays pass. Host memory, so no device round trip.
+[[nodiscard]] Status check_packing(const int32_t* positions, const int32_t* segments, const gpt2::BatchShape& shape);
 // Vocabulary rows the base class's bf16 head widens and multiplies at a time.
 inline constexpr int64_t kDecodeHeadPieceRows = 4096;
 

@@ -1,6 +1,7 @@
 #include "engine/hf/hf.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cmath>
 #include <fcntl.h>
@@ -182,8 +183,10 @@ Status parse_rope_block(const Json& block, const std::string& path, const char* 
 Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::string& path,
                                 const std::string& model_type) {
   const bool qwen2 = model_type == "qwen2";
+  const bool phi3 = model_type == "phi3";
   ModelConfig m;
   m.arch = "llama";
+  m.fused_projections = phi3;
   HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
   HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
   HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
@@ -191,7 +194,7 @@ Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::s
   HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
   HF_READ(m.head_dim, keys.integer("head_dim", 0, 0, 4096));
   HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
-  HF_READ(m.norm_eps, keys.number("rms_norm_eps", 1e-6, 0.0, 1.0));
+  HF_READ(m.norm_eps, keys.number("rms_norm_eps", phi3 ? 1e-5 : 1e-6, 0.0, 1.0));  // Phi3Config's, LlamaConfig's
   HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", false));  // LlamaConfig's default
   uint32_t context = 0;
   HF_READ(context, keys.integer("max_position_embeddings", 2048, 1, UINT32_MAX));
@@ -204,7 +207,17 @@ Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::s
   std::string act;
   HF_READ(act, keys.string("hidden_act", std::string("silu")));
   if (act != "silu") return keys.error("hidden_act", fmt::format("is '{}'; strata's Llama MLP is SwiGLU (silu)", act));
-  if (qwen2) {
+  if (phi3) {
+    // Phi3Attention's qkv_proj and o_proj, and Phi3MLP's gate_up_proj, carry no biases; it reads
+    // no attention_bias key. Its rotary embedding may cover part of each head only.
+    double rotary_fraction = 1.0;
+    HF_READ(rotary_fraction, keys.number("partial_rotary_factor", 1.0, 0.0, 1.0));
+    if (rotary_fraction != 1.0)
+      return keys.error("partial_rotary_factor", fmt::format("is {}; strata rotates every dimension of a head",
+                                                             rotary_fraction));
+    if (!m.rope_scaling.type.empty())  // Phi3Config knows longrope only, refused above
+      return keys.error("rope_scaling", fmt::format("is {}; Phi-3 takes no such scaling", m.rope_scaling.type));
+  } else if (qwen2) {
     // Qwen2Attention: q/k/v always carry biases, o_proj never; it reads neither attention_bias
     // nor mlp_bias (Qwen2MLP has no biases), so neither key means anything here.
     m.qkv_bias = true;
@@ -218,13 +231,23 @@ Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::s
     HF_READ(bias, keys.boolean("mlp_bias", false));
     if (bias) return keys.error("mlp_bias", "is true; strata's Llama MLP has no biases");
   }
-  // Mistral and Qwen name a window; a null one (or use_sliding_window: false) is full attention.
-  // Qwen2Config's use_sliding_window defaults to false (its checkpoints carry sliding_window and
-  // max_window_layers with the window off); Mistral has no switch, its window is on when set.
+  // Mistral, Phi-3 and Qwen name a window; a null one (or use_sliding_window: false) is full
+  // attention. Qwen2Config's use_sliding_window defaults to false (its checkpoints carry
+  // sliding_window and max_window_layers with the window off); Mistral and Phi-3 have no switch,
+  // their window is on when set and covers every layer. A window of W tokens (each token sees
+  // itself and the W − 1 before it, transformers' sliding mask) is full causal attention while a
+  // sequence holds at most W tokens: the model's context is capped there, and a run asking for
+  // more is refused (train_config.cpp) — never a silent change of the attention.
   bool use_window = !qwen2;
   HF_READ(use_window, keys.boolean("use_sliding_window", !qwen2));
-  if (use_window && keys.find("sliding_window") != nullptr)
-    return keys.error("sliding_window", "is set; strata's attention is full causal attention (no sliding window)");
+  if (use_window && keys.find("sliding_window") != nullptr) {
+    // Qwen 2 windows only the layers from max_window_layers on (not one rule for all), and
+    // LlamaConfig has no window at all: either is refused, as before, rather than guessed.
+    if (model_type != "mistral" && !phi3)
+      return keys.error("sliding_window", "is set; strata's attention is full causal attention (no sliding window)");
+    HF_READ(m.attention_window, keys.integer("sliding_window", std::nullopt, 1, UINT32_MAX));
+    m.seq_len = std::min(m.seq_len, m.attention_window);
+  }
   // Newer transformers spell the window per layer; any layer that is not full attention is one.
   if (const Json* layer_types = keys.find("layer_types")) {
     if (!layer_types->is_array()) return keys.error("layer_types", "is not a list");
@@ -272,13 +295,37 @@ uint64_t TensorSpec::element_count() const {
   return count;
 }
 
+TensorSpec tensor_spec(const ModelConfig& model, const std::string& name, const std::vector<int64_t>& shape) {
+  TensorSpec spec{name, shape, name == "wpe.weight"};
+  if (!model.fused_projections || shape.size() != 2) return spec;
+  // Phi-3: q/k/v rows stacked in self_attn.qkv_proj (Phi3Attention slices its output in that
+  // order), gate/up in mlp.gate_up_proj (Phi3MLP chunks gate first).
+  const int64_t q_rows = int64_t{model.n_head} * model.head_size();
+  const int64_t kv_rows = int64_t{model.kv_heads()} * model.head_size();
+  const int64_t mlp_rows = model.intermediate_size;
+  struct Part { const char* suffix; const char* fused; int64_t begin; int64_t total; };
+  const Part parts[] = {{"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, q_rows + 2 * kv_rows},
+                        {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", q_rows, q_rows + 2 * kv_rows},
+                        {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", q_rows + kv_rows, q_rows + 2 * kv_rows},
+                        {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, 2 * mlp_rows},
+                        {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", mlp_rows, 2 * mlp_rows}};
+  for (const Part& part : parts) {
+    const std::string_view suffix = part.suffix;
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    spec.fused_name = name.substr(0, name.size() - suffix.size()) + part.fused;
+    spec.fused_row_begin = part.begin;
+    spec.fused_rows = part.total;
+    break;
+  }
+  return spec;
+}
+
 std::vector<TensorSpec> model_tensors(const ModelConfig& model) {
   // The definition's list (engine/models/model.h): one authority for every architecture.
   std::vector<TensorSpec> out;
   const ModelLayout layout(model);
   for (const Unit& unit : layout.units())
-    for (const UnitTensor& tensor : unit.tensors)
-      out.push_back({tensor.name, tensor.shape, tensor.name == "wpe.weight"});
+    for (const UnitTensor& tensor : unit.tensors) out.push_back(tensor_spec(model, tensor.name, tensor.shape));
   return out;
 }
 
@@ -290,9 +337,9 @@ Result<ModelConfig> parse_config_json(std::string_view text, const std::string& 
   std::string model_type;
   HF_READ(model_type, keys.string("model_type", std::nullopt));
   if (model_type == "gpt2") return parse_gpt2(keys, path);
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2")
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "phi3")
     return parse_llama(json, keys, path, model_type);
-  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama, mistral and qwen2", model_type));
+  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama, mistral, qwen2 and phi3", model_type));
 }
 
 Result<ModelConfig> read_config(const std::string& folder) {
@@ -308,10 +355,17 @@ std::string config_json(const ModelConfig& m) {
   nlohmann::ordered_json json;
   // q/k/v biases alone are Qwen 2's attention (Qwen2ForCausalLM); with o_proj's too, Llama's
   // attention_bias. Either way the folder loads in transformers as the model strata trained.
+  // Phi-3's fused projections are Phi3ForCausalLM's; a window without biases is Mistral's
+  // (LlamaConfig has no window, and dropping it would change the model past W tokens).
   const bool qwen2 = m.arch == "llama" && m.qkv_bias && !m.o_proj_bias;
+  const bool phi3 = m.arch == "llama" && m.fused_projections;
+  const bool mistral = m.arch == "llama" && !phi3 && !m.qkv_bias && m.attention_window > 0;
   if (m.arch == "llama") {
-    json["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-    json["model_type"] = qwen2 ? "qwen2" : "llama";
+    json["architectures"] = {phi3      ? "Phi3ForCausalLM"
+                             : qwen2   ? "Qwen2ForCausalLM"
+                             : mistral ? "MistralForCausalLM"
+                                       : "LlamaForCausalLM"};
+    json["model_type"] = phi3 ? "phi3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
     json["hidden_size"] = m.n_embd;
     json["num_hidden_layers"] = m.n_layer;
     json["num_attention_heads"] = m.n_head;
@@ -335,6 +389,9 @@ std::string config_json(const ModelConfig& m) {
       json["use_sliding_window"] = false;
       json["sliding_window"] = nullptr;
       json["max_window_layers"] = m.n_layer;
+    } else if (phi3 || mistral) {
+      if (m.attention_window > 0) json["sliding_window"] = m.attention_window;
+      else json["sliding_window"] = nullptr;
     } else {
       json["attention_bias"] = m.o_proj_bias;
       json["mlp_bias"] = false;
@@ -448,6 +505,19 @@ Result<Checkpoint> Checkpoint::open(const std::string& path) {
 }
 
 Result<Checkpoint::Located> Checkpoint::locate(const TensorSpec& spec) const {
+  if (!spec.fused_name.empty()) {
+    auto it = file_of_.find(spec.fused_name);
+    const std::vector<int64_t> fused_shape = {spec.fused_rows, spec.shape[1]};
+    if (it == file_of_.end())
+      return refuse(path_, fmt::format("tensor '{}' is missing (the model needs {}, which holds {})", spec.fused_name,
+                                       shape_text(fused_shape), spec.name));
+    const SafetensorsReader* reader = readers_[it->second].get();
+    const SafetensorsEntry* entry = reader->find(spec.fused_name);
+    if (entry->shape != fused_shape)
+      return refuse(reader->path(), fmt::format("tensor '{}' has shape {}; the model (config.json) needs {}",
+                                                spec.fused_name, shape_text(entry->shape), shape_text(fused_shape)));
+    return Located{reader, entry};
+  }
   std::string name = spec.name;
   auto it = file_of_.find(name);
   if (it == file_of_.end() && spec.name.rfind("model.", 0) != 0 && spec.name != "lm_head.weight") {
@@ -478,6 +548,10 @@ Status Checkpoint::read_fp32(const TensorSpec& spec, float* out) const {
   // Only the first element_count elements (GPT-2's wpe may have more rows): read a prefix.
   SafetensorsEntry prefix = *found.entry;
   const uint64_t count = spec.element_count();
+  // A fused tensor's part: its rows, a contiguous range of the row-major fused tensor.
+  if (!spec.fused_name.empty())
+    prefix.begin_bytes += static_cast<uint64_t>(spec.fused_row_begin) * static_cast<uint64_t>(spec.shape[1]) *
+                          dtype_size_bytes(prefix.dtype);
   prefix.end_bytes = prefix.begin_bytes + count * dtype_size_bytes(prefix.dtype);
   prefix.shape = spec.shape;
   if (prefix.dtype == DType::f32) return found.reader->read(prefix, out);
@@ -505,6 +579,9 @@ FolderWriter::FolderWriter(FolderWriter&& other) noexcept
       temp_folder_(std::move(other.temp_folder_)),
       model_(std::move(other.model_)),
       metadata_(std::move(other.metadata_)),
+      inputs_(std::move(other.inputs_)),
+      next_input_(other.next_input_),
+      fused_parts_(std::move(other.fused_parts_)),
       shards_(std::move(other.shards_)),
       shard_names_(std::move(other.shard_names_)),
       writer_(std::move(other.writer_)),
@@ -541,11 +618,33 @@ Result<FolderWriter> FolderWriter::create(const std::string& folder, const Model
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: already exists; export writes a new Hugging Face folder, never over one",
                                   writer.folder_));
+  // The tensors as written: the parts of a fused tensor (declared next to each other) as one.
+  writer.inputs_ = tensors;
+  std::vector<TensorSpec> outputs;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorSpec& spec = tensors[k];
+    if (spec.fused_name.empty()) {
+      outputs.push_back(spec);
+      continue;
+    }
+    if (k > 0 && tensors[k - 1].fused_name == spec.fused_name) continue;
+    int64_t rows = 0;
+    for (size_t j = k; j < tensors.size() && tensors[j].fused_name == spec.fused_name; ++j) {
+      if (tensors[j].fused_row_begin != rows)
+        return make_error(ErrorKind::internal, fmt::format("{}: the parts of '{}' are not declared in order",
+                                                           writer.folder_, spec.fused_name));
+      rows += tensors[j].shape[0];
+    }
+    if (rows != spec.fused_rows)
+      return make_error(ErrorKind::internal, fmt::format("{}: the parts of '{}' hold {} of its {} rows", writer.folder_,
+                                                         spec.fused_name, rows, spec.fused_rows));
+    outputs.push_back(TensorSpec{spec.fused_name, {spec.fused_rows, spec.shape[1]}});
+  }
   // Shards as save_pretrained cuts them: tensors in order, a new shard when the next tensor
   // would take this one past the limit (a tensor bigger than the limit gets a shard alone).
   std::vector<TensorSpec> current;
   uint64_t current_bytes = 0;
-  for (const TensorSpec& spec : tensors) {
+  for (const TensorSpec& spec : outputs) {
     const uint64_t bytes = spec.element_count() * 4;
     if (!current.empty() && current_bytes + bytes > shard_size_bytes) {
       writer.shards_.push_back(std::move(current));
@@ -582,6 +681,17 @@ Status FolderWriter::open_shard(size_t shard) {
 }
 
 Status FolderWriter::write_next(const float* values) {
+  assert(next_input_ < inputs_.size());
+  const TensorSpec& spec = inputs_[next_input_++];
+  if (spec.fused_name.empty()) return write_output(values);
+  fused_parts_.insert(fused_parts_.end(), values, values + spec.element_count());
+  if (next_input_ < inputs_.size() && inputs_[next_input_].fused_name == spec.fused_name) return Status();
+  Status written = write_output(fused_parts_.data());
+  fused_parts_.clear();
+  return written;
+}
+
+Status FolderWriter::write_output(const float* values) {
   if (next_in_shard_ == shards_[shard_index_].size()) {
     STRATA_RETURN_IF_ERROR(writer_->finish());
     STRATA_RETURN_IF_ERROR(open_shard(shard_index_ + 1));

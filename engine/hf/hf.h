@@ -42,6 +42,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -52,12 +53,25 @@ namespace strata::hf {
 
 // One tensor a model needs, as a Hugging Face checkpoint names and shapes it.
 struct TensorSpec {
+  TensorSpec() = default;
+  TensorSpec(std::string name_, std::vector<int64_t> shape_, bool rows_may_exceed_ = false)
+      : name(std::move(name_)), shape(std::move(shape_)), rows_may_exceed(rows_may_exceed_) {}
   std::string name;
   std::vector<int64_t> shape;
   // GPT-2's wpe: a checkpoint may hold more rows than shape[0]; the first shape[0] are read.
   bool rows_may_exceed = false;
+  // Phi-3 (ModelConfig::fused_projections): the checkpoint holds this tensor as rows
+  // [fused_row_begin, fused_row_begin + shape[0]) of `fused_name`, shaped [fused_rows, shape[1]]
+  // (q, k, v stacked in qkv_proj; gate, up in gate_up_proj). Empty: stored under `name`.
+  std::string fused_name;
+  int64_t fused_row_begin = 0;
+  int64_t fused_rows = 0;
   uint64_t element_count() const;
 };
+
+// One of the model's tensors (strata's name and shape, which are Hugging Face's Llama / GPT-2
+// names) as `model`'s checkpoints store it: the one place a checkpoint layout is decided.
+TensorSpec tensor_spec(const ModelConfig& model, const std::string& name, const std::vector<int64_t>& shape);
 
 // The tensors `model` needs (arch gpt2 or llama), in Hugging Face's order.
 std::vector<TensorSpec> model_tensors(const ModelConfig& model);
@@ -118,7 +132,9 @@ class FolderWriter {
   FolderWriter& operator=(FolderWriter&&) noexcept;
   ~FolderWriter();  // an unfinished writer removes its temporary folder
 
-  // The next declared tensor's fp32 values (spec.element_count() floats).
+  // The next declared tensor's fp32 values (spec.element_count() floats). The parts of a fused
+  // tensor (TensorSpec::fused_name; declared next to each other) are gathered and written as
+  // one tensor once its last part arrives.
   [[nodiscard]] Status write_next(const float* values);
   // The model's tokenizer beside its weights, so the folder samples text as is: `path` is a
   // tokenizer file (copied as tokenizer.json or tokenizer.model) or a folder (its tokenizer.json,
@@ -131,12 +147,16 @@ class FolderWriter {
  private:
   FolderWriter() = default;
   [[nodiscard]] Status open_shard(size_t shard);
+  [[nodiscard]] Status write_output(const float* values);
 
   std::string folder_;
   std::string temp_folder_;
   ModelConfig model_;
   std::map<std::string, std::string> metadata_;
-  std::vector<std::vector<TensorSpec>> shards_;  // tensors per shard
+  std::vector<TensorSpec> inputs_;               // as declared (fused parts apart)
+  size_t next_input_ = 0;
+  std::vector<float> fused_parts_;               // the parts of a fused tensor so far
+  std::vector<std::vector<TensorSpec>> shards_;  // tensors per shard, as written (fused whole)
   std::vector<std::string> shard_names_;
   std::unique_ptr<SafetensorsWriter> writer_;
   size_t shard_index_ = 0;

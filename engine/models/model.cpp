@@ -406,6 +406,8 @@ std::map<std::string, std::string> store_metadata(const ModelConfig& m) {
   keys["model.tie_word_embeddings"] = m.tie_word_embeddings ? "1" : "0";
   keys["model.qkv_bias"] = m.qkv_bias ? "1" : "0";
   keys["model.o_proj_bias"] = m.o_proj_bias ? "1" : "0";
+  if (m.fused_projections) keys["model.fused_projections"] = "1";  // absent: 0 (stores from before Phi-3)
+  if (m.attention_window > 0) keys["model.attention_window"] = std::to_string(m.attention_window);
   keys["model.rope_scaling.type"] = m.rope_scaling.type.empty() ? "none" : m.rope_scaling.type;
   if (!m.rope_scaling.type.empty()) {
     keys["model.rope_scaling.factor"] = fmt::format("{}", m.rope_scaling.factor);
@@ -453,6 +455,14 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
   if (model.o_proj_bias && !model.qkv_bias)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.o_proj_bias is 1 but model.qkv_bias "
                                                       "is 0", dir));
+  if (metadata.count("model.fused_projections") != 0) {
+    STRATA_ASSIGN_OR_RETURN(const uint64_t fused, metadata_integer(metadata, "model.fused_projections", 0, 1, dir));
+    model.fused_projections = fused == 1;
+  }
+  if (metadata.count("model.attention_window") != 0) {
+    STRATA_ASSIGN_OR_RETURN(model.attention_window,
+                            metadata_integer(metadata, "model.attention_window", model.seq_len, UINT32_MAX, dir));
+  }
   if (model.n_head % model.n_kv_head != 0 || model.head_dim % 2 != 0)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_kv_head {} / model.head_dim {} do "
                                                       "not fit model.n_head {}", dir, model.n_kv_head, model.head_dim,

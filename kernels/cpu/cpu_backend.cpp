@@ -42,6 +42,7 @@ class CpuBackend final : public ComputeBackend {
     loss_normalizer_tokens_ = batch.loss_normalizer_tokens > 0
                                   ? batch.loss_normalizer_tokens
                                   : gk::count_trained_targets(batch.targets, batch.rows);
+    packed_ = gk::PackedRows{batch.positions, batch.segments};
     scalars_ = StepScalars{};  // not clip_scale_: interleaved updates use the previous step's
     return Status();
   }
@@ -57,6 +58,11 @@ class CpuBackend final : public ComputeBackend {
   // See the top of this file. Not on the CPU device: nothing an op must wait for is ever
   // enqueued there, and a wait per op would cost each of them a round trip to the worker.
   Status in_stream_order() { return device_.memory_is_host() ? Status() : device_.synchronize(stream_); }
+  // The step's packing, checked against the op's shape (free when unpacked).
+  Status check_packed(const gk::BatchShape& shape) const {
+    if (packed_.positions == nullptr && packed_.segments == nullptr) return Status();
+    return check_packing(packed_.positions, packed_.segments, shape);
+  }
 
  public:
   Result<double> grad_sum_squares_now() override { return scalars_.grad_sum_squares; }
@@ -64,26 +70,30 @@ class CpuBackend final : public ComputeBackend {
   Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte,
                            const float* wpe, float* x0) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    gk::embedding_forward(config, shape, tokens_, wte, wpe, x0);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    gk::embedding_forward(config, shape, tokens_, wte, wpe, x0, packed_);
     return Status();
   }
   Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
                             float* d_wpe) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    gk::embedding_backward(config, shape, tokens_, d_x0, d_wte, d_wpe);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    gk::embedding_backward(config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
     return Status();
   }
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                        const float* x_in, float* x_out, const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    gk::block_forward(config, shape, weights, x_in, x_out, workspace);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    gk::block_forward(config, shape, weights, x_in, x_out, workspace, packed_);
     return Status();
   }
   Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                         const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
                         const gk::Workspace& workspace, bool recompute) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_);
     return Status();
   }
   Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
@@ -115,14 +125,16 @@ class CpuBackend final : public ComputeBackend {
                              const llama::BlockWeights& weights, const float* x_in, float* x_out,
                              const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    llama::block_forward(config, shape, weights, x_in, x_out, workspace);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    llama::block_forward(config, shape, weights, x_in, x_out, workspace, packed_);
     return Status();
   }
   Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
                               const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
                               const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
-    llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_);
     return Status();
   }
   Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
@@ -259,6 +271,7 @@ class CpuBackend final : public ComputeBackend {
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   int64_t loss_normalizer_tokens_ = 0;  // N, resolved at begin_step (StepBatch)
+  gk::PackedRows packed_{};  // begin_step's positions and segments (host memory)
   StepScalars scalars_;
   float clip_scale_ = 1.0f;
 };

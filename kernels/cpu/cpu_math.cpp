@@ -48,12 +48,22 @@ void transpose_head(const float* src, int64_t row_stride, int64_t t_len, int64_t
 }
 
 // p[0..i] = softmax over j ≤ i of scale·(q_i · k_j).
-void causal_probabilities(const AttentionHead& s, const float* key_t, int64_t i, float scale, float* p) {
-  const int64_t count = i + 1;
+// p[0..i−first] = softmax over keys first..i of scale·q_i·k_j.
+void causal_probabilities(const AttentionHead& s, const float* key_t, int64_t first, int64_t i, float scale,
+                          float* p) {
+  const int64_t count = i - first + 1;
   std::fill(p, p + count, 0.0f);
   const float* q_row = s.q + i * s.q_stride;
-  for (int64_t d = 0; d < s.head_dim; ++d) axpy(q_row[d], key_t + d * s.t_len, p, count);
+  for (int64_t d = 0; d < s.head_dim; ++d) axpy(q_row[d], key_t + d * s.t_len + first, p, count);
   softmax_scaled_inplace(p, count, scale);
+}
+
+// The first key query row i may see: 0 unpacked, else the start of i's example. Called for
+// i = 0, 1, … in order with the previous answer.
+inline int64_t first_key(const AttentionHead& s, int64_t i, int64_t previous_first) {
+  if (s.segments == nullptr || i == 0 || s.segments[i] == s.segments[i - 1]) return previous_first;
+  assert(s.segments[i] > s.segments[i - 1]);
+  return i;
 }
 
 }  // namespace
@@ -274,11 +284,13 @@ void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* 
 void attention_forward_head(const AttentionHead& s, float scale, float* key_t, float* p, float* out,
                             int64_t out_stride) {
   transpose_head(s.k, s.kv_stride, s.t_len, s.head_dim, key_t);
+  int64_t first = 0;
   for (int64_t i = 0; i < s.t_len; ++i) {
-    causal_probabilities(s, key_t, i, scale, p);
+    first = first_key(s, i, first);
+    causal_probabilities(s, key_t, first, i, scale, p);
     float* out_row = out + i * out_stride;
     std::fill(out_row, out_row + s.head_dim, 0.0f);
-    for (int64_t j = 0; j <= i; ++j) axpy(p[j], s.v + j * s.kv_stride, out_row, s.head_dim);
+    for (int64_t j = first; j <= i; ++j) axpy(p[j - first], s.v + j * s.kv_stride, out_row, s.head_dim);
   }
 }
 
@@ -289,12 +301,14 @@ void attention_backward_head(const AttentionHead& s, float scale, const float* d
                              float* dv) {
   transpose_head(s.k, s.kv_stride, s.t_len, s.head_dim, key_t);
   transpose_head(s.v, s.kv_stride, s.t_len, s.head_dim, value_t);
+  int64_t first = 0;
   for (int64_t i = 0; i < s.t_len; ++i) {
-    const int64_t count = i + 1;
-    causal_probabilities(s, key_t, i, scale, p);
+    first = first_key(s, i, first);
+    const int64_t count = i - first + 1;  // p[j] and dp[j] belong to key first + j
+    causal_probabilities(s, key_t, first, i, scale, p);
     const float* d_out_row = d_out + i * out_stride;
     std::fill(dp, dp + count, 0.0f);
-    for (int64_t d = 0; d < s.head_dim; ++d) axpy(d_out_row[d], value_t + d * s.t_len, dp, count);
+    for (int64_t d = 0; d < s.head_dim; ++d) axpy(d_out_row[d], value_t + d * s.t_len + first, dp, count);
     double p_dot_dp = 0.0;
     for (int64_t j = 0; j < count; ++j) p_dot_dp += static_cast<double>(p[j]) * dp[j];
     const float mean_dp = static_cast<float>(p_dot_dp);
@@ -302,10 +316,11 @@ void attention_backward_head(const AttentionHead& s, float scale, const float* d
     std::fill(dq_row, dq_row + s.head_dim, 0.0f);
     const float* q_row = s.q + i * s.q_stride;
     for (int64_t j = 0; j < count; ++j) {
+      const int64_t key = first + j;
       const float dscore = p[j] * (dp[j] - mean_dp) * scale;
-      axpy(dscore, s.k + j * s.kv_stride, dq_row, s.head_dim);
-      axpy(dscore, q_row, dk + j * s.kv_stride, s.head_dim);
-      axpy(p[j], d_out_row, dv + j * s.kv_stride, s.head_dim);
+      axpy(dscore, s.k + key * s.kv_stride, dq_row, s.head_dim);
+      axpy(dscore, q_row, dk + key * s.kv_stride, s.head_dim);
+      axpy(p[j], d_out_row, dv + key * s.kv_stride, s.head_dim);
     }
   }
 }

@@ -70,7 +70,10 @@ void widen_bf16(const uint16_t* src, int64_t count, float* dst);
 void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* out);
 
 // One (batch, head) of causal attention: row i of q, k, v at q + i·q_stride (etc.), head_dim
-// floats each. Grouped-query attention points several query heads at one k/v head.
+// floats each. Grouped-query attention points several query heads at one k/v head. `segments`
+// (this batch row's t_len example ids, non-decreasing; gpt2::PackedRows) makes it block-diagonal:
+// row i attends to keys first..i, first the start of i's run of equal ids. Null: first = 0, the
+// same loops and bits as before packing existed (the test is once per query row, not per key).
 struct AttentionHead {
   int64_t t_len = 0;
   int64_t head_dim = 0;
@@ -79,9 +82,10 @@ struct AttentionHead {
   const float* k = nullptr;
   const float* v = nullptr;
   int64_t kv_stride = 0;
+  const int32_t* segments = nullptr;
 };
 
-// out row i (at out + i·out_stride) = Σ_{j≤i} softmax_j(scale·q_i·k_j) v_j. Scratch: key_t
+// out row i (at out + i·out_stride) = Σ_{first≤j≤i} softmax_j(scale·q_i·k_j) v_j. Scratch: key_t
 // [head_dim, t_len], p [t_len].
 void attention_forward_head(const AttentionHead& s, float scale, float* key_t, float* p, float* out,
                             int64_t out_stride);

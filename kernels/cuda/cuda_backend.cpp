@@ -23,7 +23,8 @@ namespace gk = gpt2;
 // The fixed device block make_backend takes, laid out once:
 //   [0, 256)       StepSlots (the scalars of the step)
 //   [256, +4 KiB)  the sum-of-squares scratch (one double per block of the fixed grid)
-//   then           tokens, then targets (int32, max_shape.rows() each, 256-byte aligned)
+//   then           tokens, targets, positions, segments (int32, max_shape.rows() each,
+//                  256-byte aligned; the last two hold a packed batch's StepBatch arrays)
 struct StepSlots {
   double grad_sum_squares;
   float loss;
@@ -54,6 +55,8 @@ class CudaBackend final : public ComputeBackend {
     sum_squares_scratch_ = reinterpret_cast<double*>(base + kSumSquaresOffset);
     tokens_ = reinterpret_cast<int32_t*>(base + kTokensOffset);
     targets_ = reinterpret_cast<int32_t*>(base + kTokensOffset + token_bytes(max_shape));
+    positions_ = reinterpret_cast<int32_t*>(base + kTokensOffset + 2 * token_bytes(max_shape));
+    segments_ = reinterpret_cast<int32_t*>(base + kTokensOffset + 3 * token_bytes(max_shape));
   }
   ~CudaBackend() override { (void)device_.synchronize(stream_); }
 
@@ -74,6 +77,16 @@ class CudaBackend final : public ComputeBackend {
     loss_normalizer_tokens_ = batch.loss_normalizer_tokens > 0
                                   ? batch.loss_normalizer_tokens
                                   : gk::count_trained_targets(batch.targets, batch.rows);
+    // Packed rows: the arrays the kernels read go to the device beside the tokens; the host
+    // copies stay for check_packing, which the ops run once they know the shape.
+    host_positions_ = batch.positions;
+    host_segments_ = batch.segments;
+    packed_ = gk::PackedRows{batch.positions == nullptr ? nullptr : positions_,
+                             batch.segments == nullptr ? nullptr : segments_};
+    if (batch.positions != nullptr)
+      STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, positions_, batch.positions, bytes));
+    if (batch.segments != nullptr)
+      STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, segments_, batch.segments, bytes));
     // The loss and the sum, not the clip scale: interleaved updates (engine/train_plan.h) apply
     // the previous step's in this one; none reads it before a clip_coefficient has written it
     // (a pass with no pending gradients does no update). clip_scale is the last member.
@@ -138,20 +151,25 @@ class CudaBackend final : public ComputeBackend {
 
   Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte, const float* wpe,
                            float* x0) override {
-    return gk::cuda::embedding_forward(context_, config, shape, tokens_, wte, wpe, x0);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    return gk::cuda::embedding_forward(context_, config, shape, tokens_, wte, wpe, x0, packed_);
   }
   Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
                             float* d_wpe) override {
-    return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
   }
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                        const float* x_in, float* x_out, const gk::Workspace& workspace) override {
-    return gk::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    return gk::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_);
   }
   Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                         const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
                         const gk::Workspace& workspace, bool recompute) override {
-    return gk::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    return gk::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute,
+                                    packed_);
   }
   Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
@@ -175,13 +193,15 @@ class CudaBackend final : public ComputeBackend {
   Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
                              const llama::BlockWeights& weights, const float* x_in, float* x_out,
                              const gk::Workspace& workspace) override {
-    return llama::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace);
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
+    return llama::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_);
   }
   Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
                               const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
                               const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
+    STRATA_RETURN_IF_ERROR(check_packed(shape));
     return llama::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace,
-                                       recompute);
+                                       recompute, packed_);
   }
   Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
                                      const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
@@ -220,6 +240,11 @@ class CudaBackend final : public ComputeBackend {
 
  private:
   cudaStream_t stream() const { return context_.stream(); }
+  // begin_step's packing, checked on the host against the op's shape (free when unpacked).
+  Status check_packed(const gk::BatchShape& shape) const {
+    if (host_positions_ == nullptr && host_segments_ == nullptr) return Status();
+    return check_packing(host_positions_, host_segments_, shape);
+  }
 
   device::Device& device_;
   device::Stream stream_;
@@ -232,6 +257,11 @@ class CudaBackend final : public ComputeBackend {
   int32_t* targets_ = nullptr;
   const int32_t* host_targets_ = nullptr;  // begin_step's, for check_targets
   int64_t loss_normalizer_tokens_ = 0;      // N, resolved at begin_step (StepBatch)
+  int32_t* positions_ = nullptr;  // device copies of a packed batch's arrays
+  int32_t* segments_ = nullptr;
+  const int32_t* host_positions_ = nullptr;  // begin_step's, for check_packing
+  const int32_t* host_segments_ = nullptr;
+  gk::PackedRows packed_{};  // device pointers, null where the batch has none
 };
 
 }  // namespace
@@ -253,7 +283,7 @@ size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max
 }
 
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
-  return kTokensOffset + 2 * token_bytes(max_shape);
+  return kTokensOffset + 4 * token_bytes(max_shape);
 }
 
 Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const gk::BatchShape& max_shape) {

@@ -100,41 +100,65 @@ __global__ void column_sums_kernel(const float* in, int64_t rows, int64_t cols, 
   out[j] += static_cast<float>(acc);
 }
 
-// Row r of [B·H·T, T] scores → causal softmax of scale·scores; entries above the diagonal 0.
+// The first key that query i of score row `row` ([B·H·T] rows, H = heads) may see: 0 unpacked;
+// with packed rows (gpt2::PackedRows' `segments`, [B·T], non-decreasing along a batch row) the
+// start of i's example — the lower bound of its id in the row, a binary search each lane runs.
+__device__ inline int64_t first_key(const int32_t* segments, int64_t row, int64_t t_len, int64_t heads, int64_t i) {
+  if (segments == nullptr) return 0;
+  const int32_t* ids = segments + row / (heads * t_len) * t_len;
+  const int32_t id = ids[i];
+  int64_t low = 0;
+  int64_t high = i;
+  while (low < high) {
+    const int64_t mid = (low + high) / 2;
+    if (ids[mid] < id) {
+      low = mid + 1;
+    } else {
+      high = mid;
+    }
+  }
+  return low;
+}
+
+// Row r of [B·H·T, T] scores → causal softmax of scale·scores over keys first..i (first_key);
+// every other entry 0. `segments` null: first = 0, the plain causal softmax.
 __global__ void causal_softmax_kernel(float* scores, int64_t t_len, int64_t total_rows,
-                                      float scale) {
+                                      float scale, const int32_t* segments, int64_t heads) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= total_rows) return;
   const int64_t i = row % t_len;
+  const int64_t first = first_key(segments, row, t_len, heads, i);
   float* p = scores + row * t_len;
   float max_value = -INFINITY;
-  for (int64_t j = lane; j <= i; j += 32) max_value = fmaxf(max_value, p[j] * scale);
+  for (int64_t j = first + lane; j <= i; j += 32) max_value = fmaxf(max_value, p[j] * scale);
   max_value = warp_max(max_value);
   double sum = 0.0;
-  for (int64_t j = lane; j <= i; j += 32) {
+  for (int64_t j = first + lane; j <= i; j += 32) {
     const float e = expf(p[j] * scale - max_value);
     p[j] = e;
     sum += e;
   }
   const float inv_sum = static_cast<float>(1.0 / warp_sum(sum));
-  for (int64_t j = lane; j < t_len; j += 32) p[j] = j <= i ? p[j] * inv_sum : 0.0f;
+  for (int64_t j = lane; j < t_len; j += 32) p[j] = j >= first && j <= i ? p[j] * inv_sum : 0.0f;
 }
 
-// dP → dS in place: dS_j = P_j·(dP_j − Σ_k P_k dP_k)·scale.
+// dP → dS in place: dS_j = P_j·(dP_j − Σ_k P_k dP_k)·scale over keys first..i, 0 elsewhere.
 __global__ void softmax_backward_kernel(const float* probs, float* d, int64_t t_len,
-                                        int64_t total_rows, float scale) {
+                                        int64_t total_rows, float scale, const int32_t* segments,
+                                        int64_t heads) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= total_rows) return;
   const int64_t i = row % t_len;
+  const int64_t first = first_key(segments, row, t_len, heads, i);
   const float* p = probs + row * t_len;
   float* dp = d + row * t_len;
   double dot = 0.0;
-  for (int64_t j = lane; j <= i; j += 32) dot += static_cast<double>(p[j]) * dp[j];
+  for (int64_t j = first + lane; j <= i; j += 32) dot += static_cast<double>(p[j]) * dp[j];
   const float mean_dp = static_cast<float>(warp_sum(dot));
   for (int64_t j = lane; j < t_len; j += 32) {
-    dp[j] = j <= i ? p[j] * (dp[j] - mean_dp) * scale : 0.0f;
+    dp[j] = j >= first && j <= i ? p[j] * (dp[j] - mean_dp) * scale : 0.0f;
   }
 }
 

@@ -296,18 +296,20 @@ void layernorm_backward(const float* dy, const float* x, const float* mean, cons
 }
 
 // One (batch, head) inside the fused qkv rows: q, k and v share the row stride 3C.
+// `segments`: the batch's (PackedRows), or null.
 cpu_math::AttentionHead head_slice(const Config& config, const BatchShape& shape, const float* qkv, int64_t b,
-                                   int64_t h) {
+                                   int64_t h, const int32_t* segments) {
   const int64_t c = config.n_embd;
   const int64_t hd = config.head_dim();
   const float* base = qkv + b * shape.seq_len * 3 * c + h * hd;
-  return {shape.seq_len, hd, base, 3 * c, base + c, base + 2 * c, 3 * c};
+  return {shape.seq_len, hd, base, 3 * c, base + c, base + 2 * c, 3 * c,
+          segments == nullptr ? nullptr : segments + b * shape.seq_len};
 }
 
 // att rows of (b, h): att_i = Σ_{j≤i} p_ij v_j.
 void attention_forward_head(const Config& config, const BatchShape& shape, const float* qkv,
-                            int64_t b, int64_t h, float* key_t, float* p, float* att) {
-  const cpu_math::AttentionHead s = head_slice(config, shape, qkv, b, h);
+                            int64_t b, int64_t h, const int32_t* segments, float* key_t, float* p, float* att) {
+  const cpu_math::AttentionHead s = head_slice(config, shape, qkv, b, h, segments);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   const int64_t c = config.n_embd;
   cpu_math::attention_forward_head(s, scale, key_t, p, att + b * s.t_len * c + h * s.head_dim, c);
@@ -316,10 +318,10 @@ void attention_forward_head(const Config& config, const BatchShape& shape, const
 // Gradients of (b, h)'s q, k, v slices of d_qkv from d_att. All of (b, h)'s outputs belong to
 // this task, and i runs in order, so the sums are fixed.
 void attention_backward_head(const Config& config, const BatchShape& shape, const float* qkv,
-                             const float* d_att, int64_t b, int64_t h, float* key_t,
-                             float* value_t, float* p, float* dp, float* d_qkv) {
-  const cpu_math::AttentionHead s = head_slice(config, shape, qkv, b, h);
-  const cpu_math::AttentionHead ds = head_slice(config, shape, d_qkv, b, h);
+                             const float* d_att, int64_t b, int64_t h, const int32_t* segments,
+                             float* key_t, float* value_t, float* p, float* dp, float* d_qkv) {
+  const cpu_math::AttentionHead s = head_slice(config, shape, qkv, b, h, segments);
+  const cpu_math::AttentionHead ds = head_slice(config, shape, d_qkv, b, h, nullptr);
   float* dq = const_cast<float*>(ds.q);
   float* dk = const_cast<float*>(ds.k);
   float* dv = const_cast<float*>(ds.v);
@@ -333,20 +335,21 @@ void attention_backward_head(const Config& config, const BatchShape& shape, cons
                                     s.q_stride, dk, dv);
 }
 
-void attention_forward(const Config& config, const BatchShape& shape, const BlockLayout& ws) {
+void attention_forward(const Config& config, const BatchShape& shape, const BlockLayout& ws,
+                       const int32_t* segments) {
   const int64_t heads = config.n_head;
   const int64_t t = shape.seq_len;
   const int64_t hd = config.head_dim();
   for_rows(shape.batch * heads, 1, [&](int64_t bh) {
     const int64_t b = bh / heads;
     const int64_t h = bh % heads;
-    attention_forward_head(config, shape, ws.qkv, b, h, ws.key_t + bh * hd * t,
+    attention_forward_head(config, shape, ws.qkv, b, h, segments, ws.key_t + bh * hd * t,
                            ws.rows + bh * 2 * t, ws.att);
   });
 }
 
 void attention_backward(const Config& config, const BatchShape& shape, const BlockLayout& ws,
-                        const float* d_att, float* d_qkv) {
+                        const float* d_att, const int32_t* segments, float* d_qkv) {
   const int64_t heads = config.n_head;
   const int64_t t = shape.seq_len;
   const int64_t hd = config.head_dim();
@@ -354,7 +357,7 @@ void attention_backward(const Config& config, const BatchShape& shape, const Blo
     const int64_t b = bh / heads;
     const int64_t h = bh % heads;
     float* rows = ws.rows + bh * 2 * t;
-    attention_backward_head(config, shape, ws.qkv, d_att, b, h, ws.key_t + bh * hd * t,
+    attention_backward_head(config, shape, ws.qkv, d_att, b, h, segments, ws.key_t + bh * hd * t,
                             ws.value_t + bh * hd * t, rows, rows + t, d_qkv);
   });
 }
@@ -362,14 +365,14 @@ void attention_backward(const Config& config, const BatchShape& shape, const Blo
 // The forward of one block into the workspace; x_out skipped when null (recompute only needs
 // the activations, not the block's output).
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w,
-                        const float* x_in, float* x_out, const BlockLayout& ws) {
+                        const float* x_in, float* x_out, const BlockLayout& ws, const int32_t* segments) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   layernorm_forward(x_in, c, w.ln_1_weight, w.ln_1_bias, n, c, ws.ln1_out, ws.ln1_mean,
                     ws.ln1_rstd);
   linear_forward(ws.ln1_out, w.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, n, c, 3 * c,
                  ws.qkv);
-  attention_forward(config, shape, ws);
+  attention_forward(config, shape, ws, segments);
   linear_forward(ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, n, c, c, ws.x1);
   layernorm_forward(ws.x1, c, w.ln_2_weight, w.ln_2_bias, n, c, ws.ln2_out, ws.ln2_mean,
                     ws.ln2_rstd);
@@ -406,22 +409,31 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
 // Entry points
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+// The wpe row of token r: its position within its example when packed, else within the row.
+int64_t position_of(const PackedRows& packed, const BatchShape& shape, int64_t r) {
+  if (packed.positions == nullptr) return r % shape.seq_len;
+  assert(packed.positions[r] >= 0 && packed.positions[r] < shape.seq_len);
+  return packed.positions[r];
+}
+}  // namespace
+
 void embedding_forward(const Config& config, const BatchShape& shape, const int32_t* tokens,
-                       const float* wte, const float* wpe, float* x0) {
+                       const float* wte, const float* wpe, float* x0, const PackedRows& packed) {
   begin_entry_point(config, shape);
   const int64_t c = config.n_embd;
   for_rows(shape.rows(), kRowGrain, [&](int64_t r) {
     const int32_t token = tokens[r];
     assert(token >= 0 && token < config.vocab_size);
     const float* tok_row = wte + static_cast<int64_t>(token) * c;
-    const float* pos_row = wpe + (r % shape.seq_len) * c;
+    const float* pos_row = wpe + position_of(packed, shape, r) * c;
     float* out = x0 + r * c;
     for (int64_t j = 0; j < c; ++j) out[j] = tok_row[j] + pos_row[j];
   });
 }
 
 void embedding_backward(const Config& config, const BatchShape& shape, const int32_t* tokens,
-                        const float* d_x0, float* d_wte, float* d_wpe) {
+                        const float* d_x0, float* d_wte, float* d_wpe, const PackedRows& packed) {
   begin_entry_point(config, shape);
   const int64_t c = config.n_embd;
   const int64_t rows = shape.rows();
@@ -436,7 +448,7 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
       assert(token >= 0 && token < config.vocab_size);
       const float* g = d_x0 + r * c + c0;
       float* tok_row = d_wte + static_cast<int64_t>(token) * c + c0;
-      float* pos_row = d_wpe + (r % shape.seq_len) * c + c0;
+      float* pos_row = d_wpe + position_of(packed, shape, r) * c + c0;
       for (int64_t j = 0; j < width; ++j) {
         tok_row[j] += g[j];
         pos_row[j] += g[j];
@@ -446,21 +458,21 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
 }
 
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
-                   const float* x_in, float* x_out, const Workspace& workspace) {
+                   const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed) {
   begin_entry_point(config, shape);
   assert(x_out != nullptr && x_out != x_in);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  block_forward_into(config, shape, weights, x_in, x_out, ws);
+  block_forward_into(config, shape, weights, x_in, x_out, ws, packed.segments);
 }
 
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w,
                     const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
-                    const Workspace& workspace, bool recompute) {
+                    const Workspace& workspace, bool recompute, const PackedRows& packed) {
   begin_entry_point(config, shape);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws);
+  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws, packed.segments);
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
 
@@ -491,7 +503,7 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
                   g.attn_c_proj_bias);
   sgemm(false, true, n, c, c, d_in, c, w.attn_c_proj_weight, c, 0.0f, d_att, c);
   float* d_qkv = ws.fc_pre;  // free since the GELU backward
-  attention_backward(config, shape, ws, d_att, d_qkv);
+  attention_backward(config, shape, ws, d_att, packed.segments, d_qkv);
   float* d_ln1 = ws.ln1_out;  // overwritten once dW_qkv has read ln1_out
   sgemm(true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f, g.attn_c_attn_weight,
         3 * c);

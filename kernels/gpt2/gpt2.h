@@ -132,6 +132,21 @@ struct HeadGrads {
   float* d_wte = nullptr;          // [vocab, C], accumulated
 };
 
+// Packed rows (fine-tuning packs several short examples into one seq_len row), per token of the
+// [B, T] batch, host memory here (device memory for the CUDA twin). Both null is an unpacked
+// batch, and every op gives exactly the bits it gives without the argument.
+// - positions: the token's position within its example, in [0, seq_len). The embedding looks
+//   up wpe at it (Llama's block rotates q and k by it); null: position = t, the index in the row.
+// - segments: the token's example id. Ids never decrease along a row, so an example is one
+//   contiguous run; a new id starts a new example. Attention is block-diagonal: query t sees key
+//   u only when u ≤ t and segments[u] == segments[t]. Null: one example per row (plain causal).
+// The two are independent (either may be null); the backend checks them
+// (kernels::check_packing) before any kernel indexes by them; the kernels only assert.
+struct PackedRows {
+  const int32_t* positions = nullptr;
+  const int32_t* segments = nullptr;
+};
+
 // Caller-allocated scratch (64-byte aligned, at least the size the sizing function asked for).
 struct Workspace {
   float* data = nullptr;
@@ -150,29 +165,31 @@ size_t head_workspace_size_bytes(const Config& config, const BatchShape& max_sha
 // The largest of the above: one workspace that serves every entry point.
 size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
 
-// x0[b,t,:] = wte[tokens[b,t], :] + wpe[t, :]. Tokens must lie in [0, vocab) (asserted).
+// x0[b,t,:] = wte[tokens[b,t], :] + wpe[pos, :], pos = t (or packed.positions[b,t]). Tokens
+// must lie in [0, vocab) (asserted). Reads packed.positions only.
 void embedding_forward(const Config& config, const BatchShape& shape, const int32_t* tokens,
-                       const float* wte, const float* wpe, float* x0);
-// d_wte[tokens[b,t], :] += d_x0[b,t,:]; d_wpe[t, :] += Σ_b d_x0[b,t,:] (accumulated; rows
-// with repeated tokens are summed in (b,t) order).
+                       const float* wte, const float* wpe, float* x0, const PackedRows& packed = {});
+// d_wte[tokens[b,t], :] += d_x0[b,t,:]; d_wpe[pos, :] += d_x0[b,t,:] (accumulated; repeated
+// tokens and positions are summed in (b,t) order). Reads packed.positions only.
 void embedding_backward(const Config& config, const BatchShape& shape, const int32_t* tokens,
-                        const float* d_x0, float* d_wte, float* d_wpe);
+                        const float* d_x0, float* d_wte, float* d_wpe, const PackedRows& packed = {});
 
 // One transformer block: x_out = block(x_in). x_out must not alias x_in. Leaves the block's
 // activations (LayerNorm statistics and outputs, qkv, attention output, MLP pre-activation
 // and activation) in `workspace`, where block_backward(recompute = false) can use them.
+// With packed.segments, attention stays inside each example (PackedRows); positions unused.
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
-                   const float* x_in, float* x_out, const Workspace& workspace);
+                   const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed = {});
 
 // Back-propagates d_out through the block whose input was x_in: d_in (overwritten) gets
 // dLoss/dx_in and `grads` accumulate dLoss/dweights. With recompute = true (the streaming
 // trainer's path: only block inputs are kept) it first re-runs the block's forward from x_in
 // into `workspace`; with recompute = false the workspace must still hold the activations a
 // block_forward call with the same weights, x_in and shape left there. d_in may alias d_out.
-// The workspace's contents are clobbered.
+// The workspace's contents are clobbered. `packed` as for block_forward (the same one).
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
                     const float* x_in, const float* d_out, float* d_in, const BlockGrads& grads,
-                    const Workspace& workspace, bool recompute = true);
+                    const Workspace& workspace, bool recompute = true, const PackedRows& packed = {});
 
 // Loss masks: a row whose target is negative (-1, or any negative: PyTorch's ignore_index with
 // every negative ignored) is not trained — it adds exactly 0 to the loss and its logits'

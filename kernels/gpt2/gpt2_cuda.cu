@@ -111,13 +111,15 @@ __global__ void gelu_backward_kernel(float* d, const float* pre, int64_t n) {
   if (i < n) d[i] *= gelu_tanh_derivative(pre[i]);
 }
 
-__global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe,
-                                         int64_t rows, int64_t t_len, int64_t c, float* x0) {
+// wpe row of token r: positions[r] for packed rows (gpt2::PackedRows), else r % t_len.
+__global__ void embedding_forward_kernel(const int32_t* tokens, const int32_t* positions, const float* wte,
+                                         const float* wpe, int64_t rows, int64_t t_len, int64_t c, float* x0) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * c) return;
   const int64_t r = i / c;
   const int64_t j = i % c;
-  x0[i] = wte[static_cast<int64_t>(tokens[r]) * c + j] + wpe[(r % t_len) * c + j];
+  const int64_t position = positions == nullptr ? r % t_len : positions[r];
+  x0[i] = wte[static_cast<int64_t>(tokens[r]) * c + j] + wpe[position * c + j];
 }
 
 // d_wte: one thread per column walks the rows in order (repeated tokens add in (b,t) order).
@@ -126,6 +128,15 @@ __global__ void embedding_backward_wte_kernel(const int32_t* tokens, const float
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= c) return;
   for (int64_t r = 0; r < rows; ++r) d_wte[static_cast<int64_t>(tokens[r]) * c + j] += d_x0[r * c + j];
+}
+
+// Packed rows: d_wpe[positions[r], j] += d_x0[r, j], one thread per column walking the rows in
+// order (positions repeat within a row, so the unpacked kernel's one thread per (t, j) would race).
+__global__ void embedding_backward_wpe_packed_kernel(const int32_t* positions, const float* d_x0, int64_t rows,
+                                                     int64_t c, float* d_wpe) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  for (int64_t r = 0; r < rows; ++r) d_wpe[static_cast<int64_t>(positions[r]) * c + j] += d_x0[r * c + j];
 }
 
 // d_wpe[t, j] += Σ_b d_x0[b, t, j] in b order.
@@ -245,7 +256,7 @@ void check_call(const Config& config, const BatchShape& shape, const Workspace* 
 
 // Causal attention over the fused qkv: per batch row, one strided-batched product over heads.
 Status attention_forward(const Context& ctx, const Config& config, const BatchShape& shape,
-                         const BlockLayout& ws) {
+                         const BlockLayout& ws, const int32_t* segments) {
   const int64_t t = shape.seq_len;
   const int64_t c = config.n_embd;
   const int64_t hd = config.head_dim();
@@ -260,7 +271,7 @@ Status attention_forward(const Context& ctx, const Config& config, const BatchSh
   const int64_t rows = shape.batch * heads * t;
   STRATA_CUDA_LAUNCH(causal_softmax_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
                      ctx.stream(), ws.probs, t, rows,
-                     1.0f / std::sqrt(static_cast<float>(hd)));
+                     1.0f / std::sqrt(static_cast<float>(hd)), segments, heads);
   for (int64_t b = 0; b < shape.batch; ++b) {
     const float* v = ws.qkv + b * t * 3 * c + 2 * c;
     // att = P·V, written head by head into the merged [T, C] rows.
@@ -272,7 +283,8 @@ Status attention_forward(const Context& ctx, const Config& config, const BatchSh
 }
 
 Status attention_backward(const Context& ctx, const Config& config, const BatchShape& shape,
-                          const BlockLayout& ws, const float* d_att, float* d_qkv) {
+                          const BlockLayout& ws, const float* d_att, const int32_t* segments,
+                          float* d_qkv) {
   const int64_t t = shape.seq_len;
   const int64_t c = config.n_embd;
   const int64_t hd = config.head_dim();
@@ -286,7 +298,7 @@ Status attention_backward(const Context& ctx, const Config& config, const BatchS
   const int64_t rows = shape.batch * heads * t;
   STRATA_CUDA_LAUNCH(softmax_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
                      ctx.stream(), ws.probs, ws.d_probs, t, rows,
-                     1.0f / std::sqrt(static_cast<float>(hd)));
+                     1.0f / std::sqrt(static_cast<float>(hd)), segments, heads);
   for (int64_t b = 0; b < shape.batch; ++b) {
     const float* q = ws.qkv + b * t * 3 * c;
     const float* ds = ws.d_probs + b * heads * t * t;
@@ -306,14 +318,14 @@ Status attention_backward(const Context& ctx, const Config& config, const BatchS
 
 Status block_forward_into(const Context& ctx, const Config& config, const BatchShape& shape,
                           const BlockWeights& w, const float* x_in, float* x_out,
-                          const BlockLayout& ws) {
+                          const BlockLayout& ws, const int32_t* segments) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, x_in, c, w.ln_1_weight, w.ln_1_bias, n, c,
                                            ws.ln1_out, ws.ln1_mean, ws.ln1_rstd));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.ln1_out, w.attn_c_attn_weight,
                                         w.attn_c_attn_bias, nullptr, n, c, 3 * c, ws.qkv));
-  STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws));
+  STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws, segments));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias,
                                         x_in, n, c, c, ws.x1));
   STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, ws.x1, c, w.ln_2_weight, w.ln_2_bias, n, c,
@@ -418,20 +430,27 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
 }
 
 Status embedding_forward(const Context& ctx, const Config& config, const BatchShape& shape,
-                         const int32_t* tokens, const float* wte, const float* wpe, float* x0) {
+                         const int32_t* tokens, const float* wte, const float* wpe, float* x0,
+                         const PackedRows& packed) {
   check_call(config, shape, nullptr, 0);
   const int64_t c = config.n_embd;
   STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(shape.rows() * c), kThreads,
-                     ctx.stream(), tokens, wte, wpe, shape.rows(), shape.seq_len, c, x0);
+                     ctx.stream(), tokens, packed.positions, wte, wpe, shape.rows(), shape.seq_len, c, x0);
   return Status();
 }
 
 Status embedding_backward(const Context& ctx, const Config& config, const BatchShape& shape,
-                          const int32_t* tokens, const float* d_x0, float* d_wte, float* d_wpe) {
+                          const int32_t* tokens, const float* d_x0, float* d_wte, float* d_wpe,
+                          const PackedRows& packed) {
   check_call(config, shape, nullptr, 0);
   const int64_t c = config.n_embd;
   STRATA_CUDA_LAUNCH(embedding_backward_wte_kernel, blocks_for(c), kThreads, ctx.stream(),
                      tokens, d_x0, shape.rows(), c, d_wte);
+  if (packed.positions != nullptr) {
+    STRATA_CUDA_LAUNCH(embedding_backward_wpe_packed_kernel, blocks_for(c), kThreads, ctx.stream(),
+                       packed.positions, d_x0, shape.rows(), c, d_wpe);
+    return Status();
+  }
   STRATA_CUDA_LAUNCH(embedding_backward_wpe_kernel, blocks_for(shape.seq_len * c), kThreads,
                      ctx.stream(), d_x0, shape.batch, shape.seq_len, c, d_wpe);
   return Status();
@@ -439,20 +458,21 @@ Status embedding_backward(const Context& ctx, const Config& config, const BatchS
 
 Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape,
                      const BlockWeights& weights, const float* x_in, float* x_out,
-                     const Workspace& workspace) {
+                     const Workspace& workspace, const PackedRows& packed) {
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   assert(x_out != nullptr && x_out != x_in);
-  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws);
+  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws, packed.segments);
 }
 
 Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                       const BlockWeights& w, const float* x_in, const float* d_out, float* d_in,
-                      const BlockGrads& g, const Workspace& workspace, bool recompute) {
+                      const BlockGrads& g, const Workspace& workspace, bool recompute,
+                      const PackedRows& packed) {
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   if (recompute) {
-    STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws));
+    STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws, packed.segments));
   }
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
@@ -486,7 +506,7 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, c, d_in, c, w.attn_c_proj_weight, c, 0.0f,
                               d_att, c));
   float* d_qkv = ws.fc_pre;
-  STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att, d_qkv));
+  STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att, packed.segments, d_qkv));
   float* d_ln1 = ws.ln1_out;
   STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f,
                               g.attn_c_attn_weight, 3 * c));

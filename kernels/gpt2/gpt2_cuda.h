@@ -56,21 +56,27 @@ size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_sh
 size_t head_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
 size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
 
+// `packed` (gpt2.h's PackedRows) holds DEVICE pointers here. Packed attention skips the keys
+// before each query's example (a binary search of its row's segment ids) and leaves their
+// probabilities 0; the packed wpe gradient walks the rows in order, one thread per column.
 [[nodiscard]] Status embedding_forward(const Context& ctx, const Config& config,
                                        const BatchShape& shape, const int32_t* tokens,
-                                       const float* wte, const float* wpe, float* x0);
+                                       const float* wte, const float* wpe, float* x0,
+                                       const PackedRows& packed = {});
 [[nodiscard]] Status embedding_backward(const Context& ctx, const Config& config,
                                         const BatchShape& shape, const int32_t* tokens,
-                                        const float* d_x0, float* d_wte, float* d_wpe);
+                                        const float* d_x0, float* d_wte, float* d_wpe,
+                                        const PackedRows& packed = {});
 
 [[nodiscard]] Status block_forward(const Context& ctx, const Config& config,
                                    const BatchShape& shape, const BlockWeights& weights,
-                                   const float* x_in, float* x_out, const Workspace& workspace);
+                                   const float* x_in, float* x_out, const Workspace& workspace,
+                                   const PackedRows& packed = {});
 [[nodiscard]] Status block_backward(const Context& ctx, const Config& config,
                                     const BatchShape& shape, const BlockWeights& weights,
                                     const float* x_in, const float* d_out, float* d_in,
                                     const BlockGrads& grads, const Workspace& workspace,
-                                    bool recompute = true);
+                                    bool recompute = true, const PackedRows& packed = {});
 
 // As the CPU head (masks included), but the loss is written to *loss (one device float) instead
 // of returned, so nothing waits for the device. The targets are device memory, so the caller

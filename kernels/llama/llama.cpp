@@ -276,15 +276,17 @@ void rope_tables(const Config& config, int64_t first_position, int64_t t_len, fl
                    sin_table + t * half + i);
 }
 
-// rotate_half RoPE on every head of [N, heads·D] rows in place, row r at table row r % T;
-// `inverse` applies the transpose (the backward: the rotation by −angle).
+// rotate_half RoPE on every head of [N, heads·D] rows in place, row r at table row r % T (or
+// positions[r] for packed rows, each in [0, T)); `inverse` applies the transpose (the
+// backward: the rotation by −angle).
 void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t heads, const float* cos_table,
-                const float* sin_table, bool inverse) {
+                const float* sin_table, bool inverse, const int32_t* positions) {
   const int64_t d = config.head_dim;
   const int64_t half = d / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for_rows(shape.rows(), kRowGrain, [&](int64_t r) {
-    const int64_t t = r % shape.seq_len;
+    const int64_t t = positions == nullptr ? r % shape.seq_len : positions[r];
+    assert(t >= 0 && t < shape.seq_len);
     const float* c_row = cos_table + t * half;
     const float* s_row = sin_table + t * half;
     for (int64_t h = 0; h < heads; ++h)
@@ -293,7 +295,7 @@ void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t
 }
 
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
-                        float* x_out, const BlockLayout& ws) {
+                        float* x_out, const BlockLayout& ws, const PackedRows& packed) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
@@ -305,8 +307,8 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   linear_forward(ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v);
   if (config.qkv_bias) add_bias(ws.v, w.v_proj_bias, n, config.kv_width());
   rope_tables(config, 0, shape.seq_len, ws.cos, ws.sin);
-  rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
-  rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
+  rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false, packed.positions);
+  rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false, packed.positions);
   const int64_t t = shape.seq_len;
   const int64_t d = config.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -314,9 +316,14 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
     const int64_t b = bh / config.n_head;
     const int64_t h = bh % config.n_head;
     const int64_t kv = kv_head_of(config, h);
-    const cpu_math::AttentionHead s{t, d, ws.q + b * t * config.q_width() + h * d, config.q_width(),
-                                    ws.k + b * t * config.kv_width() + kv * d, ws.v + b * t * config.kv_width() + kv * d,
-                                    config.kv_width()};
+    const cpu_math::AttentionHead s{t,
+                                    d,
+                                    ws.q + b * t * config.q_width() + h * d,
+                                    config.q_width(),
+                                    ws.k + b * t * config.kv_width() + kv * d,
+                                    ws.v + b * t * config.kv_width() + kv * d,
+                                    config.kv_width(),
+                                    packed.segments == nullptr ? nullptr : packed.segments + b * t};
     cpu_math::attention_forward_head(s, scale, ws.key_t + bh * d * t, ws.rows + bh * 2 * t,
                                      ws.att + b * t * config.q_width() + h * d, config.q_width());
   });
@@ -374,20 +381,21 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
 }
 
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
-                   float* x_out, const Workspace& workspace) {
+                   float* x_out, const Workspace& workspace, const PackedRows& packed) {
   begin_entry_point(config, shape);
   assert(x_out != nullptr && x_out != x_in);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  block_forward_into(config, shape, weights, x_in, x_out, ws);
+  block_forward_into(config, shape, weights, x_in, x_out, ws, packed);
 }
 
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
-                    const float* d_out, float* d_in, const BlockGrads& g, const Workspace& workspace, bool recompute) {
+                    const float* d_out, float* d_in, const BlockGrads& g, const Workspace& workspace, bool recompute,
+                    const PackedRows& packed) {
   begin_entry_point(config, shape);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws);
+  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws, packed);
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
@@ -441,16 +449,22 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
     }
     for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
       const int64_t bh = b * config.n_head + h;
-      const cpu_math::AttentionHead s{t, d, ws.q + b * t * qw + h * d, qw, ws.k + b * t * kvw + kv * d,
-                                      ws.v + b * t * kvw + kv * d, kvw};
+      const cpu_math::AttentionHead s{t,
+                                      d,
+                                      ws.q + b * t * qw + h * d,
+                                      qw,
+                                      ws.k + b * t * kvw + kv * d,
+                                      ws.v + b * t * kvw + kv * d,
+                                      kvw,
+                                      packed.segments == nullptr ? nullptr : packed.segments + b * t};
       float* rows = ws.rows + bh * 2 * t;
       cpu_math::attention_backward_head(s, scale, d_att + b * t * qw + h * d, qw, ws.key_t + bh * d * t,
                                         ws.value_t + bh * d * t, rows, rows + t, ws.dq + b * t * qw + h * d, qw, dk, dv);
     }
   });
   // Back through RoPE (its transpose) to the projections' outputs.
-  rope_apply(config, shape, ws.dq, config.n_head, ws.cos, ws.sin, true);
-  rope_apply(config, shape, ws.dk, config.n_kv_head, ws.cos, ws.sin, true);
+  rope_apply(config, shape, ws.dq, config.n_head, ws.cos, ws.sin, true, packed.positions);
+  rope_apply(config, shape, ws.dk, config.n_kv_head, ws.cos, ws.sin, true, packed.positions);
   // The biases' gradients: the projections' output gradients summed over the rows.
   if (config.qkv_bias) {
     column_sums_accumulate(ws.dq, n, qw, g.q_proj_bias);
@@ -600,8 +614,8 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
   decode_linear(ws.n1, mats.v_proj, nullptr, rows, c, kvw, ws.v, pieces);
   if (config.qkv_bias) add_bias(ws.v, small.v_bias, rows, kvw);
   rope_tables(config, past, rows, ws.cos, ws.sin);
-  rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false);
-  rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false);
+  rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false, nullptr);
+  rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false, nullptr);
   std::memcpy(cache.keys + past * kvw, ws.k, static_cast<size_t>(rows * kvw) * sizeof(float));
   std::memcpy(cache.values + past * kvw, ws.v, static_cast<size_t>(rows * kvw) * sizeof(float));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));

@@ -44,6 +44,7 @@
 namespace strata::kernels::llama {
 
 using gpt2::BatchShape;
+using gpt2::PackedRows;
 using gpt2::ParamSpec;
 using gpt2::Workspace;
 
@@ -123,11 +124,13 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
                         float* d_embed);
 
 // As gpt2::block_forward / block_backward (x_out must not alias x_in; d_in may alias d_out).
+// `packed` (gpt2::PackedRows): RoPE rotates q and k by packed.positions (null: t within the
+// row) and packed.segments keeps attention inside each example; the embedding has no positions.
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
-                   float* x_out, const Workspace& workspace);
+                   float* x_out, const Workspace& workspace, const PackedRows& packed = {});
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
                     const float* d_out, float* d_in, const BlockGrads& grads, const Workspace& workspace,
-                    bool recompute = true);
+                    bool recompute = true, const PackedRows& packed = {});
 
 // Final RMSNorm, logits and cross-entropy; writes d_x_final, accumulates the head grads. Loss
 // masks (negative targets) and the normalizer N are GPT-2's (gpt2.h, "Loss masks").

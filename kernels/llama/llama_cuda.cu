@@ -85,17 +85,20 @@ __global__ void rmsnorm_backward_w_kernel(const float* dy, const float* x, const
 }
 
 // rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; row r at
-// position first_position + r % t_len; `sign` −1 applies the transpose (the backward).
+// position first_position + r % t_len, or positions[r] for packed rows (gpt2::PackedRows);
+// `sign` −1 applies the transpose (the backward).
 __global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t first_position,
-                            int64_t heads, float sign) {
+                            int64_t heads, float sign, const int32_t* positions) {
   const int64_t half = config.head_dim / 2;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * heads * half) return;
   const int64_t pair = i % half;
   const int64_t row_head = i / half;
+  const int64_t row = row_head / heads;
+  const int64_t position = positions == nullptr ? first_position + row % t_len : positions[row];
   float c = 0.0f;
   float s = 0.0f;
-  rope_cos_sin(rope_inverse_frequency(config, pair), first_position + (row_head / heads) % t_len, &c, &s);
+  rope_cos_sin(rope_inverse_frequency(config, pair), position, &c, &s);
   rope_rotate_pair(x + row_head * config.head_dim, pair, half, c, sign * s);
 }
 
@@ -222,16 +225,18 @@ Status rmsnorm_backward(const Context& ctx, const Config& config, const float* d
   return Status();
 }
 
-Status rope(const Context& ctx, const Config& config, const BatchShape& shape, float* x, int64_t heads, bool inverse) {
+Status rope(const Context& ctx, const Config& config, const BatchShape& shape, float* x, int64_t heads, bool inverse,
+            const int32_t* positions) {
   const int64_t count = shape.rows() * heads * (config.head_dim / 2);
   STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(count), kThreads, ctx.stream(), config, x, shape.rows(), shape.seq_len,
-                     int64_t{0}, heads, inverse ? -1.0f : 1.0f);
+                     int64_t{0}, heads, inverse ? -1.0f : 1.0f, positions);
   return Status();
 }
 
 // Per batch row and k/v head: its `group` query heads in one strided-batched product each
 // (the k/v operand's batch stride 0 — HF's repeat_kv without the copy).
-Status attention_forward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockLayout& ws) {
+Status attention_forward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockLayout& ws,
+                         const int32_t* segments) {
   const int64_t t = shape.seq_len;
   const int64_t d = config.head_dim;
   const int64_t qw = config.q_width();
@@ -247,7 +252,7 @@ Status attention_forward(const Context& ctx, const Config& config, const BatchSh
   }
   const int64_t rows = shape.batch * config.n_head * t;
   STRATA_CUDA_LAUNCH(gpt2::cuda::causal_softmax_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
-                     ws.probs, t, rows, 1.0f / std::sqrt(static_cast<float>(d)));
+                     ws.probs, t, rows, 1.0f / std::sqrt(static_cast<float>(d)), segments, config.n_head);
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t kv = 0; kv < config.n_kv_head; ++kv) {
       const int64_t h0 = kv * group;
@@ -260,7 +265,7 @@ Status attention_forward(const Context& ctx, const Config& config, const BatchSh
 }
 
 Status attention_backward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockLayout& ws,
-                          const float* d_att) {
+                          const float* d_att, const int32_t* segments) {
   const int64_t t = shape.seq_len;
   const int64_t d = config.head_dim;
   const int64_t qw = config.q_width();
@@ -277,7 +282,7 @@ Status attention_backward(const Context& ctx, const Config& config, const BatchS
   }
   const int64_t rows = shape.batch * config.n_head * t;
   STRATA_CUDA_LAUNCH(gpt2::cuda::softmax_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
-                     ws.probs, ws.d_probs, t, rows, 1.0f / std::sqrt(static_cast<float>(d)));
+                     ws.probs, ws.d_probs, t, rows, 1.0f / std::sqrt(static_cast<float>(d)), segments, config.n_head);
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t kv = 0; kv < config.n_kv_head; ++kv) {
       const int64_t h0 = kv * group;
@@ -301,7 +306,7 @@ Status attention_backward(const Context& ctx, const Config& config, const BatchS
 }
 
 Status block_forward_into(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& w,
-                          const float* x_in, float* x_out, const BlockLayout& ws) {
+                          const float* x_in, float* x_out, const BlockLayout& ws, const PackedRows& packed) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
@@ -312,9 +317,9 @@ Status block_forward_into(const Context& ctx, const Config& config, const BatchS
   if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.k, w.k_proj_bias, n, config.kv_width()));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v));
   if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.v, w.v_proj_bias, n, config.kv_width()));
-  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.q, config.n_head, false));
-  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.k, config.n_kv_head, false));
-  STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.q, config.n_head, false, packed.positions));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.k, config.n_kv_head, false, packed.positions));
+  STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws, packed.segments));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h));
   if (config.o_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.h, w.o_proj_bias, n, c));
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, n, ws.n2, ws.rstd2));
@@ -350,19 +355,19 @@ Status embedding_backward(const Context& ctx, const Config& config, const BatchS
 }
 
 Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& weights,
-                     const float* x_in, float* x_out, const Workspace& workspace) {
+                     const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed) {
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   assert(x_out != nullptr && x_out != x_in);
-  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws);
+  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws, packed);
 }
 
 Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& w,
                       const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
-                      const Workspace& workspace, bool recompute) {
+                      const Workspace& workspace, bool recompute, const PackedRows& packed) {
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
-  if (recompute) STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws));
+  if (recompute) STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws, packed));
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
@@ -391,9 +396,9 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
   STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw));
   float* d_att = ws.att;
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw));
-  STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att));
-  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dq, config.n_head, true));
-  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dk, config.n_kv_head, true));
+  STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att, packed.segments));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dq, config.n_head, true, packed.positions));
+  STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dk, config.n_kv_head, true, packed.positions));
   if (config.qkv_bias) {
     STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dq, n, qw, g.q_proj_bias));
     STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dk, n, kvw, g.k_proj_bias));
@@ -530,9 +535,9 @@ Status block_decode(const Context& ctx, const Config& config, int64_t past, int6
   // RoPE at the absolute positions past…past+rows−1 (row r of t_len = rows is position past + r).
   const int64_t half = config.head_dim / 2;
   STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_head * half), kThreads, ctx.stream(), config, ws.q, rows,
-                     rows, past, config.n_head, 1.0f);
+                     rows, past, config.n_head, 1.0f, nullptr);
   STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_kv_head * half), kThreads, ctx.stream(), config, ws.k,
-                     rows, rows, past, config.n_kv_head, 1.0f);
+                     rows, rows, past, config.n_kv_head, 1.0f, nullptr);
   const size_t kv_bytes = static_cast<size_t>(rows * kvw) * sizeof(float);
   cudaError_t code = cudaMemcpyAsync(cache.keys + past * kvw, ws.k, kv_bytes, cudaMemcpyDeviceToDevice, ctx.stream());
   if (code != cudaSuccess) return cuda_error("memcpy k into the cache", code);

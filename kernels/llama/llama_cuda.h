@@ -29,12 +29,15 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                        const int32_t* tokens, const float* embed, float* x0);
 [[nodiscard]] Status embedding_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                                         const int32_t* tokens, const float* d_x0, float* d_embed);
+// `packed`: llama.h's semantics, DEVICE pointers (RoPE reads positions per row; attention as
+// gpt2_cuda.h's packed attention).
 [[nodiscard]] Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape,
                                    const BlockWeights& weights, const float* x_in, float* x_out,
-                                   const Workspace& workspace);
+                                   const Workspace& workspace, const PackedRows& packed = {});
 [[nodiscard]] Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                                     const BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
-                                    const BlockGrads& grads, const Workspace& workspace, bool recompute = true);
+                                    const BlockGrads& grads, const Workspace& workspace, bool recompute = true,
+                                    const PackedRows& packed = {});
 // The loss goes to *loss (one device float); masks and `loss_normalizer_tokens` as GPT-2's
 // CUDA head (gpt2_cuda.h).
 [[nodiscard]] Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,

@@ -43,6 +43,33 @@ inline std::vector<int32_t> random_tokens(size_t count, int32_t vocab, uint32_t 
   return values;
 }
 
+// small_shape's batch packed (kernels::StepBatch's positions and segments): row 0 holds
+// examples of 3 and 5 tokens, row 1 of 1, 4 and 3 (ids non-decreasing along each row).
+struct SmallPacking {
+  std::vector<int32_t> positions, segments;
+};
+inline SmallPacking small_packing() {
+  const std::vector<std::vector<int>> lengths = {{3, 5}, {1, 4, 3}};
+  const std::vector<std::vector<int32_t>> ids = {{0, 1}, {1, 4, 6}};
+  SmallPacking p;
+  for (size_t row = 0; row < lengths.size(); ++row)
+    for (size_t e = 0; e < lengths[row].size(); ++e)
+      for (int i = 0; i < lengths[row][e]; ++i) {
+        p.positions.push_back(i);
+        p.segments.push_back(ids[row][e]);
+      }
+  return p;
+}
+// "packed_X" / "llama_packed_X": scenario X on the packed batch. The op behind a name.
+inline bool is_packed_scenario(const std::string& name) {
+  return name.rfind("packed_", 0) == 0 || name.rfind("llama_packed_", 0) == 0;
+}
+inline std::string unpacked_scenario(const std::string& name) {
+  if (name.rfind("packed_", 0) == 0) return name.substr(7);
+  if (name.rfind("llama_packed_", 0) == 0) return "llama_" + name.substr(13);
+  return name;
+}
+
 // The shape, element counts and token batch every scenario shares, so that the direct run and
 // each backend's run draw the same inputs.
 struct Scenario {
@@ -184,18 +211,39 @@ struct OpOutputs {
 
 // Each scenario: fixed inputs from fixed seeds, one op (or a short chain) through the backend,
 // outputs back. Scenario names are what the parity tests print.
-inline const char* const kScenarios[] = {"embedding_forward", "embedding_backward", "block_forward",
-                                         "block_backward",    "head",               "zero_copy",
-                                         "casts",             "sum_squares",        "adamw",
-                                         "adamw_clip",        "head_masked",        "head_masked_normalizer",
+// The packed_ ones run their op on small_packing's batch.
+inline const char* const kScenarios[] = {"embedding_forward",
+                                         "embedding_backward",
+                                         "block_forward",
+                                         "block_backward",
+                                         "head",
+                                         "zero_copy",
+                                         "casts",
+                                         "sum_squares",
+                                         "adamw",
+                                         "adamw_clip",
+                                         "packed_embedding_forward",
+                                         "packed_embedding_backward",
+                                         "packed_block_forward",
+                                         "packed_block_backward",
+                                         "head_masked",
+                                         "head_masked_normalizer",
                                          "head_all_masked"};
 
-inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
+inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name) {
   Scenario scenario = make_scenario();
   auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
-  const int64_t normalizer = apply_masks(name, targets);
   kernels::ComputeBackend& b = env.backend();
-  EXPECT_TRUE(b.begin_step({tokens.data(), targets.data(), s.rows(), normalizer}).ok());
+  const std::string name = unpacked_scenario(scenario_name);
+  const int64_t normalizer = apply_masks(name, targets);
+  const SmallPacking packing = small_packing();
+  kernels::StepBatch batch{tokens.data(), targets.data(), s.rows()};
+  batch.loss_normalizer_tokens = normalizer;
+  if (is_packed_scenario(scenario_name)) {
+    batch.positions = packing.positions.data();
+    batch.segments = packing.segments.data();
+  }
+  EXPECT_TRUE(b.begin_step(batch).ok());
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
 
@@ -296,7 +344,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
     out.tensors.push_back({"exp_avg_sq", env.download(v, n)});
     out.bits = env.download(copy, n);
   } else {
-    ADD_FAILURE() << "unknown scenario " << name;
+    ADD_FAILURE() << "unknown scenario " << scenario_name;
   }
   auto scalars = b.end_step();
   EXPECT_TRUE(scalars.ok());
@@ -325,18 +373,26 @@ inline kernels::llama::Config small_llama_config() {
   return c;
 }
 
-// "llama_bias_X" runs llama_X with q/k/v and o_proj biases (Qwen 2's and Llama's attention_bias).
-inline const char* const kLlamaScenarios[] = {"llama_embedding",         "llama_block_forward",
-                                              "llama_block_backward",    "llama_head",
-                                              "llama_decode",            "llama_bias_block_forward",
-                                              "llama_bias_block_backward", "llama_bias_decode",
-                                              "llama_head_masked",       "llama_head_masked_normalizer",
+// "llama_bias_X" runs llama_X with q/k/v and o_proj biases (Qwen 2's and Llama's attention_bias);
+// "llama_packed_X" runs llama_X on small_packing's batch (RoPE per example, block-diagonal GQA).
+inline const char* const kLlamaScenarios[] = {"llama_embedding",
+                                              "llama_block_forward",
+                                              "llama_block_backward",
+                                              "llama_head",
+                                              "llama_decode",
+                                              "llama_bias_block_forward",
+                                              "llama_bias_block_backward",
+                                              "llama_bias_decode",
+                                              "llama_packed_block_forward",
+                                              "llama_packed_block_backward",
+                                              "llama_head_masked",
+                                              "llama_head_masked_normalizer",
                                               "llama_head_all_masked"};
 
 inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   namespace lk = kernels::llama;
   const bool biased = name.rfind("llama_bias_", 0) == 0;
-  const std::string op = biased ? "llama_" + name.substr(11) : name;
+  const std::string op = biased ? "llama_" + name.substr(11) : unpacked_scenario(name);
   lk::Config c = small_llama_config();
   c.qkv_bias = c.o_bias = biased;
   const gk::BatchShape s = small_shape();
@@ -348,7 +404,14 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   auto targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 22);
   const int64_t normalizer = apply_masks(name, targets);
   kernels::ComputeBackend& b = env.backend();
-  EXPECT_TRUE(b.begin_step({tokens.data(), targets.data(), s.rows(), normalizer}).ok());
+  const SmallPacking packing = small_packing();
+  kernels::StepBatch batch{tokens.data(), targets.data(), s.rows()};
+  batch.loss_normalizer_tokens = normalizer;
+  if (is_packed_scenario(name)) {
+    batch.positions = packing.positions.data();
+    batch.segments = packing.segments.data();
+  }
+  EXPECT_TRUE(b.begin_step(batch).ok());
   const gk::Workspace ws = env.workspace_for(b.llama_workspace_size_bytes(c, s));
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };

@@ -20,7 +20,12 @@ namespace strata::testing {
 namespace {
 
 // The same scenario computed with the kernels directly, on host vectors.
-OpOutputs run_direct(const std::string& name) {
+OpOutputs run_direct(const std::string& scenario_name) {
+  const std::string name = unpacked_scenario(scenario_name);
+  const SmallPacking packing = small_packing();
+  const gk::PackedRows packed = is_packed_scenario(scenario_name)
+                                    ? gk::PackedRows{packing.positions.data(), packing.segments.data()}
+                                    : gk::PackedRows{};
   Scenario scenario = make_scenario();
   auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   const int64_t normalizer = apply_masks(name, targets);
@@ -32,24 +37,25 @@ OpOutputs run_direct(const std::string& name) {
   if (name == "embedding_forward") {
     auto wte = random_floats(wte_n, 0.1f, 1), wpe = random_floats(wpe_n, 0.1f, 2);
     std::vector<float> x0(act);
-    gk::embedding_forward(c, s, tokens.data(), wte.data(), wpe.data(), x0.data());
+    gk::embedding_forward(c, s, tokens.data(), wte.data(), wpe.data(), x0.data(), packed);
     out.tensors.push_back({"x0", x0});
   } else if (name == "embedding_backward") {
     auto d_x0 = random_floats(act, 0.1f, 3), d_wte = random_floats(wte_n, 0.1f, 4),
          d_wpe = random_floats(wpe_n, 0.1f, 5);
-    gk::embedding_backward(c, s, tokens.data(), d_x0.data(), d_wte.data(), d_wpe.data());
+    gk::embedding_backward(c, s, tokens.data(), d_x0.data(), d_wte.data(), d_wpe.data(), packed);
     out.tensors.push_back({"d_wte", d_wte});
     out.tensors.push_back({"d_wpe", d_wpe});
   } else if (name == "block_forward") {
     auto w = block_weights(c, 6), x_in = random_floats(act, 1.0f, 7);
     std::vector<float> x_out(act);
-    gk::block_forward(c, s, gk::bind_block(c, static_cast<const float*>(w.data())), x_in.data(), x_out.data(), ws);
+    gk::block_forward(c, s, gk::bind_block(c, static_cast<const float*>(w.data())), x_in.data(), x_out.data(), ws,
+                      packed);
     out.tensors.push_back({"x_out", x_out});
   } else if (name == "block_backward") {
     auto w = block_weights(c, 6), x_in = random_floats(act, 1.0f, 7), d_x = random_floats(act, 0.01f, 8);
     std::vector<float> grads(block_n);
     gk::block_backward(c, s, gk::bind_block(c, static_cast<const float*>(w.data())), x_in.data(), d_x.data(),
-                       d_x.data(), gk::bind_block(c, grads.data()), ws, true);
+                       d_x.data(), gk::bind_block(c, grads.data()), ws, true, packed);
     out.grad_sum_squares = kernels::sum_squares(std::span<const float>(grads));
     out.tensors.push_back({"d_in", d_x});
     out.tensors.push_back({"grads", grads});

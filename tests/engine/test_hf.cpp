@@ -515,3 +515,119 @@ TEST(HfFolderWriter, ShardedRoundTripIsBitIdentical) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Phi-3-mini-4k-instruct's config.json, abridged (its shape keys, window, defaults).
+const char* kPhi3MiniConfig = R"({
+  "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 3072,
+  "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+  "num_key_value_heads": 32, "max_position_embeddings": 4096, "original_max_position_embeddings": 4096,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null, "sliding_window": 2047,
+  "tie_word_embeddings": false, "vocab_size": 32064, "hidden_act": "silu", "attention_dropout": 0.0,
+  "embd_pdrop": 0.0, "resid_pdrop": 0.0, "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000,
+  "torch_dtype": "bfloat16"})";
+
+TEST(HfConfig, Phi3FusedProjectionsAndItsWindow) {
+  Result<ModelConfig> m = hf::parse_config_json(kPhi3MiniConfig, "phi3/config.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->arch, "llama");
+  EXPECT_TRUE(m->fused_projections);
+  EXPECT_FALSE(m->qkv_bias);
+  EXPECT_EQ(m->attention_window, 2047u);
+  EXPECT_EQ(m->seq_len, 2047u);  // full causal attention equals the window up to here
+  EXPECT_DOUBLE_EQ(m->norm_eps, 1e-5);
+  // Its tensors, as the checkpoint holds them: q/k/v rows of qkv_proj, gate/up of gate_up_proj.
+  const hf::TensorSpec q = hf::tensor_spec(*m, "model.layers.3.self_attn.q_proj.weight", {3072, 3072});
+  const hf::TensorSpec v = hf::tensor_spec(*m, "model.layers.3.self_attn.v_proj.weight", {3072, 3072});
+  const hf::TensorSpec up = hf::tensor_spec(*m, "model.layers.3.mlp.up_proj.weight", {8192, 3072});
+  const hf::TensorSpec o = hf::tensor_spec(*m, "model.layers.3.self_attn.o_proj.weight", {3072, 3072});
+  EXPECT_EQ(q.fused_name, "model.layers.3.self_attn.qkv_proj.weight");
+  EXPECT_EQ(q.fused_row_begin, 0);
+  EXPECT_EQ(q.fused_rows, 9216);
+  EXPECT_EQ(v.fused_row_begin, 6144);
+  EXPECT_EQ(up.fused_name, "model.layers.3.mlp.gate_up_proj.weight");
+  EXPECT_EQ(up.fused_row_begin, 8192);
+  EXPECT_EQ(up.fused_rows, 16384);
+  EXPECT_TRUE(o.fused_name.empty());
+  // Written back as Phi-3 with its window.
+  Result<ModelConfig> back = hf::parse_config_json(hf::config_json(*m), "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_TRUE(back->fused_projections);
+  EXPECT_EQ(back->attention_window, 2047u);
+  EXPECT_NE(hf::config_json(*m).find("\"Phi3ForCausalLM\""), std::string::npos);
+  // The store keeps both, so a resumed or exported run knows the layout and the window.
+  const auto keys = models::store_metadata(*m);
+  std::map<std::string, std::string> metadata(keys.begin(), keys.end());
+  Result<ModelConfig> stored = models::model_from_store_metadata(metadata, "store");
+  ASSERT_TRUE(stored.ok()) << stored.error().to_string();
+  EXPECT_TRUE(stored->fused_projections);
+  EXPECT_EQ(stored->attention_window, 2047u);
+
+  // Refused: a partial rotary embedding (Phi-4-mini's 0.75), longrope (the 128k Phi-3s).
+  const std::string head = R"("model_type": "phi3", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
+  Result<ModelConfig> partial = hf::parse_config_json("{" + head + R"(, "partial_rotary_factor": 0.75})", "c.json");
+  ASSERT_FALSE(partial.ok());
+  EXPECT_NE(partial.error().message.find("partial_rotary_factor"), std::string::npos);
+  Result<ModelConfig> longrope = hf::parse_config_json(
+      "{" + head + R"(, "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}})", "c.json");
+  ASSERT_FALSE(longrope.ok());
+  EXPECT_NE(longrope.error().message.find("rope_scaling"), std::string::npos);
+}
+
+TEST(HfConfig, MistralWindowCapsTheContext) {
+  const char* text = R"({"model_type": "mistral", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50, "max_position_embeddings": 32768,
+    "sliding_window": 4096})";
+  Result<ModelConfig> m = hf::parse_config_json(text, "c.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->attention_window, 4096u);
+  EXPECT_EQ(m->seq_len, 4096u);
+  EXPECT_FALSE(m->fused_projections);
+  const std::string out = hf::config_json(*m);
+  EXPECT_NE(out.find("\"mistral\""), std::string::npos) << out;
+  Result<ModelConfig> back = hf::parse_config_json(out, "out/config.json");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->attention_window, 4096u);
+}
+
+// A Phi-3 folder: the fused tensors are read as their parts, and written back fused, bit for bit.
+TEST(HfCheckpoint, Phi3FusedTensorsReadAsPartsAndWrittenWhole) {
+  strata::testing::TempDir temp;
+  ModelConfig model = small_llama();
+  model.fused_projections = true;
+  const auto parts = hf::model_tensors(model);
+  // The checkpoint as Phi-3 holds it: write through FolderWriter, which fuses.
+  const std::string folder = temp.file("phi3");
+  {
+    auto writer = hf::FolderWriter::create(folder, model, parts, hf::FolderWriter::kDefaultShardSizeBytes, {});
+    ASSERT_TRUE(writer.ok()) << writer.error().to_string();
+    for (size_t k = 0; k < parts.size(); ++k) {
+      std::vector<float> values(parts[k].element_count());
+      for (uint64_t i = 0; i < values.size(); ++i) values[i] = stamp(k, i);
+      ASSERT_TRUE(writer->write_next(values.data()).ok());
+    }
+    ASSERT_TRUE(writer->finish().ok());
+  }
+  auto checkpoint = hf::Checkpoint::open(folder);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.error().to_string();
+  // No q_proj in the file: qkv_proj [96 + 48 + 48, 40] and gate_up_proj [2·I, 40] instead.
+  std::vector<hf::TensorSpec> unfused;
+  for (const hf::TensorSpec& spec : parts) unfused.push_back({spec.name, spec.shape});
+  EXPECT_FALSE(checkpoint->check(unfused).ok());
+  expect_stamped(*checkpoint, parts);
+  auto config = hf::read_config(folder);
+  ASSERT_TRUE(config.ok()) << config.error().to_string();
+  EXPECT_TRUE(config->fused_projections);
+  // A fused tensor of the wrong size names it.
+  ModelConfig wider = model;
+  wider.intermediate_size += 1;
+  Status wrong = checkpoint->check(hf::model_tensors(wider));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.error().message.find("gate_up_proj"), std::string::npos) << wrong.error().message;
+}
+
+}  // namespace
+}  // namespace strata

@@ -9,7 +9,10 @@
 # Usage: gpt2_reference.py DIR [DIR ...] (one torch start-up for several models). Each DIR holds
 # config.txt ("n_layer n_head n_embd vocab n_ctx
 # batch seq_len"), tensors.txt ("name rows cols" per line, cols 1 for 1-D), <name>.f32 (raw
-# little-endian float32), tokens.i32 and targets.i32 (raw little-endian int32 [batch, seq]).
+# little-endian float32), tokens.i32 and targets.i32 (raw little-endian int32 [batch, seq]), and
+# for a packed batch (several examples per row) positions.i32 and segments.i32 ([batch, seq]):
+# wpe is looked up at each token's position within its example, and attention gets an explicit
+# mask — causal and same-segment — written from the definition, not from the kernels' run starts.
 # Exit 77 (Meson's skip code) when torch cannot be imported.
 import math
 import os
@@ -41,8 +44,11 @@ def conv1d(x, weight, bias):
     return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight).view(shape)
 
 
-def attention(p, prefix, x, n_head):
+def attention(p, prefix, x, n_head, allowed=None):
+    """`allowed` [b, 1, t, t] (query, key) pairs that may attend; None: plain causal."""
     b, t, c = x.shape
+    if allowed is None:
+        allowed = torch.tril(torch.ones(t, t, dtype=torch.bool))
     hd = c // n_head
     qkv = conv1d(x, p[prefix + "attn.c_attn.weight"], p[prefix + "attn.c_attn.bias"])
     q, k, v = qkv.split(c, dim=2)
@@ -52,18 +58,17 @@ def attention(p, prefix, x, n_head):
 
     q, k, v = heads(q), heads(k), heads(v)
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd)
-    causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
-    scores = torch.where(causal, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
+    scores = torch.where(allowed, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(b, t, c)
     return conv1d(out, p[prefix + "attn.c_proj.weight"], p[prefix + "attn.c_proj.bias"])
 
 
-def block(p, i, x, n_head):
+def block(p, i, x, n_head, allowed=None):
     prefix = f"h.{i}."
     c = x.shape[-1]
     h = torch.nn.functional.layer_norm(x, (c,), p[prefix + "ln_1.weight"], p[prefix + "ln_1.bias"], eps=1e-5)
-    x = x + attention(p, prefix, h, n_head)
+    x = x + attention(p, prefix, h, n_head, allowed)
     h = torch.nn.functional.layer_norm(x, (c,), p[prefix + "ln_2.weight"], p[prefix + "ln_2.bias"], eps=1e-5)
     h = gelu_new(conv1d(h, p[prefix + "mlp.c_fc.weight"], p[prefix + "mlp.c_fc.bias"]))
     return x + conv1d(h, p[prefix + "mlp.c_proj.weight"], p[prefix + "mlp.c_proj.bias"])
@@ -84,9 +89,17 @@ def run_reference(folder):
     targets = read_raw(os.path.join(folder, "targets.i32"), torch.int32, batch * seq).long().view(batch, seq)
     assert params["wte.weight"].shape == (vocab, n_embd) and params["wpe.weight"].shape == (n_ctx, n_embd)
 
-    x = params["wte.weight"][tokens] + params["wpe.weight"][torch.arange(seq)]
+    # allowed[b, 1, q, k]: query q may attend to key k.
+    allowed = torch.tril(torch.ones(seq, seq, dtype=torch.bool)).expand(batch, 1, seq, seq)
+    positions = torch.arange(seq).expand(batch, seq)
+    if os.path.exists(os.path.join(folder, "segments.i32")):
+        positions = read_raw(os.path.join(folder, "positions.i32"), torch.int32, batch * seq).long().view(batch, seq)
+        segments = read_raw(os.path.join(folder, "segments.i32"), torch.int32, batch * seq).view(batch, seq)
+        same = segments[:, :, None] == segments[:, None, :]
+        allowed = allowed & same[:, None, :, :]
+    x = params["wte.weight"][tokens] + params["wpe.weight"][positions]
     for i in range(n_layer):
-        x = block(params, i, x, n_head)
+        x = block(params, i, x, n_head, allowed)
     x = torch.nn.functional.layer_norm(x, (n_embd,), params["ln_f.weight"], params["ln_f.bias"], eps=1e-5)
     logits = torch.matmul(x, params["wte.weight"].t())
     # Loss masks: every negative target is ignored (torch's ignore_index takes one value, so

@@ -9,7 +9,9 @@
 # (LlamaAttention's attention_bias). Written from the HF semantics, not from strata's kernels.
 #
 # Usage: llama_reference.py DIR [DIR ...]. Each DIR holds config.txt ("key value" lines),
-# tensors.txt ("name dim0 [dim1]"), <name>.f32, tokens.i32, targets.i32; writes out/loss.f64,
+# tensors.txt ("name dim0 [dim1]"), <name>.f32, tokens.i32, targets.i32 (and for a packed batch
+# positions.i32 and segments.i32 [batch, seq]: RoPE at each token's position within its example,
+# and an explicit causal same-segment attention mask); writes out/loss.f64,
 # out/<name>.grad.f64 and out/logits_last.f64, and with "greedy N" in config.txt out/greedy.f64:
 # N greedy tokens after the first sequence, each from a whole forward over all before it.
 # Exit 77 when torch cannot be imported.
@@ -62,9 +64,12 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d)
 
 
-def block(p, i, x, cfg, cos, sin):
+def block(p, i, x, cfg, cos, sin, mask=None):
+    """`mask`: additive attention mask broadcast against [b, heads, t, t]; None: plain causal."""
     pre = f"model.layers.{i}."
     b, t, _ = x.shape
+    if mask is None:
+        mask = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
     nh, nkv, hd = int(cfg["n_head"]), int(cfg["n_kv_head"]), int(cfg["head_dim"])
     bias = lambda name: p.get(pre + f"self_attn.{name}.bias")  # noqa: E731  (None: nn.Linear(bias=False))
     h = rms_norm(x, p[pre + "input_layernorm.weight"], cfg["norm_eps"])
@@ -79,8 +84,7 @@ def block(p, i, x, cfg, cos, sin):
     k = repeat_kv(k, nh // nkv)
     v = repeat_kv(v, nh // nkv)
     scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd)
-    causal = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
-    probs = torch.softmax(scores + causal, dim=-1)
+    probs = torch.softmax(scores + mask, dim=-1)
     att = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, nh * hd)
     x = x + torch.nn.functional.linear(att, p[pre + "self_attn.o_proj.weight"], bias("o_proj"))
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg["norm_eps"])
@@ -89,15 +93,23 @@ def block(p, i, x, cfg, cos, sin):
     return x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, p[pre + "mlp.down_proj.weight"])
 
 
-def forward_logits(params, tokens, cfg):
-    """Logits [batch, t, vocab] of a full forward over `tokens` [batch, t]."""
+def forward_logits(params, tokens, cfg, positions=None, segments=None):
+    """Logits [batch, t, vocab] of a full forward over `tokens` [batch, t]; packed rows when
+    `positions` and `segments` ([batch, t]) are given."""
+    batch, t = tokens.shape
+    if positions is None:
+        positions = torch.arange(t).expand(batch, t)
     inv_freq = inverse_frequencies(cfg)
-    freqs = torch.arange(tokens.shape[1], dtype=torch.float64)[:, None] * inv_freq[None, :]
+    freqs = positions.to(torch.float64)[:, :, None] * inv_freq[None, None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # [batch, 1, t, D] against q [batch, heads, t, D]
+    allowed = torch.tril(torch.ones(t, t, dtype=torch.bool)).expand(batch, 1, t, t)
+    if segments is not None:
+        allowed = allowed & (segments[:, :, None] == segments[:, None, :])[:, None]
+    mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
     x = params["model.embed_tokens.weight"][tokens]
     for i in range(int(cfg["n_layer"])):
-        x = block(params, i, x, cfg, cos, sin)
+        x = block(params, i, x, cfg, cos, sin, mask)
     x = rms_norm(x, params["model.norm.weight"], cfg["norm_eps"])
     head = params["model.embed_tokens.weight"] if cfg["tied"] else params["lm_head.weight"]
     return torch.nn.functional.linear(x, head)
@@ -132,7 +144,11 @@ def run_reference(folder):
     tokens = read_raw(os.path.join(folder, "tokens.i32"), torch.int32, batch * seq).long().view(batch, seq)
     targets = read_raw(os.path.join(folder, "targets.i32"), torch.int32, batch * seq).long().view(batch, seq)
 
-    logits = forward_logits(params, tokens, cfg)
+    positions = segments = None
+    if os.path.exists(os.path.join(folder, "segments.i32")):
+        positions = read_raw(os.path.join(folder, "positions.i32"), torch.int32, batch * seq).long().view(batch, seq)
+        segments = read_raw(os.path.join(folder, "segments.i32"), torch.int32, batch * seq).view(batch, seq)
+    logits = forward_logits(params, tokens, cfg, positions, segments)
     # Loss masks: every negative target is ignored (as -100, torch's one ignore_index), and the
     # sum is divided by N: the caller's ("normalizer"), else the trained count.
     flat_targets = targets.view(-1).clone()

@@ -18,6 +18,14 @@
 #              the biases too, within 1e-4 of torch's training (HF's Qwen2 semantics: the biases
 #              before RoPE, no decay on them); OUT's config.json says qwen2 and loads back bit for
 #              bit; `strata generate --model OUT` greedy tokens equal torch's.
+#   phi3       a tiny Phi-3 folder written here (config.json as Phi-3-mini-4k's: model_type phi3,
+#              sliding_window, no biases, untied; q/k/v stacked in self_attn.qkv_proj and gate/up
+#              in mlp.gate_up_proj): an independent float64 Phi-3 forward over the fused weights
+#              (Phi3Attention's slicing, Phi3MLP's chunk) equals the Llama reference on the parts;
+#              train 3 fp32 steps → --export OUT: config.json says phi3 with the window, the
+#              tensors are fused again and, split, within 1e-4 of torch's training; OUT loads back
+#              bit for bit; greedy tokens equal the Phi-3 forward's; a seq_len past the window is
+#              refused in one line naming model.seq_len.
 #   offload    a Llama folder 2.5× larger than its budgets generates from NVMe each pass, the
 #              scheduler's pool within its budget and the peak RSS within the budgets plus the
 #              process's baseline (measured on the tiny model).
@@ -289,6 +297,162 @@ def case_qwen2(folder):
     print(f"qwen2: generate --model {os.path.basename(out)}: greedy tokens match torch")
 
 
+PHI3 = {**{k: v for k, v in LLAMA.items() if k != "rope_scaling"}, "vocab_size": 260, "tie_word_embeddings": False}
+
+
+def hf_phi3_config(model, window):
+    """Phi-3-mini-4k's config.json shape: its window, no rope scaling, dropout keys at 0."""
+    return {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": model["n_embd"],
+            "intermediate_size": model["intermediate_size"], "num_hidden_layers": model["n_layer"],
+            "num_attention_heads": model["n_head"], "num_key_value_heads": model["n_kv_head"],
+            "head_dim": model["head_dim"], "vocab_size": model["vocab_size"], "max_position_embeddings": 64,
+            "original_max_position_embeddings": 64, "rope_theta": model["rope_theta"], "rope_scaling": None,
+            "rms_norm_eps": model["norm_eps"], "sliding_window": window, "tie_word_embeddings": False,
+            "hidden_act": "silu", "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+            "torch_dtype": "float32"}
+
+
+def fuse_phi3(torch, parts, n_layer):
+    """Phi-3's checkpoint names: q/k/v rows stacked in qkv_proj, gate/up in gate_up_proj."""
+    fused = dict(parts)
+    for layer in range(n_layer):
+        p = f"model.layers.{layer}."
+        fused[p + "self_attn.qkv_proj.weight"] = torch.cat(
+            [fused.pop(p + f"self_attn.{x}_proj.weight") for x in ("q", "k", "v")], dim=0)
+        fused[p + "mlp.gate_up_proj.weight"] = torch.cat(
+            [fused.pop(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")], dim=0)
+    return fused
+
+
+def phi3_forward_logits(torch, fused, model, tokens):
+    """A float64 Phi-3 forward written from transformers' Phi3 modules, over the FUSED weights:
+    Phi3Attention slices qkv_proj's output as [q | k | v], Phi3MLP chunks gate_up_proj's as
+    [gate | up] and computes down(up · silu(gate)); RMSNorm, RoPE (rotate_half), GQA."""
+    h, kv, d = model["n_head"], model["n_kv_head"], model["head_dim"]
+    eps = model["norm_eps"]
+    t = tokens.shape[1]
+    inv_freq = 1.0 / (model["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.arange(t, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def rotate(x):
+        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), -1)
+
+    x = fused["model.embed_tokens.weight"][tokens]
+    mask = torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
+    for layer in range(model["n_layer"]):
+        p = f"model.layers.{layer}."
+        a = norm(x, fused[p + "input_layernorm.weight"])
+        qkv = a @ fused[p + "self_attn.qkv_proj.weight"].T
+        q = qkv[..., :h * d].view(1, t, h, d).transpose(1, 2)
+        k = qkv[..., h * d:(h + kv) * d].view(1, t, kv, d).transpose(1, 2)
+        v = qkv[..., (h + kv) * d:].view(1, t, kv, d).transpose(1, 2)
+        q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+        k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / d ** 0.5 + mask, dim=-1) @ v
+        x = x + att.transpose(1, 2).reshape(1, t, h * d) @ fused[p + "self_attn.o_proj.weight"].T
+        m = norm(x, fused[p + "post_attention_layernorm.weight"])
+        gate, up = (m @ fused[p + "mlp.gate_up_proj.weight"].T).chunk(2, dim=-1)
+        x = x + (up * torch.nn.functional.silu(gate)) @ fused[p + "mlp.down_proj.weight"].T
+    return norm(x, fused["model.norm.weight"]) @ fused["lm_head.weight"].T
+
+
+def case_phi3(folder):
+    import llama_reference as ref
+    torch = import_torch()
+    model = PHI3
+    hf_dir = os.path.join(folder, "tiny-phi3")
+    os.makedirs(hf_dir)
+    torch.manual_seed(8)
+    init = {name: initial_value(torch, name, shape).float() for name, shape in shapes_of(model).items()}
+    fused = fuse_phi3(torch, init, model["n_layer"])
+    tt.write_safetensors(os.path.join(hf_dir, "model.safetensors"),
+                         {name: (tuple(value.shape), value.numpy().tobytes()) for name, value in fused.items()})
+    with open(os.path.join(hf_dir, "config.json"), "w") as f:
+        json.dump(hf_phi3_config(model, window=32), f)
+    with open(os.path.join(hf_dir, "tokenizer.json"), "w") as f:
+        json.dump(byte_tokenizer_json(), f)
+
+    # The independent Phi-3 forward over the fused weights is the Llama reference on the parts.
+    tokens = torch.tensor([[3, 141, 59, 26, 53, 58, 97, 93, 23, 84]])
+    with torch.no_grad():
+        phi = phi3_forward_logits(torch, {n: v.double() for n, v in fused.items()}, model, tokens)
+        llama = ref.forward_logits({n: v.double() for n, v in init.items()}, tokens,
+                                   reference_config(model))
+    if float((phi - llama).abs().max()) > 1e-9:
+        tt.fail(f"the Phi-3 forward and the Llama reference differ by {float((phi - llama).abs().max()):.2e}")
+
+    # A seq_len past the window is one line naming the key.
+    bad_path, _ = train_config(folder, "too-long", hf_dir, steps=1)
+    with open(bad_path) as f:
+        bad = json.load(f)
+    bad["model"]["seq_len"] = 40
+    with open(bad_path, "w") as f:
+        json.dump(bad, f)
+    refused = tt.strata("train", bad_path, expect_ok=False)
+    if refused.returncode != 2 or "model.seq_len" not in refused.stderr or "sliding window of 32" not in refused.stderr:
+        tt.fail(f"a seq_len past the window: {refused.stderr}")
+
+    # Folder → train 3 steps → export; fused again, and split within 1e-4 of torch's training.
+    cfg_path, cfg = train_config(folder, "train", hf_dir, steps=3)
+    out = os.path.join(folder, "out")
+    tt.strata("--log-level", "warn", "train", cfg_path, "--export", out)
+    exported = json.load(open(os.path.join(out, "config.json")))
+    want = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "sliding_window": 32,
+            "tie_word_embeddings": False, "num_key_value_heads": model["n_kv_head"]}
+    if any(exported.get(key) != value for key, value in want.items()):
+        tt.fail(f"{out}/config.json is not Phi-3's: {exported}")
+    ours_fused = read_folder_tensors(torch, out)
+    if set(ours_fused) != set(fused):
+        tt.fail(f"exported tensors {sorted(set(ours_fused) ^ set(fused))} differ from Phi-3's names")
+    as_tensors = {name: torch.frombuffer(bytearray(raw), dtype=torch.float32).view(fused[name].shape)
+                  for name, raw in ours_fused.items()}
+    ours = {}
+    for name, value in as_tensors.items():
+        if name.endswith("qkv_proj.weight"):
+            stem = name[:-len("qkv_proj.weight")]
+            q_rows, kv_rows = model["n_head"] * model["head_dim"], model["n_kv_head"] * model["head_dim"]
+            for part, (a, b) in zip("qkv", ((0, q_rows), (q_rows, q_rows + kv_rows),
+                                           (q_rows + kv_rows, q_rows + 2 * kv_rows))):
+                ours[stem + f"{part}_proj.weight"] = value[a:b].contiguous().numpy().tobytes()
+        elif name.endswith("gate_up_proj.weight"):
+            stem = name[:-len("gate_up_proj.weight")]
+            gate, up = value.chunk(2, dim=0)
+            ours[stem + "gate_proj.weight"] = gate.contiguous().numpy().tobytes()
+            ours[stem + "up_proj.weight"] = up.contiguous().numpy().tobytes()
+        else:
+            ours[name] = value.numpy().tobytes()
+    _, ref_params = torch_training(torch, model, init, cfg)
+    worst = compare_with_torch(torch, ours, ref_params, set(init), "phi3")
+    print(f"phi3: {len(fused)} fused tensors, split, within {worst:.2e} of torch's training")
+
+    # The exported folder loads back (as phi3) bit for bit.
+    again_path, _ = train_config(folder, "again", out, steps=0)
+    out2 = os.path.join(folder, "out2")
+    tt.strata("--log-level", "warn", "train", again_path, "--export", out2)
+    if read_folder_tensors(torch, out2) != ours_fused:
+        tt.fail(f"{out} → strata → {out2} is not bit-identical")
+
+    # Greedy tokens against the Phi-3 forward (fused weights, float64), within the window.
+    prompt_ids = [256] + list("é ".encode())
+    got = generate(out, os.path.join(folder, "gen-nvme"), "8MiB", "--prompt", "Thé ", "--tokens", "12",
+                   "--seq-len", "16")
+    trained = {name: value.double() for name, value in as_tensors.items()}
+    context, want_tokens = list(prompt_ids), []
+    with torch.no_grad():
+        for _ in range(12):
+            logits = phi3_forward_logits(torch, trained, model, torch.tensor([context]))[0, -1]
+            top2 = torch.topk(logits, 2).values
+            nxt = int(torch.argmax(logits))
+            want_tokens.append((nxt, float(top2[0] - top2[1])))
+            context.append(nxt)
+    compare_greedy(got, want_tokens)
+    print(f"phi3: generate --model {os.path.basename(out)}: greedy tokens match the Phi-3 forward")
+
+
 def case_offload(folder):
     torch = import_torch()
     tiny = os.path.join(folder, "tiny")
@@ -328,4 +492,4 @@ if __name__ == "__main__":
     base = os.environ.get("STRATA_TEST_TMPDIR", tempfile.gettempdir())
     os.makedirs(base, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as work:
-        {"roundtrip": case_roundtrip, "qwen2": case_qwen2, "offload": case_offload}[CASE](work)
+        {"roundtrip": case_roundtrip, "qwen2": case_qwen2, "phi3": case_phi3, "offload": case_offload}[CASE](work)
