@@ -945,8 +945,9 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
         accumulated_loss += previous.loss;
       }
       const size_t first = info.micro_batch * tokens_.size();
-      STRATA_RETURN_IF_ERROR(backend_->begin_step(
-          {micro_tokens_.data() + first, micro_targets_.data() + first, shape_.rows(), loss_normalizer_tokens}));
+      kernels::StepBatch batch{micro_tokens_.data() + first, micro_targets_.data() + first, shape_.rows()};
+      batch.loss_normalizer_tokens = loss_normalizer_tokens;
+      STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
     }
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     if (run_.interleaved_updates && run_.steps[index].kind == StepKind::optimize && !pending_update_step_) {
