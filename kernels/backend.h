@@ -92,10 +92,10 @@ struct StepBatch {
   int64_t loss_normalizer_tokens = 0;
 };
 
-// `loss` is the head's loss sum over trained tokens divided by the batch's N (above): the mean
-// over trained tokens when N is the batch's own count, 0 when no token is trained.
-// What `end_step` brings back to the host: that loss and the sum of squares of every gradient
-// `sum_squares` saw since `begin_step`.
+// What `end_step` brings back to the host: the loss — the head's loss sum over trained tokens
+// divided by the batch's N (above): the mean over trained tokens when N is the batch's own
+// count, 0 when no token is trained — and the sum of squares of every gradient `sum_squares`
+// saw since `begin_step`.
 struct StepScalars {
   double loss = 0.0;
   double grad_sum_squares = 0.0;
