@@ -385,10 +385,15 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
                                                             m.kv_heads(), m.head_size(), biases, m.intermediate_size,
                                                             m.tie_word_embeddings ? "tied" : "untied")
                                               : fmt::format("{} heads", m.n_head);
-  append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({} × {})",
+  // A step is one update: with gradient accumulation, K micro-batches of batch_size rows, and
+  // the plan (so the prediction) holds all K forward/backward passes.
+  const uint32_t micro_batches = config.gradient_accumulation_steps;
+  append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({}{} × {})",
        config.source_path, m.arch == "llama" ? "Llama" : "GPT-2", m.n_layer, m.n_embd, heads, m.vocab_size,
        parameters >= 1e9 ? fmt::format("{:.2f} B", parameters * 1e-9) : fmt::format("{:.1f} M", parameters * 1e-6),
-       uint64_t{config.batch_size} * config.model.seq_len, config.batch_size, config.model.seq_len);
+       uint64_t{config.batch_size} * config.model.seq_len * micro_batches,
+       micro_batches > 1 ? fmt::format("{} micro-batches × ", micro_batches) : std::string(), config.batch_size,
+       config.model.seq_len);
   append_line(out, "");
   append_line(out, "where the state lives (its lasting home; the device holds what a step needs, streamed in):");
   for (const KindBytes& kind : kinds_of(config, layout, run))
@@ -446,7 +451,7 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "  replayed step            {:8.2f} s  (of which {:.2f} s waiting for data)", p.replay_step_s, p.stall_s);
   append_line(out, "");
   append_line(out, "predicted step time        {:8.2f} s  ({}-bound; {:.0f} tokens/s)", p.step_s, p.bound,
-       static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len) / p.step_s);
+       static_cast<double>(uint64_t{config.batch_size} * config.model.seq_len * micro_batches) / p.step_s);
   // What was measured and what assumed, when the kernels did not run where the config trains.
   // Only cuda's kernels can be missing here: emulated runs the CPU backend by design.
   if (config.device_kind == "cuda" && rates.backend != "cuda")

@@ -71,7 +71,13 @@ Result<std::unique_ptr<TrainBatches>> TrainBatches::open(const TrainConfig& conf
 }
 
 uint64_t TrainBatches::total_steps(const TrainConfig& config) const {
-  if (examples_ && config.epochs > 0) return examples_->steps_for_epochs(config.epochs);
+  // Batches of B rows for E epochs, then K of them an update: ceil(ceil(a / B) / K) is
+  // ceil(a / (B·K)), so the last update may hold fewer than K batches' worth of new rows
+  // (the order wraps into the next epoch, as a short last batch does).
+  if (examples_ && config.epochs > 0) {
+    const uint64_t k = config.gradient_accumulation_steps;
+    return (examples_->steps_for_epochs(config.epochs) + k - 1) / k;
+  }
   return config.steps;
 }
 

@@ -29,7 +29,8 @@ class TrainBatches {
   // the global batch starts at rank · rank_rows).
   [[nodiscard]] static Result<std::unique_ptr<TrainBatches>> open(const TrainConfig& config, uint32_t global_rows,
                                                                   uint32_t rank_rows, int rank);
-  // config.steps, or with config.epochs the steps that show every row that many times.
+  // config.steps, or with config.epochs the updates (K micro-batches each) that show every row
+  // that many times.
   uint64_t total_steps(const TrainConfig& config) const;
   // Batch `batch_index`'s rows of this rank (the step's index; with gradient accumulation the
   // micro-batch's, step · K + k) into rank_rows × seq_len values each. positions and segments

@@ -202,6 +202,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     return model.error_at("vocab_size", fmt::format("{} is too small for data.format text-bytes; use 256 or more", m.vocab_size));
 
   STRATA_READ(config.batch_size, root.integer("batch_size", 8, 1, 1 << 16));
+  STRATA_READ(config.gradient_accumulation_steps, root.integer("gradient_accumulation_steps", 1, 1, 1 << 16));
   STRATA_READ(config.steps, root.integer("steps", 200, 0, INT64_MAX));
   STRATA_READ(config.epochs, root.integer("epochs", 0, 1, 1 << 20));
   if (root.has("epochs") && !is_example_format(config.data_format))
@@ -224,6 +225,18 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(o.chunk_elements, optimizer.integer("chunk_elements", int64_t{16} << 20, 1024, int64_t{1} << 40));
   STRATA_READ(o.interleave, optimizer.boolean("interleave", true));
   STRATA_RETURN_IF_ERROR(optimizer.finish());
+
+  // schedule: Hugging Face's warmup + constant / linear / cosine (engine/lr_schedule.h).
+  config.schedule.enabled = root.has("schedule");
+  STRATA_ASSIGN_OR_RETURN(ConfigNode schedule, root.child("schedule"));
+  ScheduleConfig& sc = config.schedule;
+  STRATA_READ(sc.warmup_steps, schedule.integer("warmup_steps", 0, 0, INT64_MAX));
+  STRATA_ASSIGN_OR_RETURN(std::string decay, schedule.choice("decay", {"constant", "linear", "cosine"}, "constant"));
+  sc.decay = decay == "linear" ? LrDecay::linear : decay == "cosine" ? LrDecay::cosine : LrDecay::constant;
+  STRATA_READ(sc.min_lr_ratio, schedule.number("min_lr_ratio", 0.0, 0.0, 1.0));
+  if (sc.decay == LrDecay::constant && schedule.has("min_lr_ratio"))
+    return schedule.error_at("min_lr_ratio", "is only read with decay: linear or cosine (the decay is constant)");
+  STRATA_RETURN_IF_ERROR(schedule.finish());
 
   STRATA_ASSIGN_OR_RETURN(std::string precision, root.choice("precision", {"fp32", "bf16"}, "bf16"));
   config.precision = precision == "fp32" ? DType::f32 : DType::bf16;
@@ -253,6 +266,12 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
                                                    "for every gradient before the first update, so they must be "
                                                    "parked on host or nvme",
                                                    config.optimizer.grad_clip));
+  // Accumulated gradients wait for the last micro-batch in G; `grads: device` is one block's
+  // scratch that the next block's backward reuses right after the update.
+  if (config.placement.grads == Tier::device && config.gradient_accumulation_steps > 1)
+    return placement.error_at("grads", fmt::format("'device' cannot hold gradients across micro-batches "
+                                                   "(gradient_accumulation_steps: {}); use host or nvme",
+                                                   config.gradient_accumulation_steps));
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode nvme, root.child("nvme"));
   STRATA_READ(config.nvme_paths, nvme.string_list("paths", std::vector<std::string>{}));

@@ -100,6 +100,16 @@ struct OptimizerConfig {
   bool interleave = true;
 };
 
+// `schedule:` — the learning rate of each update, Hugging Face's schedules step for step
+// (engine/lr_schedule.h has the formulas; docs/train.md "schedule").
+enum class LrDecay : uint8_t { constant, linear, cosine };
+struct ScheduleConfig {
+  bool enabled = false;       // the config has a schedule block; false: optimizer.lr at every step
+  uint64_t warmup_steps = 0;  // W: the lr rises linearly from 0 over updates 0 .. W-1
+  LrDecay decay = LrDecay::constant;
+  double min_lr_ratio = 0.0;  // r: linear and cosine decay to r·lr instead of 0
+};
+
 struct PlacementConfig {
   Tier params = Tier::nvme;     // the compute copy (bf16 or fp32) of every weight
   Tier grads = Tier::host;      // where gradients wait for their update
@@ -128,11 +138,15 @@ struct TrainConfig {
   std::string data_tokenizer;  // data.format text, completion, chat: tokenizer.json / tokenizer.model (or its folder)
   ExampleDataConfig examples;
   uint32_t batch_size = 8;
-  uint64_t steps = 200;
+  // K micro-batches of batch_size rows per update: their gradients add up, the loss is divided
+  // by the trained tokens of all K, and the optimizer runs once (docs/train.md).
+  uint32_t gradient_accumulation_steps = 1;
+  uint64_t steps = 200;  // updates
   // epochs: the alternative to steps for example formats — steps = ceil(rows · epochs / global
-  // batch rows), known once the data is read (data::Batches::steps_for_epochs). 0: steps rules.
+  // batch rows · K), known once the data is read (TrainBatches::total_steps). 0: steps rules.
   uint64_t epochs = 0;
   OptimizerConfig optimizer;
+  ScheduleConfig schedule;
   DType precision = DType::bf16;  // fp32, or bf16 weights with fp32 accumulate and master
   std::string device_kind = "cpu";  // cpu | cuda | emulated (memory/device/device.h)
   uint64_t device_memory_bytes = 256ull << 20;

@@ -58,8 +58,10 @@ bool interleaved_updates(const TrainConfig& config, bool zero) {
   // Without clipping the updates already follow their backward. The host site has its own
   // overlap (CPU AdamW beside the device's backward), and ZeRO's updates take part in a
   // collective per step, which expects them after that step's backward.
+  // With gradient accumulation the updates follow the last micro-batch: a pass of K
+  // micro-batches already has K forwards and backwards to amortize the update's I/O over.
   return config.optimizer.grad_clip > 0 && config.optimizer.interleave && !zero &&
-         optimizer_site(config) == OptimizerSite::device;
+         optimizer_site(config) == OptimizerSite::device && config.gradient_accumulation_steps == 1;
 }
 
 TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
@@ -181,28 +183,47 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
 
   // Interleaved: the previous step's update of each unit right before its forward.
   const bool interleave = run.interleaved_updates;
-  if (interleave) optimize(embed);
-  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, with_next_shares({run.units[embed].params}),
-      {run.activations[0]});
-  for (uint32_t i = 0; i < n_layer; ++i) {
-    size_t unit = layout.block_unit(i);
-    if (interleave) optimize(unit);
-    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit},
-        with_next_shares({run.units[unit].params, run.activations[i]}), {run.activations[i + 1]});
+  // Gradient accumulation: K forward/backward passes, one per micro-batch, then the updates.
+  // Micro-batch k > 0 adds to the gradients the passes before it left (so its head and
+  // backward steps also read G), and only the last one's backward is followed by updates:
+  // the optimizer state is read and written once per update. With K = 1 the steps, their
+  // names and their tensors are exactly the single pass's.
+  const uint32_t micro_batches = config.gradient_accumulation_steps;
+  for (uint32_t k = 0; k < micro_batches; ++k) {
+    const std::string suffix = micro_batches == 1 ? "" : ".mb" + std::to_string(k);
+    const bool last = k + 1 == micro_batches;
+    auto info = [k](StepKind kind, size_t unit) {
+      StepInfo step{kind, unit};
+      step.micro_batch = k;
+      return step;
+    };
+    // G as read by micro-batch k's head and backward: the sum so far, from k = 1 on.
+    auto accumulated = [&](size_t unit) { return k > 0 ? run.units[unit].grads : kNoTensor; };
+    if (interleave) optimize(embed);
+    add("fwd.embed" + suffix, info(StepKind::fwd_embed, embed), with_next_shares({run.units[embed].params}),
+        {run.activations[0]});
+    for (uint32_t i = 0; i < n_layer; ++i) {
+      size_t unit = layout.block_unit(i);
+      if (interleave) optimize(unit);
+      add("fwd.h." + std::to_string(i) + suffix, info(StepKind::fwd_block, unit),
+          with_next_shares({run.units[unit].params, run.activations[i]}), {run.activations[i + 1]});
+    }
+    if (interleave) optimize(ln_f);
+    add("head" + suffix, info(StepKind::head, ln_f),
+        with_next_shares({run.units[ln_f].params, run.units[embed].params, run.activations[n_layer], accumulated(ln_f),
+                          accumulated(embed)}),
+        {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
+    if (!clip && last) optimize(ln_f);
+    for (uint32_t i = n_layer; i-- > 0;) {
+      size_t unit = layout.block_unit(i);
+      add("bwd.h." + std::to_string(i) + suffix, info(StepKind::bwd_block, unit),
+          with_next_shares({run.units[unit].params, run.activations[i], run.d_x, accumulated(unit)}),
+          {run.units[unit].grads, run.d_x});
+      if (!clip && last) optimize(unit);
+    }
+    add("bwd.embed" + suffix, info(StepKind::bwd_embed, embed), {run.units[embed].grads, run.d_x},
+        {run.units[embed].grads});
   }
-  if (interleave) optimize(ln_f);
-  add("head", StepInfo{StepKind::head, ln_f},
-      with_next_shares({run.units[ln_f].params, run.units[embed].params, run.activations[n_layer]}),
-      {run.units[ln_f].grads, run.units[embed].grads, run.d_x});
-  if (!clip) optimize(ln_f);
-  for (uint32_t i = n_layer; i-- > 0;) {
-    size_t unit = layout.block_unit(i);
-    add("bwd.h." + std::to_string(i), StepInfo{StepKind::bwd_block, unit},
-        with_next_shares({run.units[unit].params, run.activations[i], run.d_x}), {run.units[unit].grads, run.d_x});
-    if (!clip) optimize(unit);
-  }
-  add("bwd.embed", StepInfo{StepKind::bwd_embed, embed}, {run.units[embed].grads, run.d_x},
-      {run.units[embed].grads});
   if (interleave) return run;
   if (clip) {
     // The global norm is known only now: every update waits for it (gradients parked on

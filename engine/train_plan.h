@@ -17,6 +17,13 @@
 // clipping the bracketed updates follow their backward; with clipping every update waits
 // for the global norm after bwd.embed.
 //
+// Gradient accumulation (`gradient_accumulation_steps: K` > 1): the forward/backward part
+// repeats K times, one micro-batch each (steps named `<step>.mb<k>`), and the updates follow
+// the last micro-batch's backward only — fused after it without clipping, after its bwd.embed
+// with clipping — so O is read and written once per update. From micro-batch 1 on, the head
+// and each backward also read G (the sum so far) before adding to it. K > 1 never interleaves
+// and needs G as a plan tensor (grads: host or nvme; `grads: device` scratch holds one block).
+//
 // Interleaved updates (`interleaved_updates`): with clipping, the updates after bwd.embed are
 // 16 B read and 14 B written per parameter with almost no compute to hide behind — where
 // offloaded training stalled. So when the site is `device`, there is no ZeRO and
@@ -69,6 +76,7 @@ struct StepInfo {
   size_t unit;       // the unit the step works on (for head: ln_f)
   size_t chunk = 0;  // optimize: which optimizer chunk
   OptimizerSite site = OptimizerSite::device;  // optimize: where the update runs
+  uint32_t micro_batch = 0;  // forward, head, backward: which of the K micro-batches (optimize: 0)
 };
 
 struct OptimChunk {

@@ -25,6 +25,7 @@
 #include "engine/train_batches.h"
 #include "engine/generate.h"
 #include "engine/hf/hf.h"
+#include "engine/lr_schedule.h"
 #include "engine/model_layout.h"
 #include "engine/monitor/monitor.h"
 #include "engine/safetensors.h"
@@ -263,6 +264,7 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
 struct StepFigures {
   uint64_t step = 0;
   double loss = 0.0;
+  double learning_rate = 0.0;  // the lr of this step's update (lr_schedule.h)
   double seconds = 0.0;
   double compute_seconds = 0.0;
   double stall_seconds = 0.0;
@@ -274,7 +276,8 @@ struct StepFigures {
 // A step's figures as the live metrics take them (scheduler::TierPair order is the monitor's).
 monitor::StepSample monitor_sample(const StepFigures& f) {
   static_assert(sch::kTierPairCount == monitor::kPairCount);
-  monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed};
+  monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed,
+                             f.learning_rate};
   std::copy(std::begin(f.bytes), std::end(f.bytes), sample.transfer_bytes);
   std::copy(std::begin(f.tier_bytes), std::end(f.tier_bytes), sample.tier_bytes);
   return sample;
@@ -305,6 +308,11 @@ class Run {
   Status open_store(uint64_t& start_step);
   Status create_scheduler();
   Status run_step(uint64_t step, StepFigures& figures);
+  // Whether a forward/backward plan step belongs to the update's last micro-batch (always
+  // with gradient_accumulation_steps 1): only then are its gradients complete.
+  bool last_micro_batch(const StepInfo& info) const {
+    return info.micro_batch + 1 == config_.gradient_accumulation_steps;
+  }
   // Interleaved updates (train_plan.h): the pass that applies the pending update and nothing
   // else, so that a commit holds every step's update and no gradients are pending.
   Status drain_pending_update();
@@ -362,8 +370,10 @@ class Run {
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
-  // Fine-tuning examples only (empty for a token stream): each token's position within its
-  // example and the example's index in its row, for packed attention (StepBatch).
+  // The K micro-batches of one update (gradient_accumulation_steps; K = 1: one batch), rows
+  // after rows, filled before the first and untouched until the update's last end_step
+  // (backend.h: begin_step's batch is host memory). Positions and segment ids (StepBatch's
+  // packed attention) only for fine-tuning examples: empty, so null, for a token stream.
   std::vector<int32_t> positions_;
   std::vector<int32_t> segments_;
   uint64_t committed_step_ = 0;  // the trainer's own copy: the store belongs to the I/O thread
@@ -593,23 +603,28 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
                                                         embed_unit.element_count, embed_scratch));
       float* ln_f_grads = grads_of(info.unit, buffers);
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
-      STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
-      STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
+      // Micro-batches after the first add to the gradients the ones before left.
+      if (info.micro_batch == 0) {
+        STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
+        STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
+      }
       STRATA_RETURN_IF_ERROR(model.head_forward_backward(backend, shape_, ln_f, embed,
                                                          f32(run_.activations[static_cast<size_t>(model.n_layer())]),
                                                          f32(run_.d_x), ln_f_grads, embed_grads, workspace));
+      if (!last_micro_batch(info)) return Status();  // the norm is the accumulated gradient's
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, ln_f_grads);
       return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
       STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
       float* grads = grads_of(info.unit, buffers);
-      STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
+      if (info.micro_batch == 0) STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
       auto i = static_cast<size_t>(unit.block_index);
       float* d_x = f32(run_.d_x);
       STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape_, weights, f32(run_.activations[i]),
                                                   d_x, d_x, grads, workspace,
                                                     /*recompute=*/true));
+      if (!last_micro_batch(info)) return Status();
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
       return backend.sum_squares(grads, unit.element_count);
     }
@@ -617,6 +632,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
       float* grads = grads_of(info.unit, buffers);
       STRATA_RETURN_IF_ERROR(
           model.embedding_backward(backend, shape_, f32(run_.d_x), grads));
+      if (!last_micro_batch(info)) return Status();
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
       return backend.sum_squares(grads, unit.element_count);
     }
@@ -674,7 +690,8 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
 // chunk's first element.
 void Run::optimizer_pieces(size_t unit, uint64_t begin, uint64_t count, uint64_t step, std::byte* chunk,
                            const float* grads, uint16_t* copy, std::vector<kernels::AdamWChunk>& pieces) const {
-  const kernels::AdamWConfig adamw{config_.optimizer.lr, config_.optimizer.beta1, config_.optimizer.beta2,
+  // The schedule's lr of this update (lr_schedule.h: `step` is the update's 0-based index).
+  const kernels::AdamWConfig adamw{learning_rate_at(config_, step), config_.optimizer.beta1, config_.optimizer.beta2,
                                    config_.optimizer.eps, config_.optimizer.weight_decay};
   state_.update_pieces(adamw, step, unit_spans_[unit], begin, count, chunk, grads, copy, pieces);
 }
@@ -877,39 +894,48 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   return static_cast<float*>(block_grads_.data());
 }
 
-// Packed rows (data.packing) hand the backend each token's position within its example and its
-// example's id in the row, so attention never crosses examples. Written against StepBatch's
-// fields where the backend has them; a build whose StepBatch lacks them refuses packing at
-// start-up (kStepBatchKeepsExamplesApart) rather than train across example boundaries.
-template <typename Batch>
-constexpr bool step_batch_has_boundaries = requires(Batch batch) {
-  batch.positions;
-  batch.segments;
-};
-constexpr bool kStepBatchKeepsExamplesApart = step_batch_has_boundaries<kernels::StepBatch>;
-
-template <typename Batch>
-void set_example_boundaries(Batch& batch, const int32_t* positions, const int32_t* segments) {
-  if constexpr (step_batch_has_boundaries<Batch>) {
-    batch.positions = positions;
-    batch.segments = segments;
-  } else {
-    (void)batch, (void)positions, (void)segments;
-  }
-}
-
 // One training step: every plan step's ops are enqueued on the backend's stream and its
 // tensors given back behind them (release_after); the loss and the gradient norm come back
 // once, at the end.
 Status Run::run_step(uint64_t step, StepFigures& figures) {
-  // positions_/segments_ are empty (data() null) for a token stream: the backend's defaults.
-  batches_->fill(step, tokens_.data(), targets_.data(), positions_.data(), segments_.data());
+  const uint32_t micro_batches = config_.gradient_accumulation_steps;
+  const size_t rows = static_cast<size_t>(shape_.rows());
+  // Micro-batch k of update s reads batch s·K + k: K = 1 reads what runs always read (with ZeRO
+  // ranks, this rank's block of rows of that global batch: TrainBatches::fill).
+  for (uint32_t k = 0; k < micro_batches; ++k)
+    batches_->fill(step * micro_batches + k, tokens_.data() + k * rows, targets_.data() + k * rows,
+                   positions_.empty() ? nullptr : positions_.data() + k * rows,
+                   segments_.empty() ? nullptr : segments_.data() + k * rows);
   if (zero_ != nullptr) zero_->begin_step();
-  kernels::StepBatch batch{tokens_.data(), targets_.data(), shape_.rows()};
-  set_example_boundaries(batch, positions_.data(), segments_.data());
-  STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
+  // K = 1: the batch's own trained-token count (backend.h, StepBatch). K > 1: the count of all
+  // K, so the update's loss is the mean over every trained token, not a mean of means.
+  const int64_t loss_normalizer_tokens =
+      micro_batches > 1
+          ? kernels::gpt2::count_trained_targets(targets_.data(), static_cast<int64_t>(targets_.size()))
+          : 0;
+  double accumulated_loss = 0.0;  // K > 1: the micro-batches' losses so far (each is its sum / N)
+  auto micro_batch = [&](size_t k) {
+    const size_t first = k * rows;
+    // Packed rows (data.packing): each token's position within its example and the example's
+    // id in its row, so attention never crosses examples (null for a token stream).
+    kernels::StepBatch batch{tokens_.data() + first, targets_.data() + first, shape_.rows()};
+    batch.positions = positions_.empty() ? nullptr : positions_.data() + first;
+    batch.segments = segments_.empty() ? nullptr : segments_.data() + first;
+    batch.loss_normalizer_tokens = loss_normalizer_tokens;
+    return batch;
+  };
+  if (micro_batches == 1) STRATA_RETURN_IF_ERROR(backend_->begin_step(micro_batch(0)));
   host_clip_scale_.reset();
   for (size_t index = 0; index < run_.plan.step_count(); ++index) {
+    if (const StepInfo& info = run_.steps[index]; micro_batches > 1 && info.kind == StepKind::fwd_embed) {
+      // A micro-batch begins. The one before it ends with a wait for its loss (begin_step
+      // clears it); its gradients stay where the plan keeps them, summed into by this one.
+      if (info.micro_batch > 0) {
+        STRATA_ASSIGN_OR_RETURN(kernels::StepScalars previous, backend_->end_step());
+        accumulated_loss += previous.loss;
+      }
+      STRATA_RETURN_IF_ERROR(backend_->begin_step(micro_batch(info.micro_batch)));
+    }
     STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
     if (run_.interleaved_updates && run_.steps[index].kind == StepKind::optimize && !pending_update_step_) {
       // No gradients wait (the first pass after a start, resume or commit): the step's
@@ -936,6 +962,8 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   // updates in the next pass (begin_step does not clear it).
   if (run_.interleaved_updates) STRATA_RETURN_IF_ERROR(backend_->clip_coefficient(config_.optimizer.grad_clip));
   STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
+  // The mean over every trained token of the K micro-batches: each loss is its sum over N.
+  if (micro_batches > 1) scalars.loss += accumulated_loss;
   if (zero_ != nullptr) {
     STRATA_ASSIGN_OR_RETURN(scalars.loss, zero_->mean_loss(scalars.loss));
   }
@@ -1056,6 +1084,7 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
   for (const StepFigures& f : figures) {
     steps.push_back({{"step", f.step},
                      {"loss", f.loss},
+                     {"learning_rate", f.learning_rate},
                      {"seconds", f.seconds},
                      {"compute_seconds", f.compute_seconds},
                      {"stall_seconds", f.stall_seconds},
@@ -1104,17 +1133,31 @@ Status Run::open_device() {
 }
 
 Result<TrainSummary> Run::execute() {
+  // ZeRO with accumulation: each rank sums its micro-batches' gradients in its whole G and
+  // the reduction runs once, after the last micro-batch's backward. Stage 3 gathers each
+  // unit's compute copy ahead of the next step of one pass; the K passes of an update would
+  // need their own gather order — not built yet: refused before any work, not wrong.
+  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1 && config_.parallel.zero_stage == 3)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with "
+                                  "parallel.zero_stage 3 on {} ranks yet; use stage 1 or 2, or 1 micro-batch",
+                                  config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
   run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
                          : build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
   STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
-  if (config_.examples.packing && !kStepBatchKeepsExamplesApart)
-    return make_error(ErrorKind::unsupported,
-                      "data.packing: true needs a compute backend whose attention keeps packed examples apart "
-                      "(StepBatch positions and segments), which this build lacks; use data.packing: false");
   const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
   STRATA_ASSIGN_OR_RETURN(batches_, TrainBatches::open(config_, global_rows, config_.batch_size,
                                                        zero_ != nullptr ? zero_->rank() : 0));
+  // Masked examples train a different number of tokens on each rank, and each rank divides its
+  // loss by its own count before the ranks average: not the mean over every trained token.
+  // Refused until the divisor is the global count (issue 30's ZeRO item), never run inexactly.
+  if (zero_ != nullptr && batches_->has_boundaries())
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'data.format': fine-tuning examples on {} ranks are not supported yet "
+                                  "(each rank's loss would be divided by its own trained-token count); train them "
+                                  "on one rank",
+                                  config_.source_path, zero_->ranks()));
   STRATA_RETURN_IF_ERROR(check_init_file(config_));
   const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : batches_->total_steps(config_);
 
@@ -1197,8 +1240,8 @@ Result<TrainSummary> Run::execute() {
   nvme_capacity_bytes_ = store_stats.capacity_bytes;
   STRATA_RETURN_IF_ERROR(create_scheduler());
   STRATA_RETURN_IF_ERROR(open_host_optimizer());
-  tokens_.resize(static_cast<size_t>(shape_.rows()));
-  targets_.resize(static_cast<size_t>(shape_.rows()));
+  tokens_.resize(static_cast<size_t>(shape_.rows()) * config_.gradient_accumulation_steps);
+  targets_.resize(tokens_.size());
   if (batches_->has_boundaries()) {
     positions_.resize(tokens_.size());
     segments_.resize(tokens_.size());
@@ -1212,7 +1255,9 @@ Result<TrainSummary> Run::execute() {
   TrainSummary summary;
   summary.first_step = start_step;
   // The job's tokens: with ZeRO ranks, the global batch (config_.batch_size is this rank's share).
-  const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} * config_.model.seq_len;
+  // With accumulation, the K micro-batches of one update.
+  const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} *
+                                   config_.model.seq_len * config_.gradient_accumulation_steps;
   if (options_.monitor != nullptr) {
     monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
                           prediction ? prediction->step_s : 0.0,
@@ -1224,6 +1269,7 @@ Result<TrainSummary> Run::execute() {
   for (uint64_t step = start_step; step < total_steps; ++step) {
     StepFigures f;
     f.step = step + 1;
+    f.learning_rate = learning_rate_at(config_, step);
     const auto step_start = Clock::now();
     const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps;
     Status status = run_step(step, f);
@@ -1248,9 +1294,9 @@ Result<TrainSummary> Run::execute() {
     if (options_.progress) {
       auto rate = [&](sch::TierPair pair) { return static_cast<double>(f.bytes[static_cast<size_t>(pair)]) / f.seconds / 1e9; };
       fmt::print(stderr,
-                 "step {:>5}/{} | loss {:.4f} | {:>7.0f} tok/s | nvme r {:.2f} w {:.2f} GB/s | h2d {:.2f} d2h {:.2f} "
-                 "GB/s | stall {:4.1f}%{}\n",
-                 f.step, total_steps, f.loss, static_cast<double>(tokens_per_step) / f.seconds,
+                 "step {:>5}/{} | loss {:.4f} | lr {:.3e} | {:>7.0f} tok/s | nvme r {:.2f} w {:.2f} GB/s | h2d {:.2f} "
+                 "d2h {:.2f} GB/s | stall {:4.1f}%{}\n",
+                 f.step, total_steps, f.loss, f.learning_rate, static_cast<double>(tokens_per_step) / f.seconds,
                  rate(sch::TierPair::nvme_to_host), rate(sch::TierPair::host_to_nvme),
                  rate(sch::TierPair::host_to_device), rate(sch::TierPair::device_to_host),
                  100.0 * f.stall_seconds / f.seconds, commit ? " | committed" : "");

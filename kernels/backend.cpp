@@ -27,7 +27,7 @@ Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device, con
 
 Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size) {
   for (int64_t row = 0; row < rows; ++row)
-    if (targets[row] < 0 || targets[row] >= vocab_size)
+    if (targets[row] >= vocab_size)  // negative: a loss mask (StepBatch)
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("target token id {} (row {}) is outside the model's vocabulary of {} tokens "
                                     "(ids 0..{}): the data was tokenized for another vocabulary",

@@ -64,12 +64,14 @@
 
 namespace strata::kernels {
 
-// What `end_step` brings back to the host: the step's mean loss and the sum of squares of every
-// gradient `sum_squares` saw since `begin_step`.
 // One step's batch for the embedding, block and head ops: host memory, untouched until
-// `end_step` returns. `rows` is the number of tokens (the shape's B·T). Issue 30 adds what
-// fine-tuning data carries beside the ids (loss masks in `targets`, per-example positions,
-// example boundaries).
+// `end_step` returns. `rows` is the number of tokens (the shape's B·T).
+// - Loss masks live in `targets`: a negative target is a token the loss does not see (zero loss,
+//   exactly zero gradient; gpt2.h, "Loss masks").
+// - `loss_normalizer_tokens` is N, what the head divides the loss sum and the gradient by; 0
+//   means this batch's own count of trained targets. Gradient accumulation passes the whole
+//   update's count to each of its micro-batches, so their gradients add up to the full batch's
+//   and their `StepScalars::loss` values add up to the mean over every trained token.
 // Packed rows (several examples in one seq_len row; docs/backend.md "Packed rows"), each
 // [rows] int32 or null — gpt2::PackedRows' semantics:
 // - `positions`: each token's position within its example, in [0, seq_len). GPT-2's embedding
@@ -87,8 +89,13 @@ struct StepBatch {
   int64_t rows = 0;
   const int32_t* positions = nullptr;
   const int32_t* segments = nullptr;
+  int64_t loss_normalizer_tokens = 0;
 };
 
+// What `end_step` brings back to the host: the loss — the head's loss sum over trained tokens
+// divided by the batch's N (above): the mean over trained tokens when N is the batch's own
+// count, 0 when no token is trained — and the sum of squares of every gradient `sum_squares`
+// saw since `begin_step`.
 struct StepScalars {
   double loss = 0.0;
   double grad_sum_squares = 0.0;
@@ -268,9 +275,10 @@ size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& confi
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);
 // The refusal every backend's head ops make before a kernel indexes a logits row by a target:
-// a target outside [0, vocab_size) would read (and, with gradients, write) past the row. The
+// a target at or past vocab_size would read (and, with gradients, write) past the row. The
 // first such target is an `invalid_argument` naming the token id, its row and the vocabulary
-// size. `targets` are begin_step's, host memory, so this costs no device round trip.
+// size. Negative targets are loss masks (StepBatch) and pass. `targets` are begin_step's, host
+// memory, so this costs no device round trip.
 [[nodiscard]] Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size);
 // The refusal of StepBatch's packing fields the ops make before a kernel indexes by them: a
 // position outside [0, shape.seq_len) (it would read past wpe's / RoPE's table) or a segment id

@@ -113,6 +113,8 @@ std::string RunMetrics::prometheus_text() const {
   e.single("strata_steps_total", "counter", "Steps this process has completed.", static_cast<double>(steps_total_));
   e.single("strata_loss", "gauge", "Training loss (cross-entropy, nats) of the last step.",
            history_.empty() ? std::numeric_limits<double>::quiet_NaN() : last.loss);
+  e.single("strata_learning_rate", "gauge", "Learning rate of the last step's update (the schedule's, docs/train.md).",
+           history_.empty() ? std::numeric_limits<double>::quiet_NaN() : last.learning_rate);
   e.single("strata_step_seconds", "gauge", "Wall time of the last step, commit included.", step_seconds);
   e.single("strata_predicted_step_seconds", "gauge",
            "Step time `strata plan` predicts for this config (0: no prediction).", info_.predicted_step_seconds);
@@ -156,6 +158,7 @@ std::string RunMetrics::prometheus_text() const {
 nlohmann::ordered_json step_json(const StepSample& s) {
   return {{"step", s.step},
           {"loss", s.loss},
+          {"learning_rate", s.learning_rate},
           {"seconds", s.seconds},
           {"compute_seconds", s.compute_seconds},
           {"stall_seconds", s.stall_seconds},

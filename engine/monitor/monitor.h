@@ -60,6 +60,7 @@ struct StepSample {
   uint64_t transfer_bytes[kPairCount] = {};  // moved during this step, per pair
   uint64_t tier_bytes[kTierCount] = {};      // in use at the step's end
   bool committed = false;                    // the step ended with a store commit
+  double learning_rate = 0.0;                // the lr of the step's update (engine/lr_schedule.h)
 };
 
 enum class RunState : uint8_t { starting, running, finished, failed };

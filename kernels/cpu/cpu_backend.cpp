@@ -39,6 +39,9 @@ class CpuBackend final : public ComputeBackend {
     // host memory: the kernels read the caller's arrays in place
     tokens_ = batch.tokens;
     targets_ = batch.targets;
+    loss_normalizer_tokens_ = batch.loss_normalizer_tokens > 0
+                                  ? batch.loss_normalizer_tokens
+                                  : gk::count_trained_targets(batch.targets, batch.rows);
     packed_ = gk::PackedRows{batch.positions, batch.segments};
     scalars_ = StepScalars{};  // not clip_scale_: interleaved updates use the previous step's
     return Status();
@@ -98,7 +101,8 @@ class CpuBackend final : public ComputeBackend {
                                const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
-    scalars_.loss = gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
+    scalars_.loss = gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace,
+                                              loss_normalizer_tokens_);
     return Status();
   }
 
@@ -138,7 +142,8 @@ class CpuBackend final : public ComputeBackend {
                                      const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
-    scalars_.loss = llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace);
+    scalars_.loss = llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace,
+                                              loss_normalizer_tokens_);
     return Status();
   }
 
@@ -265,6 +270,7 @@ class CpuBackend final : public ComputeBackend {
   device::Stream stream_;
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
+  int64_t loss_normalizer_tokens_ = 0;  // N, resolved at begin_step (StepBatch)
   gk::PackedRows packed_{};  // begin_step's positions and segments (host memory)
   StepScalars scalars_;
   float clip_scale_ = 1.0f;

@@ -73,6 +73,10 @@ class CudaBackend final : public ComputeBackend {
     STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, batch.tokens, bytes));
     STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, targets_, batch.targets, bytes));
     host_targets_ = batch.targets;  // untouched until end_step (backend.h): the heads check them there
+    // N is resolved here, on the host copy: the kernels only ever see the device one.
+    loss_normalizer_tokens_ = batch.loss_normalizer_tokens > 0
+                                  ? batch.loss_normalizer_tokens
+                                  : gk::count_trained_targets(batch.targets, batch.rows);
     // Packed rows: the arrays the kernels read go to the device beside the tokens; the host
     // copies stay for check_packing, which the ops run once they know the shape.
     host_positions_ = batch.positions;
@@ -172,7 +176,7 @@ class CudaBackend final : public ComputeBackend {
                                const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
     return gk::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
-                                           &slots_->loss, workspace);
+                                           &slots_->loss, workspace, loss_normalizer_tokens_);
   }
 
   size_t llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) const override {
@@ -204,7 +208,7 @@ class CudaBackend final : public ComputeBackend {
                                      const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
     return llama::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
-                                              &slots_->loss, workspace);
+                                              &slots_->loss, workspace, loss_normalizer_tokens_);
   }
 
   Status zero(float* values, uint64_t count) override {
@@ -252,6 +256,7 @@ class CudaBackend final : public ComputeBackend {
   int32_t* tokens_ = nullptr;
   int32_t* targets_ = nullptr;
   const int32_t* host_targets_ = nullptr;  // begin_step's, for check_targets
+  int64_t loss_normalizer_tokens_ = 0;      // N, resolved at begin_step (StepBatch)
   int32_t* positions_ = nullptr;  // device copies of a packed batch's arrays
   int32_t* segments_ = nullptr;
   const int32_t* host_positions_ = nullptr;  // begin_step's, for check_packing

@@ -164,9 +164,10 @@ __global__ void softmax_backward_kernel(const float* probs, float* d, int64_t t_
 
 // One block per row: loss = logsumexp − logit[target]; with write_grad the row becomes
 // grad_scale·(softmax − onehot). All reads finish (block reductions sync) before any write.
-// A target outside [0, vocab) never indexes the row: its loss is NaN and its gradient row zero.
-// The backend refuses such targets before launching (kernels::check_targets); this keeps a
-// direct caller from reading past the row all the same.
+// A negative target is a masked row (gpt2.h, "Loss masks"): loss 0 and a gradient row of exact
+// zeros, as the CPU's masked_row. A target at or past vocab never indexes the row: its loss is
+// NaN and its gradient row zero. The backend refuses such targets before launching
+// (kernels::check_targets); this keeps a direct caller from reading past the row all the same.
 __global__ void cross_entropy_kernel(float* logits, int64_t vocab, const int32_t* targets,
                                      bool write_grad, float grad_scale, float* row_loss) {
   __shared__ double shared_sum[kThreads];
@@ -175,7 +176,7 @@ __global__ void cross_entropy_kernel(float* logits, int64_t vocab, const int32_t
   float* l = logits + row * vocab;
   const int32_t target = targets[row];
   if (target < 0 || target >= vocab) {
-    if (threadIdx.x == 0) row_loss[row] = NAN;
+    if (threadIdx.x == 0) row_loss[row] = target < 0 ? 0.0f : NAN;
     if (write_grad)
       for (int64_t j = threadIdx.x; j < vocab; j += kThreads) l[j] = 0.0f;
     return;
@@ -198,13 +199,14 @@ __global__ void cross_entropy_kernel(float* logits, int64_t vocab, const int32_t
   }
 }
 
-// *loss = mean of row_loss[0..n), fixed-order (one block).
-__global__ void mean_kernel(const float* row_loss, int64_t n, float* loss) {
+// *loss = sum of row_loss[0..n) / normalizer (0 when the normalizer is 0: no trained row),
+// fixed-order (one block). Masked rows hold 0, so this is the CPU head's sum over trained rows.
+__global__ void mean_kernel(const float* row_loss, int64_t n, int64_t normalizer, float* loss) {
   __shared__ double shared[kThreads];
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += row_loss[i];
   const double total = block_sum(acc, shared);
-  if (threadIdx.x == 0) *loss = static_cast<float>(total / static_cast<double>(n));
+  if (threadIdx.x == 0) *loss = normalizer > 0 ? static_cast<float>(total / static_cast<double>(normalizer)) : 0.0f;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -518,14 +518,15 @@ namespace {
 // Loss (and, when grads is non-null, every gradient) of the head, kHeadChunkRows rows at a time.
 float head_run(const Config& config, const BatchShape& shape, const HeadWeights& w,
                const float* x_final, const int32_t* targets, float* d_x_final,
-               const HeadGrads* grads, const Workspace& workspace) {
+               const HeadGrads* grads, const Workspace& workspace, int64_t loss_normalizer_tokens) {
   begin_entry_point(config, shape);
   const HeadLayout ws = head_layout(config, workspace.data);
   check_workspace(workspace, ws.size_bytes);
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t vocab = config.vocab_size;
-  const float inv_rows = 1.0f / static_cast<float>(n);
+  const int64_t normalizer = resolve_loss_normalizer(targets, n, loss_normalizer_tokens);
+  const float inv_rows = normalizer > 0 ? 1.0f / static_cast<float>(normalizer) : 0.0f;
   double loss_sum = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
     const int64_t rows = std::min(kHeadChunkRows, n - r0);
@@ -535,8 +536,9 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
     for_rows(rows, 1, [&](int64_t r) {
       float* logits = ws.logits + r * vocab;
       const int32_t target = targets[r0 + r];
-      assert(target >= 0 && target < vocab);
-      ws.row_loss[r] = cross_entropy_row(logits, vocab, target, grads != nullptr, inv_rows);
+      assert(target < vocab);
+      ws.row_loss[r] = target < 0 ? masked_row(logits, vocab, grads != nullptr)
+                                  : cross_entropy_row(logits, vocab, target, grads != nullptr, inv_rows);
     });
     for (int64_t r = 0; r < rows; ++r) loss_sum += ws.row_loss[r];
     if (grads == nullptr) continue;
@@ -546,22 +548,27 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
     layernorm_backward(ws.d_ln_out, x, ws.mean, ws.rstd, w.ln_f_weight, rows, c,
                        d_x_final + r0 * c, false, grads->d_ln_f_weight, grads->d_ln_f_bias);
   }
-  return static_cast<float>(loss_sum / static_cast<double>(n));
+  return normalizer > 0 ? static_cast<float>(loss_sum / static_cast<double>(normalizer)) : 0.0f;
 }
 
 }  // namespace
 
+int64_t count_trained_targets(const int32_t* targets, int64_t rows) {
+  return resolve_loss_normalizer(targets, rows, 0);
+}
+
 float head_forward_backward(const Config& config, const BatchShape& shape,
                             const HeadWeights& weights, const float* x_final,
                             const int32_t* targets, float* d_x_final, const HeadGrads& grads,
-                            const Workspace& workspace) {
+                            const Workspace& workspace, int64_t loss_normalizer_tokens) {
   assert(d_x_final != nullptr && grads.d_wte != nullptr);
-  return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace);
+  return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace, loss_normalizer_tokens);
 }
 
 float head_loss(const Config& config, const BatchShape& shape, const HeadWeights& weights,
-                const float* x_final, const int32_t* targets, const Workspace& workspace) {
-  return head_run(config, shape, weights, x_final, targets, nullptr, nullptr, workspace);
+                const float* x_final, const int32_t* targets, const Workspace& workspace,
+                int64_t loss_normalizer_tokens) {
+  return head_run(config, shape, weights, x_final, targets, nullptr, nullptr, workspace, loss_normalizer_tokens);
 }
 
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& w,

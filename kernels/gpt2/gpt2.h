@@ -191,18 +191,30 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
                     const float* x_in, const float* d_out, float* d_in, const BlockGrads& grads,
                     const Workspace& workspace, bool recompute = true, const PackedRows& packed = {});
 
-// The tied LM head and loss: logits = ln_f(x_final) @ wteᵀ, loss = mean over the B·T rows of
-// cross-entropy against `targets` (each in [0, vocab), asserted). Writes d_x_final
-// (overwritten) and accumulates d_ln_f_* and d_wte. Logits exist only kHeadChunkRows rows at a
-// time. Returns the mean loss (summed in double, in row order).
+// Loss masks: a row whose target is negative (-1, or any negative: PyTorch's ignore_index with
+// every negative ignored) is not trained — it adds exactly 0 to the loss and its logits'
+// gradient row is exactly 0, so nothing of it reaches any parameter gradient. The loss and the
+// gradients are divided by N = `loss_normalizer_tokens`, or, when that is 0, by this batch's
+// count of trained rows (targets ≥ 0): torch's cross_entropy(ignore_index, reduction='sum') / N.
+// A caller that splits one batch into micro-batches passes the whole batch's count as N, so the
+// micro-batches' losses and gradients add up to the whole batch's. N = 0 with no trained row
+// gives loss 0 and no gradient (never 0/0).
+int64_t count_trained_targets(const int32_t* targets, int64_t rows);
+
+// The tied LM head and loss: logits = ln_f(x_final) @ wteᵀ, loss = the cross-entropy against
+// `targets` (each < vocab; negative = masked, above) summed over the trained rows and divided
+// by N (above). Writes d_x_final (overwritten) and accumulates d_ln_f_* and d_wte. Logits
+// exist only kHeadChunkRows rows at a time. Returns the loss (summed in double, in row order);
+// with no masks and N = 0 that is the mean over the B·T rows, bit for bit what it always was.
 float head_forward_backward(const Config& config, const BatchShape& shape,
                             const HeadWeights& weights, const float* x_final,
                             const int32_t* targets, float* d_x_final, const HeadGrads& grads,
-                            const Workspace& workspace);
+                            const Workspace& workspace, int64_t loss_normalizer_tokens = 0);
 
 // Same loss as head_forward_backward with no gradients (evaluation).
 float head_loss(const Config& config, const BatchShape& shape, const HeadWeights& weights,
-                const float* x_final, const int32_t* targets, const Workspace& workspace);
+                const float* x_final, const int32_t* targets, const Workspace& workspace,
+                int64_t loss_normalizer_tokens = 0);
 
 // For sampling: logits [batch, vocab] of the LAST position of each sequence of x_final
 // ([batch, seq_len, C]).

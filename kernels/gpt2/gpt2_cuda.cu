@@ -344,7 +344,9 @@ Status block_forward_into(const Context& ctx, const Config& config, const BatchS
 Status head_run(const Context& ctx, const Config& config, const BatchShape& shape,
                 const HeadWeights& w, const float* x_final, const int32_t* targets,
                 float* d_x_final, const HeadGrads* grads, float* loss,
-                const Workspace& workspace) {
+                const Workspace& workspace, int64_t loss_normalizer_tokens) {
+  assert(loss_normalizer_tokens >= 0);
+  const float grad_scale = loss_normalizer_tokens > 0 ? 1.0f / static_cast<float>(loss_normalizer_tokens) : 0.0f;
   const HeadLayout ws = head_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   const int64_t n = shape.rows();
@@ -358,8 +360,7 @@ Status head_run(const Context& ctx, const Config& config, const BatchShape& shap
     STRATA_RETURN_IF_ERROR(
         gemm(ctx, false, true, rows, vocab, c, ws.ln_out, c, w.wte, c, 0.0f, ws.logits, vocab));
     STRATA_CUDA_LAUNCH(cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, ctx.stream(),
-                       ws.logits, vocab, targets + r0, grads != nullptr,
-                       1.0f / static_cast<float>(n), ws.row_loss + r0);
+                       ws.logits, vocab, targets + r0, grads != nullptr, grad_scale, ws.row_loss + r0);
     if (grads == nullptr) continue;
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.wte, c,
                                 0.0f, ws.d_ln_out, c));
@@ -369,7 +370,7 @@ Status head_run(const Context& ctx, const Config& config, const BatchShape& shap
                                               w.ln_f_weight, rows, c, d_x_final + r0 * c, false,
                                               grads->d_ln_f_weight, grads->d_ln_f_bias));
   }
-  STRATA_CUDA_LAUNCH(mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss);
+  STRATA_CUDA_LAUNCH(mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss_normalizer_tokens, loss);
   return Status();
 }
 
@@ -519,17 +520,17 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
 Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                              const HeadWeights& weights, const float* x_final,
                              const int32_t* targets, float* d_x_final, const HeadGrads& grads,
-                             float* loss, const Workspace& workspace) {
+                             float* loss, const Workspace& workspace, int64_t loss_normalizer_tokens) {
   assert(d_x_final != nullptr && grads.d_wte != nullptr);
   return head_run(ctx, config, shape, weights, x_final, targets, d_x_final, &grads, loss,
-                  workspace);
+                  workspace, loss_normalizer_tokens);
 }
 
 Status head_loss(const Context& ctx, const Config& config, const BatchShape& shape,
                  const HeadWeights& weights, const float* x_final, const int32_t* targets,
-                 float* loss, const Workspace& workspace) {
+                 float* loss, const Workspace& workspace, int64_t loss_normalizer_tokens) {
   return head_run(ctx, config, shape, weights, x_final, targets, nullptr, nullptr, loss,
-                  workspace);
+                  workspace, loss_normalizer_tokens);
 }
 
 Status head_forward(const Context& ctx, const Config& config, const BatchShape& shape,

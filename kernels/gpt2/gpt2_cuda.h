@@ -78,16 +78,19 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                     const BlockGrads& grads, const Workspace& workspace,
                                     bool recompute = true, const PackedRows& packed = {});
 
-// As the CPU head, but the mean loss is written to *loss (one device float) instead of
-// returned, so nothing waits for the device.
+// As the CPU head (masks included), but the loss is written to *loss (one device float) instead
+// of returned, so nothing waits for the device. The targets are device memory, so the caller
+// resolves N itself: `loss_normalizer_tokens` is the divisor (the host's
+// count_trained_targets when the batch has no other), 0 only when no row is trained.
 [[nodiscard]] Status head_forward_backward(const Context& ctx, const Config& config,
                                            const BatchShape& shape, const HeadWeights& weights,
                                            const float* x_final, const int32_t* targets,
                                            float* d_x_final, const HeadGrads& grads, float* loss,
-                                           const Workspace& workspace);
+                                           const Workspace& workspace, int64_t loss_normalizer_tokens);
 [[nodiscard]] Status head_loss(const Context& ctx, const Config& config, const BatchShape& shape,
                                const HeadWeights& weights, const float* x_final,
-                               const int32_t* targets, float* loss, const Workspace& workspace);
+                               const int32_t* targets, float* loss, const Workspace& workspace,
+                               int64_t loss_normalizer_tokens);
 [[nodiscard]] Status head_forward(const Context& ctx, const Config& config,
                                   const BatchShape& shape, const HeadWeights& weights,
                                   const float* x_final, float* logits,

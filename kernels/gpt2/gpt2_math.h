@@ -160,6 +160,22 @@ inline float cross_entropy_row(float* logits, int64_t n, int32_t target, bool wr
   return static_cast<float>(lse - target_logit);
 }
 
+// A masked row (negative target, gpt2.h "Loss masks"): no loss, and with write_grad a gradient
+// row of exact zeros, so the head's GEMMs carry nothing of it into any parameter.
+inline float masked_row(float* logits, int64_t n, bool write_grad) {
+  if (write_grad)
+    for (int64_t j = 0; j < n; ++j) logits[j] = 0.0f;
+  return 0.0f;
+}
+
+// N of gpt2.h's "Loss masks": the caller's, or this batch's count of trained rows.
+inline int64_t resolve_loss_normalizer(const int32_t* targets, int64_t rows, int64_t loss_normalizer_tokens) {
+  if (loss_normalizer_tokens > 0) return loss_normalizer_tokens;
+  int64_t count = 0;
+  for (int64_t row = 0; row < rows; ++row) count += targets[row] >= 0 ? 1 : 0;
+  return count;
+}
+
 #endif  // !__CUDACC__
 
 }  // namespace strata::kernels::gpt2

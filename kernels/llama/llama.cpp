@@ -485,14 +485,16 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
 namespace {
 
 float head_run(const Config& config, const BatchShape& shape, const HeadWeights& w, const float* x_final,
-               const int32_t* targets, float* d_x_final, const HeadGrads* grads, const Workspace& workspace) {
+               const int32_t* targets, float* d_x_final, const HeadGrads* grads, const Workspace& workspace,
+               int64_t loss_normalizer_tokens) {
   begin_entry_point(config, shape);
   const HeadLayout ws = head_layout(config, workspace.data);
   check_workspace(workspace, ws.size_bytes);
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t vocab = config.vocab_size;
-  const float inv_rows = 1.0f / static_cast<float>(n);
+  const int64_t normalizer = gpt2::resolve_loss_normalizer(targets, n, loss_normalizer_tokens);
+  const float inv_rows = normalizer > 0 ? 1.0f / static_cast<float>(normalizer) : 0.0f;
   double loss_sum = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
     const int64_t rows = std::min(kHeadChunkRows, n - r0);
@@ -501,8 +503,10 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
     sgemm(false, true, rows, vocab, c, ws.normed, c, w.lm_head, c, 0.0f, ws.logits, vocab);
     for_rows(rows, 1, [&](int64_t r) {
       const int32_t target = targets[r0 + r];
-      assert(target >= 0 && target < vocab);
-      ws.row_loss[r] = gpt2::cross_entropy_row(ws.logits + r * vocab, vocab, target, grads != nullptr, inv_rows);
+      assert(target < vocab);
+      float* logits = ws.logits + r * vocab;
+      ws.row_loss[r] = target < 0 ? gpt2::masked_row(logits, vocab, grads != nullptr)
+                                  : gpt2::cross_entropy_row(logits, vocab, target, grads != nullptr, inv_rows);
     });
     for (int64_t r = 0; r < rows; ++r) loss_sum += ws.row_loss[r];
     if (grads == nullptr) continue;
@@ -511,16 +515,16 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
     // d(norm weight) needs dy·x·rstd, which is what rmsnorm_backward forms from x and rstd.
     rmsnorm_backward(ws.d_normed, x, ws.rstd, w.norm_weight, rows, c, d_x_final + r0 * c, false, grads->d_norm_weight);
   }
-  return static_cast<float>(loss_sum / static_cast<double>(n));
+  return normalizer > 0 ? static_cast<float>(loss_sum / static_cast<double>(normalizer)) : 0.0f;
 }
 
 }  // namespace
 
 float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
                             const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
-                            const Workspace& workspace) {
+                            const Workspace& workspace, int64_t loss_normalizer_tokens) {
   assert(d_x_final != nullptr && grads.d_lm_head != nullptr);
-  return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace);
+  return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace, loss_normalizer_tokens);
 }
 
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& w, const float* x_final,

@@ -132,10 +132,11 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
                     const float* d_out, float* d_in, const BlockGrads& grads, const Workspace& workspace,
                     bool recompute = true, const PackedRows& packed = {});
 
-// Final RMSNorm, logits and mean cross-entropy; writes d_x_final, accumulates the head grads.
+// Final RMSNorm, logits and cross-entropy; writes d_x_final, accumulates the head grads. Loss
+// masks (negative targets) and the normalizer N are GPT-2's (gpt2.h, "Loss masks").
 float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
                             const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
-                            const Workspace& workspace);
+                            const Workspace& workspace, int64_t loss_normalizer_tokens = 0);
 // For sampling: logits [batch, vocab] of the last position of each sequence.
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& weights, const float* x_final,
                   float* logits, const Workspace& workspace);

@@ -416,7 +416,10 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
 
 Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                              const HeadWeights& w, const float* x_final, const int32_t* targets, float* d_x_final,
-                             const HeadGrads& grads, float* loss, const Workspace& workspace) {
+                             const HeadGrads& grads, float* loss, const Workspace& workspace,
+                             int64_t loss_normalizer_tokens) {
+  assert(loss_normalizer_tokens >= 0);
+  const float grad_scale = loss_normalizer_tokens > 0 ? 1.0f / static_cast<float>(loss_normalizer_tokens) : 0.0f;
   const HeadLayout ws = head_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   const int64_t n = shape.rows();
@@ -428,14 +431,15 @@ Status head_forward_backward(const Context& ctx, const Config& config, const Bat
     STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x, c, w.norm_weight, rows, ws.normed, ws.rstd));
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, rows, vocab, c, ws.normed, c, w.lm_head, c, 0.0f, ws.logits, vocab));
     STRATA_CUDA_LAUNCH(gpt2::cuda::cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, ctx.stream(),
-                       ws.logits, vocab, targets + r0, true, 1.0f / static_cast<float>(n), ws.row_loss + r0);
+                       ws.logits, vocab, targets + r0, true, grad_scale, ws.row_loss + r0);
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.lm_head, c, 0.0f, ws.d_normed, c));
     STRATA_RETURN_IF_ERROR(
         gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads.d_lm_head, c));
     STRATA_RETURN_IF_ERROR(rmsnorm_backward(ctx, config, ws.d_normed, x, ws.rstd, w.norm_weight, rows,
                                             d_x_final + r0 * c, false, grads.d_norm_weight));
   }
-  STRATA_CUDA_LAUNCH(gpt2::cuda::mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss);
+  STRATA_CUDA_LAUNCH(gpt2::cuda::mean_kernel, 1, kThreads, ctx.stream(), ws.row_loss, n, loss_normalizer_tokens,
+                     loss);
   return Status();
 }
 

@@ -38,11 +38,12 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                     const BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
                                     const BlockGrads& grads, const Workspace& workspace, bool recompute = true,
                                     const PackedRows& packed = {});
-// The mean loss goes to *loss (one device float).
+// The loss goes to *loss (one device float); masks and `loss_normalizer_tokens` as GPT-2's
+// CUDA head (gpt2_cuda.h).
 [[nodiscard]] Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                                            const HeadWeights& weights, const float* x_final, const int32_t* targets,
                                            float* d_x_final, const HeadGrads& grads, float* loss,
-                                           const Workspace& workspace);
+                                           const Workspace& workspace, int64_t loss_normalizer_tokens);
 
 // --- Decoding with a KV cache (llama.h's decode contract; device pointers; `tokens` DEVICE memory) ---
 // Attention: one thread block per (new row, query head) scores the cached keys, softmaxes (max

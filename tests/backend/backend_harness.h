@@ -93,6 +93,30 @@ inline Scenario make_scenario() {
                   random_tokens(rows, static_cast<int32_t>(c.vocab_size), 12)};
 }
 
+// Loss masks for the head scenarios "<head>_masked", "<head>_masked_normalizer" and
+// "<head>_all_masked" (gpt2.h, "Loss masks"): every third row -1 and row 5 -7 (any negative
+// is a mask), or every row -1. Returns the scenario's N (StepBatch::loss_normalizer_tokens):
+// 40 for "_masked_normalizer" (as one micro-batch of an accumulated update), else 0.
+inline int64_t apply_masks(const std::string& name, std::vector<int32_t>& targets) {
+  const bool all = name.ends_with("_all_masked");
+  const bool some = name.ends_with("_masked") || name.ends_with("_masked_normalizer");
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (all || (some && i % 3 == 0)) targets[i] = -1;
+    if (some && !all && i == 5) targets[i] = -7;
+  }
+  return name.ends_with("_masked_normalizer") ? 40 : 0;
+}
+
+// Masked rows give exactly zero to d_x_final: nothing of a masked token reaches the model.
+inline void expect_masked_rows_zero(const std::vector<int32_t>& targets, const std::vector<float>& d_x_final,
+                                    int64_t width) {
+  for (size_t row = 0; row < targets.size(); ++row) {
+    if (targets[row] >= 0) continue;
+    for (int64_t j = 0; j < width; ++j)
+      ASSERT_EQ(d_x_final[row * static_cast<size_t>(width) + static_cast<size_t>(j)], 0.0f) << "masked row " << row;
+  }
+}
+
 // One block's weights: LayerNorm gains near 1, everything else small.
 inline std::vector<float> block_weights(const gk::Config& config, uint32_t seed) {
   std::vector<float> values = random_floats(static_cast<size_t>(gk::block_param_count(config)), 0.05f, seed);
@@ -201,15 +225,20 @@ inline const char* const kScenarios[] = {"embedding_forward",
                                          "packed_embedding_forward",
                                          "packed_embedding_backward",
                                          "packed_block_forward",
-                                         "packed_block_backward"};
+                                         "packed_block_backward",
+                                         "head_masked",
+                                         "head_masked_normalizer",
+                                         "head_all_masked"};
 
 inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name) {
-  const Scenario scenario = make_scenario();
-  const auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
+  Scenario scenario = make_scenario();
+  auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   kernels::ComputeBackend& b = env.backend();
   const std::string name = unpacked_scenario(scenario_name);
+  const int64_t normalizer = apply_masks(name, targets);
   const SmallPacking packing = small_packing();
   kernels::StepBatch batch{tokens.data(), targets.data(), s.rows()};
+  batch.loss_normalizer_tokens = normalizer;
   if (is_packed_scenario(scenario_name)) {
     batch.positions = packing.positions.data();
     batch.segments = packing.segments.data();
@@ -247,7 +276,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name)
     expect_ok(b.sum_squares(grads, block_n));
     out.tensors.push_back({"d_in", env.download(d_x, act)});
     out.tensors.push_back({"grads", env.download(grads, block_n)});
-  } else if (name == "head") {
+  } else if (name.starts_with("head")) {
     float* ln_f = env.upload(random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f));
     float* wte = env.upload(random_floats(wte_n, 0.1f, 1));
     float* x = env.upload(random_floats(act, 1.0f, 10));
@@ -258,6 +287,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name)
     expect_ok(b.head_forward_backward(c, s, gk::HeadWeights{ln_f, ln_f + c.n_embd, wte}, x, d_x,
                                       gk::HeadGrads{ln_f_grads, ln_f_grads + c.n_embd, wte_grads}, env.workspace()));
     out.tensors.push_back({"d_x_final", env.download(d_x, act)});
+    expect_masked_rows_zero(targets, out.tensors.back().second, c.n_embd);
     out.tensors.push_back({"d_ln_f", env.download(ln_f_grads, 2 * static_cast<size_t>(c.n_embd))});
     out.tensors.push_back({"d_wte", env.download(wte_grads, wte_n)});
   } else if (name == "zero_copy") {
@@ -354,7 +384,10 @@ inline const char* const kLlamaScenarios[] = {"llama_embedding",
                                               "llama_bias_block_backward",
                                               "llama_bias_decode",
                                               "llama_packed_block_forward",
-                                              "llama_packed_block_backward"};
+                                              "llama_packed_block_backward",
+                                              "llama_head_masked",
+                                              "llama_head_masked_normalizer",
+                                              "llama_head_all_masked"};
 
 inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   namespace lk = kernels::llama;
@@ -368,10 +401,12 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
   const size_t table = static_cast<size_t>(c.vocab_size * c.n_embd);
   const auto block_n = static_cast<size_t>(lk::block_param_count(c));
   const auto tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 21);
-  const auto targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 22);
+  auto targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 22);
+  const int64_t normalizer = apply_masks(name, targets);
   kernels::ComputeBackend& b = env.backend();
   const SmallPacking packing = small_packing();
   kernels::StepBatch batch{tokens.data(), targets.data(), s.rows()};
+  batch.loss_normalizer_tokens = normalizer;
   if (is_packed_scenario(name)) {
     batch.positions = packing.positions.data();
     batch.segments = packing.segments.data();
@@ -444,7 +479,7 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     }
     out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * c.kv_width()))});
     out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * c.kv_width()))});
-  } else if (op == "llama_head") {
+  } else if (op.starts_with("llama_head")) {
     float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 29, 1.0f));
     float* lm_head = env.upload(random_floats(table, 0.1f, 30));
     float* x = env.upload(random_floats(act, 1.0f, 31));
@@ -454,6 +489,7 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     expect_ok(b.llama_head_forward_backward(c, s, lk::HeadWeights{norm, lm_head}, x, d_x,
                                             lk::HeadGrads{d_norm, d_lm_head}, ws));
     out.tensors.push_back({"d_x_final", env.download(d_x, act)});
+    expect_masked_rows_zero(targets, out.tensors.back().second, c.n_embd);
     out.tensors.push_back({"d_norm", env.download(d_norm, static_cast<size_t>(c.n_embd))});
     out.tensors.push_back({"d_lm_head", env.download(d_lm_head, table)});
   }

@@ -4,6 +4,7 @@
 // kernels/optim give when called directly on the same inputs. It also checks that `end_step`
 // returns the loss and the gradient sum of squares the kernels return, bit for bit, and that
 // the backend reports its memory as host memory.
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,8 +26,9 @@ OpOutputs run_direct(const std::string& scenario_name) {
   const gk::PackedRows packed = is_packed_scenario(scenario_name)
                                     ? gk::PackedRows{packing.positions.data(), packing.segments.data()}
                                     : gk::PackedRows{};
-  const Scenario scenario = make_scenario();
-  const auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
+  Scenario scenario = make_scenario();
+  auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
+  const int64_t normalizer = apply_masks(name, targets);
   std::vector<float> workspace(gk::workspace_size_bytes(c, s) / 4 + 16);
   // The kernels want a 64-byte aligned workspace.
   auto* aligned = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(workspace.data()) + 63) / 64 * 64);
@@ -57,7 +59,7 @@ OpOutputs run_direct(const std::string& scenario_name) {
     out.grad_sum_squares = kernels::sum_squares(std::span<const float>(grads));
     out.tensors.push_back({"d_in", d_x});
     out.tensors.push_back({"grads", grads});
-  } else if (name == "head") {
+  } else if (name.starts_with("head")) {
     auto ln_f = random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f), wte = random_floats(wte_n, 0.1f, 1),
          x = random_floats(act, 1.0f, 10);
     std::vector<float> d_x(act), ln_f_grads(2 * static_cast<size_t>(c.n_embd));
@@ -65,7 +67,7 @@ OpOutputs run_direct(const std::string& scenario_name) {
     out.loss = gk::head_forward_backward(c, s, gk::HeadWeights{ln_f.data(), ln_f.data() + c.n_embd, wte.data()},
                                          x.data(), targets.data(), d_x.data(),
                                          gk::HeadGrads{ln_f_grads.data(), ln_f_grads.data() + c.n_embd, wte_grads.data()},
-                                         ws);
+                                         ws, normalizer);
     out.tensors.push_back({"d_x_final", d_x});
     out.tensors.push_back({"d_ln_f", ln_f_grads});
     out.tensors.push_back({"d_wte", wte_grads});
@@ -158,12 +160,14 @@ TEST(CpuSeamSelfCheck, BeginStepClearsTheScalars) {
   EXPECT_EQ(second.loss, 0.0);
 }
 
-// Proves the CPU backend's cross-entropy refuses a target outside the vocabulary — one past
-// the end and negative, on both heads — with an error naming the token id and the vocabulary
-// size, where the kernel alone would read past the logits row (its check is an assert).
+// Proves the CPU backend's cross-entropy refuses a target past the vocabulary — one past the
+// end and far past it, on both heads — with an error naming the token id and the vocabulary
+// size, where the kernel alone would read past the logits row (its check is an assert); and
+// that a negative target (a loss mask) is accepted.
 TEST(CpuSeamSelfCheck, HeadRefusesTargetsOutsideTheVocabulary) {
   const int64_t vocab = small_config().vocab_size;
-  for (const int32_t bad : {static_cast<int32_t>(vocab), -1}) {
+  // Past the end, by one and by far; a negative target is a loss mask, not an error.
+  for (const int32_t bad : {static_cast<int32_t>(vocab), static_cast<int32_t>(vocab) + 100000}) {
     auto env = BackendEnv::create(device::Kind::cpu);
     ASSERT_NE(env, nullptr);
     const auto [gpt2, llama] = heads_with_target(*env, bad);
@@ -182,6 +186,13 @@ TEST(CpuSeamSelfCheck, HeadRefusesTargetsOutsideTheVocabulary) {
   const auto [gpt2, llama] = heads_with_target(*env, static_cast<int32_t>(vocab - 1));
   EXPECT_TRUE(gpt2.ok()) << gpt2.to_string();
   EXPECT_TRUE(llama.ok()) << llama.to_string();
+  for (const int32_t mask : {-1, -100, INT32_MIN}) {
+    auto masked_env = BackendEnv::create(device::Kind::cpu);
+    ASSERT_NE(masked_env, nullptr);
+    const auto [gpt2_masked, llama_masked] = heads_with_target(*masked_env, mask);
+    EXPECT_TRUE(gpt2_masked.ok()) << gpt2_masked.to_string();
+    EXPECT_TRUE(llama_masked.ok()) << llama_masked.to_string();
+  }
 }
 
 // Proves decoding does not reserve training's attention scratch: at an 8B-like shape (32 heads,

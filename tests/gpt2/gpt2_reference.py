@@ -102,7 +102,19 @@ def run_reference(folder):
         x = block(params, i, x, n_head, allowed)
     x = torch.nn.functional.layer_norm(x, (n_embd,), params["ln_f.weight"], params["ln_f.bias"], eps=1e-5)
     logits = torch.matmul(x, params["wte.weight"].t())
-    loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+    # Loss masks: every negative target is ignored (torch's ignore_index takes one value, so
+    # they all become -100); the sum is divided by N, the caller's or the trained count.
+    normalizer = 0
+    normalizer_path = os.path.join(folder, "normalizer.txt")
+    if os.path.exists(normalizer_path):
+        with open(normalizer_path) as f:
+            normalizer = int(f.read())
+    flat_targets = targets.view(-1).clone()
+    if normalizer == 0:
+        normalizer = int((flat_targets >= 0).sum())
+    flat_targets[flat_targets < 0] = -100
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), flat_targets, ignore_index=-100,
+                                             reduction="sum") / normalizer
     loss.backward()
 
     out = os.path.join(folder, "out")

@@ -57,6 +57,11 @@ enum class BackwardMode {
   saved_per_block,      // a workspace per block kept from the forward pass (no recompute)
 };
 
+// Loss masks on a TinyGpt2's targets (gpt2.h, "Loss masks"): none; a "prompt" — the first
+// third of each sequence masked with -1, and every seventh row with another negative (-5), as
+// fine-tuning data masks a prompt and the odd padding token; or every row masked.
+enum class Masks { none, prompt, all };
+
 class TinyGpt2 {
  public:
   TinyGpt2(const g2::Config& config, const g2::BatchShape& shape, uint32_t seed)
@@ -96,6 +101,17 @@ class TinyGpt2 {
     }
   }
 
+  // Masks some targets and sets N (the head's loss_normalizer_tokens; 0 = the trained count).
+  void set_masks(Masks masks, int64_t loss_normalizer_tokens) {
+    loss_normalizer_tokens_ = loss_normalizer_tokens;
+    for (int64_t i = 0; i < shape_.rows(); ++i) {
+      int32_t& target = targets_[static_cast<size_t>(i)];
+      if (masks == Masks::all || (masks == Masks::prompt && i % shape_.seq_len < shape_.seq_len / 3)) target = -1;
+      if (masks == Masks::prompt && i % 7 == 3) target = -5;
+    }
+  }
+  int64_t loss_normalizer_tokens() const { return loss_normalizer_tokens_; }
+
   const g2::Config& config() const { return config_; }
   const g2::BatchShape& shape() const { return shape_; }
   const std::vector<TensorView>& tensors() const { return tensors_; }
@@ -133,7 +149,7 @@ class TinyGpt2 {
     std::vector<float> d_x(act);
     const float loss = g2::head_forward_backward(
         config_, shape_, head_weights(), x[blocks].data(), targets_.data(), d_x.data(),
-        head_grads(grads), ws_of(blocks));
+        head_grads(grads), ws_of(blocks), loss_normalizer_tokens_);
     for (int64_t layer = blocks - 1; layer >= 0; --layer) {
       g2::block_backward(config_, shape_, block_weights(layer), x[layer].data(), d_x.data(),
                          d_x.data(), block_grads(grads, layer), ws_of(layer),
@@ -195,6 +211,7 @@ class TinyGpt2 {
   std::vector<float> params_;
   std::vector<int32_t> tokens_;
   std::vector<int32_t> targets_;
+  int64_t loss_normalizer_tokens_ = 0;
 };
 
 }  // namespace strata::testing

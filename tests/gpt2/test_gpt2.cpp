@@ -172,6 +172,35 @@ TEST(Gpt2Head, LossOnlyAgreesWithTrainingHead) {
   EXPECT_LT(train_loss, 3.0f * std::log(50.0f));
 }
 
+// Proves a batch with no trained token (every target negative) gives loss 0 and gradients of
+// exact zeros through the whole model — no 0/0 — and that a caller's N divides a masked
+// batch's loss: the same batch with N = 2·count has exactly half the loss and the gradients of
+// N = count (1/N is a power of two apart, so the halving is exact).
+TEST(Gpt2Head, MaskedTargetsTrainNothingAndDivideByN) {
+  const g2::Config cfg{2, 2, 32, 50, 16};
+  const g2::BatchShape shape{3, 16};
+  TinyGpt2 all_masked(cfg, shape, 9);
+  all_masked.set_masks(strata::testing::Masks::all, 0);
+  std::vector<float> grads;
+  EXPECT_EQ(all_masked.loss_and_grads(BackwardMode::recompute_streaming, grads), 0.0f);
+  for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], 0.0f) << i;
+
+  TinyGpt2 masked(cfg, shape, 9);
+  masked.set_masks(strata::testing::Masks::prompt, 0);
+  const int64_t count = g2::count_trained_targets(masked.targets().data(), shape.rows());
+  ASSERT_GT(count, 0);
+  ASSERT_LT(count, shape.rows());
+  std::vector<float> grads_count, grads_double;
+  const float loss_count = masked.loss_and_grads(BackwardMode::recompute_streaming, grads_count);
+  TinyGpt2 halved(cfg, shape, 9);
+  halved.set_masks(strata::testing::Masks::prompt, 2 * count);
+  const float loss_double = halved.loss_and_grads(BackwardMode::recompute_streaming, grads_double);
+  // Every op of the backward is linear in the head's gradient, so halving it halves every
+  // gradient exactly (no value here is near underflow).
+  EXPECT_EQ(loss_double, 0.5f * loss_count);
+  for (size_t i = 0; i < grads_count.size(); ++i) ASSERT_EQ(2.0f * grads_double[i], grads_count[i]) << i;
+}
+
 TEST(Gpt2Layout, ParameterSpecsMatchGpt2Small) {
   const g2::Config small{12, 12, 768, 50257, 1024};
   EXPECT_EQ(g2::model_param_count(small), 124439808);  // GPT-2 small, tied head

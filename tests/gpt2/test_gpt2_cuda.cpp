@@ -108,7 +108,7 @@ void run_on_gpu(const TinyGpt2& model, GpuResult& out) {
   ASSERT_OK(gc::head_forward_backward(
       ctx, cfg, shape, head, x[cfg.n_layer]->get(), targets.get(), d_x.get(),
       {at(grads, "ln_f.weight"), at(grads, "ln_f.bias"), at(grads, "wte.weight")}, loss.get(),
-      workspace));
+      workspace, shape.rows()));
   for (int64_t layer = cfg.n_layer - 1; layer >= 0; --layer) {
     ASSERT_OK(gc::block_backward(
         ctx, cfg, shape, block_weights(layer), x[layer]->get(), d_x.get(), d_x.get(),

@@ -3,7 +3,8 @@
 // per-block API (streaming: block_backward recomputes each block), and the loss, all 4 + 12·L
 // gradients and the last-position logits are compared with a float64 PyTorch reference
 // (gpt2_reference.py, run by Debian's /usr/bin/python3). Error metric, per tensor:
-// max|a − b| / max|b| with a = ours (fp32), b = reference; it must be ≤ 1e-5.
+// max|a − b| / max|b| with a = ours (fp32), b = reference; it must be ≤ 1e-5. Two cases mask
+// targets (negative = not trained) and one divides by a caller's token count N.
 // Exits 77 (skip) with a message when /usr/bin/python3 cannot import torch.
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +35,8 @@ struct Case {
   const char* name;
   g2::Config config;
   g2::BatchShape shape;
+  strata::testing::Masks masks = strata::testing::Masks::none;
+  int64_t loss_normalizer_tokens = 0;  // N (gpt2.h, "Loss masks"); 0 = the trained count
 };
 
 const Case kCases[] = {
@@ -46,6 +49,11 @@ const Case kCases[] = {
     // Products bigger than one 256×512 GEMM tile in both M and N (288 rows; 4C = 640,
     // vocab 600), so every tile offset, transposed or not, is exercised.
     {"gemm_tiles", {1, 4, 160, 600, 96}, {3, 96}},
+    // Loss masks: a masked prompt and scattered negatives, over two head chunks; the loss is
+    // torch's cross_entropy(ignore_index, reduction='sum') / (trained count).
+    {"masked", {2, 4, 64, 97, 16}, {20, 16}, strata::testing::Masks::prompt, 0},
+    // The same divided by a caller's N, as one micro-batch of an accumulated update.
+    {"masked_normalizer", {2, 4, 64, 97, 16}, {3, 16}, strata::testing::Masks::prompt, 101},
 };
 
 constexpr uint32_t kSeed = 1234;
@@ -65,6 +73,13 @@ void write_model(const TinyGpt2& model, const std::filesystem::path& folder) {
   }
   write_raw((folder / "tokens.i32").string(), model.tokens().data(), model.tokens().size());
   write_raw((folder / "targets.i32").string(), model.targets().data(), model.targets().size());
+  std::ofstream(folder / "normalizer.txt") << model.loss_normalizer_tokens() << '\n';
+}
+
+TinyGpt2 make_model(const Case& c) {
+  TinyGpt2 model(c.config, c.shape, kSeed);
+  model.set_masks(c.masks, c.loss_normalizer_tokens);
+  return model;
 }
 
 class Gpt2MatchesTorch : public ::testing::TestWithParam<Case> {
@@ -74,7 +89,7 @@ class Gpt2MatchesTorch : public ::testing::TestWithParam<Case> {
     dir_ = new TempDir();
     std::string command = std::string(STRATA_PYTHON3) + " " + STRATA_GPT2_REFERENCE;
     for (const Case& c : kCases) {
-      write_model(TinyGpt2(c.config, c.shape, kSeed), dir_->path() / c.name);
+      write_model(make_model(c), dir_->path() / c.name);
       command += " " + (dir_->path() / c.name).string();
     }
     reference_rc_ = std::system(command.c_str());
@@ -93,7 +108,7 @@ int Gpt2MatchesTorch::reference_rc_ = -1;
 TEST_P(Gpt2MatchesTorch, LossGradientsAndLogits) {
   ASSERT_EQ(reference_rc_, 0) << "the PyTorch reference script failed";
   const Case& c = GetParam();
-  const TinyGpt2 model(c.config, c.shape, kSeed);
+  const TinyGpt2 model = make_model(c);
   const std::string out = (dir_->path() / c.name / "out").string();
 
   std::vector<float> grads;

@@ -149,7 +149,13 @@ def run_reference(folder):
         positions = read_raw(os.path.join(folder, "positions.i32"), torch.int32, batch * seq).long().view(batch, seq)
         segments = read_raw(os.path.join(folder, "segments.i32"), torch.int32, batch * seq).view(batch, seq)
     logits = forward_logits(params, tokens, cfg, positions, segments)
-    loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+    # Loss masks: every negative target is ignored (as -100, torch's one ignore_index), and the
+    # sum is divided by N: the caller's ("normalizer"), else the trained count.
+    flat_targets = targets.view(-1).clone()
+    normalizer = int(cfg.get("normalizer", 0)) or int((flat_targets >= 0).sum())
+    flat_targets[flat_targets < 0] = -100
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), flat_targets, ignore_index=-100,
+                                             reduction="sum") / normalizer
     loss.backward()
 
     out = os.path.join(folder, "out")

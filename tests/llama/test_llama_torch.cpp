@@ -40,6 +40,8 @@ struct Case {
   lk::Config config;
   lk::BatchShape shape;
   int64_t greedy = 0;  // > 0: the reference also writes this many greedy tokens after the first sequence
+  bool masked = false;  // loss masks: the first third of each sequence -1, every 7th row -5
+  int64_t loss_normalizer_tokens = 0;  // N (gpt2.h, "Loss masks"); 0 = the trained count
 };
 
 lk::Config make_config(int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t embd, int64_t inter,
@@ -85,6 +87,10 @@ const Case kCases[] = {
     {"qwen2_gqa_odd", qwen_config(16, true), {2, 13}},
     // Llama's attention_bias: q/k/v and o_proj biases, untied, llama3 scaling.
     {"llama_attention_bias", make_config(2, 6, 3, 16, 80, 112, 67, 24, false, 8.0, true, true), {2, 11}},
+    // Loss masks (torch: cross_entropy(ignore_index, reduction='sum') / N), over two head chunks,
+    // then with a caller's N as one micro-batch of an accumulated update.
+    {"masked", make_config(1, 2, 2, 16, 32, 40, 30, 16, false, 0.0), {20, 16}, 0, true, 0},
+    {"masked_normalizer", make_config(2, 6, 3, 16, 80, 112, 67, 16, true, 0.0), {2, 13}, 0, true, 37},
 };
 
 struct Tensor {
@@ -99,8 +105,9 @@ struct Tensor {
 // is dropped or misplaced shows), norm weights 1 + N(0, 0.1).
 class TinyLlama {
  public:
-  TinyLlama(const lk::Config& config, const lk::BatchShape& shape, uint32_t seed, int64_t greedy = 0)
-      : config_(config), shape_(shape), greedy_(greedy) {
+  TinyLlama(const lk::Config& config, const lk::BatchShape& shape, uint32_t seed, int64_t greedy = 0,
+            bool masked = false, int64_t loss_normalizer_tokens = 0)
+      : config_(config), shape_(shape), greedy_(greedy), loss_normalizer_tokens_(loss_normalizer_tokens) {
     auto add = [&](std::string name, std::vector<int64_t> dims) {
       Tensor t{std::move(name), std::move(dims), total_, 1};
       for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
@@ -129,6 +136,10 @@ class TinyLlama {
     targets_.resize(tokens_.size());
     for (auto& v : tokens_) v = token(rng);
     for (auto& v : targets_) v = token(rng);
+    for (int64_t i = 0; masked && i < shape.rows(); ++i) {
+      if (i % shape.seq_len < shape.seq_len / 3) targets_[static_cast<size_t>(i)] = -1;
+      if (i % 7 == 3) targets_[static_cast<size_t>(i)] = -5;
+    }
   }
 
   const std::vector<Tensor>& tensors() const { return tensors_; }
@@ -162,7 +173,7 @@ class TinyLlama {
     float* g_head = config_.tie_word_embeddings ? grads.data() : g_norm + c;
     std::vector<float> d_x(static_cast<size_t>(n * c));
     const float loss = lk::head_forward_backward(config_, shape_, {norm, head}, acts.back().data(), targets_.data(),
-                                                 d_x.data(), {g_norm, g_head}, ws);
+                                                 d_x.data(), {g_norm, g_head}, ws, loss_normalizer_tokens_);
     for (int64_t i = config_.n_layer; i-- > 0;)
       lk::block_backward(config_, shape_, lk::bind_block(config_, p + block_offset(i)), acts[i].data(), d_x.data(),
                          d_x.data(), lk::bind_block(config_, grads.data() + block_offset(i)), ws, true);
@@ -182,7 +193,7 @@ class TinyLlama {
         << config_.rope_factor << "\nrope_low " << config_.rope_low_freq_factor << "\nrope_high "
         << config_.rope_high_freq_factor << "\nrope_original " << config_.rope_original_max_positions
         << "\nnorm_eps " << config_.norm_eps << "\ntied " << (config_.tie_word_embeddings ? 1 : 0) << "\ngreedy "
-        << greedy_ << "\n";
+        << greedy_ << "\nnormalizer " << loss_normalizer_tokens_ << "\n";
     std::ofstream list(folder / "tensors.txt");
     for (const Tensor& t : tensors_) {
       list << t.name;
@@ -198,6 +209,7 @@ class TinyLlama {
   lk::Config config_;
   lk::BatchShape shape_;
   int64_t greedy_ = 0;
+  int64_t loss_normalizer_tokens_ = 0;
   std::vector<Tensor> tensors_;
   size_t total_ = 0;
   std::vector<float> params_;
@@ -212,7 +224,7 @@ class LlamaMatchesTorch : public ::testing::TestWithParam<Case> {
     dir_ = new TempDir();
     std::string command = std::string(STRATA_PYTHON3) + " " + STRATA_LLAMA_REFERENCE;
     for (const Case& c : kCases) {
-      TinyLlama(c.config, c.shape, kSeed).write(dir_->path() / c.name);
+      TinyLlama(c.config, c.shape, kSeed, 0, c.masked, c.loss_normalizer_tokens).write(dir_->path() / c.name);
       command += " " + (dir_->path() / c.name).string();
     }
     reference_rc_ = std::system(command.c_str());
@@ -231,7 +243,7 @@ int LlamaMatchesTorch::reference_rc_ = -1;
 TEST_P(LlamaMatchesTorch, LossGradientsAndLogits) {
   ASSERT_EQ(reference_rc_, 0) << "the PyTorch reference script failed";
   const Case& c = GetParam();
-  const TinyLlama model(c.config, c.shape, kSeed);
+  const TinyLlama model(c.config, c.shape, kSeed, 0, c.masked, c.loss_normalizer_tokens);
   const std::string out = (dir_->path() / c.name / "out").string();
   std::vector<float> grads, logits;
   const float loss = model.run(grads, logits);
@@ -259,7 +271,7 @@ TEST_P(LlamaMatchesTorch, LossGradientsAndLogits) {
 // Two runs, same bits: every reduction has one fixed order.
 TEST_P(LlamaMatchesTorch, Deterministic) {
   const Case& c = GetParam();
-  const TinyLlama model(c.config, c.shape, kSeed);
+  const TinyLlama model(c.config, c.shape, kSeed, 0, c.masked, c.loss_normalizer_tokens);
   std::vector<float> grads_a, grads_b, logits_a, logits_b;
   const float loss_a = model.run(grads_a, logits_a);
   const float loss_b = model.run(grads_b, logits_b);

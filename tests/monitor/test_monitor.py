@@ -30,7 +30,7 @@ CORPUS = "/usr/share/common-licenses/GPL-3"
 REQUIRED = ["strata_step", "strata_loss", "strata_tokens_per_second", "strata_step_seconds", "strata_stall_ratio",
             "strata_tier_bytes", "strata_tier_budget_bytes", "strata_transfer_bytes_total",
             "strata_nvme_read_bytes_total", "strata_nvme_write_bytes_total", "strata_io_errors_total",
-            "strata_checksum_failures_total", "strata_predicted_step_seconds"]
+            "strata_checksum_failures_total", "strata_predicted_step_seconds", "strata_learning_rate"]
 
 
 def fail(message):
@@ -245,8 +245,8 @@ return Array.from(document.querySelectorAll('canvas[data-chart]')).map(function 
 
 def check_page(driver, origin):
     charts = driver.execute_script(INK_SCRIPT)
-    if len(charts) != 7:
-        fail(f"expected 7 charts, found {len(charts)}")
+    if len(charts) != 8:  # loss, learning rate, tokens/s, step time, stall, occupancy, bandwidth, NVMe written
+        fail(f"expected 8 charts, found {len(charts)}")
     for name, ink in charts:
         if ink < 50:
             fail(f"chart {name} has no series drawn ({ink} coloured pixels)")
@@ -269,7 +269,7 @@ def case_dashboard():
             run.wait_for_step(1)
             driver.get(run.url)
             wait_until(driver, "var r = document.getElementById('strata-root');"
-                               "return r && r.getAttribute('data-charts-drawn') === '7';", 60, "seven drawn charts")
+                               "return r && r.getAttribute('data-charts-drawn') === '8';", 60, "eight drawn charts")
             first = driver.execute_script("return document.querySelector('#tile-step .strata-tile-value').textContent;")
             # the page polls every second; the run takes well under that per step
             changed = wait_until(
@@ -282,7 +282,7 @@ def case_dashboard():
         finally:
             driver.quit()
             run.stop()
-    print(f"ok: dashboard drew 7 charts with no console error; step tile {first!r} → {changed!r}")
+    print(f"ok: dashboard drew 8 charts with no console error; step tile {first!r} → {changed!r}")
 
 
 def case_report():
@@ -310,7 +310,7 @@ def case_report():
         try:
             driver.get("file://" + report)
             wait_until(driver, "var r = document.getElementById('strata-root');"
-                               "return r && r.getAttribute('data-charts-drawn') === '7';", 60, "seven drawn charts")
+                               "return r && r.getAttribute('data-charts-drawn') === '8';", 60, "eight drawn charts")
             check_page(driver, None)
             step = driver.execute_script("return document.querySelector('#tile-step .strata-tile-value').textContent;")
             loss = driver.execute_script("return document.querySelector('#tile-loss .strata-tile-value').textContent;")
@@ -320,7 +320,7 @@ def case_report():
             fail(f"the report's step tile reads {step!r}, not '6 / 6'")
         if abs(float(loss) - steps[-1]["loss"]) > 1e-3:
             fail(f"the report's loss tile reads {loss}, RUN.json's last loss is {steps[-1]['loss']}")
-    print(f"ok: report of 6 steps opens offline with 7 charts, no console error; last loss {loss}")
+    print(f"ok: report of 6 steps opens offline with 8 charts, no console error; last loss {loss}")
 
 
 def expect_refusal(args, needle, what):

@@ -21,6 +21,7 @@ StepSample sample(uint64_t step, uint64_t read_bytes) {
   s.transfer_bytes[0] = read_bytes;  // nvme → host
   s.transfer_bytes[3] = 7;           // host → nvme
   s.tier_bytes[1] = 1000 + step;
+  s.learning_rate = 0.25 * static_cast<double>(step);  // a schedule's warmup
   return s;
 }
 
@@ -72,6 +73,7 @@ TEST(RunMetrics, CountersSumTheStepDeltasAndGaugesShowTheLastStep) {
   EXPECT_EQ(value_of(text, "strata_tokens_per_second"), 200);
   EXPECT_EQ(value_of(text, "strata_stall_ratio"), 0.25);
   EXPECT_EQ(value_of(text, "strata_tier_bytes{tier=\"host\"}"), 1002);
+  EXPECT_EQ(value_of(text, "strata_learning_rate"), 0.5);  // the last step's
   EXPECT_EQ(value_of(text, "strata_tier_budget_bytes{tier=\"host\"}"), 4096);
   EXPECT_EQ(value_of(text, "strata_run_state{state=\"running\"}"), 1);
   EXPECT_NE(text.find("# TYPE strata_nvme_write_bytes_total counter\n"), std::string::npos);

@@ -7,7 +7,8 @@
 // total_steps, committed_step, tokens_per_step, predicted_step_seconds (0: none), budgets
 // {device, host, nvme} in bytes. steps[i]: step, loss, seconds, compute_seconds, stall_seconds,
 // nvme_read_bytes, nvme_write_bytes, host_to_device_bytes, device_to_host_bytes (moved during
-// the step), device_bytes, host_bytes, nvme_bytes (in use at its end), committed.
+// the step), device_bytes, host_bytes, nvme_bytes (in use at its end), committed, learning_rate
+// (the lr of the step's update; absent in files from before schedules).
 // Fields a file lacks are drawn as absent, never as zero.
 "use strict";
 var StrataCharts = (function () {
@@ -137,6 +138,8 @@ var StrataCharts = (function () {
     var specs = [
       { id: "loss", title: "Training loss", format: formatNumber,
         series: [series("loss", function (st) { return num(st.loss); })] },
+      { id: "learning_rate", title: "Learning rate (the schedule's)", format: function (v) { return v.toExponential(2); }, zero: true,
+        series: [series("lr", function (st) { return num(st.learning_rate); })] },
       { id: "tokens", title: "Tokens per second", format: formatNumber, zero: true,
         series: [series("tokens/s", function (st) { var s = num(st.seconds); return tokens && s ? tokens / s : null; })] },
       { id: "step_time", title: "Step time against the prediction", format: function (v) { return v.toFixed(v < 1 ? 3 : 2) + " s"; }, zero: true,
@@ -221,6 +224,7 @@ var StrataCharts = (function () {
       ["state", run.state || "–"],
       ["step", steps.length ? last.step + " / " + run.total_steps : "– / " + (run.total_steps || "–")],
       ["loss", formatNumber(num(last.loss))],
+      ["lr", num(last.learning_rate) === null ? "–" : num(last.learning_rate).toExponential(2)],
       ["tokens/s", run.tokens_per_step && last.seconds ? formatNumber(run.tokens_per_step / last.seconds) : "–"],
       ["step time", last.seconds ? last.seconds.toFixed(3) + " s" + (run.predicted_step_seconds ? " (pred. " + run.predicted_step_seconds.toFixed(3) + " s)" : "") : "–"],
       ["stall", last.seconds ? (100 * last.stall_seconds / last.seconds).toFixed(1) + " %" : "–"],
