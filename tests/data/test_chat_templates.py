@@ -1,0 +1,351 @@
+#!/usr/bin/python3
+"""Proves that `strata chat render` renders REAL chat templates (tests/data/chat_templates/, their
+sources in README.md there) byte for byte as transformers does: python3-jinja2 configured exactly
+as transformers' _compile_jinja_template (ImmutableSandboxedEnvironment, trim_blocks,
+lstrip_blocks, loopcontrols, its tojson, raise_exception, strftime_now and a `generation`
+extension that renders its body) renders each template over several conversations (system / no
+system / multi-turn / add_generation_prompt / unicode / braces and newlines / tools), and strata
+must give the same bytes; where jinja2 raises, strata must refuse with one FILE:LINE error.
+Then `--segments` is checked: the pieces join to the full render, and the trained pieces are the
+assistant contents each followed by the template's end-of-turn text, as located by an independent
+prefix computation in Python.
+
+usage: test_chat_templates.py STRATA_EXE [render|segments|errors]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+
+try:
+    import jinja2
+    import jinja2.ext
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+except ImportError:
+    print("python3-jinja2 is missing (scripts/setup.sh installs it): skipped")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATES = os.path.join(HERE, "chat_templates")
+
+
+# ---- transformers' environment (transformers/utils/chat_template_utils.py) ------------------
+class GenerationBlocks(Extension):
+    """{% generation %}...{% endgeneration %}: transformers' AssistantTracker renders the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
+def compile_like_transformers(source):
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlocks, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)
+
+
+def render_reference(template, record, special, add_generation_prompt):
+    variables = dict(record)
+    variables.setdefault("tools", None)
+    variables.setdefault("documents", None)
+    variables.update(special)
+    variables["add_generation_prompt"] = add_generation_prompt
+    return template.render(**variables)
+
+
+# ---- the templates and their special tokens ---------------------------------------------------
+LLAMA3 = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+GEMMA = {"bos_token": "<bos>", "eos_token": "<eos>"}
+DEEPSEEK = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
+MISTRAL = {"bos_token": "<s>", "eos_token": "</s>"}
+# file -> (special tokens, the text that ends an assistant turn in the full render)
+CASES = {
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": (LLAMA3, "<|eot_id|>"),
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": (LLAMA3, "<|eot_id|>"),
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": (LLAMA3, "<|eot_id|>"),
+    "Qwen-Qwen2.5-7B-Instruct.jinja": ({"bos_token": "", "eos_token": "<|im_end|>"}, "<|im_end|>\n"),
+    "mistralai-Mistral-7B-Instruct-v0.2.jinja": (MISTRAL, "</s>"),
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": (MISTRAL, "</s>"),
+    "google-gemma-7b-it.jinja": (GEMMA, "<end_of_turn>\n"),
+    "google-gemma-2-2b-it.jinja": (GEMMA, "<end_of_turn>\n"),
+    "google-gemma-3-it.jinja": (GEMMA, "<end_of_turn>\n"),
+    "microsoft-Phi-3-mini.jinja": ({"bos_token": "<s>", "eos_token": "<|endoftext|>"}, "<|end|>\n"),
+    "microsoft-Phi-3.5-mini-instruct.jinja": ({"bos_token": "<s>", "eos_token": "<|endoftext|>"}, "<|end|>\n"),
+    "deepseek-ai-DeepSeek-V2.jinja": (DEEPSEEK, "<｜end▁of▁sentence｜>"),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": (DEEPSEEK, "<｜end▁of▁sentence｜>"),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": (DEEPSEEK, "<｜end▁of▁sentence｜>"),
+    "teknium-OpenHermes-2.5-Mistral-7B-chatml.jinja": ({"bos_token": "<s>", "eos_token": "<|im_end|>"}, "<|im_end|>\n"),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ({"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}, "<|im_end|>\n"),
+    "HuggingFaceH4-zephyr-7b-beta.jinja": (MISTRAL, "</s>\n"),
+}
+
+# What the prefix rule puts before an assistant's content: DeepSeek V2's generation prompt is
+# "Assistant:" while its turns read "Assistant: " + content, so the space is the model's to learn.
+TURN_LEAD = {"deepseek-ai-DeepSeek-V2.jinja": " "}
+# Text a template appends after the whole conversation (Phi-3.5 ends with eos_token when no
+# generation prompt follows): it belongs to the last assistant turn when that turn ends the chat.
+FINAL_SUFFIX = {"microsoft-Phi-3.5-mini-instruct.jinja": "<|endoftext|>"}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather in a city",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "description": "The city, e.g. Oslo"},
+                                      "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city"]},
+    },
+}
+
+CONVERSATIONS = [
+    {"messages": [{"role": "system", "content": "You are a terse assistant."},
+                  {"role": "user", "content": "What is 2+2?"},
+                  {"role": "assistant", "content": "4."},
+                  {"role": "user", "content": "And 3+3?"},
+                  {"role": "assistant", "content": "6."}]},
+    {"messages": [{"role": "user", "content": "Hello there"},
+                  {"role": "assistant", "content": "Hi! How can I help?"}]},
+    {"messages": [{"role": "user", "content": "Name a prime."}]},
+    {"messages": [{"role": "user", "content": "Grüß dich — 你好, ça va? 🌍"},
+                  {"role": "assistant", "content": "Très bien, danke! 👍 ありがとう"}]},
+    {"messages": [{"role": "system", "content": "Quote templates literally."},
+                  {"role": "user", "content": "Show {{ x }} and {% if y %}z{% endif %} and {# c #}\n\nthen\ttabs\n"},
+                  {"role": "assistant", "content": "Here: {{ x }}}} {%- raw -%} '\"\\ end\nline two"}]},
+    {"messages": [{"role": "user", "content": "Weather in Oslo?"},
+                  {"role": "assistant", "content": "",
+                   "tool_calls": [{"type": "function",
+                                   "function": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}}]},
+                  {"role": "tool", "name": "get_weather", "content": "{\"temperature\": -3}"},
+                  {"role": "assistant", "content": "It is -3 °C in Oslo."}],
+     "tools": [WEATHER_TOOL]},
+    {"messages": [{"role": "system", "content": "Use tools when needed."},
+                  {"role": "user", "content": "Weather in Bergen?"}],
+     "tools": [WEATHER_TOOL]},
+]
+
+
+def run_strata(strata, args):
+    return subprocess.run([strata, "chat", "render"] + args, capture_output=True, text=True)
+
+
+def make_folder(tmp, name, special, object_tokens):
+    folder = os.path.join(tmp, name.replace(".jinja", ""))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+        source = f.read()
+    config = {"chat_template": source}
+    for key, value in special.items():
+        # Some configs hold AddedToken objects; strata must read both forms.
+        config[key] = {"content": value, "lstrip": False, "special": True} if object_tokens else value
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False)
+    return folder, source
+
+
+def check_render(strata, tmp):
+    failures = 0
+    compared = refused = 0
+    for index, (name, (special, _)) in enumerate(sorted(CASES.items())):
+        folder, source = make_folder(tmp, name, special, object_tokens=index % 2 == 1)
+        template = compile_like_transformers(source)
+        for agp in (False, True):
+            good, expected, bad = [], [], []
+            for record in CONVERSATIONS:
+                try:
+                    expected.append(render_reference(template, record, special, agp))
+                    good.append(record)
+                except Exception as e:  # jinja2 refused: strata must refuse too
+                    bad.append((record, e))
+            in_path = os.path.join(folder, f"in_{agp}.jsonl")
+            out_path = os.path.join(folder, f"out_{agp}.jsonl")
+            with open(in_path, "w", encoding="utf-8") as f:
+                for record in good:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            args = ["--tokenizer", folder, "--in", in_path, "--out", out_path] + (["--add-generation-prompt"] if agp else [])
+            result = run_strata(strata, args)
+            if result.returncode != 0:
+                print(f"FAIL {name} agp={agp}: strata exited {result.returncode}: {result.stderr.strip()}")
+                failures += 1
+                continue
+            with open(out_path, encoding="utf-8") as f:
+                got = [json.loads(line)["text"] for line in f]
+            for i, (want, have) in enumerate(zip(expected, got)):
+                compared += 1
+                if want != have:
+                    failures += 1
+                    print(f"FAIL {name} agp={agp} conversation {i}:\n  jinja2: {want!r}\n  strata: {have!r}")
+            if len(got) != len(expected):
+                failures += 1
+                print(f"FAIL {name}: {len(got)} lines out, {len(expected)} expected")
+            for record, error in bad:
+                with open(in_path, "w", encoding="utf-8") as f:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                result = run_strata(strata, args)
+                lines = [l for l in result.stderr.strip().splitlines() if l]
+                if result.returncode not in (1, 2) or len(lines) != 1 or f"{in_path}:1:" not in lines[0]:
+                    failures += 1
+                    print(f"FAIL {name}: jinja2 raised {error!r}, strata gave rc={result.returncode} {result.stderr!r}")
+                refused += 1
+    print(f"render: {compared} renders byte-identical to jinja2 over {len(CASES)} templates, {refused} refusals matched")
+    return failures
+
+
+def prefix_segments(template, messages, special, extra):
+    """The trained spans by the prefix rule, computed here with jinja2 alone."""
+    full = render_reference(template, dict(extra, messages=messages), special, False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        p = render_reference(template, dict(extra, messages=messages[:i]), special, True)
+        q = render_reference(template, dict(extra, messages=messages[: i + 1]), special, False)
+        if not (full.startswith(p) and full.startswith(q) and len(q) >= len(p)):
+            return full, None
+        spans.append(full[len(p):len(q)])
+    return full, spans
+
+
+def check_segments(strata, tmp):
+    failures = 0
+    checked = unstable = 0
+    unstable_names = set()
+    for name, (special, end_of_turn) in sorted(CASES.items()):
+        folder, source = make_folder(tmp, name, special, object_tokens=False)
+        template = compile_like_transformers(source)
+        for c, record in enumerate(CONVERSATIONS):
+            messages = record["messages"]
+            if not any(m["role"] == "assistant" for m in messages):
+                continue
+            extra = {k: v for k, v in record.items() if k != "messages"}
+            try:
+                full, spans = prefix_segments(template, messages, special, extra)
+            except Exception:
+                continue  # the template refuses this conversation (checked by `render`)
+            in_path = os.path.join(folder, "seg_in.jsonl")
+            out_path = os.path.join(folder, "seg_out.jsonl")
+            with open(in_path, "w", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            result = run_strata(strata, ["--tokenizer", folder, "--in", in_path, "--out", out_path, "--segments"])
+            if spans is None:
+                unstable += 1
+                unstable_names.add(name)
+                if result.returncode != 2 or "not prefix-stable" not in result.stderr:
+                    failures += 1
+                    print(f"FAIL {name} conversation {c}: not prefix-stable in jinja2, strata rc={result.returncode} {result.stderr!r}")
+                continue
+            if result.returncode != 0:
+                failures += 1
+                print(f"FAIL {name} conversation {c}: strata exited {result.returncode}: {result.stderr.strip()}")
+                continue
+            with open(out_path, encoding="utf-8") as f:
+                out = json.loads(f.readline())
+            joined = "".join(s["text"] for s in out["segments"])
+            trained = [s["text"] for s in out["segments"] if s["trained"]]
+            checked += 1
+            if joined != full or out["text"] != full:
+                failures += 1
+                print(f"FAIL {name} conversation {c}: segments do not join to the render")
+            if "".join(trained) != "".join(spans):
+                failures += 1
+                print(f"FAIL {name} conversation {c}: trained {trained!r}, prefix rule says {spans!r}")
+            # Independent of any rendering: each assistant turn's content then the end-of-turn text.
+            plain = all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m for m in messages)
+            if plain:
+                lead = TURN_LEAD.get(name, "")
+                want = "".join(lead + m["content"] + end_of_turn for m in messages if m["role"] == "assistant")
+                if messages[-1]["role"] == "assistant":
+                    want += FINAL_SUFFIX.get(name, "")
+                if "".join(trained) != want:
+                    failures += 1
+                    print(f"FAIL {name} conversation {c}: trained {''.join(trained)!r}, expected {want!r}")
+    print(f"segments: {checked} conversations checked, {unstable} not prefix-stable refusals matched "
+          f"({', '.join(sorted(unstable_names))})")
+    return failures
+
+
+def check_errors(strata, tmp):
+    """Bad input: one line naming FILE:LINE, exit 2."""
+    failures = 0
+    folder, _ = make_folder(tmp, "Qwen-Qwen2.5-7B-Instruct.jinja", {"bos_token": "", "eos_token": "<|im_end|>"}, False)
+    cases = {
+        "bad json": ('{"messages": [}\n', ":1: not valid JSON"),
+        "no messages": ('{"text": "x"}\n', ":1: expected an object with a 'messages' list"),
+        "second line": (json.dumps(CONVERSATIONS[1]) + "\n[1, 2]\n", ":2: expected an object"),
+    }
+    for what, (content, needle) in cases.items():
+        in_path = os.path.join(tmp, "bad.jsonl")
+        with open(in_path, "w") as f:
+            f.write(content)
+        result = run_strata(strata, ["--tokenizer", folder, "--in", in_path, "--out", os.path.join(tmp, "bad_out.jsonl")])
+        lines = result.stderr.strip().splitlines()
+        if result.returncode != 2 or len(lines) != 1 or (in_path + needle) not in lines[0]:
+            failures += 1
+            print(f"FAIL {what}: rc={result.returncode} {result.stderr!r}")
+    # A template construct strata does not implement: refused with the template line.
+    tpl = os.path.join(tmp, "unsupported.jinja")
+    with open(tpl, "w") as f:
+        f.write("{% for m in messages %}\n{{ m.content | wordwrap(10) }}\n{% endfor %}")
+    in_path = os.path.join(tmp, "ok.jsonl")
+    with open(in_path, "w") as f:
+        f.write(json.dumps(CONVERSATIONS[1]) + "\n")
+    result = run_strata(strata, ["--template", tpl, "--in", in_path, "--out", os.path.join(tmp, "o.jsonl")])
+    if result.returncode != 2 or f"{tpl}:2: unsupported filter 'wordwrap'" not in result.stderr:
+        failures += 1
+        print(f"FAIL unsupported filter: rc={result.returncode} {result.stderr!r}")
+    # raise_exception carries the template's message.
+    folder, _ = make_folder(tmp, "google-gemma-2-2b-it.jinja", GEMMA, False)
+    with open(in_path, "w") as f:
+        f.write(json.dumps(CONVERSATIONS[0]) + "\n")
+    result = run_strata(strata, ["--tokenizer", folder, "--in", in_path, "--out", os.path.join(tmp, "o.jsonl")])
+    if result.returncode != 2 or "System role not supported" not in result.stderr or f"{in_path}:1:" not in result.stderr:
+        failures += 1
+        print(f"FAIL raise_exception: rc={result.returncode} {result.stderr!r}")
+    # A conversation without an assistant turn has nothing to train on.
+    with open(in_path, "w") as f:
+        f.write(json.dumps(CONVERSATIONS[2]) + "\n")
+    folder, _ = make_folder(tmp, "Qwen-Qwen2.5-7B-Instruct.jinja", {"bos_token": "", "eos_token": "<|im_end|>"}, False)
+    result = run_strata(strata, ["--tokenizer", folder, "--in", in_path, "--out", os.path.join(tmp, "o.jsonl"), "--segments"])
+    if result.returncode != 2 or "no assistant turn" not in result.stderr:
+        failures += 1
+        print(f"FAIL no assistant: rc={result.returncode} {result.stderr!r}")
+    print(f"errors: {len(cases) + 3} bad inputs checked")
+    return failures
+
+
+def main():
+    strata, mode = sys.argv[1], sys.argv[2]
+    base = os.environ.get("STRATA_TEST_TMPDIR")
+    if base:
+        os.makedirs(base, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        failures = {"render": check_render, "segments": check_segments, "errors": check_errors}[mode](strata, tmp)
+    if failures:
+        print(f"{failures} failure(s)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
