@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <utf8proc.h>
+
 #include "data/jinja_internal.h"
 
 namespace strata::data::jinja {
@@ -227,25 +230,68 @@ std::string strip_chars(const std::string& text, const Value* chars, bool left, 
   return encode(cps, begin, end);
 }
 
-std::string ascii_upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
+// Case mapping by code point (utf8proc's simple mappings, plus Python's one common full mapping,
+// ß → SS, in upper()). Python's other multi-character mappings (ligatures, İ) are not made.
+bool is_cased(uint32_t cp) {
+  utf8proc_category_t category = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return category == UTF8PROC_CATEGORY_LU || category == UTF8PROC_CATEGORY_LL || category == UTF8PROC_CATEGORY_LT;
 }
-std::string ascii_lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-// str.title(): a letter after a non-letter is upper case, every other letter lower case.
-std::string title_case(const std::string& s) {
-  std::string out = s;
-  bool previous_cased = false;
-  for (char& c : out) {
-    auto u = static_cast<unsigned char>(c);
-    bool letter = std::isalpha(u) != 0;
-    if (letter) c = static_cast<char>(previous_cased ? std::tolower(u) : std::toupper(u));
-    previous_cased = letter || (u >= 0x80);
+void append_upper(std::vector<uint32_t>& out, uint32_t cp) {
+  if (cp == 0xDF) {
+    out.push_back('S');
+    out.push_back('S');
+    return;
   }
-  return out;
+  out.push_back(static_cast<uint32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(cp))));
+}
+uint32_t lower_of(uint32_t cp) { return static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))); }
+uint32_t title_of(uint32_t cp) { return static_cast<uint32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(cp))); }
+
+std::string py_upper(const std::string& s) {  // str.upper()
+  std::vector<uint32_t> out;
+  for (uint32_t cp : decode(s)) append_upper(out, cp);
+  return encode(out, 0, out.size());
+}
+std::string py_lower(const std::string& s) {  // str.lower()
+  std::vector<uint32_t> out;
+  for (uint32_t cp : decode(s)) out.push_back(lower_of(cp));
+  return encode(out, 0, out.size());
+}
+// str.title(): a cased character after an uncased one is title case, every other cased one lower.
+std::string title_case(const std::string& s) {
+  std::vector<uint32_t> out;
+  bool previous_cased = false;
+  for (uint32_t cp : decode(s)) {
+    out.push_back(previous_cased ? lower_of(cp) : title_of(cp));
+    previous_cased = is_cased(cp);
+  }
+  return encode(out, 0, out.size());
+}
+// str.capitalize(): the first character in title case, the rest lower case.
+std::string capitalize(const std::string& s) {
+  std::vector<uint32_t> cps = decode(s);
+  for (size_t i = 0; i < cps.size(); ++i) cps[i] = i == 0 ? title_of(cps[i]) : lower_of(cps[i]);
+  return encode(cps, 0, cps.size());
+}
+// jinja2's `title` filter (not str.title()): words start after '-', whitespace, '(', '{', '[' or
+// '<'; each word's first character is upper case and the rest lower case.
+std::string title_filter(const std::string& s) {
+  std::vector<uint32_t> cps = decode(s);
+  std::vector<uint32_t> out;
+  bool word_start = true;
+  for (uint32_t cp : cps) {
+    bool separator = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || py_space(cp);
+    if (separator) {
+      out.push_back(cp);
+      word_start = true;
+    } else if (word_start) {
+      append_upper(out, cp);
+      word_start = false;
+    } else {
+      out.push_back(lower_of(cp));
+    }
+  }
+  return encode(out, 0, out.size());
 }
 
 std::vector<std::string> split_text(const std::string& text, const Value* sep, int64_t max_split) {
@@ -902,14 +948,10 @@ class Interpreter {
         }
         return Value::from_bool(false);
       }
-      if (name == "upper") return Value::from_string(ascii_upper(text));
-      if (name == "lower") return Value::from_string(ascii_lower(text));
+      if (name == "upper") return Value::from_string(py_upper(text));
+      if (name == "lower") return Value::from_string(py_lower(text));
       if (name == "title") return Value::from_string(title_case(text));
-      if (name == "capitalize") {
-        std::string out = ascii_lower(text);
-        if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-        return Value::from_string(out);
-      }
+      if (name == "capitalize") return Value::from_string(capitalize(text));
       if (name == "replace") {
         const Value* count = argument(args, 2, "count");
         return Value::from_string(replace_text(text, need_string(argument(args, 0, "old")),
@@ -965,8 +1007,8 @@ class Interpreter {
       if (name == "isdigit") return all([](unsigned char c) { return std::isdigit(c) != 0; });
       if (name == "isalpha") return all([](unsigned char c) { return std::isalpha(c) != 0; });
       if (name == "isspace") return all([](unsigned char c) { return py_space(c); });
-      if (name == "islower") return Value::from_bool(text != ascii_upper(text) && text == ascii_lower(text));
-      return Value::from_bool(text != ascii_lower(text) && text == ascii_upper(text));  // isupper
+      if (name == "islower") return Value::from_bool(text != py_upper(text) && text == py_lower(text));
+      return Value::from_bool(text != py_lower(text) && text == py_upper(text));  // isupper
     });
   }
 
@@ -1028,14 +1070,10 @@ class Interpreter {
     }
     if (name == "length" || name == "count") return Value::from_int(length_of(input, line));
     if (name == "trim") return Value::from_string(strip_chars(string_input(), argument(args, 0, "chars"), true, true));
-    if (name == "upper") return Value::from_string(ascii_upper(string_input()));
-    if (name == "lower") return Value::from_string(ascii_lower(string_input()));
-    if (name == "title") return Value::from_string(title_case(string_input()));
-    if (name == "capitalize") {
-      std::string out = ascii_lower(string_input());
-      if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-      return Value::from_string(out);
-    }
+    if (name == "upper") return Value::from_string(py_upper(string_input()));
+    if (name == "lower") return Value::from_string(py_lower(string_input()));
+    if (name == "title") return Value::from_string(title_filter(string_input()));
+    if (name == "capitalize") return Value::from_string(capitalize(string_input()));
     if (name == "default" || name == "d") {
       const Value* boolean = argument(args, 1, "boolean");
       bool use_default = input.is_undefined() || (boolean != nullptr && truthy(*boolean) && !truthy(input));
@@ -1119,12 +1157,40 @@ class Interpreter {
       const Value* method = argument(args, 1, "method");
       int64_t digits = precision != nullptr && is_intlike(*precision) ? as_int(*precision) : 0;
       std::string how = method != nullptr ? to_str(*method) : "common";
+      if (how != "common" && how != "ceil" && how != "floor") throw Failure{"round: method must be common, ceil or floor", line};
       if (!input.is_number()) throw Failure{"round: a number is needed, not " + type_name(input), line};
+      if (how == "common") {
+        // Python's round(): an int stays an int; a float rounds its exact binary value half to
+        // even, which printf's correctly rounded %.*f also does.
+        if (is_intlike(input) && digits >= 0) return Value::from_int(as_int(input));
+        if (digits < 0 || digits > 300) throw Failure{"round: precision must be 0..300", line};
+        std::string printed = fmt::format("{:.{}f}", as_float(input), digits);
+        return Value::from_float(std::stod(printed));
+      }
       double scale = std::pow(10.0, static_cast<double>(digits));
       double x = as_float(input) * scale;
-      double r = how == "ceil" ? std::ceil(x) : how == "floor" ? std::floor(x) : std::nearbyint(x);  // common: half to even, as Python's round
-      if (how != "common" && how != "ceil" && how != "floor") throw Failure{"round: method must be common, ceil or floor", line};
-      return Value::from_float(r / scale);
+      return Value::from_float((how == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
+    }
+    if (name == "dictsort") {
+      if (input.kind != Value::Kind::dict) throw Failure{"dictsort: a mapping is needed, not " + type_name(input), line};
+      const Value* case_sensitive = argument(args, 0, "case_sensitive");
+      const Value* by = argument(args, 1, "by");
+      const Value* reverse = argument(args, 2, "reverse");
+      bool sensitive = case_sensitive != nullptr && truthy(*case_sensitive);
+      bool by_value = by != nullptr && to_str(*by) == "value";
+      if (by != nullptr && !by_value && to_str(*by) != "key") throw Failure{"dictsort: 'by' must be key or value", line};
+      List items;
+      for (const auto& [key, value] : input.dict->items) items.push_back(Value::from_list({Value::from_string(key), value}, true));
+      auto key_of = [&](const Value& item) {
+        Value key = (*item.list)[by_value ? 1 : 0];
+        if (!sensitive && key.kind == Value::Kind::string) key = Value::from_string(py_lower(key.text));
+        return key;
+      };
+      std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
+        return compare_order(key_of(a), key_of(b), "<", line) < 0;
+      });
+      if (reverse != nullptr && truthy(*reverse)) std::reverse(items.begin(), items.end());
+      return Value::from_list(std::move(items));
     }
     if (name == "replace") {
       const Value* count = argument(args, 2, "count");
@@ -1200,7 +1266,7 @@ class Interpreter {
       List seen;
       for (const Value& item : iterate(input, line)) {
         Value key = attribute != nullptr ? attribute_path(item, to_str(*attribute), line) : item;
-        if (!sensitive && key.kind == Value::Kind::string) key = Value::from_string(ascii_lower(key.text));
+        if (!sensitive && key.kind == Value::Kind::string) key = Value::from_string(py_lower(key.text));
         bool dup = false;
         for (const Value& s : seen) dup = dup || equal(s, key);
         if (!dup) {
@@ -1218,7 +1284,7 @@ class Interpreter {
       List items = iterate(input, line);
       auto key_of = [&](const Value& item) {
         Value key = attribute != nullptr ? attribute_path(item, to_str(*attribute), line) : item;
-        if (!sensitive && key.kind == Value::Kind::string) key = Value::from_string(ascii_lower(key.text));
+        if (!sensitive && key.kind == Value::Kind::string) key = Value::from_string(py_lower(key.text));
         return key;
       };
       std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
@@ -1275,8 +1341,8 @@ class Interpreter {
     if (name == "true") return v.kind == Value::Kind::boolean && v.boolean;
     if (name == "false") return v.kind == Value::Kind::boolean && !v.boolean;
     if (name == "callable") return v.kind == Value::Kind::callable;
-    if (name == "lower") return v.kind == Value::Kind::string && v.text == ascii_lower(v.text);
-    if (name == "upper") return v.kind == Value::Kind::string && v.text == ascii_upper(v.text);
+    if (name == "lower") return v.kind == Value::Kind::string && v.text == py_lower(v.text);
+    if (name == "upper") return v.kind == Value::Kind::string && v.text == py_upper(v.text);
     if (name == "odd" || name == "even") {
       if (!is_intlike(v)) throw Failure{"test '" + name + "' needs an integer", line};
       bool odd = (as_int(v) % 2) != 0;

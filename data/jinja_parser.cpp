@@ -448,7 +448,7 @@ class Parser {
         try {
           return literal(Value::from_int(std::stoll(t.text)), t.line);
         } catch (const std::exception&) {
-          fail("integer literal " + t.text + " is out of range", t.line);
+          fail("integer literal " + t.text + " does not fit in 64 bits (not supported)", t.line);
         }
       }
       case TokenType::floating:

@@ -10,7 +10,7 @@ Then `--segments` is checked: the pieces join to the full render, and the traine
 assistant contents each followed by the template's end-of-turn text, as located by an independent
 prefix computation in Python.
 
-usage: test_chat_templates.py STRATA_EXE [render|segments|errors]
+usage: test_chat_templates.py STRATA_EXE [render|segments|errors|constructs]
 """
 import json
 import os
@@ -145,6 +145,112 @@ CONVERSATIONS = [
                   {"role": "user", "content": "Weather in Bergen?"}],
      "tools": [WEATHER_TOOL]},
 ]
+
+
+# Constructs one by one, beyond the model templates: each is rendered by jinja2 and by strata
+# (--template); the bytes must match, or both must refuse.
+EDGE_CASES = [
+    ("{{ messages|length }}|{{ messages[0]['content'] is string }}", {"messages": [{"role": "user", "content": "x"}]}),
+    ("{%- set x = 'a' -%}\n  {{ x }}", {}),
+    ("  {# c #}\nA\n\t{% if true %}x{% endif %}", {}),
+    ("a {% if true %}b{% endif %}\n   {% if true %}c{% endif %}", {}),
+    ("   {% if true %}x{% endif %}", {}),
+    ("  {{ 'x' }}\n  {% set y = 1 %}\n", {}),
+    ("{{ \"a\" 'b' }}|{{ 1.0 }}|{{ 1e20 }}|{{ 0.1 + 0.2 }}|{{ 3 / 1 }}|{{ 1e-5 }}|{{ 10000000000000000.0 }}|{{ 123456789.123 }}|{{ 1.5e300 * 1.5e300 }}", {}),
+    ("{{ [1,2] ~ 'x' }}|{{ {'a': 1}|tojson(indent=4) }}|{{ 'abc'|first }}", {}),
+    ("{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% endfor %}", {}),
+    ("[{{ x.y }}]|{{ none|string }}|{{ none ~ '' }}|{{ true + 1 }}", {"x": None}),
+    ("{% if x is defined and x %}d{% else %}u{% endif %}{{ range(3)|list }}{{ range(1, 10, 3)|list }}{{ 'a' == 'a' == 'a' }}", {}),
+    ("{% if a %}  \n{% endif %}x{{- '\n' -}}  y", {"a": True}),
+    ("a { b } {x} }} %}", {}),
+    ("{%- if true %}\n\n  x{% endif %}", {}),
+    ("{% set a, b = 1, 2 %}{{ a }}{{ b }}|{{ (1, 2)|list }}|{{ messages|map(attribute='role')|join(',') }}", {"messages": [{"role": "user"}, {"role": "assistant"}]}),
+    ("[{{ loop }}]|{{ [3, 1, 2]|sort }}|{{ 'Hello World x'|wordcount }}|{{ ['b', 'A', 'a']|sort }}", {}),
+    ("{{ -1 // 2 }}|{{ 7 % -3 }}|{{ 2 ** -1 }}|{{ 7.5 // 2 }}|{{ -7.5 % 2 }}|{{ 2 * 3.0 }}|{{ 10 - 0.5 }}", {}),
+    ("{{ 'é'|upper }}|{{ 'ÉCOLE'|lower }}|{{ 'ßa'|upper }}|{{ 'émile zola'|title }}|{{ 'éA'|capitalize }}", {}),
+    ("{% macro m(a, b=2) %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }}|{{ m(b=3, a=4) }}|{{ m('x')|upper }}", {}),
+    ("{% for m in messages %}{% if not loop.first %}, {% endif %}{{ m.role }}:{{ m.content|default('none', true) }}{% endfor %}", {"messages": [{"role": "a", "content": ""}, {"role": "b", "content": None}]}),
+    ("{{ tools|tojson }}", {"tools": [{"name": "f", "weights": [0.5, 1e-7, 2.0, 100.0], "ok": True, "nested": {"z": None, "a": "\u2028 \x7f \x01"}}]}),
+    ("{{ d|tojson(indent=2) }}", {"d": {"list": [], "obj": {}, "s": "a/b"}}),
+    ("{% set ns = namespace(items=[]) %}{% for i in range(3) %}{% set ns.items = ns.items + [i] %}{% endfor %}{{ ns.items }}", {}),
+    ("{{ messages[1:]|length }}|{{ messages[::2]|map(attribute='content')|list }}|{{ 'abcdef'[1:-1:2] }}|{{ 'abc'[5:] }}|{{ [1,2,3][-2:] }}", {"messages": [{"content": "a"}, {"content": "b"}, {"content": "c"}]}),
+    ("{% for x in d %}{{ x }}{% endfor %}|{% for x in d|dictsort %}{{ x }}{% endfor %}", {"d": {"b": 1, "a": 2}}),
+    ("{{ 'a\\nb'.split('\\n') }}|{{ 'a b'.split(none, 1) }}|{{ 'x'.join(['1', '2']) }}|{{ ' a '.strip() ~ '|' }}|{{ 'aXbXc'.split('X', 1) }}", {}),
+    ("{{ content.split('</think>')[-1].lstrip('\\n') }}", {"content": "<think>hm</think>\n\nanswer"}),
+    ("{% for x in [1, 2, 3] if x > 1 %}{{ loop.index }}{{ x }}{% else %}none{% endfor %}", {}),
+    ("{{ x if x is not none else 'dflt' }}|{{ (y or 'z')|upper }}", {"x": None, "y": ""}),
+    ("{{ 1 if true else 2 if false else 3 }}|{{ [] or {} or 0 or 'last' }}|{{ 'a' and '' }}", {}),
+    ("{{ '{{' }} {{ '}}' }} {{ '{%' }}", {}),
+    ("{% raw %}  {% if %}{{ x }}\n{% endraw %}\nafter", {}),
+    ("{{ 'a' < 'b' }}{{ [1, 2] < [1, 3] }}{{ 1 == 1.0 }}{{ true == 1 }}{{ none == none }}{{ 'a' != 'b' }}", {}),
+    ("{{ x|int + 1 }}|{{ '3.7'|int }}|{{ 3.7|int }}|{{ true|int }}|{{ 'abc'|float }}|{{ 5|float }}", {"x": "41"}),
+    ("{{ [1, 2, 3]|sum }}|{{ [4, 2, 9]|min }}|{{ [4, 2, 9]|max }}|{{ ['a', 'b']|reverse|join }}|{{ 'abc'|reverse }}", {}),
+    ("{{ messages|selectattr('content', 'defined')|list|length }}|{{ messages|rejectattr('content')|list|length }}|{{ messages|selectattr('role', 'in', ['user', 'tool'])|list|length }}", {"messages": [{"role": "user", "content": "x"}, {"role": "tool"}, {"role": "a", "content": ""}]}),
+    ("{{ 'x' is lower }}{{ 'X' is upper }}{{ {} is sequence }}{{ 'a' is iterable }}{{ 3 is gt 2 }}{{ 3 is ge 3 }}{{ 2 is lt 3 }}{{ 2 is ne 3 }}{{ none is sameas none }}", {}),
+    ("{{ d.items()|list }}|{{ d|list }}|{{ d.get('a', 'x') }}", {"d": {"k": [1]}}),
+    ("{{ {'role': 'a'} == {'role': 'a'} }}|{{ [{'a': 1}] == [{'a': 1}] }}|{{ 'ab' in ['ab'] }}|{{ 'a' in {'a': 1} }}", {}),
+    ("x\n{%- for i in range(2) %}\n  {{ i }}\n{%- endfor %}\ny", {}),
+    ("{% for i in range(2) -%}\n  {{ i }}\n{% endfor -%}\n  z", {}),
+    ("{%- macro tool_line(t) -%}\n- {{ t.name }}\n{%- endmacro -%}\n{% for t in tools %}\n{{ tool_line(t) }}\n{% endfor %}", {"tools": [{"name": "a"}, {"name": "b"}]}),
+    ("{{ \"it's\" }}|{{ 'say \"hi\"' }}|{{ 'tab\\there' }}|{{ 'uni\\u00e9\\U0001F600' }}|{{ 'oct\\101' }}|{{ 'keep\\q' }}", {}),
+    ("{{ [1, 'a', none, true, 1.5, [2], {'k': 'v'}] }}|{{ ('a',) }}|{{ {'a': (1, 2)} }}|{{ \"it's\"|list }}", {}),
+    ("{{ '%d items'|replace('%d', '3') }}|{{ 'aaa'|replace('a', 'b', 1) }}|{{ 'abc'|replace('', '-') }}", {}),
+    ("{% set t %}\n  block {{ 1 }}\n{% endset %}[{{ t }}]", {}),
+    ("{{ 'Hello'|indent(4, true) }}|{{ 'a\n\nb'|indent(2, blank=true) }}|{{ 'x\ny\n'|indent }}", {}),
+    ("{{ 5|round }}|{{ 2.675|round(2) }}|{{ 3.5|round }}|{{ 4.5|round }}|{{ -2.5|round }}|{{ 2.4|round(0, 'ceil') }}|{{ 2.6|round(0, 'floor') }}", {}),
+    ("{{ strftime_now('%Y') | length }}", {}),
+    ("{{ [1, 2]|first }}{{ []|first }}{{ ''|length }}{{ none is defined }}{{ x|length }}", {}),
+    ("{{ 'A-B_c d'|title }}|{{ \"they're bill's\"|title }}|{{ 'x1y'.title() }}", {}),
+    ("{{ 'a,b,,c'.split(',') }}|{{ '  '.split() }}|{{ ''.split(',') }}|{{ 'abc'.count('') }}|{{ 'aaa'.count('a') }}|{{ 'héllo'.find('l') }}", {}),
+    ("{{ 'abc'.startswith(('x', 'a')) }}|{{ 'abc'.endswith('bc') }}|{{ 'AbC'.isupper() }}|{{ '12'.isdigit() }}|{{ 'a\\nb\\r\\nc'.splitlines() }}", {}),
+    ("{{ x }}{{ x.y is defined }}", {"x": {"y": None}}),
+    ("{% for k, v in {'a': 1, 'b': [1, 2]}.items() %}{{ k }}:{{ v|tojson }};{% endfor %}", {}),
+    # jinja2 raises on these; strata must refuse too (one line, the template line).
+    ("{{ x.y.z }}", {}),
+    ("{{ 'a' + 1 }}", {}),
+    ("{{ none + 1 }}", {}),
+    ("{% set l = [] %}{{ l.append(1) }}", {}),
+    ("{{ messages[0].content + 1 }}", {"messages": [{"content": "a"}]}),
+    ("{{ undefined_fn() }}", {}),
+    ("{{ 1 / 0 }}", {}),
+    ("{{ raise_exception('stop here') }}", {}),
+]
+
+
+def check_constructs(strata, tmp):
+    failures = 0
+    refusals = 0
+    for i, (source, variables) in enumerate(EDGE_CASES):
+        try:
+            want = render_reference(compile_like_transformers(source), variables, {}, False)
+        except Exception as e:  # noqa: BLE001 - any jinja2 error means strata must refuse
+            want = None
+            refusals += 1
+        template_path = os.path.join(tmp, "t.jinja")
+        with open(template_path, "w", encoding="utf-8") as f:
+            f.write(source)
+        in_path = os.path.join(tmp, "in.jsonl")
+        with open(in_path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(dict(variables, messages=variables.get("messages", [])), ensure_ascii=False) + "\n")
+        out_path = os.path.join(tmp, "out.jsonl")
+        result = run_strata(strata, ["--template", template_path, "--in", in_path, "--out", out_path])
+        if want is None:
+            lines = result.stderr.strip().splitlines()
+            if result.returncode != 2 or len(lines) != 1 or "t.jinja:" not in lines[0]:
+                failures += 1
+                print(f"FAIL case {i} {source!r}: jinja2 raised, strata rc={result.returncode} {result.stderr!r}")
+            continue
+        if result.returncode != 0:
+            failures += 1
+            print(f"FAIL case {i} {source!r}: strata refused: {result.stderr.strip()}")
+            continue
+        with open(out_path, encoding="utf-8") as f:
+            have = json.loads(f.readline())["text"]
+        if have != want:
+            failures += 1
+            print(f"FAIL case {i} {source!r}:\n  jinja2: {want!r}\n  strata: {have!r}")
+    print(f"constructs: {len(EDGE_CASES)} cases, {len(EDGE_CASES) - refusals} byte-identical, {refusals} refusals matched")
+    return failures
 
 
 def run_strata(strata, args):
@@ -341,7 +447,8 @@ def main():
     if base:
         os.makedirs(base, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
-        failures = {"render": check_render, "segments": check_segments, "errors": check_errors}[mode](strata, tmp)
+        failures = {"render": check_render, "segments": check_segments, "errors": check_errors,
+                    "constructs": check_constructs}[mode](strata, tmp)
     if failures:
         print(f"{failures} failure(s)")
         sys.exit(1)
