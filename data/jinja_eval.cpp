@@ -526,6 +526,12 @@ class Interpreter {
     std::shared_ptr<Frame> defined_in = frame_;
     const Node* macro = &node;
     return Value::from_callable(node.targets[0], [macro, defined_in](Interpreter& in, CallArgs& args, int line) {
+      if (in.call_depth_ >= kMaxCallDepth) {
+        throw Failure{"macro '" + macro->targets[0] + "': calls nest deeper than " + std::to_string(kMaxCallDepth) +
+                          " (runaway recursion?)",
+                      line};
+      }
+      CallDepth depth(in);
       if (args.positional.size() > macro->params.size()) {
         throw Failure{"macro '" + macro->targets[0] + "' takes not more than " + std::to_string(macro->params.size()) +
                           " argument(s)",
@@ -701,9 +707,21 @@ class Interpreter {
     };
     if (a.is_number() && b.is_number()) {
       bool ints = is_intlike(a) && is_intlike(b);
-      if (op == "+") return ints ? Value::from_int(as_int(a) + as_int(b)) : Value::from_float(as_float(a) + as_float(b));
-      if (op == "-") return ints ? Value::from_int(as_int(a) - as_int(b)) : Value::from_float(as_float(a) - as_float(b));
-      if (op == "*") return ints ? Value::from_int(as_int(a) * as_int(b)) : Value::from_float(as_float(a) * as_float(b));
+      // Python's ints do not overflow; a result beyond 64 bits is refused, never wrapped.
+      auto checked = [&](bool overflowed, int64_t result) {
+        if (overflowed) throw Failure{"integer result of '" + op + "' does not fit in 64 bits (not supported)", line};
+        return Value::from_int(result);
+      };
+      if (ints && (op == "+" || op == "-" || op == "*")) {
+        int64_t r = 0;
+        bool overflowed = op == "+"   ? __builtin_add_overflow(as_int(a), as_int(b), &r)
+                          : op == "-" ? __builtin_sub_overflow(as_int(a), as_int(b), &r)
+                                      : __builtin_mul_overflow(as_int(a), as_int(b), &r);
+        return checked(overflowed, r);
+      }
+      if (op == "+") return Value::from_float(as_float(a) + as_float(b));
+      if (op == "-") return Value::from_float(as_float(a) - as_float(b));
+      if (op == "*") return Value::from_float(as_float(a) * as_float(b));
       if (op == "/") {
         if (as_float(b) == 0) throw Failure{"division by zero", line};
         return Value::from_float(as_float(a) / as_float(b));
@@ -720,7 +738,13 @@ class Interpreter {
       if (op == "**") {
         if (ints && as_int(b) >= 0) {
           int64_t result = 1;
-          for (int64_t i = 0; i < as_int(b); ++i) result *= as_int(a);
+          for (int64_t i = 0; i < as_int(b) && result != 0; ++i) {
+            if (__builtin_mul_overflow(result, as_int(a), &result)) checked(true, 0);
+            if (as_int(a) == 1 || as_int(a) == -1) {  // the sign alternates; no need to loop on
+              result = (as_int(a) == -1 && (as_int(b) % 2) != 0) ? -1 : 1;
+              break;
+            }
+          }
           return Value::from_int(result);
         }
         return Value::from_float(std::pow(as_float(a), as_float(b)));
@@ -737,6 +761,14 @@ class Interpreter {
     if (op == "*") {
       const Value& seq = is_intlike(a) ? b : a;
       const Value& times = is_intlike(a) ? a : b;
+      constexpr int64_t kMaxRepeatBytes = int64_t{1} << 30;  // a guard against '...' * 10**12
+      if (is_intlike(times) && (seq.kind == Value::Kind::string || seq.kind == Value::Kind::list)) {
+        int64_t unit = seq.kind == Value::Kind::string ? static_cast<int64_t>(seq.text.size())
+                                                       : static_cast<int64_t>(seq.list->size()) * 64;
+        if (as_int(times) > 0 && unit > 0 && as_int(times) > kMaxRepeatBytes / unit) {
+          throw Failure{"'*' would build a value over 1 GiB", line};
+        }
+      }
       if (is_intlike(times) && seq.kind == Value::Kind::string) {
         std::string out;
         for (int64_t i = 0; i < as_int(times); ++i) out += seq.text;
@@ -1429,6 +1461,14 @@ class Interpreter {
       return Value::from_string(std::string(buffer, n));
     });
   }
+
+  struct CallDepth {
+    explicit CallDepth(Interpreter& in) : in_(in) { ++in_.call_depth_; }
+    ~CallDepth() { --in_.call_depth_; }
+    Interpreter& in_;
+  };
+  static constexpr int kMaxCallDepth = 200;
+  int call_depth_ = 0;
 
   const Program& program_;
   std::shared_ptr<Frame> root_;

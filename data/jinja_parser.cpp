@@ -18,7 +18,7 @@ const std::set<std::string>& known_filters() {
       "abs", "attr", "capitalize", "count", "d", "default", "first", "float", "indent", "int", "items", "join",
       "last", "length", "list", "lower", "map", "reject", "rejectattr", "replace", "reverse", "round", "safe",
       "select", "selectattr", "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper", "wordcount",
-      "min", "max", "dictsort", "batch"};
+      "min", "max", "dictsort"};
   return names;
 }
 
@@ -135,6 +135,7 @@ class Parser {
   }
 
   NodePtr parse_statement() {
+    DepthGuard guard(*this);
     const Token tag = next();
     auto node = std::make_unique<Node>();
     node->line = tag.line;
@@ -411,6 +412,9 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    // Every nested expression passes here: a bound keeps a hostile template from exhausting the
+    // stack (jinja2 would stop at Python's recursion limit).
+    DepthGuard guard(*this);
     ExprPtr node;
     if (is_op("-")) {
       node = make(Expr::Kind::negate, next().line);
@@ -644,8 +648,18 @@ class Parser {
     }
   }
 
+  struct DepthGuard {
+    explicit DepthGuard(Parser& parser) : parser_(parser) {
+      if (++parser_.depth_ > kMaxDepth) parser_.fail("the template nests deeper than 256 levels");
+    }
+    ~DepthGuard() { --parser_.depth_; }
+    Parser& parser_;
+  };
+  static constexpr int kMaxDepth = 256;
+
   const std::vector<Token>& tokens_;
   Program& program_;
+  int depth_ = 0;
   size_t pos_ = 0;
   int loop_depth_ = 0;  // for loops around the statement being parsed: break/continue need one
 };

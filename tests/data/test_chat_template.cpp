@@ -157,6 +157,22 @@ TEST(ChatTemplate, RuntimeErrorsFollowJinja2) {
             "t.jinja:1: can only set attributes of a namespace() object ('d' is dict)");
 }
 
+TEST(ChatTemplate, HostileTemplatesFailCleanly) {
+  // Where Python has big ints, strata refuses rather than wrap.
+  EXPECT_EQ(render_error("{{ 2 ** 64 }}"), "t.jinja:1: integer result of '**' does not fit in 64 bits (not supported)");
+  EXPECT_EQ(render_error("{{ 9223372036854775807 + 1 }}"),
+            "t.jinja:1: integer result of '+' does not fit in 64 bits (not supported)");
+  EXPECT_EQ(render_error("{{ (-1) ** 1000001 }}|{{ 2 ** 62 }}"), "rendered: -1|4611686018427387904");
+  EXPECT_EQ(render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n{{ f(0) }}"),
+            "t.jinja:1: macro 'f': calls nest deeper than 200 (runaway recursion?)");
+  EXPECT_EQ(render_error(std::string(300, '(') + "1" + std::string(300, ')')),
+            "rendered: " + std::string(300, '(') + "1" + std::string(300, ')'));  // plain text: no tag
+  EXPECT_EQ(render_error("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}"),
+            "t.jinja:1: the template nests deeper than 256 levels");
+  EXPECT_EQ(render_error("{{ 'x' * 2000000000 }}"), "t.jinja:1: '*' would build a value over 1 GiB");
+  EXPECT_EQ(render_error("{{ range(200000)|length }}"), "t.jinja:1: range too big (the sandbox allows 100000 items)");
+}
+
 TEST(ChatTemplate, PassesToolsAndDocumentsAsNoneWhenAbsent) {
   Result<ChatTemplate> tmpl = ChatTemplate::parse("{{ tools }}|{{ documents is none }}|{{ tools is defined }}", "t");
   ASSERT_TRUE(tmpl.ok());
