@@ -15,9 +15,10 @@
 //    is falsy and `is defined` is false; an attribute, item or call of an undefined value, and
 //    arithmetic on one, is an error (as in jinja2). Strings are UTF-8: length, indexing, slices
 //    and iteration count code points, as Python does.
-//  - Anything the engine does not implement (a filter, a test, a method, a tag such as
-//    {% include %} or {% call %}) is refused with ONE error naming the construct and the template
-//    line ("ORIGIN:LINE: ..."); it never renders a guess. Rendering errors (raise_exception, a
+//  - Anything the engine does not implement is refused with ONE error naming the construct and
+//    the template line ("ORIGIN:LINE: ..."): a tag such as {% include %} or {% call %} when the
+//    template is parsed, a filter, test or method when it is reached (as jinja2 3 defers unknown
+//    filters in branches not taken); it never renders a guess. Rendering errors (raise_exception, a
 //    type error Python would raise) carry the line too. Every error is an `invalid_argument`
 //    Error; nothing throws out of this module.
 //  - Object key order: render(ordered_json) keeps each object's key order, as Python dicts do (it

@@ -398,8 +398,14 @@ class Interpreter {
 
   Flow exec(const Node& node) {
     switch (node.kind) {
-      case Node::Kind::text: *out_ += node.text; return Flow::normal;
-      case Node::Kind::output: *out_ += to_str(eval(*node.exprs[0])); return Flow::normal;
+      case Node::Kind::text:
+        *out_ += node.text;
+        check_output_size(node.line);
+        return Flow::normal;
+      case Node::Kind::output:
+        *out_ += to_str(eval(*node.exprs[0]));
+        check_output_size(node.line);
+        return Flow::normal;
       case Node::Kind::if_chain: {
         for (size_t i = 0; i < node.exprs.size(); ++i) {
           if (truthy(eval(*node.exprs[i]))) return exec_body(node.bodies[i]);
@@ -438,6 +444,10 @@ class Interpreter {
       }
     }
     return Flow::normal;
+  }
+
+  void check_output_size(int line) const {
+    if (out_->size() > kMaxOutputBytes) throw Failure{"the template printed more than 1 GiB", line};
   }
 
   void assign(const Node& node, Value value) {
@@ -496,6 +506,11 @@ class Interpreter {
     }
     const auto count = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < count; ++i) {
+      // A bound on the work one render may do: real templates loop over a conversation, a
+      // hostile one could loop for hours (jinja2 would).
+      if (++iterations_ > kMaxIterations) {
+        throw Failure{"the template ran more than " + std::to_string(kMaxIterations) + " loop iterations", node.line};
+      }
       bind(items[static_cast<size_t>(i)]);
       auto loop = std::make_shared<Dict>();
       loop->set("index", Value::from_int(i + 1));
@@ -1468,7 +1483,10 @@ class Interpreter {
     Interpreter& in_;
   };
   static constexpr int kMaxCallDepth = 200;
+  static constexpr int64_t kMaxIterations = 50'000'000;
+  static constexpr size_t kMaxOutputBytes = size_t{1} << 30;
   int call_depth_ = 0;
+  int64_t iterations_ = 0;
 
   const Program& program_;
   std::shared_ptr<Frame> root_;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "data/jinja_internal.h"
 
 namespace strata::data::jinja {
@@ -265,7 +267,14 @@ class Lexer {
         return;
       }
     }
-    throw Failure{std::string("unexpected character '") + c + "' in a tag", line_};
+    // Quote the whole character (a lone byte of a UTF-8 sequence would make the error line
+    // itself invalid UTF-8).
+    auto byte = static_cast<unsigned char>(c);
+    size_t length = byte < 0x80 ? 1 : (byte >> 5) == 6 ? 2 : (byte >> 4) == 14 ? 3 : (byte >> 3) == 30 ? 4 : 0;
+    bool whole = length > 0 && pos + length <= src_.size();
+    for (size_t k = 1; whole && k < length; ++k) whole = (static_cast<unsigned char>(src_[pos + k]) >> 6) == 2;
+    if (!whole) throw Failure{fmt::format("unexpected byte 0x{:02x} in a tag (not UTF-8 text)", byte), line_};
+    throw Failure{"unexpected character '" + src_.substr(pos, length) + "' in a tag", line_};
   }
 
   std::string lex_string(size_t& pos) {

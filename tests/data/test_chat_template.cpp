@@ -4,6 +4,9 @@
 // output differs from jinja2's by one byte. Then the errors: every refusal names the construct and
 // the template line; raise_exception carries its message; undefined values fail where jinja2 fails.
 // The real model templates are checked end to end against jinja2 in test_chat_templates.py.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -125,6 +128,8 @@ TEST(ChatTemplate, RefusesWhatItCannotRenderByNameAndLine) {
   EXPECT_EQ(render_error("{{ '%s' % 1 }}"), "t.jinja:1: printf-style string formatting ('...' % value) is not supported");
   EXPECT_EQ(render_error("{{ 'a{}'.format(1) }}"), "t.jinja:1: str.format() is not supported");
   EXPECT_EQ(render_error("{% break %}"), "t.jinja:1: {% break %} outside a for loop");
+  EXPECT_EQ(render_error("{% generation %}\n{% generation %}{% endgeneration %}{% endgeneration %}"),
+            "t.jinja:2: {% generation %} inside another {% generation %} block");
 }
 
 TEST(ChatTemplate, SyntaxErrorsNameTheLine) {
@@ -262,6 +267,63 @@ TEST(ChatSegments, RefusesATemplateThatIsNotPrefixStable) {
   Result<std::vector<TextSegment>> r = chat_segments(*tmpl, messages, TokenizerChatConfig{});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("template is not prefix-stable at message 1"), std::string::npos) << r.error().message;
+}
+
+// A folder holding one tokenizer_config.json with `content`.
+class TokenizerFolder {
+ public:
+  explicit TokenizerFolder(const std::string& content) {
+    const char* base = std::getenv("STRATA_TEST_TMPDIR");
+    std::filesystem::path root = base != nullptr ? base : std::filesystem::temp_directory_path().string();
+    std::filesystem::create_directories(root);
+    std::string pattern = (root / "chat-config-XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+    std::ofstream(path_ + "/tokenizer_config.json") << content;
+  }
+  ~TokenizerFolder() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(TokenizerChatConfig, ReadsStringsListsAndAddedTokens) {
+  TokenizerFolder plain(R"({"chat_template": "{{ bos_token }}", "bos_token": "<s>", "eos_token": {"content": "</s>",
+                             "lstrip": false}, "add_bos_token": true})");
+  Result<TokenizerChatConfig> config = read_tokenizer_chat_config(plain.path());
+  ASSERT_TRUE(config.ok()) << config.error().to_string();
+  EXPECT_EQ(config->chat_template, "{{ bos_token }}");
+  EXPECT_EQ(config->bos_token, "<s>");
+  EXPECT_EQ(config->eos_token, "</s>");
+  EXPECT_TRUE(config->add_bos_token);
+  EXPECT_FALSE(config->add_eos_token);
+
+  TokenizerFolder named(R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]})");
+  config = read_tokenizer_chat_config(named.path());
+  ASSERT_TRUE(config.ok()) << config.error().to_string();
+  EXPECT_EQ(config->chat_template, "D");
+}
+
+TEST(TokenizerChatConfig, ErrorsNameTheFileAndKey) {
+  auto error_of = [](const std::string& content) {
+    TokenizerFolder folder(content);
+    Result<TokenizerChatConfig> config = read_tokenizer_chat_config(folder.path());
+    if (config.ok()) return std::string("ok");
+    const std::string prefix = folder.path() + "/tokenizer_config.json: ";
+    EXPECT_EQ(config.error().message.rfind(prefix, 0), 0u) << config.error().message;
+    EXPECT_EQ(config.error().kind, ErrorKind::invalid_argument);
+    return config.error().message.substr(prefix.size());
+  };
+  EXPECT_EQ(error_of("{}"), "key 'chat_template' is missing (the model has no chat template; pass --template FILE)");
+  EXPECT_EQ(error_of(R"({"chat_template": 5})"), "key 'chat_template': expected a string or a list of {name, template}");
+  EXPECT_EQ(error_of(R"({"chat_template": [{"name": "x", "template": "y"}]})"),
+            "key 'chat_template': a list of named templates without one named \"default\"");
+  EXPECT_EQ(error_of(R"({"chat_template": [{"name": "default"}]})"),
+            "key 'chat_template[0]': expected an object {\"name\": string, \"template\": string}");
+  EXPECT_EQ(error_of(R"({"chat_template": "x", "bos_token": 1})"),
+            "key 'bos_token': expected a string or an AddedToken object {\"content\": string}");
+  EXPECT_EQ(error_of(R"({"chat_template": "x", "add_eos_token": "yes"})"), "key 'add_eos_token': expected true or false");
+  EXPECT_EQ(error_of("{not json").rfind("not valid JSON: ", 0), 0u);
 }
 
 }  // namespace
