@@ -39,6 +39,7 @@ struct Value {
   bool boolean = false;
   bool tuple = false;       // a list that Python would hold as a tuple (prints with parentheses)
   bool is_namespace = false;  // a dict made by namespace(): the one object `set x.attr` may change
+  bool markup = false;  // a string marked safe (|safe, |escape): `+` with a plain string HTML-escapes the plain one, as markupsafe.Markup does
   int64_t integer = 0;
   double floating = 0;
   std::string text;  // the string; for undefined, the name that was missing (for errors)
@@ -46,6 +47,12 @@ struct Value {
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Builtin> callable;
   std::string callable_name;
+  // A list Python would not hold as a list: "generator" (what map, select, reject, selectattr,
+  // rejectattr, unique and the items filter return: always truthy, iterable once, no len(), not
+  // printable, not JSON), "dict_items" / "dict_keys" / "dict_values" (dict views: print as
+  // dict_items([...]), not JSON), "range". Empty for a plain list or tuple.
+  std::string view;
+  std::shared_ptr<size_t> consumed;  // generator: how many items have been taken (Python iterates it once)
 
   static Value undefined(std::string name = {});
   static Value none();
@@ -61,6 +68,9 @@ struct Value {
   bool is_number() const { return kind == Kind::integer || kind == Kind::floating || kind == Kind::boolean; }
 };
 
+// Dict keys are stored as strings: a string key as itself, any other hashable key (int, float,
+// bool, None) encoded behind a \x01 marker (dict_key / key_value convert), so `{0: 'a'}` and
+// lookups by integer work as in Python.
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;  // insertion order, as Python dicts keep
   const Value* find(const std::string& key) const;
@@ -77,6 +87,11 @@ std::string to_str(const Value& value);
 std::string to_repr(const Value& value);
 std::string to_json(const Value& value, int indent_width, bool indented, int line);
 bool truthy(const Value& value);
+std::string dict_key(const Value& key, int line);  // throws for an unhashable key (a list, a dict)
+// Every stored form an equal key may have (1, 1.0 and True are one key in Python).
+std::vector<std::string> dict_key_candidates(const Value& key, int line);
+Value key_value(const std::string& stored);
+Value make_generator(List items);
 Value from_json(const nlohmann::ordered_json& json);
 
 // ---- the compiled program ------------------------------------------------------------------

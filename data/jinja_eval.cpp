@@ -93,7 +93,7 @@ std::string type_name(const Value& v) {
     case Value::Kind::integer: return "int";
     case Value::Kind::floating: return "float";
     case Value::Kind::string: return "str";
-    case Value::Kind::list: return v.tuple ? "tuple" : "list";
+    case Value::Kind::list: return !v.view.empty() ? v.view : v.tuple ? "tuple" : "list";
     case Value::Kind::dict: return v.is_namespace ? "Namespace" : "dict";
     case Value::Kind::callable: return "function";
   }
@@ -119,6 +119,8 @@ bool equal(const Value& a, const Value& b) {
     case Value::Kind::none: return true;
     case Value::Kind::string: return a.text == b.text;
     case Value::Kind::list: {
+      if (a.view != b.view) return false;
+      if (a.view == "generator") return a.list == b.list;
       if (a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
         if (!equal((*a.list)[i], (*b.list)[i])) return false;
@@ -151,7 +153,7 @@ int compare_order(const Value& a, const Value& b, const std::string& op, int lin
     int c = a.text.compare(b.text);  // UTF-8 byte order is code point order
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
-  if (a.kind == Value::Kind::list && b.kind == Value::Kind::list) {
+  if (a.kind == Value::Kind::list && b.kind == Value::Kind::list && a.view.empty() && b.view.empty()) {
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t i = 0; i < n; ++i) {
       if (!equal((*a.list)[i], (*b.list)[i])) return compare_order((*a.list)[i], (*b.list)[i], op, line);
@@ -173,10 +175,17 @@ int64_t floor_div(int64_t a, int64_t b) {
 List iterate(const Value& v, int line) {
   switch (v.kind) {
     case Value::Kind::undefined: return {};
-    case Value::Kind::list: return *v.list;
+    case Value::Kind::list: {
+      if (v.view != "generator") return *v.list;
+      // A generator is iterated once: what an earlier loop or |first took is gone.
+      size_t& taken = *v.consumed;
+      List rest(v.list->begin() + static_cast<std::ptrdiff_t>(std::min(taken, v.list->size())), v.list->end());
+      taken = v.list->size();
+      return rest;
+    }
     case Value::Kind::dict: {
       List keys;
-      for (const auto& [key, value] : v.dict->items) keys.push_back(Value::from_string(key));
+      for (const auto& [key, value] : v.dict->items) keys.push_back(key_value(key));
       return keys;
     }
     case Value::Kind::string: {
@@ -193,7 +202,9 @@ int64_t length_of(const Value& v, int line) {
   switch (v.kind) {
     case Value::Kind::undefined: return 0;
     case Value::Kind::string: return static_cast<int64_t>(decode(v.text).size());
-    case Value::Kind::list: return static_cast<int64_t>(v.list->size());
+    case Value::Kind::list:
+      if (v.view == "generator") throw Failure{"object of type 'generator' has no len() (add |list)", line};
+      return static_cast<int64_t>(v.list->size());
     case Value::Kind::dict: return static_cast<int64_t>(v.dict->items.size());
     default: throw Failure{"object of type '" + type_name(v) + "' has no len()", line};
   }
@@ -358,6 +369,41 @@ std::string replace_text(const std::string& text, const std::string& from, const
   return out + text.substr(pos);
 }
 
+// markupsafe.escape.
+std::string html_escape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+const Value* dict_lookup(const Dict& dict, const Value& key, int line) {
+  for (const std::string& stored : dict_key_candidates(key, line)) {
+    if (const Value* v = dict.find(stored)) return v;
+  }
+  return nullptr;
+}
+
+// Sets `key`, keeping the form of an equal key already there ({1: a, 1.0: b} is {1: b}).
+void dict_store(Dict& dict, const Value& key, Value value, int line) {
+  for (const std::string& stored : dict_key_candidates(key, line)) {
+    if (dict.find(stored) != nullptr) {
+      dict.set(stored, std::move(value));
+      return;
+    }
+  }
+  dict.set(dict_key(key, line), std::move(value));
+}
+
 struct Frame {
   std::map<std::string, Value> vars;
   std::shared_ptr<Frame> parent;
@@ -397,6 +443,15 @@ class Interpreter {
   }
 
   Flow exec(const Node& node) {
+    try {
+      return exec_node(node);
+    } catch (Failure& failure) {
+      if (failure.line == 0) failure.line = node.line;  // raised below the expression level
+      throw;
+    }
+  }
+
+  Flow exec_node(const Node& node) {
     switch (node.kind) {
       case Node::Kind::text:
         *out_ += node.text;
@@ -436,6 +491,25 @@ class Interpreter {
       }
       case Node::Kind::loop_break: return Flow::loop_break;
       case Node::Kind::loop_continue: return Flow::loop_continue;
+      case Node::Kind::filter_block: {
+        std::string captured;
+        std::string* saved = out_;
+        out_ = &captured;
+        ++capture_depth_;
+        Flow flow = exec_body(node.bodies[0]);
+        --capture_depth_;
+        out_ = saved;
+        auto frame = std::make_shared<Frame>();
+        frame->parent = frame_;
+        frame->vars[kFilterInput] = Value::from_string(std::move(captured));
+        std::shared_ptr<Frame> outer = frame_;
+        frame_ = frame;
+        Value filtered = eval(*node.exprs[0]);
+        frame_ = outer;
+        *out_ += to_str(filtered);
+        check_output_size(node.line);
+        return flow;
+      }
       case Node::Kind::generation: {
         size_t begin = out_->size();
         Flow flow = exec_body(node.bodies[0]);
@@ -458,7 +532,7 @@ class Interpreter {
                           type_name(target) + ")",
                       node.line};
       }
-      target.dict->set(node.attribute, std::move(value));
+      target.dict->set(dict_key(Value::from_string(node.attribute), node.line), std::move(value));
       return;
     }
     if (node.targets.size() == 1) {
@@ -609,8 +683,7 @@ class Interpreter {
         auto dict = std::make_shared<Dict>();
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           Value key = eval(*e.args[i]);
-          if (key.kind != Value::Kind::string) throw Failure{"dict literal keys must be strings here", e.line};
-          dict->set(key.text, eval(*e.args[i + 1]));
+          dict_store(*dict, key, eval(*e.args[i + 1]), e.line);
         }
         return Value::from_dict(std::move(dict));
       }
@@ -701,12 +774,13 @@ class Interpreter {
         }
         return container.text.find(needle.text) != std::string::npos;
       case Value::Kind::list:
-        for (const Value& item : *container.list) {
+        for (const Value& item : iterate(container, line)) {
           if (equal(item, needle)) return true;
         }
         return false;
       case Value::Kind::dict:
-        return needle.kind == Value::Kind::string && container.dict->find(needle.text) != nullptr;
+        if (needle.kind == Value::Kind::list || needle.kind == Value::Kind::dict) return false;
+        return dict_lookup(*container.dict, needle, line) != nullptr;
       case Value::Kind::undefined: return false;  // jinja2's Undefined iterates as empty
       default: throw Failure{"argument of type '" + type_name(container) + "' is not iterable", line};
     }
@@ -765,8 +839,16 @@ class Interpreter {
         return Value::from_float(std::pow(as_float(a), as_float(b)));
       }
     }
+    if (!a.view.empty() || !b.view.empty()) throw type_error();
     if (op == "+") {
-      if (a.kind == Value::Kind::string && b.kind == Value::Kind::string) return Value::from_string(a.text + b.text);
+      if (a.kind == Value::Kind::string && b.kind == Value::Kind::string) {
+        if (!a.markup && !b.markup) return Value::from_string(a.text + b.text);
+        // Markup + str escapes the str (markupsafe): templates that write "..."|safe + x get
+        // x HTML-escaped in transformers too.
+        Value out = Value::from_string((a.markup ? a.text : html_escape(a.text)) + (b.markup ? b.text : html_escape(b.text)));
+        out.markup = true;
+        return out;
+      }
       if (a.kind == Value::Kind::list && b.kind == Value::Kind::list) {
         List items = *a.list;
         items.insert(items.end(), b.list->begin(), b.list->end());
@@ -831,7 +913,7 @@ class Interpreter {
         for (int64_t i = lo; i > hi; i += step) emit(i);
       }
     };
-    if (target.kind == Value::Kind::list) {
+    if (target.kind == Value::Kind::list && target.view != "generator" && target.view.rfind("dict_", 0) != 0) {
       List out;
       pick(static_cast<int64_t>(target.list->size()), [&](int64_t i) { out.push_back((*target.list)[static_cast<size_t>(i)]); });
       return Value::from_list(std::move(out), target.tuple);
@@ -849,10 +931,12 @@ class Interpreter {
   Value get_item(const Value& obj, const Value& key, int line) {
     if (obj.is_undefined()) undefined_error(obj, line);
     if (obj.kind == Value::Kind::dict && !obj.is_namespace) {
-      if (key.kind == Value::Kind::string) {
-        if (const Value* v = obj.dict->find(key.text)) return *v;
-        return Value::undefined(key.text);
-      }
+      if (key.kind == Value::Kind::list || key.kind == Value::Kind::dict) return Value::undefined();
+      if (const Value* v = dict_lookup(*obj.dict, key, line)) return *v;
+      return Value::undefined(key.kind == Value::Kind::string ? key.text : to_str(key));
+    }
+    // Generators and dict views are not subscriptable: jinja2 falls back to undefined.
+    if (obj.kind == Value::Kind::list && (obj.view == "generator" || obj.view.rfind("dict_", 0) == 0)) {
       return Value::undefined();
     }
     if ((obj.kind == Value::Kind::list || obj.kind == Value::Kind::string) && is_intlike(key)) {
@@ -877,14 +961,14 @@ class Interpreter {
     if (obj.is_undefined()) undefined_error(obj, line);
     if (obj.kind == Value::Kind::dict) {
       if (obj.is_namespace) {
-        if (const Value* v = obj.dict->find(name)) return *v;
+        if (const Value* v = obj.dict->find(dict_key(Value::from_string(name), line))) return *v;
         return Value::undefined(name);
       }
       if (name == "items" || name == "keys" || name == "values" || name == "get") return dict_method(obj, name);
       if (name == "update" || name == "pop" || name == "popitem" || name == "setdefault" || name == "clear") {
         return unsafe_method(name, "dict");
       }
-      if (const Value* v = obj.dict->find(name)) return *v;
+      if (const Value* v = obj.dict->find(dict_key(Value::from_string(name), line))) return *v;
       return Value::undefined(name);
     }
     if (obj.kind == Value::Kind::string) return string_method(obj, name, line);
@@ -926,22 +1010,24 @@ class Interpreter {
       if (name == "get") {
         if (args.positional.empty()) throw Failure{"dict.get() needs a key", line};
         const Value& key = args.positional[0];
-        if (key.kind == Value::Kind::string) {
-          if (const Value* v = dict.dict->find(key.text)) return *v;
+        if (key.kind != Value::Kind::list && key.kind != Value::Kind::dict) {
+          if (const Value* v = dict_lookup(*dict.dict, key, line)) return *v;
         }
         return args.positional.size() > 1 ? args.positional[1] : Value::none();
       }
       List out;
       for (const auto& [key, value] : dict.dict->items) {
         if (name == "items") {
-          out.push_back(Value::from_list({Value::from_string(key), value}, true));
+          out.push_back(Value::from_list({key_value(key), value}, true));
         } else if (name == "keys") {
-          out.push_back(Value::from_string(key));
+          out.push_back(key_value(key));
         } else {
           out.push_back(value);
         }
       }
-      return Value::from_list(std::move(out));
+      Value view = Value::from_list(std::move(out));
+      view.view = "dict_" + name;  // dict_items / dict_keys / dict_values, as Python prints them
+      return view;
     });
   }
 
@@ -1093,18 +1179,25 @@ class Interpreter {
       test = args.positional[at].text;
       test_args.positional.assign(args.positional.begin() + static_cast<std::ptrdiff_t>(at + 1), args.positional.end());
     }
+    if (!truthy(input)) return make_generator({});  // jinja2 checks `if seq:` first (None selects nothing)
     for (const Value& item : iterate(input, line)) {
       Value subject = by_attribute ? attribute_path(item, attribute, line) : item;
       bool hit = test.empty() ? truthy(subject) : apply_test(test, subject, test_args, line);
       if (hit == keep_matches) out.push_back(item);
     }
-    return Value::from_list(std::move(out));
+    return make_generator(std::move(out));
   }
 
   Value apply_filter(const std::string& name, const Value& input, CallArgs& args, int line) {
     const Value* a0 = argument(args, 0, "");
     auto string_input = [&]() { return to_str(input); };
-    if (name == "safe" || name == "string") return name == "safe" && input.kind == Value::Kind::string ? input : Value::from_string(string_input());
+    if (name == "string") return input.kind == Value::Kind::string ? input : Value::from_string(string_input());
+    if (name == "safe" || name == "escape" || name == "e" || name == "forceescape") {
+      if (input.kind == Value::Kind::string && input.markup && name != "forceescape") return input;
+      Value out = Value::from_string(name == "safe" ? string_input() : html_escape(string_input()));
+      out.markup = true;
+      return out;
+    }
     if (name == "tojson") {
       const Value* indent = argument(args, 0, "indent");
       if (const Value* sort = keyword(args, "sort_keys"); sort != nullptr && truthy(*sort)) {
@@ -1139,6 +1232,14 @@ class Interpreter {
       }
       return Value::from_string(out);
     }
+    if (name == "first" && input.kind == Value::Kind::list && input.view == "generator") {
+      size_t& taken = *input.consumed;  // next(iter(generator)): the rest stays for later loops
+      if (taken >= input.list->size()) return Value::undefined(name);
+      return (*input.list)[taken++];
+    }
+    if (name == "last" && input.kind == Value::Kind::list && input.view == "generator") {
+      throw Failure{"'generator' object is not reversible (add |list before |last)", line};
+    }
     if (name == "first" || name == "last") {
       List items = iterate(input, line);
       if (items.empty()) return Value::undefined(name);
@@ -1146,10 +1247,10 @@ class Interpreter {
     }
     if (name == "list") return Value::from_list(iterate(input, line));
     if (name == "items") {
-      if (input.is_undefined()) return Value::from_list({});
+      if (input.is_undefined()) return make_generator({});
       if (input.kind != Value::Kind::dict) throw Failure{"items: can only get item pairs from a mapping", line};
       CallArgs none;
-      return call(dict_method(input, "items"), none, line);
+      return make_generator(*call(dict_method(input, "items"), none, line).list);
     }
     if (name == "reverse") {
       if (input.kind == Value::Kind::string) {
@@ -1227,7 +1328,7 @@ class Interpreter {
       bool by_value = by != nullptr && to_str(*by) == "value";
       if (by != nullptr && !by_value && to_str(*by) != "key") throw Failure{"dictsort: 'by' must be key or value", line};
       List items;
-      for (const auto& [key, value] : input.dict->items) items.push_back(Value::from_list({Value::from_string(key), value}, true));
+      for (const auto& [key, value] : input.dict->items) items.push_back(Value::from_list({key_value(key), value}, true));
       auto key_of = [&](const Value& item) {
         Value key = (*item.list)[by_value ? 1 : 0];
         if (!sensitive && key.kind == Value::Kind::string) key = Value::from_string(py_lower(key.text));
@@ -1279,6 +1380,7 @@ class Interpreter {
     }
     if (name == "map") {
       List out;
+      if (!truthy(input)) return make_generator({});  // jinja2's map yields nothing for a falsy value
       const Value* attribute = keyword(args, "attribute");
       if (attribute != nullptr) {
         const Value* fallback = keyword(args, "default");
@@ -1286,7 +1388,7 @@ class Interpreter {
           Value v = attribute_path(item, to_str(*attribute), line);
           out.push_back(v.is_undefined() && fallback != nullptr ? *fallback : v);
         }
-        return Value::from_list(std::move(out));
+        return make_generator(std::move(out));
       }
       if (args.positional.empty() || args.positional[0].kind != Value::Kind::string) {
         throw Failure{"map needs a filter name or attribute=", line};
@@ -1299,7 +1401,7 @@ class Interpreter {
                                                     "capitalize", "tojson", "length", "first", "last", "abs", "round", "default", "d"};
       if (allowed.count(filter) == 0) throw Failure{"map('" + filter + "') is not supported", line};
       for (const Value& item : iterate(input, line)) out.push_back(apply_filter(filter, item, rest, line));
-      return Value::from_list(std::move(out));
+      return make_generator(std::move(out));
     }
     if (name == "select") return select_items(input, args, true, false, line);
     if (name == "reject") return select_items(input, args, false, false, line);
@@ -1321,7 +1423,7 @@ class Interpreter {
           out.push_back(item);
         }
       }
-      return Value::from_list(std::move(out));
+      return make_generator(std::move(out));
     }
     if (name == "sort") {
       const Value* reverse = argument(args, 0, "reverse");
@@ -1380,7 +1482,10 @@ class Interpreter {
     if (name == "string") return v.kind == Value::Kind::string;
     if (name == "mapping") return v.kind == Value::Kind::dict && !v.is_namespace;
     if (name == "iterable") return v.kind == Value::Kind::string || v.kind == Value::Kind::list || v.kind == Value::Kind::dict || v.is_undefined();
-    if (name == "sequence") return v.kind == Value::Kind::string || v.kind == Value::Kind::list || (v.kind == Value::Kind::dict && !v.is_namespace);
+    if (name == "sequence") {
+      return v.kind == Value::Kind::string || (v.kind == Value::Kind::list && (v.view.empty() || v.view == "range")) ||
+             (v.kind == Value::Kind::dict && !v.is_namespace);
+    }
     if (name == "number") return v.is_number();
     if (name == "integer") return v.kind == Value::Kind::integer;
     if (name == "float") return v.kind == Value::Kind::floating;
@@ -1438,7 +1543,9 @@ class Interpreter {
         if (out.size() >= 100000) throw Failure{"range too big (the sandbox allows 100000 items)", line};
         out.push_back(Value::from_int(i));
       }
-      return Value::from_list(std::move(out));
+      Value range = Value::from_list(std::move(out));
+      range.view = "range";
+      return range;
     });
     root_->vars["namespace"] = Value::from_callable("namespace", [](Interpreter&, CallArgs& args, int line) {
       auto dict = std::make_shared<Dict>();
@@ -1446,7 +1553,7 @@ class Interpreter {
         if (v.kind != Value::Kind::dict) throw Failure{"namespace() takes a mapping or keyword arguments", line};
         for (const auto& [key, value] : v.dict->items) dict->set(key, value);
       }
-      for (const auto& [key, value] : args.keywords) dict->set(key, value);
+      for (const auto& [key, value] : args.keywords) dict->set(dict_key(Value::from_string(key), line), value);
       Value ns = Value::from_dict(std::move(dict));
       ns.is_namespace = true;
       return ns;
@@ -1457,7 +1564,7 @@ class Interpreter {
         if (v.kind != Value::Kind::dict) throw Failure{"dict() with positional arguments takes a mapping", line};
         for (const auto& [key, value] : v.dict->items) dict->set(key, value);
       }
-      for (const auto& [key, value] : args.keywords) dict->set(key, value);
+      for (const auto& [key, value] : args.keywords) dict->set(dict_key(Value::from_string(key), line), value);
       return Value::from_dict(std::move(dict));
     });
     root_->vars["raise_exception"] = Value::from_callable("raise_exception", [](Interpreter&, CallArgs& args, int line) -> Value {

@@ -41,11 +41,12 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 // ---- statements -----------------------------------------------------------------------------
 struct Node {
-  enum class Kind { text, output, if_chain, for_loop, set, set_block, macro, loop_break, loop_continue, generation };
+  enum class Kind { text, output, if_chain, for_loop, set, set_block, macro, loop_break, loop_continue, generation, filter_block };
   Kind kind;
   int line = 0;
   std::string text;                               // text
-  std::vector<ExprPtr> exprs;                     // output: [expr]; if: conditions; for: [iter, filter?]; set: [value]
+  std::vector<ExprPtr> exprs;                     // output: [expr]; if: conditions; for: [iter, filter?]; set: [value];
+                                                  // filter block: the filter chain over the name kFilterInput
   std::vector<std::vector<std::unique_ptr<Node>>> bodies;  // if: one per condition (+ else); for: body, else
   std::vector<std::string> targets;               // for / set: names (several: tuple unpacking)
   std::string attribute;                          // set ns.attribute = ...
@@ -55,6 +56,9 @@ struct Node {
   std::vector<ExprPtr> defaults;                  // macro: one per param (null when none)
 };
 using NodePtr = std::unique_ptr<Node>;
+
+// The name a {% filter %} block's captured body is bound to while its filter chain runs.
+inline constexpr const char* kFilterInput = "\x01filter_input";
 
 void parse_program(const std::vector<Token>& tokens, Program& program);
 

@@ -228,6 +228,16 @@ class Parser {
       node->bodies.push_back(parse_body({"endgeneration"}, &ended));
       in_generation_ = false;
       expect_block_end("endgeneration");
+    } else if (name == "filter") {
+      // {% filter upper %}...{% endfilter %}: the body's output through a filter chain.
+      node->kind = Node::Kind::filter_block;
+      auto input = make(Expr::Kind::name, tag.line);
+      input->name = kFilterInput;
+      node->exprs.push_back(parse_filter_chain(std::move(input)));
+      expect_block_end("filter");
+      std::string ended;
+      node->bodies.push_back(parse_body({"endfilter"}, &ended));
+      expect_block_end("endfilter");
     } else {
       fail("unsupported tag {% " + name + " %}");
     }
@@ -587,21 +597,33 @@ class Parser {
     return call;
   }
 
+  // `name(args)|name2...` after {% filter: the first filter has no leading '|'.
+  ExprPtr parse_filter_chain(ExprPtr input) {
+    ExprPtr node = apply_one_filter(std::move(input), peek().line);
+    return parse_filter_expr(std::move(node));
+  }
+
+  ExprPtr apply_one_filter(ExprPtr node, int line) {
+    std::string name = expect_name("a filter name");
+    while (is_op(".")) {
+      next();
+      name += "." + expect_name("a filter name");
+    }
+    auto filter = make(Expr::Kind::filter, line);
+    filter->name = name;
+    filter->args.push_back(std::move(node));
+    if (is_op("(")) parse_call_args(*filter);
+    return filter;
+  }
+
   ExprPtr parse_filter_expr(ExprPtr node) {
     while (true) {
       if (is_op("|")) {
         int line = next().line;
-        std::string name = expect_name("a filter name after '|'");
-        while (is_op(".")) {
-          next();
-          name += "." + expect_name("a filter name");
-        }
-        auto filter = make(Expr::Kind::filter, line);
-        filter->name = name;
-        filter->args.push_back(std::move(node));
-        if (is_op("(")) parse_call_args(*filter);
-        node = std::move(filter);
-      } else if (is_name("is")) {
+        node = apply_one_filter(std::move(node), line);
+        continue;
+      }
+      if (is_name("is")) {
         int line = next().line;
         auto test = make(Expr::Kind::test, line);
         if (is_name("not")) {

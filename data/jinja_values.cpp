@@ -84,6 +84,53 @@ void Dict::set(const std::string& key, Value value) {
   items.emplace_back(key, std::move(value));
 }
 
+std::string dict_key(const Value& key, int line) {
+  switch (key.kind) {
+    case Value::Kind::string:
+      return !key.text.empty() && key.text[0] == '\x01' ? "\x01s" + key.text : key.text;
+    case Value::Kind::integer: return "\x01i" + std::to_string(key.integer);
+    case Value::Kind::boolean: return std::string{'\x01', 'b'} + (key.boolean ? "1" : "0");
+    case Value::Kind::floating: return std::string{'\x01', 'f'} + to_str(key);
+    case Value::Kind::none: return "\x01n";
+    default: throw Failure{"unhashable type: '" + std::string(key.kind == Value::Kind::list ? "list" : "dict") + "'", line};
+  }
+}
+
+std::vector<std::string> dict_key_candidates(const Value& key, int line) {
+  std::vector<std::string> out{dict_key(key, line)};
+  // 1 == 1.0 == True as dict keys: a lookup finds whichever of them the dict holds.
+  if (key.is_number()) {
+    double x = key.kind == Value::Kind::floating ? key.floating
+               : key.kind == Value::Kind::boolean ? (key.boolean ? 1.0 : 0.0)
+                                                  : static_cast<double>(key.integer);
+    if (std::floor(x) == x && std::fabs(x) < 9e15) {
+      auto n = static_cast<int64_t>(x);
+      if (key.kind != Value::Kind::integer) out.push_back("\x01i" + std::to_string(n));
+      if (key.kind != Value::Kind::floating) out.push_back(std::string{'\x01', 'f'} + to_str(Value::from_float(x)));
+      if (key.kind != Value::Kind::boolean && (n == 0 || n == 1)) out.push_back(std::string{'\x01', 'b'} + (n ? "1" : "0"));
+    }
+  }
+  return out;
+}
+
+Value key_value(const std::string& stored) {
+  if (stored.empty() || stored[0] != '\x01' || stored.size() < 2) return Value::from_string(stored);
+  switch (stored[1]) {
+    case 's': return Value::from_string(stored.substr(2));
+    case 'i': return Value::from_int(std::stoll(stored.substr(2)));
+    case 'b': return Value::from_bool(stored.substr(2) == "1");
+    case 'f': return Value::from_float(std::stod(stored.substr(2)));
+    default: return Value::none();
+  }
+}
+
+Value make_generator(List items) {
+  Value v = Value::from_list(std::move(items));
+  v.view = "generator";
+  v.consumed = std::make_shared<size_t>(0);
+  return v;
+}
+
 namespace {
 
 // float.__repr__: the shortest digits that round-trip, fixed notation for exponents in
@@ -195,6 +242,10 @@ void json_value(const Value& value, int indent_width, bool indented, int level, 
       return;
     case Value::Kind::string: json_string(value.text, out); return;
     case Value::Kind::list: {
+      if (!value.view.empty()) {
+        const std::string type = value.view == "generator" ? "generator" : value.view;
+        throw Failure{"tojson: Object of type " + type + " is not JSON serializable", line};
+      }
       if (value.list->empty()) {
         out += "[]";
         return;
@@ -222,7 +273,12 @@ void json_value(const Value& value, int indent_width, bool indented, int level, 
         if (!first) out += indented ? "," : ", ";
         first = false;
         if (indented) newline(level + 1);
-        json_string(key, out);
+        // json.dumps writes non-string keys as strings: 1 → "1", None → "null", True → "true".
+        Value k = key_value(key);
+        json_string(k.kind == Value::Kind::string ? k.text
+                    : k.kind == Value::Kind::none ? "null"
+                                                  : to_str(k),
+                    out);
         out += ": ";
         json_value(item, indent_width, indented, level + 1, out, line);
       }
@@ -245,6 +301,16 @@ std::string to_repr(const Value& value) {
   switch (value.kind) {
     case Value::Kind::string: return string_repr(value.text);
     case Value::Kind::list: {
+      if (value.view == "generator" || value.view == "range") {
+        throw Failure{"printing a " + value.view + " (the output of map, select, range...) is not supported: add |list", 0};
+      }
+      if (!value.view.empty()) {
+        Value plain = Value::from_list(*value.list);
+        if (value.view == "dict_items") {
+          for (Value& item : *plain.list) item.tuple = true;
+        }
+        return value.view + "(" + to_repr(plain) + ")";
+      }
       std::string out = value.tuple ? "(" : "[";
       bool first = true;
       for (const Value& item : *value.list) {
@@ -263,7 +329,7 @@ std::string to_repr(const Value& value) {
       for (const auto& [key, item] : value.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += string_repr(key) + ": " + to_repr(item);
+        out += to_repr(key_value(key)) + ": " + to_repr(item);
       }
       return out + "}";
     }
@@ -300,7 +366,7 @@ bool truthy(const Value& value) {
     case Value::Kind::integer: return value.integer != 0;
     case Value::Kind::floating: return value.floating != 0;
     case Value::Kind::string: return !value.text.empty();
-    case Value::Kind::list: return !value.list->empty();
+    case Value::Kind::list: return value.view == "generator" || !value.list->empty();  // a generator is always true
     case Value::Kind::dict: return value.is_namespace || !value.dict->items.empty();
     case Value::Kind::callable: return true;
   }
@@ -327,7 +393,7 @@ Value from_json(const nlohmann::ordered_json& json) {
     }
     case nlohmann::ordered_json::value_t::object: {
       auto dict = std::make_shared<Dict>();
-      for (const auto& [key, item] : json.items()) dict->items.emplace_back(key, from_json(item));
+      for (const auto& [key, item] : json.items()) dict->items.emplace_back(dict_key(Value::from_string(key), 0), from_json(item));
       return Value::from_dict(std::move(dict));
     }
     default: return Value::none();  // binary / discarded: not produced by a JSON parse

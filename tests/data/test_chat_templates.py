@@ -6,11 +6,12 @@ lstrip_blocks, loopcontrols, its tojson, raise_exception, strftime_now and a `ge
 extension that renders its body) renders each template over several conversations (system / no
 system / multi-turn / add_generation_prompt / unicode / braces and newlines / tools), and strata
 must give the same bytes; where jinja2 raises, strata must refuse with one FILE:LINE error.
+`corpus` does the same for the 47 other templates llama.cpp carries (chat_templates/llama.cpp/).
 Then `--segments` is checked: the pieces join to the full render, and the trained pieces are the
 assistant contents each followed by the template's end-of-turn text, as located by an independent
 prefix computation in Python.
 
-usage: test_chat_templates.py STRATA_EXE [render|segments|errors|constructs]
+usage: test_chat_templates.py STRATA_EXE [render|segments|errors|constructs|corpus]
 """
 import json
 import os
@@ -205,7 +206,17 @@ EDGE_CASES = [
     ("{{ 'abc'.startswith(('x', 'a')) }}|{{ 'abc'.endswith('bc') }}|{{ 'AbC'.isupper() }}|{{ '12'.isdigit() }}|{{ 'a\\nb\\r\\nc'.splitlines() }}", {}),
     ("{{ x }}{{ x.y is defined }}", {"x": {"y": None}}),
     ("{% for k, v in {'a': 1, 'b': [1, 2]}.items() %}{{ k }}:{{ v|tojson }};{% endfor %}", {}),
+    ("{% filter upper %}abc {{ 'x' }}{% endfilter %}|{% filter replace('a', 'b')|trim %}  aaa  {% endfilter %}", {}),
+    ("{{ ('\"'|safe + '<b>') ~ ('x' + '&'|e) }}|{{ ''|safe + none|string }}", {}),
+    ("{% set m = {0: 'zero', 1.0: 'one', none: 'n', 'k': 'v'} %}{{ m[0] }}{{ m[1] }}{{ m[none] }}{{ m }}{{ m|tojson }}{{ 1 in m }}", {}),
+    ("{% if messages|selectattr('role', 'eq', 'nobody') %}truthy{% endif %}|{{ messages|map(attribute='role')|first }}|{{ d.items() }}|{{ d.keys() }}", {"messages": [{"role": "user"}], "d": {"a": 1}}),
+    ("{% set g = [1, 2, 3]|select('odd') %}{% for x in g %}{{ x }}{% endfor %}[{% for x in g %}{{ x }}{% endfor %}]", {}),
+    ("{{ none|map('upper')|list }}{{ none|selectattr('x')|list }}{{ range(2) is sequence }}{{ [1]|select is sequence }}", {}),
     # jinja2 raises on these; strata must refuse too (one line, the template line).
+    ("{{ [1, 2]|map('string')|tojson }}", {}),
+    ("{{ ([1, 2]|select)|length }}", {}),
+    ("{{ ([1, 2]|select)|last }}", {}),
+    ("{{ {'a': 1}.items()|tojson }}", {}),
     ("{{ x.y.z }}", {}),
     ("{{ 'a' + 1 }}", {}),
     ("{{ none + 1 }}", {}),
@@ -257,10 +268,10 @@ def run_strata(strata, args):
     return subprocess.run([strata, "chat", "render"] + args, capture_output=True, text=True)
 
 
-def make_folder(tmp, name, special, object_tokens):
+def make_folder(tmp, name, special, object_tokens, directory=TEMPLATES):
     folder = os.path.join(tmp, name.replace(".jinja", ""))
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+    with open(os.path.join(directory, name), encoding="utf-8") as f:
         source = f.read()
     config = {"chat_template": source}
     for key, value in special.items():
@@ -271,11 +282,12 @@ def make_folder(tmp, name, special, object_tokens):
     return folder, source
 
 
-def check_render(strata, tmp):
+def check_render(strata, tmp, cases=None, directory=TEMPLATES):
+    cases = CASES if cases is None else cases
     failures = 0
     compared = refused = 0
-    for index, (name, (special, _)) in enumerate(sorted(CASES.items())):
-        folder, source = make_folder(tmp, name, special, object_tokens=index % 2 == 1)
+    for index, (name, (special, _)) in enumerate(sorted(cases.items())):
+        folder, source = make_folder(tmp, name, special, object_tokens=index % 2 == 1, directory=directory)
         template = compile_like_transformers(source)
         for agp in (False, True):
             good, expected, bad = [], [], []
@@ -315,8 +327,19 @@ def check_render(strata, tmp):
                     failures += 1
                     print(f"FAIL {name}: jinja2 raised {error!r}, strata gave rc={result.returncode} {result.stderr!r}")
                 refused += 1
-    print(f"render: {compared} renders byte-identical to jinja2 over {len(CASES)} templates, {refused} refusals matched")
+    print(f"render: {compared} renders compared with jinja2 over {len(cases)} templates ({failures} differ), "
+          f"{refused} refusals matched")
     return failures
+
+
+CORPUS = os.path.join(TEMPLATES, "llama.cpp")
+
+
+def check_corpus(strata, tmp):
+    """Every other template llama.cpp carries (chat_templates/llama.cpp/): the same renders."""
+    names = sorted(n for n in os.listdir(CORPUS) if n.endswith(".jinja"))
+    cases = {name: ({"bos_token": "<s>", "eos_token": "</s>"}, None) for name in names}
+    return check_render(strata, tmp, cases, CORPUS)
 
 
 def prefix_segments(template, messages, special, extra):
@@ -448,7 +471,7 @@ def main():
         os.makedirs(base, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as tmp:
         failures = {"render": check_render, "segments": check_segments, "errors": check_errors,
-                    "constructs": check_constructs}[mode](strata, tmp)
+                    "constructs": check_constructs, "corpus": check_corpus}[mode](strata, tmp)
     if failures:
         print(f"{failures} failure(s)")
         sys.exit(1)
