@@ -551,10 +551,14 @@ class Interpreter {
   Flow exec_for(const Node& node) {
     Value iterable = eval(*node.exprs[0]);
     List all = iterate(iterable, node.line);
-    auto frame = std::make_shared<Frame>();
-    frame->parent = frame_;
     std::shared_ptr<Frame> saved = frame_;
-    frame_ = frame;
+    // Each iteration is a fresh scope over the enclosing one, as in jinja2: a {% set %} inside
+    // the body is gone at the next iteration and after the loop (namespace() carries state).
+    auto enter_iteration = [&]() {
+      auto frame = std::make_shared<Frame>();
+      frame->parent = saved;
+      frame_ = frame;
+    };
     auto bind = [&](const Value& item) {
       if (node.targets.size() == 1) {
         frame_->vars[node.targets[0]] = item;
@@ -572,6 +576,7 @@ class Interpreter {
     List items;
     if (node.has_filter) {
       for (const Value& item : all) {
+        enter_iteration();
         bind(item);
         if (truthy(eval(*node.exprs[1]))) items.push_back(item);
       }
@@ -585,6 +590,7 @@ class Interpreter {
       if (++iterations_ > kMaxIterations) {
         throw Failure{"the template ran more than " + std::to_string(kMaxIterations) + " loop iterations", node.line};
       }
+      enter_iteration();
       bind(items[static_cast<size_t>(i)]);
       auto loop = std::make_shared<Dict>();
       loop->set("index", Value::from_int(i + 1));
