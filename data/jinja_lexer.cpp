@@ -165,14 +165,14 @@ class Lexer {
         if (minus || plus || src_.compare(pos, 2, close) == 0) {
           size_t end = pos + (minus || plus ? 3 : 2);
           tokens_.push_back(Token{is_variable ? TokenType::variable_end : TokenType::block_end, "", line_});
-          size_t next = skip_after_tag(end, minus, !is_variable && !plus);
-          // {% raw %}: everything up to {% endraw %} is text.
+          // {% raw %}: everything up to {% endraw %} is text. jinja2 drops no newline after
+          // `raw %}` (trim_blocks does not apply to it), only after `endraw %}`.
           if (!is_variable && tokens_.size() - begin_index == 3 && tokens_[begin_index + 1].type == TokenType::name &&
               tokens_[begin_index + 1].text == "raw") {
             tokens_.resize(begin_index);
-            return lex_raw(next, tag_line);
+            return lex_raw(skip_after_tag(end, minus, false), tag_line);
           }
-          return next;
+          return skip_after_tag(end, minus, !is_variable && !plus);
         }
       }
       lex_one(pos, depth);
@@ -186,6 +186,7 @@ class Lexer {
       if (at == std::string::npos) throw Failure{"{% raw %} without {% endraw %}", tag_line};
       size_t i = at + 2;
       bool strip_before = i < src_.size() && src_[i] == '-';
+      bool keep_before = i < src_.size() && src_[i] == '+';
       if (i < src_.size() && (src_[i] == '-' || src_[i] == '+')) ++i;
       while (i < src_.size() && is_space(src_[i])) ++i;
       if (src_.compare(i, 6, "endraw") != 0) {
@@ -205,6 +206,14 @@ class Lexer {
         size_t keep = text.size();
         while (keep > 0 && is_space(text[keep - 1])) --keep;
         text.resize(keep);
+      } else if (!keep_before) {
+        // lstrip_blocks applies to {% endraw %}: blanks before it on its own line go.
+        size_t line_begin = text.rfind('\n');
+        if (line_begin != std::string::npos) {
+          bool blank = true;
+          for (size_t k = line_begin + 1; k < text.size(); ++k) blank = blank && (text[k] == ' ' || text[k] == '\t');
+          if (blank) text.resize(line_begin + 1);
+        }
       }
       emit_text(std::move(text), line_);
       size_t end = i + (strip_after || plus ? 3 : 2);
