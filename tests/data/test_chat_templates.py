@@ -15,6 +15,7 @@ usage: test_chat_templates.py STRATA_EXE [render|segments|errors|constructs|corp
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,17 @@ class GenerationBlocks(Extension):
         return caller()
 
 
-def compile_like_transformers(source):
+GEN_BEGIN, GEN_END = "\x00gen[", "]gen\x00"
+
+
+class MarkedGenerationBlocks(GenerationBlocks):
+    """The same, but the body comes back between markers: where the trained spans lie."""
+
+    def _render(self, caller):
+        return GEN_BEGIN + caller() + GEN_END
+
+
+def compile_like_transformers(source, generation=GenerationBlocks):
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -60,7 +71,7 @@ def compile_like_transformers(source):
         return datetime.now().strftime(format)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationBlocks, jinja2.ext.loopcontrols])
+                                        extensions=[generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -447,6 +458,50 @@ def check_segments(strata, tmp):
                     print(f"FAIL {name} conversation {c}: trained {''.join(trained)!r}, expected {want!r}")
     print(f"segments: {checked} conversations checked, {unstable} not prefix-stable refusals matched "
           f"({', '.join(sorted(unstable_names))})")
+    return failures + check_generation_segments(strata, tmp)
+
+
+def check_generation_segments(strata, tmp):
+    """Templates with {% generation %} blocks: the trained pieces are exactly the blocks' output."""
+    failures = checked = 0
+    for name in sorted(os.listdir(CORPUS)):
+        with open(os.path.join(CORPUS, name), encoding="utf-8") as f:
+            if not re.search(r"\{%-?\s*generation\s*-?%\}", f.read()):
+                continue
+        special = {"bos_token": "<s>", "eos_token": "</s>"}
+        folder, source = make_folder(tmp, name, special, object_tokens=False, directory=CORPUS)
+        template = compile_like_transformers(source, MarkedGenerationBlocks)
+        for c, record in enumerate(CONVERSATIONS):
+            if not any(m["role"] == "assistant" for m in record["messages"]):
+                continue
+            try:
+                marked = render_reference(template, record, special, False)
+            except Exception:
+                continue
+            if GEN_BEGIN not in marked:
+                continue
+            want_trained = [piece.split(GEN_END)[0] for piece in marked.split(GEN_BEGIN)[1:]]
+            want_full = marked.replace(GEN_BEGIN, "").replace(GEN_END, "")
+            in_path = os.path.join(folder, "gen_in.jsonl")
+            out_path = os.path.join(folder, "gen_out.jsonl")
+            with open(in_path, "w", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            result = run_strata(strata, ["--tokenizer", folder, "--in", in_path, "--out", out_path, "--segments"])
+            if result.returncode != 0:
+                failures += 1
+                print(f"FAIL {name} conversation {c}: strata exited {result.returncode}: {result.stderr.strip()}")
+                continue
+            with open(out_path, encoding="utf-8") as f:
+                out = json.loads(f.readline())
+            trained = [seg["text"] for seg in out["segments"] if seg["trained"]]
+            checked += 1
+            if out["text"] != want_full or "".join(trained) != "".join(want_trained):
+                failures += 1
+                print(f"FAIL {name} conversation {c}: trained {trained!r}, generation blocks gave {want_trained!r}")
+    print(f"generation segments: {checked} conversations checked against the {{% generation %}} blocks' output")
+    if checked == 0:
+        failures += 1
+        print("FAIL no template with {% generation %} blocks was checked")
     return failures
 
 
