@@ -1,7 +1,8 @@
 // strata/data/jinja.h — the Jinja2 subset behind ChatTemplate (internal to data/; the contract
 // for users is data/chat_template.h). Three stages: jinja_lexer.cpp turns source into tokens with
 // transformers' whitespace rules applied, jinja_parser.cpp builds the tree and refuses unknown
-// tags, filters and tests by name, jinja_eval.cpp runs it over Python-like values.
+// tags by name, jinja_eval.cpp runs it over Python-like values (jinja_values.cpp: str(), repr(),
+// truthiness, json.dumps, dict keys).
 //
 // Errors inside the three stages travel as a thrown `jinja::Failure` (the evaluator is deeply
 // recursive and every operation can fail); chat_template.cpp catches it at the module boundary

@@ -156,6 +156,17 @@ CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "Use tools when needed."},
                   {"role": "user", "content": "Weather in Bergen?"}],
      "tools": [WEATHER_TOOL]},
+    # Content as a list of parts (the multimodal message shape) and a tool call with null content.
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "image"},
+                                               {"type": "text", "text": "this."}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]},
+    {"messages": [{"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [{"id": "call_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+                  {"role": "assistant", "content": "Sunny."}],
+     "tools": [WEATHER_TOOL]},
 ]
 
 
@@ -447,7 +458,8 @@ def check_segments(strata, tmp):
                 failures += 1
                 print(f"FAIL {name} conversation {c}: trained {trained!r}, prefix rule says {spans!r}")
             # Independent of any rendering: each assistant turn's content then the end-of-turn text.
-            plain = all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m for m in messages)
+            plain = all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m
+                        and isinstance(m["content"], str) for m in messages)
             if plain:
                 lead = TURN_LEAD.get(name, "")
                 want = "".join(lead + m["content"] + end_of_turn for m in messages if m["role"] == "assistant")
