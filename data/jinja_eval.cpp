@@ -416,12 +416,32 @@ enum class Flow { normal, loop_break, loop_continue };
 class Interpreter {
  public:
   Interpreter(const Program& program, const nlohmann::ordered_json& globals) : program_(program) {
-    root_ = std::make_shared<Frame>();
+    root_ = new_frame(nullptr);
     install_globals();
     if (globals.is_object()) {
       for (const auto& [key, value] : globals.items()) root_->vars[key] = from_json(value);
     }
     frame_ = root_;
+  }
+
+  // Values can reach their own frame (a macro closes over the frame it is stored in) or
+  // themselves (`set ns.me = ns`): shared_ptr cycles. Every frame and namespace lives until the
+  // render ends and is emptied here, so nothing outlives it.
+  ~Interpreter() {
+    for (const auto& frame : frames_) {
+      frame->vars.clear();
+      frame->parent.reset();
+    }
+    for (const auto& dict : namespaces_) dict->items.clear();
+  }
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+
+  std::shared_ptr<Frame> new_frame(std::shared_ptr<Frame> parent) {
+    auto frame = std::make_shared<Frame>();
+    frame->parent = std::move(parent);
+    frames_.push_back(frame);
+    return frame;
   }
 
   RenderOutput run() {
@@ -499,7 +519,7 @@ class Interpreter {
         Flow flow = exec_body(node.bodies[0]);
         --capture_depth_;
         out_ = saved;
-        auto frame = std::make_shared<Frame>();
+        auto frame = std::make_shared<Frame>();  // holds only the captured text: nothing can keep it
         frame->parent = frame_;
         frame->vars[kFilterInput] = Value::from_string(std::move(captured));
         std::shared_ptr<Frame> outer = frame_;
@@ -554,10 +574,19 @@ class Interpreter {
     std::shared_ptr<Frame> saved = frame_;
     // Each iteration is a fresh scope over the enclosing one, as in jinja2: a {% set %} inside
     // the body is gone at the next iteration and after the loop (namespace() carries state).
+    // An iteration's frame is dropped when the iteration ends unless something captured it (a
+    // macro defined in the body): only those are kept for the cleanup in ~Interpreter.
+    std::shared_ptr<Frame> iteration;
+    auto leave_iteration = [&]() {
+      frame_ = saved;
+      if (iteration && iteration.use_count() > 1) frames_.push_back(iteration);
+      iteration.reset();
+    };
     auto enter_iteration = [&]() {
-      auto frame = std::make_shared<Frame>();
-      frame->parent = saved;
-      frame_ = frame;
+      leave_iteration();
+      iteration = std::make_shared<Frame>();
+      iteration->parent = saved;
+      frame_ = iteration;
     };
     auto bind = [&](const Value& item) {
       if (node.targets.size() == 1) {
@@ -612,7 +641,7 @@ class Interpreter {
       Flow flow = exec_body(node.bodies[0]);
       if (flow == Flow::loop_break) break;
     }
-    frame_ = saved;
+    leave_iteration();
     if (count == 0 && node.has_else) return exec_body(node.bodies[1]);
     return Flow::normal;
   }
@@ -632,7 +661,7 @@ class Interpreter {
                           " argument(s)",
                       line};
       }
-      auto frame = std::make_shared<Frame>();
+      auto frame = std::make_shared<Frame>();  // kept past the call only if captured (see ~Interpreter)
       frame->parent = defined_in;
       std::shared_ptr<Frame> saved_frame = in.frame_;
       in.frame_ = frame;
@@ -662,6 +691,7 @@ class Interpreter {
       --in.capture_depth_;
       in.out_ = saved_out;
       in.frame_ = saved_frame;
+      if (frame.use_count() > 1) in.frames_.push_back(frame);
       return Value::from_string(std::move(captured));
     });
   }
@@ -1553,8 +1583,9 @@ class Interpreter {
       range.view = "range";
       return range;
     });
-    root_->vars["namespace"] = Value::from_callable("namespace", [](Interpreter&, CallArgs& args, int line) {
+    root_->vars["namespace"] = Value::from_callable("namespace", [](Interpreter& in, CallArgs& args, int line) {
       auto dict = std::make_shared<Dict>();
+      in.namespaces_.push_back(dict);
       for (const Value& v : args.positional) {
         if (v.kind != Value::Kind::dict) throw Failure{"namespace() takes a mapping or keyword arguments", line};
         for (const auto& [key, value] : v.dict->items) dict->set(key, value);
@@ -1600,6 +1631,8 @@ class Interpreter {
   static constexpr size_t kMaxOutputBytes = size_t{1} << 30;
   int call_depth_ = 0;
   int64_t iterations_ = 0;
+  std::vector<std::shared_ptr<Frame>> frames_;    // every frame of this render (see ~Interpreter)
+  std::vector<std::shared_ptr<Dict>> namespaces_;  // every namespace() of this render
 
   const Program& program_;
   std::shared_ptr<Frame> root_;
