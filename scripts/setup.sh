@@ -20,6 +20,7 @@ packages=(
   libpcre2-dev libsentencepiece-dev libutf8proc-dev python3-sentencepiece nodejs
   openmpi-bin libopenmpi-dev
   patchelf debootstrap  # scripts/gpu-bundle.sh (rpath), scripts/gpu-bundle-check.sh (a bare chroot)
+  python3-jinja2  # the reference chat-template renderer (tests/data/test_chat_templates.py)
 )
 
 missing=()

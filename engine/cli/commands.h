@@ -52,4 +52,5 @@ void add_plan_command(CLI::App& app, CliState& state);         // cli/plan.cpp
 void add_report_command(CLI::App& app, CliState& state);       // cli/report.cpp
 void add_tokenize_command(CLI::App& app, CliState& state);     // cli/tokenize.cpp
 void add_devices_command(CLI::App& app, CliState& state);      // cli/devices.cpp
+void add_chat_command(CLI::App& app, CliState& state);         // cli/chat.cpp
 }  // namespace strata::cli

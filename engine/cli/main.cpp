@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   strata::cli::add_plan_command(app, state);
   strata::cli::add_report_command(app, state);
   strata::cli::add_tokenize_command(app, state);
+  strata::cli::add_chat_command(app, state);
   strata::cli::add_tune_command(app, state);
   strata::cli::add_io_bench_command(app, state);
   strata::cli::add_store_command(app, state);
