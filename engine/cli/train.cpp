@@ -37,8 +37,9 @@ void add_train_command(CLI::App& app, CliState& state) {
   auto options = std::make_shared<Options>();
   CLI::App* train = app.add_subcommand(
       "train",
-      "Fine-tune a GPT-2 whose parameters, gradients and optimizer state live across the device, pinned host "
-      "memory and the NVMe store, as the config's budgets and placement say. Commits the store every "
+      "Train or fine-tune a model (GPT-2, or the Llama family: Llama, Mistral, Qwen 2, Phi-3) on text or on "
+      "completion/chat examples, its parameters, gradients and optimizer state living across the device, "
+      "pinned host memory and the NVMe store, as the config's budgets and placement say. Commits the store every "
       "checkpoint_every steps; --resume continues from the last commit.");
   train->add_option("config", options->config_path, "the YAML config (see configs/demo.yaml)")->required();
   train->add_option("--steps", options->train.steps, "train up to this step in total (default: the config's steps)")
