@@ -57,24 +57,7 @@ std::vector<uint32_t> decode(const std::string& s) {
 
 std::string encode(const std::vector<uint32_t>& cps, size_t begin, size_t end) {
   std::string out;
-  for (size_t i = begin; i < end; ++i) {
-    uint32_t cp = cps[i];
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
+  for (size_t i = begin; i < end; ++i) append_utf8(out, cps[i]);
   return out;
 }
 

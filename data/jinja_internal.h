@@ -2,6 +2,7 @@
 // the evaluator (data/jinja.h says how the three stages fit).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -20,6 +21,9 @@ struct Token {
 };
 
 std::vector<Token> tokenize(const std::string& source);
+
+// One code point as UTF-8, appended (string-literal escapes, string methods on code points).
+void append_utf8(std::string& out, uint32_t cp);
 
 // ---- expressions ----------------------------------------------------------------------------
 struct Expr {
