@@ -149,6 +149,16 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         # Gradient accumulation is not built for stage 3 yet (docs/train.md): refused, not wrong.
         one_line(run(2, "train", config(tmp, "accumulate", stage=3, gradient_accumulation_steps=2),
                      expect_ok=False), "gradient_accumulation_steps")
+        # Masked fine-tuning examples: each rank's loss would be divided by its own trained-token
+        # count before the ranks average (docs/data.md): refused, not inexact.
+        data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
+        one_line(run(2, "train", config(tmp, "examples", batch=4,
+                                        data={"path": os.path.join(data_dir, "completions.jsonl"),
+                                              "format": "completion",
+                                              "tokenizer": os.path.join(data_dir, "bytes-tokenizer")},
+                                        model={"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 260,
+                                               "seq_len": 32, "seed": 7}),
+                     expect_ok=False), "data.format")
         cfg = config(tmp, "stage4", stage=4)
         one_line(run(0, "train", cfg, expect_ok=False), "zero_stage")
         # A config error every rank meets is said once, by rank 0.
