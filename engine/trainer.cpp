@@ -908,11 +908,15 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
                    segments_.empty() ? nullptr : segments_.data() + k * rows);
   if (zero_ != nullptr) zero_->begin_step();
   // K = 1: the batch's own trained-token count (backend.h, StepBatch). K > 1: the count of all
-  // K, so the update's loss is the mean over every trained token, not a mean of means.
-  const int64_t loss_normalizer_tokens =
-      micro_batches > 1
+  // K, so the update's loss is the mean over every trained token, not a mean of means. Masked
+  // examples on ZeRO ranks: the count over every rank's rows (ZeroStep::set_sum_over_ranks).
+  int64_t loss_normalizer_tokens =
+      micro_batches > 1 || (zero_ != nullptr && batches_->has_boundaries())
           ? kernels::gpt2::count_trained_targets(targets_.data(), static_cast<int64_t>(targets_.size()))
           : 0;
+  if (zero_ != nullptr && batches_->has_boundaries()) {
+    STRATA_ASSIGN_OR_RETURN(loss_normalizer_tokens, zero_->global_count(loss_normalizer_tokens));
+  }
   double accumulated_loss = 0.0;  // K > 1: the micro-batches' losses so far (each is its sum / N)
   auto micro_batch = [&](size_t k) {
     const size_t first = k * rows;
@@ -1149,15 +1153,8 @@ Result<TrainSummary> Run::execute() {
   const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
   STRATA_ASSIGN_OR_RETURN(batches_, TrainBatches::open(config_, global_rows, config_.batch_size,
                                                        zero_ != nullptr ? zero_->rank() : 0));
-  // Masked examples train a different number of tokens on each rank, and each rank divides its
-  // loss by its own count before the ranks average: not the mean over every trained token.
-  // Refused until the divisor is the global count (issue 30's ZeRO item), never run inexactly.
-  if (zero_ != nullptr && batches_->has_boundaries())
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'data.format': fine-tuning examples on {} ranks are not supported yet "
-                                  "(each rank's loss would be divided by its own trained-token count); train them "
-                                  "on one rank",
-                                  config_.source_path, zero_->ranks()));
+  // Masked examples: each rank's loss over the global trained-token count, summed (zero.h).
+  if (zero_ != nullptr) zero_->set_sum_over_ranks(batches_->has_boundaries());
   STRATA_RETURN_IF_ERROR(check_init_file(config_));
   const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : batches_->total_steps(config_);
 

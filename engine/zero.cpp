@@ -197,7 +197,7 @@ Status ZeroStep::reduce_gradients(size_t unit, float* grads) {
           device_comm_->reduce_sum(grads + chunks[c].begin_elements, chunks[c].element_count, owner(unit, c)));
     return Status();
   }
-  const float inverse = 1.0f / static_cast<float>(comm_.size());
+  const float inverse = 1.0f / static_cast<float>(divisor());
   auto scale_and_square = [&](const ElementRange& range) {
     double sum = 0.0;
     for (uint64_t i = range.begin_elements; i < range.begin_elements + range.element_count; ++i) {
@@ -239,7 +239,7 @@ Result<float> ZeroStep::device_grad_scale(double max_norm,
   if (!clip_scale_known_) {
     STRATA_ASSIGN_OR_RETURN(double total, local_sum_squares());
     STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
-    const double ranks = static_cast<double>(comm_.size());
+    const double ranks = static_cast<double>(divisor());
     const float clip = max_norm > 0 ? kernels::clip_coefficient(std::sqrt(total) / ranks, max_norm) : 1.0f;
     clip_scale_ = static_cast<float>(clip / ranks);
     clip_scale_known_ = true;
@@ -257,7 +257,13 @@ Status ZeroStep::share_params(size_t unit, size_t chunk, void* unit_params) {
 Result<double> ZeroStep::mean_loss(double local_loss) {
   double total = local_loss;
   STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
-  return total / comm_.size();
+  return total / divisor();
+}
+
+Result<int64_t> ZeroStep::global_count(int64_t local) {
+  double total = static_cast<double>(local);
+  STRATA_RETURN_IF_ERROR(comm_.allreduce_sum(std::span<double>(&total, 1)));
+  return static_cast<int64_t>(total);
 }
 
 }  // namespace strata

@@ -125,6 +125,14 @@ class ZeroStep {
   }
 
   void begin_step() { sum_squares_ = 0.0, clip_scale_known_ = false; }
+  // Masked examples (data/examples.h) train a different number of tokens on each rank, so the
+  // mean over every trained token is not the mean of the ranks' means. There each rank divides
+  // its loss by the GLOBAL trained-token count (global_count) and the ranks' gradients and
+  // losses are summed, not averaged: `sum_over_ranks` switches reduce_gradients,
+  // device_grad_scale and mean_loss from ÷N to ÷1. Off (the token stream): as before, bit for bit.
+  void set_sum_over_ranks(bool on) { sum_over_ranks_ = on; }
+  // The sum of every rank's `local` (one allreduce; exact below 2^53).
+  [[nodiscard]] Result<int64_t> global_count(int64_t local);
   // The unit's whole gradient (host memory, the unit's elements), local mean → global mean:
   // stage 1 everywhere, stage 2 at each chunk's owner. Adds the owned chunks' sums of squares.
   [[nodiscard]] Status reduce_gradients(size_t unit, float* grads);
@@ -155,6 +163,9 @@ class ZeroStep {
   // Stage 3, per unit: each rank's share of P as byte counts and displacements (allgatherv).
   std::vector<std::vector<uint64_t>> share_bytes_, share_offset_bytes_;
   double sum_squares_ = 0.0;
+  bool sum_over_ranks_ = false;
+  // What the summed gradients and losses are divided by: the ranks, or 1 (set_sum_over_ranks).
+  int divisor() const { return sum_over_ranks_ ? 1 : comm_.size(); }
   float clip_scale_ = 1.0f;
   bool clip_scale_known_ = false;
 };

@@ -20,8 +20,10 @@
 # path on the CPU) equal the same run on 2 cpu ranks bit for bit.
 # `accumulate` — gradient_accumulation_steps: 2 at stages 1 and 2 on 2 and 3 ranks equals one
 # process training the K·B-row batch (relative L2 ≤ 1e-5); stage 3 with K > 1 is refused (`bad`).
+# `examples` — masked completion examples on 2 ranks (stages 1, 2, emulated, K = 2) equal one
+# process training the whole batch: the global trained-token count, summed ranks.
 # Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume | kill3 | emulated |
-# accumulate).
+# accumulate | examples).
 import json
 import os
 import signal
@@ -132,6 +134,42 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         print(f"K=2, stage 2, 2 emulated ranks: relative L2 weight difference {diff:.2e}")
         if not diff <= 1e-5:
             fail("K=2 on 2 emulated ranks is not one batch of 12 rows within 1e-5")
+    elif CASE == "examples":
+        # Masked completion examples (different trained-token counts per rank): the ranks divide by
+        # the global count and sum (ZeroStep::set_sum_over_ranks), so 2 ranks at stages 1 and 2, 2
+        # emulated ranks (the device-tensor path) and K = 2 on 2 ranks all train what one process
+        # training the whole batch does.
+        data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
+        examples = {"data": {"path": os.path.join(data_dir, "completions.jsonl"), "format": "completion",
+                             "tokenizer": os.path.join(data_dir, "bytes-tokenizer")},
+                    "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 260, "seq_len": 32,
+                              "seed": 7}}
+        cfg = config(tmp, "ex-one", batch=4, **examples)
+        reference = os.path.join(tmp, "ex-one.safetensors")
+        ref_summary = summary_of(run(0, "train", cfg, "--json", "--export", reference), "ex-one")
+        cases = [("ex-s1n2", 2, {"stage": 1}), ("ex-s2n2", 2, {"stage": 2}),
+                 ("ex-emulated", 2, {"stage": 2, "device": {"kind": "emulated", "memory": "64MiB"}})]
+        for name, ranks, extra in cases:
+            cfg = config(tmp, name, batch=4, **examples, **extra)
+            out = os.path.join(tmp, name + ".safetensors")
+            summary = summary_of(run(ranks, "train", cfg, "--json", "--export", out), name)
+            diff, worst = relative_difference(reference, out)
+            loss_diff = abs(summary["last_loss"] - ref_summary["last_loss"]) / abs(ref_summary["last_loss"])
+            print(f"examples, {name}: relative L2 weight difference {diff:.2e}, last loss "
+                  f"{summary['last_loss']:.7f} vs {ref_summary['last_loss']:.7f} (rel {loss_diff:.1e})")
+            if not diff <= 1e-5 or not loss_diff <= 1e-5:
+                fail(f"examples on {name} are not the 1-process run within 1e-5")
+        # K = 2 micro-batches of 4 rows on 2 ranks = one process training batches of 8 rows.
+        cfg = config(tmp, "ex-one8", batch=8, **examples)
+        reference8 = os.path.join(tmp, "ex-one8.safetensors")
+        run(0, "train", cfg, "--export", reference8)
+        cfg = config(tmp, "ex-k2n2", batch=4, gradient_accumulation_steps=2, **examples)
+        out = os.path.join(tmp, "ex-k2n2.safetensors")
+        run(2, "train", cfg, "--export", out)
+        diff, _ = relative_difference(reference8, out)
+        print(f"examples, K=2 on 2 ranks: relative L2 weight difference {diff:.2e} from one batch of 8 rows")
+        if not diff <= 1e-5:
+            fail("examples with K=2 on 2 ranks are not one batch of 8 rows within 1e-5")
     elif CASE == "rerun":
         for stage in (1, 2):
             a, _ = train(tmp, f"a{stage}", 3, stage)
@@ -149,16 +187,6 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         # Gradient accumulation is not built for stage 3 yet (docs/train.md): refused, not wrong.
         one_line(run(2, "train", config(tmp, "accumulate", stage=3, gradient_accumulation_steps=2),
                      expect_ok=False), "gradient_accumulation_steps")
-        # Masked fine-tuning examples: each rank's loss would be divided by its own trained-token
-        # count before the ranks average (docs/data.md): refused, not inexact.
-        data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
-        one_line(run(2, "train", config(tmp, "examples", batch=4,
-                                        data={"path": os.path.join(data_dir, "completions.jsonl"),
-                                              "format": "completion",
-                                              "tokenizer": os.path.join(data_dir, "bytes-tokenizer")},
-                                        model={"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 260,
-                                               "seq_len": 32, "seed": 7}),
-                     expect_ok=False), "data.format")
         cfg = config(tmp, "stage4", stage=4)
         one_line(run(0, "train", cfg, expect_ok=False), "zero_stage")
         # A config error every rank meets is said once, by rank 0.
