@@ -86,7 +86,8 @@ done
 
 # What the check runs: its configs, the demo's text (the lent image need not carry Debian's
 # licence files), the check itself at the top.
-cp configs/demo.yaml configs/llama-1b-offload.yaml "$bundle/configs/"
+cp configs/demo.yaml configs/llama-1b-offload.yaml configs/chat-finetune.yaml "$bundle/configs/"
+cp -r configs/chat "$bundle/configs/chat"
 cp /usr/share/common-licenses/GPL-3 "$bundle/data/GPL-3"
 cp scripts/gpu-check.sh "$bundle/gpu-check.sh"
 git -C "$root" describe --always --dirty > "$bundle/VERSION" 2> /dev/null || echo unknown > "$bundle/VERSION"

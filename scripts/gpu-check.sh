@@ -337,6 +337,10 @@ for kind in cpu cuda; do
   make_config hostopt_overlap "$kind" "$configs/demo.yaml" \
     -e 's/placement: {[^}]*}/placement: {params: host, grads: device, optimizer: host}/' \
     -e 's/grad_clip: 1.0/grad_clip: 0/' -e 's/memory: 16MiB/memory: 64MiB/' -e 's/memory: 24MiB/memory: 96MiB/'
+  # chat: fine-tuning (issue 30) — Llama-shaped, chat JSONL through the folder's template, masks
+  # on the answers, packed rows (positions and segments), warmup + cosine, K = 2; fp32.
+  make_config chat "$kind" "$configs/chat-finetune.yaml" -e "s|path: chat/arithmetic.jsonl|path: $configs/chat/arithmetic.jsonl|" \
+    -e "s|tokenizer: chat,|tokenizer: $configs/chat,|" -e 's/precision: bf16/precision: fp32/'
 done
 train_pair() {  # train_pair NAME LIMIT: cpu and cuda side by side (the cpu run takes 8 cores)
   local name=$1 limit=$2 kind
@@ -350,6 +354,8 @@ train_pair demo 75
 analyse compare_demo weights "$work" demo 2e-2
 train_pair small 75
 analyse compare_small weights "$work" small 1e-3
+train_pair chat 75
+analyse compare_chat weights "$work" chat 1e-3
 
 # Greedy generation from the SAME trained store (demo: bf16, small: fp32) on cpu and on cuda:
 # the cuda config is the cpu one with only device.kind changed, so both read run-NAME-cpu.
