@@ -571,6 +571,12 @@ class Interpreter {
       iteration->parent = saved;
       frame_ = iteration;
     };
+    // A Failure thrown from the body leaves through here too: a captured iteration frame must
+    // still be recorded, or the capture's cycle outlives the render (found by the fuzzer).
+    struct LeaveOnExit {
+      decltype(leave_iteration)& leave;
+      ~LeaveOnExit() { leave(); }
+    } leave_on_exit{leave_iteration};
     auto bind = [&](const Value& item) {
       if (node.targets.size() == 1) {
         frame_->vars[node.targets[0]] = item;
@@ -646,6 +652,14 @@ class Interpreter {
       }
       auto frame = std::make_shared<Frame>();  // kept past the call only if captured (see ~Interpreter)
       frame->parent = defined_in;
+      // Recorded on every way out, a thrown Failure included (else a captured frame's cycle leaks).
+      struct KeepIfCaptured {
+        Interpreter& in;
+        std::shared_ptr<Frame>& frame;
+        ~KeepIfCaptured() {
+          if (frame.use_count() > 1) in.frames_.push_back(frame);
+        }
+      } keep_if_captured{in, frame};
       std::shared_ptr<Frame> saved_frame = in.frame_;
       in.frame_ = frame;
       for (const auto& [key, value] : args.keywords) {
@@ -674,7 +688,6 @@ class Interpreter {
       --in.capture_depth_;
       in.out_ = saved_out;
       in.frame_ = saved_frame;
-      if (frame.use_count() > 1) in.frames_.push_back(frame);
       return Value::from_string(std::move(captured));
     });
   }

@@ -4,6 +4,7 @@
 // implement are refused here, by name and line, before anything renders. An unknown filter or
 // test is refused when it runs, as jinja2 3 does for one in a branch not taken: a template that
 // never reaches it renders.
+#include <charconv>
 #include <algorithm>
 #include <set>
 #include <string>
@@ -447,11 +448,13 @@ class Parser {
       }
       case TokenType::integer: {
         next();
-        try {
-          return literal(Value::from_int(std::stoll(t.text)), t.line);
-        } catch (const std::exception&) {
+        // from_chars, not stoll: no exception to catch (the lexer gives digits only).
+        int64_t value = 0;
+        const char* end = t.text.data() + t.text.size();
+        const auto [stop, error] = std::from_chars(t.text.data(), end, value);
+        if (error != std::errc() || stop != end)
           fail("integer literal " + t.text + " does not fit in 64 bits (not supported)", t.line);
-        }
+        return literal(Value::from_int(value), t.line);
       }
       case TokenType::floating:
         next();
