@@ -340,7 +340,8 @@ for kind in cpu cuda; do
   # chat: fine-tuning (issue 30) — Llama-shaped, chat JSONL through the folder's template, masks
   # on the answers, packed rows (positions and segments), warmup + cosine, K = 2; fp32.
   make_config chat "$kind" "$configs/chat-finetune.yaml" -e "s|path: chat/arithmetic.jsonl|path: $configs/chat/arithmetic.jsonl|" \
-    -e "s|tokenizer: chat,|tokenizer: $configs/chat,|" -e 's/precision: bf16/precision: fp32/'
+    -e "s|tokenizer: chat,|tokenizer: $configs/chat,|" -e 's/precision: bf16/precision: fp32/' \
+    -e 's/\(device: {kind: [a-z]*, memory: \)32MiB/\1128MiB/'
 done
 train_pair() {  # train_pair NAME LIMIT: cpu and cuda side by side (the cpu run takes 8 cores)
   local name=$1 limit=$2 kind
