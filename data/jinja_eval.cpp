@@ -2,6 +2,7 @@
 // transformers' ImmutableSandboxedEnvironment does: Python operator semantics (a TypeError where
 // Python raises one), jinja2's default Undefined, frames per for loop and per macro call, and the
 // filters, tests, methods and globals real chat templates use.
+#include <charconv>
 #include <algorithm>
 #include <cmath>
 #include <ctime>
@@ -1185,7 +1186,11 @@ class Interpreter {
       size_t dot = path.find('.', pos);
       std::string part = path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
       bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-      v = numeric ? get_item(v, Value::from_int(std::stoll(part)), line) : get_item(v, Value::from_string(part), line);
+      int64_t index = 0;
+      const char* end = part.data() + part.size();
+      if (numeric && std::from_chars(part.data(), end, index).ec != std::errc())
+        throw Failure{"attribute index " + part + " does not fit in 64 bits (not supported)", line};
+      v = numeric ? get_item(v, Value::from_int(index), line) : get_item(v, Value::from_string(part), line);
       if (dot == std::string::npos) return v;
       if (v.is_undefined()) return v;
       pos = dot + 1;

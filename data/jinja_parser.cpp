@@ -5,6 +5,7 @@
 // test is refused when it runs, as jinja2 3 does for one in a branch not taken: a template that
 // never reaches it renders.
 #include <charconv>
+#include <cstdlib>
 #include <algorithm>
 #include <set>
 #include <string>
@@ -458,7 +459,9 @@ class Parser {
       }
       case TokenType::floating:
         next();
-        return literal(Value::from_float(std::stod(t.text)), t.line);
+        // strtod, not stod: a literal past double's range is inf, as Python's float() makes it,
+        // where stod would throw out_of_range (the fuzzer's find).
+        return literal(Value::from_float(std::strtod(t.text.c_str(), nullptr)), t.line);
       case TokenType::op:
         if (t.text == "(") {
           next();
@@ -525,7 +528,13 @@ class Parser {
         } else if (peek().type == TokenType::integer) {
           attr->kind = Expr::Kind::getitem;
           attr->args.push_back(std::move(node));
-          attr->args.push_back(literal(Value::from_int(std::stoll(next().text)), line));
+          const Token& index = next();
+          int64_t value = 0;
+          const char* end = index.text.data() + index.text.size();
+          const auto [stop, error] = std::from_chars(index.text.data(), end, value);
+          if (error != std::errc() || stop != end)  // stoll threw here: the fuzzer's find
+            fail("index ." + index.text + " does not fit in 64 bits (not supported)", index.line);
+          attr->args.push_back(literal(Value::from_int(value), line));
           node = std::move(attr);
           continue;
         } else {
