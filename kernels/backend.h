@@ -155,7 +155,8 @@ class ComputeBackend {
                                               const gpt2::BlockWeights& weights, const float* x_in,
                                               const float* d_out, float* d_in, const gpt2::BlockGrads& grads,
                                               const gpt2::Workspace& workspace, bool recompute) = 0;
-  // The tied head and loss; the mean loss goes to the step's scalars.
+  // The tied head and loss; the mean loss goes to the step's scalars. d_x_final null (and
+  // every gradient pointer null): the loss only, nothing written — evaluation.
   [[nodiscard]] virtual Status head_forward_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
                                                      const gpt2::HeadWeights& weights, const float* x_final,
                                                      float* d_x_final, const gpt2::HeadGrads& grads,
@@ -175,6 +176,7 @@ class ComputeBackend {
                                                     const float* d_out, float* d_in, const llama::BlockGrads& grads,
                                                     const gpt2::Workspace& workspace, bool recompute) = 0;
   // Final RMSNorm, head (tied or not) and loss; the mean loss goes to the step's scalars.
+  // d_x_final null (every gradient pointer null): the loss only — evaluation.
   [[nodiscard]] virtual Status llama_head_forward_backward(const llama::Config& config, const gpt2::BatchShape& shape,
                                                            const llama::HeadWeights& weights, const float* x_final,
                                                            float* d_x_final, const llama::HeadGrads& grads,

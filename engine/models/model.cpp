@@ -117,9 +117,10 @@ class Gpt2 final : public ModelDefinition {
   Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* ln_f,
                                const float* embed, const float* x_final, float* d_x_final, float* ln_f_grads,
                                float* embed_grads, const Workspace& workspace) const override {
+    const gk::HeadGrads grads = d_x_final == nullptr ? gk::HeadGrads{}  // the loss only
+                                                     : gk::HeadGrads{ln_f_grads, ln_f_grads + kc_.n_embd, embed_grads};
     return backend.head_forward_backward(kc_, shape, gk::HeadWeights{ln_f, ln_f + kc_.n_embd, embed}, x_final,
-                                         d_x_final, gk::HeadGrads{ln_f_grads, ln_f_grads + kc_.n_embd, embed_grads},
-                                         workspace);
+                                         d_x_final, grads, workspace);
   }
   int64_t kv_cache_width() const override { return kc_.n_embd; }
   int64_t learned_positions() const override { return kc_.n_ctx; }
@@ -333,6 +334,7 @@ class Llama final : public ModelDefinition {
     return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
   }
   lk::HeadGrads head_weights(float* norm, float* embed) const {
+    if (norm == nullptr) return {};  // the loss only (no gradients)
     return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
   }
   lk::Config kc_;

@@ -98,11 +98,16 @@ class ModelDefinition {
   [[nodiscard]] virtual Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape,
                                               const float* block, const float* x_in, const float* d_out, float* d_in,
                                               float* block_grads, const Workspace& workspace, bool recompute) const = 0;
-  // Final norm, head and loss (the mean loss goes to the step's scalars).
+  // Final norm, head and loss (the mean loss goes to the step's scalars). d_x_final,
+  // final_grads and embed_grads all null: the loss only, no gradient (evaluation: head_loss).
   [[nodiscard]] virtual Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape,
                                                      const float* final_weights, const float* embed,
                                                      const float* x_final, float* d_x_final, float* final_grads,
                                                      float* embed_grads, const Workspace& workspace) const = 0;
+  [[nodiscard]] Status head_loss(kernels::ComputeBackend& backend, const BatchShape& shape, const float* final_weights,
+                                 const float* embed, const float* x_final, const Workspace& workspace) const {
+    return head_forward_backward(backend, shape, final_weights, embed, x_final, nullptr, nullptr, nullptr, workspace);
+  }
 
   // --- generation with a KV cache (engine/generate.h; fp32 weights in the backend's memory) ---
   // What generation needs to know of the units' insides, so one generate path serves every

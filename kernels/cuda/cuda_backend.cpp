@@ -175,6 +175,9 @@ class CudaBackend final : public ComputeBackend {
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
                                const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
+    if (d_x_final == nullptr)
+      return gk::cuda::head_loss(context_, config, shape, weights, x_final, targets_, &slots_->loss, workspace,
+                                 loss_normalizer_tokens_);
     return gk::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
                                            &slots_->loss, workspace, loss_normalizer_tokens_);
   }
