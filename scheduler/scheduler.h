@@ -216,6 +216,9 @@ struct SchedulerOptions {
   uint32_t io_queue_tensors = 4;               // NVMe tensor transfers in flight at most
   uint32_t copies_in_flight = 8;               // per copy stream
   size_t trace_capacity_events = 0;            // 0: no timeline
+  // The caller's timeline instead (it must outlive the scheduler): one trace across several
+  // schedulers in turn — the trainer's, and its evaluation's (engine/trainer.h).
+  Timeline* timeline = nullptr;
   bool record_evictions = false;               // keep an Eviction log (tests)
   // Compute in place (the CPU device, whose memory is host memory): a step's tensors are
   // handed out as their pinned host blocks, used where they lie — no device copy and no copy
