@@ -1,5 +1,6 @@
 #include "engine/data.h"
 
+#include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -23,6 +24,7 @@ TokenData::TokenData(TokenData&& other) noexcept
       owned_ids_(std::move(other.owned_ids_)),
       mapped_bytes_(std::exchange(other.mapped_bytes_, 0)),
       token_count_(other.token_count_),
+      first_token_(other.first_token_),
       format_(other.format_),
       window_tokens_(other.window_tokens_) {}
 
@@ -144,7 +146,20 @@ Result<TokenData> TokenData::open(const std::string& path, DataFormat format, ui
   return data;
 }
 
+Status TokenData::keep_range(uint64_t first, uint64_t count, const std::string& what) {
+  assert(first + count <= token_count_);
+  if (count < uint64_t{window_tokens_} + 2)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{} leaves {} tokens on one side; each side needs at least {} (one window of seq_len "
+                                  "+ 2)",
+                                  what, count, window_tokens_ + 2));
+  first_token_ += first;
+  token_count_ = count;
+  return Status();
+}
+
 uint32_t TokenData::token(uint64_t index) const {
+  index += first_token_;
   switch (format_) {
     case DataFormat::text_bytes:
       return bytes_[index];

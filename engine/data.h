@@ -38,6 +38,10 @@ class TokenData {
   ~TokenData();
 
   uint64_t token_count() const { return token_count_; }
+  // From now on the stream is tokens [first, first + count) of the file (eval.split: training
+  // keeps the head, evaluation the tail); index 0 is `first`. Refuses a range shorter than one
+  // window (T + 2 tokens), naming `what` (the config key that asked for it).
+  [[nodiscard]] Status keep_range(uint64_t first, uint64_t count, const std::string& what);
   uint32_t token(uint64_t index) const;
   // inputs/targets: batch_size × window_tokens ids each, row-major.
   void fill_batch(uint64_t step, uint32_t batch_size, int32_t* inputs, int32_t* targets) const;
@@ -53,6 +57,7 @@ class TokenData {
   std::vector<uint32_t> owned_ids_;
   uint64_t mapped_bytes_ = 0;
   uint64_t token_count_ = 0;
+  uint64_t first_token_ = 0;  // keep_range's first token in the file
   DataFormat format_ = DataFormat::text_bytes;
   uint32_t window_tokens_ = 0;
 };

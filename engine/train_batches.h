@@ -9,6 +9,11 @@
 // targets −1 where the loss must not look, plus per-token positions and segment ids for
 // StepBatch's packed attention (into the caller's arrays, so micro-batches filled ahead keep
 // their own).
+// Evaluation (`eval:`, engine/trainer.h): the same formats, opened as Part::eval — eval.path, or
+// the part eval.split holds out of data.path (examples: a seeded draw, data::split_examples; a
+// token stream: its tail), while Part::train then leaves that part out. Held-out rows come in
+// file order, every row once per evaluation: batch b's rows past the last are masked (targets
+// −1), so the loss is over each held-out trained token exactly once.
 // Threads: one thread calls fill at a time (the trainer's).
 #pragma once
 
@@ -27,8 +32,14 @@ class TrainBatches {
  public:
   // `global_rows`: rows a step over every rank; `rank_rows`: this rank's share (its block of
   // the global batch starts at rank · rank_rows).
+  enum class Part : uint8_t { train, eval };
+  // `rank_rows`: this rank's share (its block of the global batch starts at rank · rank_rows).
+  // Part::eval reads `eval_path` when given (`strata eval --data`), else the config's eval data.
   [[nodiscard]] static Result<std::unique_ptr<TrainBatches>> open(const TrainConfig& config, uint32_t global_rows,
-                                                                  uint32_t rank_rows, int rank);
+                                                                  uint32_t rank_rows, int rank, Part part = Part::train,
+                                                                  const std::string& eval_path = {});
+  // Part::eval: the batches one evaluation reads — every held-out row once, at most eval.batches.
+  uint64_t eval_batches() const { return eval_batches_; }
   // config.steps, or with config.epochs the updates (K micro-batches each) that show every row
   // that many times.
   uint64_t total_steps(const TrainConfig& config) const;
@@ -44,6 +55,7 @@ class TrainBatches {
 
  private:
   TrainBatches() = default;
+  void fill_eval(uint64_t batch, int32_t* tokens, int32_t* targets, int32_t* positions, int32_t* segments);
   std::unique_ptr<TokenData> stream_;
   std::unique_ptr<data::Batches> examples_;
   uint32_t global_rows_ = 0;
@@ -51,6 +63,9 @@ class TrainBatches {
   int rank_ = 0;
   uint32_t seq_len_ = 0;
   std::vector<int32_t> global_tokens_, global_targets_;  // a token stream over ranks: the whole batch first
+  Part part_ = Part::train;
+  uint64_t eval_rows_ = 0;     // Part::eval: held-out rows (windows of a token stream)
+  uint64_t eval_batches_ = 0;
 };
 
 }  // namespace strata
