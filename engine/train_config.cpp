@@ -212,6 +212,27 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     return root.error_at("epochs", "and steps are two ways to say how long to train: give one");
   STRATA_READ(config.checkpoint_every, root.integer("checkpoint_every", 10, 1, INT64_MAX));
 
+  // eval: held-out loss (engine/trainer.h "Evaluation"); checkpoint: {keep_best}.
+  config.eval.enabled = root.has("eval");
+  STRATA_ASSIGN_OR_RETURN(ConfigNode eval, root.child("eval"));
+  EvalConfig& ev = config.eval;
+  STRATA_READ(ev.path, eval.string("path", std::string()));
+  if (!ev.path.empty()) ev.path = eval.resolve_path(ev.path);
+  STRATA_READ(ev.split, eval.number("split", 0.0, 0.0, 0.5));
+  STRATA_READ(ev.every, eval.integer("every", 0, 1, INT64_MAX));
+  STRATA_READ(ev.batches, eval.integer("batches", 0, 1, INT64_MAX));
+  if (ev.enabled && ev.path.empty() == (ev.split == 0.0))
+    return root.error_at("eval", ev.path.empty() ? "needs the held-out data: path: FILE, or split: a fraction of data.path "
+                                                   "(0 < split <= 0.5)"
+                                                 : "takes path or split, not both");
+  STRATA_RETURN_IF_ERROR(eval.finish());
+  if (ev.every == 0) ev.every = config.checkpoint_every;
+  STRATA_ASSIGN_OR_RETURN(ConfigNode checkpoint, root.child("checkpoint"));
+  STRATA_READ(ev.keep_best, checkpoint.boolean("keep_best", false));
+  STRATA_RETURN_IF_ERROR(checkpoint.finish());
+  if (ev.keep_best && !ev.enabled)
+    return checkpoint.error_at("keep_best", "needs an eval: block (the best commit is the one with the lowest eval loss)");
+
   STRATA_ASSIGN_OR_RETURN(ConfigNode optimizer, root.child("optimizer"));
   OptimizerConfig& o = config.optimizer;
   STRATA_READ(o.lr, optimizer.number("lr", 3.0e-4, 0.0, 10.0));

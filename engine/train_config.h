@@ -130,6 +130,18 @@ struct ExampleDataConfig {
   bool truncate = false;        // cut examples longer than seq_len + 1 tokens, else refuse them
 };
 
+// `eval:` — the loss on held-out data every `every` updates, with no update and no optimizer I/O
+// (engine/trainer.h "Evaluation", docs/train.md "eval"); `checkpoint: {keep_best: true}` keeps
+// the weights of the best evaluation beside the latest commit.
+struct EvalConfig {
+  bool enabled = false;     // the config has an eval block
+  std::string path;         // held-out data in data.format (and data.tokenizer), or
+  double split = 0.0;       // the fraction of data.path held out: examples by a seeded draw, a token stream its tail
+  uint64_t every = 0;       // updates between evaluations (each right after a commit); 0: checkpoint_every
+  uint64_t batches = 0;     // batches of batch_size rows an evaluation; 0: every held-out row once
+  bool keep_best = false;   // checkpoint.keep_best: the best evaluation's weights in <store>/best
+};
+
 struct TrainConfig {
   std::string source_path;
   ModelConfig model;
@@ -159,6 +171,7 @@ struct TrainConfig {
   PlacementConfig placement;
   ParallelConfig parallel;
   uint64_t checkpoint_every = 10;
+  EvalConfig eval;
   std::string sample_prompt = "The ";  // printed sample after training
   uint32_t sample_tokens = 0;          // 0: no sample
   // monitor.serve: where `strata train` serves /metrics and the dashboard (HOST:PORT, :PORT or

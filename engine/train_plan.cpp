@@ -236,6 +236,36 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   return run;
 }
 
+TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout) {
+  TrainPlan run;
+  const uint32_t param_bytes = dtype_size_bytes(config.precision);
+  for (const Unit& unit : layout.units()) {
+    UnitIds ids;
+    ids.params_range = ElementRange{0, unit.element_count};
+    ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes,
+                                     home_of(config.placement.params));
+    run.units.push_back(std::move(ids));
+  }
+  const uint64_t activation_bytes = uint64_t{config.batch_size} * config.model.seq_len * config.model.n_embd * 4;
+  for (uint32_t i = 0; i <= config.model.n_layer; ++i)
+    run.activations.push_back(run.plan.add_tensor("act." + std::to_string(i), activation_bytes, sch::Home::host));
+  auto add = [&](std::string name, StepInfo info, std::vector<sch::TensorId> reads, std::vector<sch::TensorId> writes) {
+    run.plan.add_step(std::move(name), std::move(reads), std::move(writes));
+    run.steps.push_back(info);
+  };
+  const size_t embed = layout.embed_unit();
+  const size_t ln_f = layout.ln_f_unit();
+  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, {run.units[embed].params}, {run.activations[0]});
+  for (uint32_t i = 0; i < config.model.n_layer; ++i) {
+    const size_t unit = layout.block_unit(i);
+    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit},
+        {run.units[unit].params, run.activations[i]}, {run.activations[i + 1]});
+  }
+  add("head", StepInfo{StepKind::head, ln_f},
+      {run.units[ln_f].params, run.units[embed].params, run.activations[config.model.n_layer]}, {});
+  return run;
+}
+
 uint64_t DeviceScratchSizes::total() const {
   uint64_t bytes = 0;
   for (uint64_t part : {workspace_bytes, weights_fp32_bytes, block_grads_bytes, embed_grads_bytes, ln_f_grads_bytes,

@@ -133,6 +133,14 @@ std::string params_share_name(const Unit& unit, size_t first_chunk, size_t last_
 TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
                            const std::vector<std::vector<int>>& owners = {}, int rank = 0);
 
+// The evaluation pass (`eval:`, engine/trainer.h): the forward steps alone —
+//   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head
+// over each unit's P (the same store tensors and homes as training's, whole units: ZeRO stage 3's
+// shares are refused by the trainer) and the activations; no gradients, no optimizer state,
+// so an evaluation reads P and writes nothing to the store. Every step's tensors are a subset of
+// the training step of the same name, so budgets that fit training fit it.
+TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout);
+
 // Device memory the trainer holds outside the plan for the whole run.
 struct DeviceScratchSizes {
   uint64_t workspace_bytes = 0;

@@ -10,10 +10,12 @@
 #include <cstring>
 #include <charconv>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 #include <sys/statvfs.h>
 
 #include <fmt/format.h>
@@ -271,13 +273,14 @@ struct StepFigures {
   uint64_t bytes[sch::kTierPairCount] = {};
   uint64_t tier_bytes[monitor::kTierCount] = {};  // device, host, nvme in use at the step's end
   bool committed = false;
+  std::optional<double> eval_loss;  // evaluated after this step's commit
 };
 
 // A step's figures as the live metrics take them (scheduler::TierPair order is the monitor's).
 monitor::StepSample monitor_sample(const StepFigures& f) {
   static_assert(sch::kTierPairCount == monitor::kPairCount);
   monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed,
-                             f.learning_rate};
+                             f.learning_rate, f.eval_loss};
   std::copy(std::begin(f.bytes), std::end(f.bytes), sample.transfer_bytes);
   std::copy(std::begin(f.tier_bytes), std::end(f.tier_bytes), sample.tier_bytes);
   return sample;
@@ -303,10 +306,27 @@ class Run {
   Run& operator=(const Run&) = delete;
 
   Result<TrainSummary> execute();
+  // `strata eval`: the held-out loss of the committed weights (eval_path: --data, else the
+  // config's eval data), touching nothing in the store.
+  Result<EvalFigures> evaluate_committed(const std::string& eval_path);
 
  private:
   Status open_store(uint64_t& start_step);
-  Status create_scheduler();
+  // A scheduler over `plan` (run_ or eval_run_) on the open store; host-homed persistent state
+  // is read from the store's last commit.
+  Status create_scheduler(const TrainPlan& plan);
+  // Evaluation (trainer.h "Evaluation"). Right after a commit: the training scheduler gives way
+  // to one over eval_run_, which reads the committed P, then comes back as after a resume.
+  Status open_eval(const std::string& eval_path = {});
+  Result<EvalFigures> evaluate_after_commit(uint64_t step);
+  Result<EvalFigures> eval_passes();
+  Status compute_eval(size_t step_index, const sch::StepBuffers& buffers);
+  // Closes the scheduler (its statistics join carried_stats_ when `carry`), reopens the store
+  // (an engine belongs to the thread that first submits: a new scheduler needs a fresh one)
+  // and starts a scheduler over `plan`. `between` runs while no Store object is open.
+  Status switch_scheduler(const TrainPlan& plan, bool carry, const std::function<Status()>& between = {});
+  Status keep_if_best(uint64_t step, double eval_loss);
+  sch::SchedulerStats training_stats() const;
   Status run_step(uint64_t step, StepFigures& figures);
   // Whether a forward/backward plan step belongs to the update's last micro-batch (always
   // with gradient_accumulation_steps 1): only then are its gradients complete.
@@ -319,6 +339,7 @@ class Run {
   Status compute_and_release(size_t index, const sch::StepBuffers& buffers, uint64_t step, Status status,
                              double& compute_seconds);
   Status open_device();
+  Status open_memory();
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
   Result<const float*> widen(const void* params, uint64_t element_count, float* scratch);
   float* grads_of(size_t unit, const sch::StepBuffers& buffers);
@@ -352,6 +373,15 @@ class Run {
   std::vector<size_t> next_gather_step_;       // per plan step: the next gathering step (SIZE_MAX: none)
   std::vector<std::vector<size_t>> step_gathers_;  // per plan step: gathered_units, made at start-up
   TrainPlan run_;
+  // Evaluation: the forward-only plan, the held-out batches, what the training schedulers
+  // before the current one counted (each evaluation replaces it), the best evaluation so far.
+  TrainPlan eval_run_;
+  std::unique_ptr<TrainBatches> eval_batches_;
+  bool evaluating_ = false;  // strata eval: nothing trains
+  sch::SchedulerStats carried_stats_;
+  std::optional<double> best_eval_loss_;
+  // --trace: one timeline across the schedulers of a run (training's and evaluation's).
+  std::unique_ptr<sch::Timeline> timeline_;
   // Step s's tokens and targets (engine/train_batches.h): the token stream or fine-tuning examples.
   std::unique_ptr<TrainBatches> batches_;
   std::unique_ptr<memory::Store> store_;
@@ -474,7 +504,8 @@ Status Run::open_store(uint64_t& start_step) {
                         fmt::format("{} was trained with another precision; --resume needs precision: {}", dir,
                                     precision == store_->committed_metadata().end() ? "?" : precision->second));
     STRATA_ASSIGN_OR_RETURN(const uint64_t stored_chunk, optim_chunk_elements_of(store_->committed_metadata(), dir));
-    if (stored_chunk != config_.optimizer.chunk_elements)
+    // Evaluation reads P alone: how the optimizer state is chunked does not matter to it.
+    if (stored_chunk != config_.optimizer.chunk_elements && !evaluating_)
       return make_error(ErrorKind::invalid_argument,
                         config_.optimizer.chunk_elements_set
                             ? fmt::format("{}: key 'optimizer.chunk_elements': {} keeps optimizer state in chunks of {} "
@@ -495,7 +526,8 @@ Status Run::open_store(uint64_t& start_step) {
                                     "(engine/zero_reslice.h) did not run: is {} outside the {{rank}} template?",
                                     dir, stored_ranks, ranks, dir));
     start_step = store_->committed_step();
-    spdlog::info("resuming from step {} committed in {}", start_step, dir);
+    if (evaluating_) spdlog::info("evaluating the weights committed at step {} in {}", start_step, dir);
+    else spdlog::info("resuming from step {} committed in {}", start_step, dir);
     return Status();
   }
   // A fresh run. The store holds each of its tensors at most twice: the committed version
@@ -530,32 +562,33 @@ Status Run::open_store(uint64_t& start_step) {
   return Status();
 }
 
-Status Run::create_scheduler() {
+Status Run::create_scheduler(const TrainPlan& plan) {
   // The compute copies are whole units at ZeRO stages 1 and 2 and each rank's share at stage 3
   // (engine/zero.h): a store written at the other kind of stage lacks this plan's P tensors.
-  for (const UnitIds& ids : run_.units)
-    if (ids.params != kNoTensor && !store_->find(run_.plan.tensors()[ids.params].name).has_value())
+  for (const UnitIds& ids : plan.units)
+    if (ids.params != kNoTensor && !store_->find(plan.plan.tensors()[ids.params].name).has_value())
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{}: key 'parallel.zero_stage': store {} has no tensor '{}' — it was trained at "
                                     "another stage ({}); --resume needs the zero_stage it was written with",
-                                    config_.source_path, store_dir_of(config_), run_.plan.tensors()[ids.params].name,
+                                    config_.source_path, store_dir_of(config_), plan.plan.tensors()[ids.params].name,
                                     run_.params_gathered ? "this job keeps each rank's share of the compute copy "
                                                            "(stage 3), the store the whole"
                                                          : "this job keeps the whole compute copy, the store only a "
                                                            "stage-3 rank's share"));
-  STRATA_ASSIGN_OR_RETURN(backing_, sch::make_store_backing(*store_, run_.plan));
+  STRATA_ASSIGN_OR_RETURN(backing_, sch::make_store_backing(*store_, plan.plan));
   sch::SchedulerOptions options;
   options.host_budget_bytes = pool_bytes_;
   // The CPU device computes on the host blocks where they lie (docs/scheduler.md).
   options.compute_in_place = device_->memory_is_host();
-  options.trace_capacity_events = options_.trace_path.empty() ? 0 : 1 << 20;
-  STRATA_ASSIGN_OR_RETURN(scheduler_, sch::Scheduler::create(run_.plan, *device_, *host_arena_, backing_.get(),
+  if (!options_.trace_path.empty() && timeline_ == nullptr) timeline_ = std::make_unique<sch::Timeline>(1 << 20);
+  options.timeline = timeline_.get();
+  STRATA_ASSIGN_OR_RETURN(scheduler_, sch::Scheduler::create(plan.plan, *device_, *host_arena_, backing_.get(),
                                                              std::move(options)));
   // Host-homed persistent state starts from the store's last commit, read on the I/O thread
   // (the store's engine belongs to it) before the first step is acquired.
-  for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id) {
-    const sch::PlanTensor& tensor = run_.plan.tensors()[id];
-    if (tensor.home != sch::Home::host || !is_persistent(run_, id)) continue;
+  for (sch::TensorId id = 0; id < plan.plan.tensors().size(); ++id) {
+    const sch::PlanTensor& tensor = plan.plan.tensors()[id];
+    if (tensor.home != sch::Home::host || !is_persistent(plan, id)) continue;
     void* host_data = scheduler_->begin_host_access(id);
     Status status =
         scheduler_->run_on_io_thread([&] { return read_tensor(*store_, tensor.name, host_data, tensor.size_bytes); });
@@ -1028,6 +1061,207 @@ Status Run::drain_pending_update() {
   return Status();
 }
 
+// --- Evaluation (trainer.h) ----------------------------------------------------------------
+
+// Where keep_best keeps the best evaluation's weights: an HF folder beside the store's files,
+// with best.json naming its step and eval loss (read back on resume).
+std::string best_dir_for(const TrainConfig& config) {
+  return (std::filesystem::path(store_dir_of(config)) / "best").string();
+}
+
+void add_stats(sch::SchedulerStats& into, const sch::SchedulerStats& from) {
+  into.steps_acquired += from.steps_acquired;
+  into.stall_ns += from.stall_ns;
+  into.max_step_stall_ns = std::max(into.max_step_stall_ns, from.max_step_stall_ns);
+  if (into.stall_ns_by_step.size() < from.stall_ns_by_step.size()) into.stall_ns_by_step.resize(from.stall_ns_by_step.size());
+  for (size_t i = 0; i < from.stall_ns_by_step.size(); ++i) into.stall_ns_by_step[i] += from.stall_ns_by_step[i];
+  for (size_t pair = 0; pair < sch::kTierPairCount; ++pair) {
+    into.transfers[pair].bytes += from.transfers[pair].bytes;
+    into.transfers[pair].transfers += from.transfers[pair].transfers;
+    into.transfers[pair].busy_ns += from.transfers[pair].busy_ns;
+  }
+  into.device_evictions += from.device_evictions;
+  into.host_evictions += from.host_evictions;
+  into.device_high_water_bytes = std::max(into.device_high_water_bytes, from.device_high_water_bytes);
+  into.host_high_water_bytes = std::max(into.host_high_water_bytes, from.host_high_water_bytes);
+  into.host_budget_bytes = from.host_budget_bytes;
+  into.device_budget_bytes = from.device_budget_bytes;
+}
+
+sch::SchedulerStats Run::training_stats() const {
+  sch::SchedulerStats stats = carried_stats_;
+  add_stats(stats, scheduler_->stats());
+  return stats;
+}
+
+Status Run::open_eval(const std::string& eval_path) {
+  // Stage 3 keeps only each rank's share of P: an evaluation would need the gathers too.
+  if (zero_ != nullptr && config_.parallel.zero_stage == 3)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'eval': evaluation with parallel.zero_stage 3 on {} ranks is not built yet "
+                                  "(each rank holds a share of the weights); use stage 1 or 2, or `strata eval` on "
+                                  "an export",
+                                  config_.source_path, zero_->ranks()));
+  if (zero_ != nullptr && config_.eval.keep_best)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'checkpoint.keep_best' is one rank's for now (the best weights are read "
+                                  "from every rank's store): drop it and export the best step's commit",
+                                  config_.source_path));
+  eval_run_ = build_eval_plan(config_, layout_);
+  STRATA_RETURN_IF_ERROR(eval_run_.plan.validate());
+  const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
+  STRATA_ASSIGN_OR_RETURN(eval_batches_,
+                          TrainBatches::open(config_, global_rows, config_.batch_size, zero_ != nullptr ? zero_->rank() : 0,
+                                             TrainBatches::Part::eval, eval_path));
+  // keep_best across a resume: the best so far is what best.json says.
+  if (config_.eval.keep_best) {
+    std::ifstream in(std::filesystem::path(best_dir_for(config_)) / "best.json");
+    if (in) {
+      nlohmann::json best = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (best.is_object() && best.contains("eval_loss") && best["eval_loss"].is_number())
+        best_eval_loss_ = best["eval_loss"].get<double>();
+    }
+  }
+  return Status();
+}
+
+Status Run::switch_scheduler(const TrainPlan& plan, bool carry, const std::function<Status()>& between) {
+  if (carry) add_stats(carried_stats_, scheduler_->stats());
+  scheduler_.reset();
+  backing_.reset();
+  store_.reset();
+  if (between) STRATA_RETURN_IF_ERROR(between());
+  STRATA_ASSIGN_OR_RETURN(memory::Store reopened, memory::Store::open(store_dir_of(config_), store_options(config_)));
+  store_ = std::make_unique<memory::Store>(std::move(reopened));
+  return create_scheduler(plan);
+}
+
+Result<EvalFigures> Run::evaluate_after_commit(uint64_t step) {
+  STRATA_RETURN_IF_ERROR(switch_scheduler(eval_run_, /*carry=*/true));
+  Result<EvalFigures> figures = eval_passes();
+  if (figures.ok()) figures->step = step;
+  // Back to training as after a resume, whatever the evaluation did; a new best is exported
+  // while no Store object is open.
+  Status back = switch_scheduler(run_, /*carry=*/false, [&]() -> Status {
+    if (!figures.ok() || !config_.eval.keep_best) return Status();
+    return keep_if_best(step, figures->loss);
+  });
+  STRATA_RETURN_IF_ERROR(figures.status());
+  STRATA_RETURN_IF_ERROR(back);
+  return figures;
+}
+
+Status Run::keep_if_best(uint64_t step, double eval_loss) {
+  if (best_eval_loss_ && eval_loss >= *best_eval_loss_) return Status();
+  // Written beside and swapped in, so a kill leaves the previous best or the new one whole.
+  const std::filesystem::path best = best_dir_for(config_);
+  const std::filesystem::path fresh = best.string() + ".new";
+  const std::filesystem::path old = best.string() + ".old";
+  std::error_code error;
+  std::filesystem::remove_all(fresh, error);
+  STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), fresh.string()));
+  {
+    std::ofstream out(fresh / "best.json");
+    out << nlohmann::ordered_json{{"step", step}, {"eval_loss", eval_loss}}.dump() << "\n";
+    if (!out) return make_errno_error(errno, "write", (fresh / "best.json").string());
+  }
+  std::filesystem::remove_all(old, error);
+  if (std::filesystem::exists(best, error)) std::filesystem::rename(best, old, error);
+  if (error) return make_errno_error(error.value(), "rename", best.string());
+  std::filesystem::rename(fresh, best, error);
+  if (error) return make_errno_error(error.value(), "rename", fresh.string());
+  std::filesystem::remove_all(old, error);
+  best_eval_loss_ = eval_loss;
+  spdlog::info("eval loss {:.4f} at step {} is the best so far: its weights are in {}", eval_loss, step, best.string());
+  return Status();
+}
+
+// Every held-out batch through the forward steps of eval_run_; the loss over every trained
+// token (each batch's mean times its count, summed in double — over every rank with ZeRO).
+Result<EvalFigures> Run::eval_passes() {
+  const auto start = Clock::now();
+  EvalFigures figures;
+  const auto rows = static_cast<size_t>(shape_.rows());
+  double loss_sum = 0.0;
+  double tokens = 0.0;
+  for (uint64_t b = 0; b < eval_batches_->eval_batches(); ++b) {
+    eval_batches_->fill(b, tokens_.data(), targets_.data(), positions_.empty() ? nullptr : positions_.data(),
+                        segments_.empty() ? nullptr : segments_.data());
+    const int64_t trained = kernels::gpt2::count_trained_targets(targets_.data(), static_cast<int64_t>(rows));
+    kernels::StepBatch batch{tokens_.data(), targets_.data(), shape_.rows()};
+    batch.positions = positions_.empty() ? nullptr : positions_.data();
+    batch.segments = segments_.empty() ? nullptr : segments_.data();
+    batch.loss_normalizer_tokens = trained;
+    STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
+    for (size_t index = 0; index < eval_run_.plan.step_count(); ++index) {
+      STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
+      const uint64_t start_ns = sch::Timeline::now_ns();
+      Status status = compute_eval(index, buffers);
+      if (timeline_ != nullptr)
+        timeline_->record(sch::TraceTrack::compute, eval_run_.plan.steps()[index].name, start_ns, sch::Timeline::now_ns());
+      Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream())
+                                    : scheduler_->release(index);
+      STRATA_RETURN_IF_ERROR(status);
+      STRATA_RETURN_IF_ERROR(released);
+    }
+    STRATA_ASSIGN_OR_RETURN(kernels::StepScalars scalars, backend_->end_step());
+    loss_sum += scalars.loss * static_cast<double>(trained);
+    tokens += static_cast<double>(trained);
+  }
+  if (zero_ != nullptr) {
+    double totals[2] = {loss_sum, tokens};
+    STRATA_RETURN_IF_ERROR(zero_->comm().allreduce_sum(std::span<double>(totals, 2)));
+    loss_sum = totals[0];
+    tokens = totals[1];
+  }
+  figures.loss = tokens > 0 ? loss_sum / tokens : 0.0;
+  figures.perplexity = std::exp(figures.loss);
+  figures.tokens = static_cast<uint64_t>(tokens);
+  figures.batches = eval_batches_->eval_batches();
+  figures.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  figures.bytes_read_nvme = scheduler_->stats().transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)].bytes;
+  if (!std::isfinite(figures.loss))
+    return make_error(ErrorKind::internal, fmt::format("the eval loss is {}: the weights have diverged", figures.loss));
+  return figures;
+}
+
+// The forward ops of eval_run_'s steps, and the head's loss without gradients.
+Status Run::compute_eval(size_t step_index, const sch::StepBuffers& buffers) {
+  const StepInfo& info = eval_run_.steps[step_index];
+  const models::ModelDefinition& model = layout_.definition();
+  const Unit& unit = layout_.units()[info.unit];
+  auto f32 = [&](sch::TensorId id) { return static_cast<float*>(buffers.device_data(id)); };
+  auto params = [&](size_t u) { return buffers.device_data(eval_run_.units[u].params); };
+  auto* scratch = static_cast<float*>(weights_fp32_.data());
+  gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
+  switch (info.kind) {
+    case StepKind::fwd_embed: {
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params(info.unit), unit.element_count, scratch));
+      return model.embedding_forward(*backend_, shape_, embed, f32(eval_run_.activations[0]));
+    }
+    case StepKind::fwd_block: {
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params(info.unit), unit.element_count, scratch));
+      const auto i = static_cast<size_t>(unit.block_index);
+      return model.block_forward(*backend_, shape_, weights, f32(eval_run_.activations[i]),
+                                 f32(eval_run_.activations[i + 1]), workspace);
+    }
+    case StepKind::head: {
+      const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
+      STRATA_ASSIGN_OR_RETURN(const float* final_weights, widen(params(info.unit), unit.element_count, scratch));
+      float* const embed_scratch = scratch == nullptr ? nullptr : scratch + unit.element_count;
+      STRATA_ASSIGN_OR_RETURN(const float* embed,
+                              widen(params(layout_.embed_unit()), embed_unit.element_count, embed_scratch));
+      return model.head_loss(*backend_, shape_, final_weights, embed,
+                             f32(eval_run_.activations[static_cast<size_t>(model.n_layer())]), workspace);
+    }
+    case StepKind::bwd_block:
+    case StepKind::bwd_embed:
+    case StepKind::optimize:
+      break;
+  }
+  return make_error(ErrorKind::internal, "the evaluation plan has a step that is not a forward step");
+}
+
 Status Run::checkpoint(uint64_t step) {
   // Every dirty copy reaches its home first; then host-homed persistent state joins the
   // store, and one commit makes the step durable — all on the I/O thread, which owns the store.
@@ -1099,6 +1333,7 @@ Status Run::write_metrics(const std::vector<StepFigures>& figures, const TrainSu
                      {"device_bytes", f.tier_bytes[0]},
                      {"host_bytes", f.tier_bytes[1]},
                      {"nvme_bytes", f.tier_bytes[2]}});
+    if (f.eval_loss) steps.back()["eval_loss"] = *f.eval_loss;
   }
   // The budgets as the run used them: on the CPU device, host is the one pool (see execute).
   json["budgets"] = {{"device", device_budget_bytes_},
@@ -1136,40 +1371,9 @@ Status Run::open_device() {
   return Status();
 }
 
-Result<TrainSummary> Run::execute() {
-  // ZeRO with accumulation: each rank sums its micro-batches' gradients in its whole G and
-  // the reduction runs once, after the last micro-batch's backward. Stage 3 gathers each
-  // unit's compute copy ahead of the next step of one pass; the K passes of an update would
-  // need their own gather order — not built yet: refused before any work, not wrong.
-  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1 && config_.parallel.zero_stage == 3)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with "
-                                  "parallel.zero_stage 3 on {} ranks yet; use stage 1 or 2, or 1 micro-batch",
-                                  config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
-  run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
-                         : build_train_plan(config_, layout_);
-  STRATA_RETURN_IF_ERROR(run_.plan.validate());
-  STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
-  const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
-  STRATA_ASSIGN_OR_RETURN(batches_, TrainBatches::open(config_, global_rows, config_.batch_size,
-                                                       zero_ != nullptr ? zero_->rank() : 0));
-  // Masked examples: each rank's loss over the global trained-token count, summed (zero.h).
-  if (zero_ != nullptr) zero_->set_sum_over_ranks(batches_->has_boundaries());
-  STRATA_RETURN_IF_ERROR(check_init_file(config_));
-  const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : batches_->total_steps(config_);
-
-  STRATA_RETURN_IF_ERROR(open_device());
-  // The prediction `strata plan` makes, timed on the still empty device arena.
-  std::optional<StepPrediction> prediction;
-  if (Result<ComputeRates> rates = measure_compute(config_, layout_, *device_, *backend_); rates.ok()) {
-    prediction = predict_step(config_, layout_, run_, *rates);
-    spdlog::info("predicted step: {:.2f} s ({}-bound: compute {:.2f} s, I/O floor {:.2f} s at {:.0f}/{:.0f} MB/s{}); "
-                 "timing the kernels took {:.1f} s",
-                 prediction->step_s, prediction->bound, prediction->compute_s, prediction->io_s, prediction->read_MBps,
-                 prediction->write_MBps, prediction->tuned ? ", tuned" : ", untuned", rates->measure_seconds);
-  } else {
-    spdlog::debug("no step prediction: {}", rates.error().to_string());
-  }
+// The budgets as run_ asks for them: the device (remade as one pool on the CPU device), the
+// pinned host arena, the kernels' workspace and the widening scratch — all of it once, here.
+Status Run::open_memory() {
   const DeviceScratchSizes scratch = device_scratch(config_, layout_, &run_);
   // On the CPU device, device memory is host memory: the device region keeps only the kernels'
   // scratch, and the rest of device.memory + host.memory is one pool that the scheduler stages
@@ -1196,6 +1400,80 @@ Result<TrainSummary> Run::execute() {
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
   }
+  return Status();
+}
+
+Result<EvalFigures> Run::evaluate_committed(const std::string& eval_path) {
+  evaluating_ = true;
+  run_ = build_train_plan(config_, layout_);  // the budgets and scratch as the run had them
+  STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
+  if (!config_.eval.enabled && eval_path.empty())
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{} has no eval: block; give the held-out data with --data FILE (in data.format)",
+                                  config_.source_path));
+  STRATA_RETURN_IF_ERROR(open_eval(eval_path));
+  const std::string dir = store_dir_of(config_);
+  std::error_code error;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, error))
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{} holds no store: train with {} first (strata eval reads its committed weights)", dir,
+                                  config_.source_path));
+  STRATA_RETURN_IF_ERROR(open_device());
+  STRATA_RETURN_IF_ERROR(open_memory());
+  uint64_t step = 0;
+  STRATA_RETURN_IF_ERROR(open_store(step));  // options_.resume: the checks a resume makes, nothing written
+  STRATA_RETURN_IF_ERROR(create_scheduler(eval_run_));
+  tokens_.resize(static_cast<size_t>(shape_.rows()));
+  targets_.resize(tokens_.size());
+  if (eval_batches_->has_boundaries()) {
+    positions_.resize(tokens_.size());
+    segments_.resize(tokens_.size());
+  }
+  STRATA_ASSIGN_OR_RETURN(EvalFigures figures, eval_passes());
+  figures.step = step;
+  scheduler_.reset();
+  backing_.reset();
+  store_.reset();
+  return figures;
+}
+
+Result<TrainSummary> Run::execute() {
+  // ZeRO with accumulation: each rank sums its micro-batches' gradients in its whole G and
+  // the reduction runs once, after the last micro-batch's backward. Stage 3 gathers each
+  // unit's compute copy ahead of the next step of one pass; the K passes of an update would
+  // need their own gather order — not built yet: refused before any work, not wrong.
+  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1 && config_.parallel.zero_stage == 3)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with "
+                                  "parallel.zero_stage 3 on {} ranks yet; use stage 1 or 2, or 1 micro-batch",
+                                  config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
+  run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
+                         : build_train_plan(config_, layout_);
+  STRATA_RETURN_IF_ERROR(run_.plan.validate());
+  STRATA_RETURN_IF_ERROR(check_budgets(config_, layout_, run_));
+  const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
+  STRATA_ASSIGN_OR_RETURN(batches_, TrainBatches::open(config_, global_rows, config_.batch_size,
+                                                       zero_ != nullptr ? zero_->rank() : 0));
+  // Masked examples: each rank's loss over the global trained-token count, summed (zero.h).
+  if (zero_ != nullptr) zero_->set_sum_over_ranks(batches_->has_boundaries());
+  if (config_.eval.enabled) STRATA_RETURN_IF_ERROR(open_eval());
+  STRATA_RETURN_IF_ERROR(check_init_file(config_));
+  const uint64_t total_steps = options_.steps >= 0 ? static_cast<uint64_t>(options_.steps) : batches_->total_steps(config_);
+
+  STRATA_RETURN_IF_ERROR(open_device());
+  // The prediction `strata plan` makes, timed on the still empty device arena.
+  std::optional<StepPrediction> prediction;
+  if (Result<ComputeRates> rates = measure_compute(config_, layout_, *device_, *backend_); rates.ok()) {
+    prediction = predict_step(config_, layout_, run_, *rates);
+    spdlog::info("predicted step: {:.2f} s ({}-bound: compute {:.2f} s, I/O floor {:.2f} s at {:.0f}/{:.0f} MB/s{}); "
+                 "timing the kernels took {:.1f} s",
+                 prediction->step_s, prediction->bound, prediction->compute_s, prediction->io_s, prediction->read_MBps,
+                 prediction->write_MBps, prediction->tuned ? ", tuned" : ", untuned", rates->measure_seconds);
+  } else {
+    spdlog::debug("no step prediction: {}", rates.error().to_string());
+  }
+  STRATA_RETURN_IF_ERROR(open_memory());
+  const DeviceScratchSizes scratch = device_scratch(config_, layout_, &run_);
   if (run_.params_gathered) {  // ZeRO stage 3: the two gather buffers, for the whole run
     for (GatherSlot& slot : gather_slots_) {
       STRATA_ASSIGN_OR_RETURN(slot.buffer, device_->allocate(gather_buffer_bytes(config_, layout_)));
@@ -1235,7 +1513,7 @@ Result<TrainSummary> Run::execute() {
   const memory::StoreStats store_stats = store_->stats();
   nvme_used_bytes_ = store_stats.used_bytes;
   nvme_capacity_bytes_ = store_stats.capacity_bytes;
-  STRATA_RETURN_IF_ERROR(create_scheduler());
+  STRATA_RETURN_IF_ERROR(create_scheduler(run_));
   STRATA_RETURN_IF_ERROR(open_host_optimizer());
   tokens_.resize(static_cast<size_t>(shape_.rows()) * config_.gradient_accumulation_steps);
   targets_.resize(tokens_.size());
@@ -1268,7 +1546,9 @@ Result<TrainSummary> Run::execute() {
     f.step = step + 1;
     f.learning_rate = learning_rate_at(config_, step);
     const auto step_start = Clock::now();
-    const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps;
+    // An evaluation measures committed weights, so its step commits too (trainer.h).
+    const bool evaluate = config_.eval.enabled && ((step + 1) % config_.eval.every == 0 || step + 1 == total_steps);
+    const bool commit = (step + 1) % config_.checkpoint_every == 0 || step + 1 == total_steps || evaluate;
     Status status = run_step(step, f);
     // Interleaved, step + 1's update is still pending: a commit applies it first.
     if (status.ok() && commit) status = drain_pending_update();
@@ -1285,6 +1565,19 @@ Result<TrainSummary> Run::execute() {
     f.tier_bytes[1] = host_arena_->stats().allocator.used_bytes;
     f.tier_bytes[2] = nvme_used_bytes_;
     f.committed = commit;
+    if (evaluate) {
+      Result<EvalFigures> evaluated = evaluate_after_commit(step + 1);
+      if (!evaluated.ok()) return step_failed(evaluated.error(), step + 1, false);
+      f.eval_loss = evaluated->loss;
+      summary.evaluations.push_back(*evaluated);
+      previous = scheduler_->stats();  // the training scheduler is a new one: it counts from zero
+      if (options_.progress)
+        fmt::print(stderr, "eval  {:>5}/{} | eval loss {:.4f} | perplexity {:.3f} | {} tokens in {} batches | {:.1f} s{}\n",
+                   f.step, total_steps, evaluated->loss, evaluated->perplexity, evaluated->tokens, evaluated->batches,
+                   evaluated->seconds, best_eval_loss_ && *best_eval_loss_ == evaluated->loss && config_.eval.keep_best
+                                           ? " | best, kept"
+                                           : "");
+    }
     if (options_.monitor != nullptr) options_.monitor->record_step(monitor_sample(f));
     if (figures.empty()) summary.first_loss = f.loss;
     figures.push_back(f);
@@ -1303,7 +1596,7 @@ Result<TrainSummary> Run::execute() {
   summary.last_step = total_steps;
   summary.last_loss = figures.back().loss;
   summary.tokens_per_s = static_cast<double>(tokens_per_step * figures.size()) / summary.seconds;
-  sch::SchedulerStats stats = scheduler_->stats();
+  sch::SchedulerStats stats = training_stats();
   summary.stall_seconds = static_cast<double>(stats.stall_ns) * 1e-9;
   summary.bytes_read_nvme = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)].bytes;
   summary.bytes_written_nvme = stats.transfers[static_cast<size_t>(sch::TierPair::host_to_nvme)].bytes;
@@ -1327,8 +1620,8 @@ Result<TrainSummary> Run::execute() {
     summary.predicted_compute_seconds = prediction->compute_s;
     summary.predicted_io_seconds = prediction->io_s;
   }
-  if (!options_.trace_path.empty() && scheduler_->timeline() != nullptr)
-    STRATA_RETURN_IF_ERROR(scheduler_->timeline()->write_json(options_.trace_path));
+  if (best_eval_loss_) summary.best_eval_loss = *best_eval_loss_;
+  if (timeline_ != nullptr) STRATA_RETURN_IF_ERROR(timeline_->write_json(options_.trace_path));
   if (!options_.metrics_path.empty()) STRATA_RETURN_IF_ERROR(write_metrics(figures, summary));
   scheduler_.reset();  // the store is the trainer's again
   backing_.reset();
@@ -1373,8 +1666,13 @@ Result<ModelConfig> committed_model(const std::map<std::string, std::string>& me
   return model_from_metadata(as_run, dir);
 }
 
+nlohmann::ordered_json eval_json(const EvalFigures& e) {
+  return {{"step", e.step},       {"eval_loss", e.loss},       {"perplexity", e.perplexity}, {"tokens", e.tokens},
+          {"batches", e.batches}, {"seconds", e.seconds}, {"nvme_read_bytes", e.bytes_read_nvme}};
+}
+
 nlohmann::ordered_json summary_json(const TrainSummary& s) {
-  return {{"first_step", s.first_step},
+  nlohmann::ordered_json json = {{"first_step", s.first_step},
           {"last_step", s.last_step},
           {"first_loss", s.first_loss},
           {"last_loss", s.last_loss},
@@ -1401,6 +1699,14 @@ nlohmann::ordered_json summary_json(const TrainSummary& s) {
           {"comm_seconds", s.comm_seconds},
           {"comm_formula_bytes_per_step", s.comm_formula_bytes_per_step},
           {"blas_core", kernels::blas_core_advice().picked}};  // which GEMM kernels the figures came from
+  if (!s.evaluations.empty()) {
+    nlohmann::ordered_json evaluations = nlohmann::ordered_json::array();
+    for (const EvalFigures& e : s.evaluations) evaluations.push_back(eval_json(e));
+    json["evaluations"] = std::move(evaluations);
+    json["last_eval_loss"] = s.evaluations.back().loss;
+  }
+  if (s.best_eval_loss) json["best_eval_loss"] = *s.best_eval_loss;
+  return json;
 }
 
 Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options) {
@@ -1473,6 +1779,15 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   }
   STRATA_RETURN_IF_ERROR(world->barrier());
   return summary;
+}
+
+
+Result<EvalFigures> evaluate(const TrainConfig& config, const std::string& eval_path) {
+  TrainOptions options;
+  options.resume = true;  // opens the committed run with a resume's checks; evaluation writes nothing
+  options.progress = false;
+  Run run(config, options);
+  return run.evaluate_committed(eval_path);
 }
 
 Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {

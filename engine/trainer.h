@@ -20,6 +20,18 @@
 // the last commit; the data order depends only on the step, so a resumed run is bit-identical
 // to one that never stopped.
 //
+// Evaluation (`eval:`, docs/train.md "eval"): every `eval.every` updates (and after the last)
+// the step commits, and the committed weights are measured on held-out rows (train_batches.h:
+// eval.path or eval.split's share, every row once, the same masks): the training scheduler is
+// closed, one over the forward-only plan (train_plan.h build_eval_plan: P and activations, no
+// gradients, no optimizer state) reads P from the store within the same budgets, and the
+// training scheduler comes back as after a resume. So an evaluation costs one read of P per
+// held-out batch beyond what the pool keeps, plus a cold restart of read-ahead; it writes
+// nothing to the store, and its time and bytes are kept apart from the steps'. The loss is the
+// mean over every held-out trained token (over every rank with ZeRO stages 1–2); with
+// `checkpoint.keep_best` a new lowest eval loss exports the weights to <store>/best (an HF
+// folder with best.json), swapped in whole. `strata eval` runs the same pass on the last commit.
+//
 // Threads: one Trainer on one thread. Its compute fans out through TBB and OpenBLAS; the
 // scheduler runs its own pump and I/O threads.
 #pragma once
@@ -27,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +72,18 @@ struct TrainOptions {
   monitor::RunMetrics* monitor = nullptr;
 };
 
+// One evaluation of committed weights (see "Evaluation" above).
+struct EvalFigures {
+  uint64_t step = 0;           // the commit whose weights were measured
+  double loss = 0.0;           // mean cross-entropy over every held-out trained token
+  double perplexity = 0.0;     // exp(loss)
+  uint64_t tokens = 0;         // trained tokens seen (over every rank)
+  uint64_t batches = 0;
+  double seconds = 0.0;
+  uint64_t bytes_read_nvme = 0;
+};
+nlohmann::ordered_json eval_json(const EvalFigures& evaluation);
+
 struct TrainSummary {
   uint64_t first_step = 0;
   uint64_t last_step = 0;       // steps completed in total (the committed step at the end)
@@ -90,6 +115,8 @@ struct TrainSummary {
   uint64_t comm_received_bytes = 0;
   double comm_seconds = 0.0;
   uint64_t comm_formula_bytes_per_step = 0;
+  std::vector<EvalFigures> evaluations;  // eval: one per evaluation, in step order
+  std::optional<double> best_eval_loss;  // checkpoint.keep_best: the lowest so far (a resume's too)
 };
 
 // The summary as the JSON object `--json` prints and `--metrics` embeds.
@@ -97,6 +124,10 @@ nlohmann::ordered_json summary_json(const TrainSummary& summary);
 
 // Trains; returns the summary, or the first error (nothing committed is lost on error).
 [[nodiscard]] Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& options);
+
+// `strata eval`: the held-out loss of the committed weights of config's store — eval_path (in
+// data.format) when given, else the config's eval data. Reads the store, writes nothing.
+[[nodiscard]] Result<EvalFigures> evaluate(const TrainConfig& config, const std::string& eval_path = {});
 
 // Writes the committed fp32 master weights of the store in `store_dir` under the definition's
 // Hugging Face names (GPT-2: without `transformer.`; Llama: HF's exactly, no `lm_head.weight`

@@ -53,4 +53,5 @@ void add_report_command(CLI::App& app, CliState& state);       // cli/report.cpp
 void add_tokenize_command(CLI::App& app, CliState& state);     // cli/tokenize.cpp
 void add_devices_command(CLI::App& app, CliState& state);      // cli/devices.cpp
 void add_chat_command(CLI::App& app, CliState& state);         // cli/chat.cpp
+void add_eval_command(CLI::App& app, CliState& state);         // cli/eval.cpp
 }  // namespace strata::cli

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   // commands (one line each, in the order `strata --help` lists them)
   strata::cli::add_train_command(app, state);
+  strata::cli::add_eval_command(app, state);
   strata::cli::add_generate_command(app, state);
   strata::cli::add_plan_command(app, state);
   strata::cli::add_report_command(app, state);

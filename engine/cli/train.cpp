@@ -105,6 +105,12 @@ void add_train_command(CLI::App& app, CliState& state) {
         fmt::print(stderr, "step time: predicted {:.2f} s, measured {:.2f} s (median of {}; measured/predicted {:.2f})\n",
                    s.predicted_step_seconds, s.median_step_seconds, s.last_step - s.first_step,
                    s.median_step_seconds / s.predicted_step_seconds);
+      if (!s.evaluations.empty())
+        fmt::print(stderr, "eval loss {:.4f} (perplexity {:.3f}) at step {}{}\n", s.evaluations.back().loss,
+                   s.evaluations.back().perplexity, s.evaluations.back().step,
+                   s.best_eval_loss ? fmt::format("; best {:.4f}, its weights in {}/best", *s.best_eval_loss,
+                                                  store_dir_for(*config))
+                                    : std::string());
       if (s.ranks > 1) {
         const auto steps = static_cast<double>(s.last_step - s.first_step);
         fmt::print(stderr, "ZeRO over {} ranks (rank 0): sent {} received {} per step (ZeRO's formula {}), {:.3f} s "

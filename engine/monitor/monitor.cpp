@@ -77,6 +77,7 @@ void RunMetrics::record_step(const StepSample& sample) {
   compute_seconds_total_ += sample.compute_seconds;
   for (int pair = 0; pair < kPairCount; ++pair) transfer_bytes_total_[pair] += sample.transfer_bytes[pair];
   if (sample.committed) committed_step_ = sample.step;
+  if (sample.eval_loss) last_eval_loss_ = sample.eval_loss;
   if (history_.size() >= history_limit_steps_) {
     // Thin the older half to every other step: the curve keeps its whole span.
     const size_t half = history_.size() / 2;
@@ -115,6 +116,10 @@ std::string RunMetrics::prometheus_text() const {
            history_.empty() ? std::numeric_limits<double>::quiet_NaN() : last.loss);
   e.single("strata_learning_rate", "gauge", "Learning rate of the last step's update (the schedule's, docs/train.md).",
            history_.empty() ? std::numeric_limits<double>::quiet_NaN() : last.learning_rate);
+  e.single("strata_eval_loss", "gauge",
+           "Held-out loss (cross-entropy, nats, over every trained token) of the latest evaluation (eval:); NaN before "
+           "the first.",
+           last_eval_loss_.value_or(std::numeric_limits<double>::quiet_NaN()));
   e.single("strata_step_seconds", "gauge", "Wall time of the last step, commit included.", step_seconds);
   e.single("strata_predicted_step_seconds", "gauge",
            "Step time `strata plan` predicts for this config (0: no prediction).", info_.predicted_step_seconds);
@@ -156,7 +161,7 @@ std::string RunMetrics::prometheus_text() const {
 }
 
 nlohmann::ordered_json step_json(const StepSample& s) {
-  return {{"step", s.step},
+  nlohmann::ordered_json json = {{"step", s.step},
           {"loss", s.loss},
           {"learning_rate", s.learning_rate},
           {"seconds", s.seconds},
@@ -170,6 +175,8 @@ nlohmann::ordered_json step_json(const StepSample& s) {
           {"host_bytes", s.tier_bytes[1]},
           {"nvme_bytes", s.tier_bytes[2]},
           {"committed", s.committed}};
+  if (s.eval_loss) json["eval_loss"] = *s.eval_loss;
+  return json;
 }
 
 nlohmann::ordered_json RunMetrics::history_json(uint64_t since_step) const {

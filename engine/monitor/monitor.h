@@ -61,6 +61,7 @@ struct StepSample {
   uint64_t tier_bytes[kTierCount] = {};      // in use at the step's end
   bool committed = false;                    // the step ended with a store commit
   double learning_rate = 0.0;                // the lr of the step's update (engine/lr_schedule.h)
+  std::optional<double> eval_loss;           // the held-out loss measured after this step's commit (eval:)
 };
 
 enum class RunState : uint8_t { starting, running, finished, failed };
@@ -91,6 +92,7 @@ class RunMetrics {
   std::deque<StepSample> history_;
   uint64_t steps_total_ = 0;
   uint64_t committed_step_ = 0;
+  std::optional<double> last_eval_loss_;  // the latest evaluation's (strata_eval_loss)
   double stall_seconds_total_ = 0.0;
   double compute_seconds_total_ = 0.0;
   uint64_t transfer_bytes_total_[kPairCount] = {};

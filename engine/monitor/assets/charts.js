@@ -8,7 +8,8 @@
 // {device, host, nvme} in bytes. steps[i]: step, loss, seconds, compute_seconds, stall_seconds,
 // nvme_read_bytes, nvme_write_bytes, host_to_device_bytes, device_to_host_bytes (moved during
 // the step), device_bytes, host_bytes, nvme_bytes (in use at its end), committed, learning_rate
-// (the lr of the step's update; absent in files from before schedules).
+// (the lr of the step's update; absent in files from before schedules), eval_loss (the held-out
+// loss measured after the step's commit; only on evaluated steps).
 // Fields a file lacks are drawn as absent, never as zero.
 "use strict";
 var StrataCharts = (function () {
@@ -136,8 +137,10 @@ var StrataCharts = (function () {
     var predicted = num(run.predicted_step_seconds);
     var nvmeWritten = 0;
     var specs = [
-      { id: "loss", title: "Training loss", format: formatNumber,
-        series: [series("loss", function (st) { return num(st.loss); })] },
+      { id: "loss", title: "Loss: training and held-out (eval)", format: formatNumber,
+        series: [series("loss", function (st) { return num(st.loss); })].concat(
+          steps.some(function (st) { return num(st.eval_loss) !== null; })
+            ? [series("eval", function (st) { return num(st.eval_loss); })] : []) },
       { id: "learning_rate", title: "Learning rate (the schedule's)", format: function (v) { return v.toExponential(2); }, zero: true,
         series: [series("lr", function (st) { return num(st.learning_rate); })] },
       { id: "tokens", title: "Tokens per second", format: formatNumber, zero: true,
@@ -225,6 +228,10 @@ var StrataCharts = (function () {
       ["step", steps.length ? last.step + " / " + run.total_steps : "– / " + (run.total_steps || "–")],
       ["loss", formatNumber(num(last.loss))],
       ["lr", num(last.learning_rate) === null ? "–" : num(last.learning_rate).toExponential(2)],
+      ["eval loss", (function () {
+        for (var i = steps.length - 1; i >= 0; i--) if (num(steps[i].eval_loss) !== null) return formatNumber(steps[i].eval_loss) + " @" + steps[i].step;
+        return "–";
+      })()],
       ["tokens/s", run.tokens_per_step && last.seconds ? formatNumber(run.tokens_per_step / last.seconds) : "–"],
       ["step time", last.seconds ? last.seconds.toFixed(3) + " s" + (run.predicted_step_seconds ? " (pred. " + run.predicted_step_seconds.toFixed(3) + " s)" : "") : "–"],
       ["stall", last.seconds ? (100 * last.stall_seconds / last.seconds).toFixed(1) + " %" : "–"],
