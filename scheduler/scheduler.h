@@ -59,7 +59,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 #include "memory/host_arena.h"
 
 namespace strata::memory {
@@ -81,7 +81,7 @@ struct PlanTensor {
   Home home = Home::nvme;
   // Host-homed state that only the host reaches (begin_host_access), never a step: it holds its
   // host block for the scheduler's life and no step may name it — e.g. optimizer state that a
-  // host-side update reads where it lives while the device computes (engine/train_plan.h).
+  // host-side update reads where it lives while the device computes (run/train_plan.h).
   bool host_only = false;
 };
 
