@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/monitor/monitor.h"
-#include "engine/monitor/report.h"
+#include "apps/monitor/monitor.h"
+#include "apps/monitor/report.h"
 
 namespace strata::monitor {
 namespace {

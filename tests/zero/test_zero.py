@@ -345,7 +345,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         print("resumed from the last global commit: bit-identical to a run that never stopped")
     elif CASE == "emulated":
         # device.kind: emulated ranks keep gradients and compute copies in device memory and
-        # move them by the device-tensor path (engine/zero.h) with MPI in NCCL's place; the
+        # move them by the device-tensor path (train/zero/zero.h) with MPI in NCCL's place; the
         # kernels are the CPU's, so each stage equals the cpu ranks' run bit for bit.
         for stage in (1, 2, 3):
             outs = {}
