@@ -82,6 +82,10 @@ detail::CodeTable make_code_table(const std::array<float, 256>& values) {
   table.midpoints[0] = -std::numeric_limits<float>::infinity();
   for (size_t k = 1; k < 256; ++k) table.midpoints[k] = (values[k - 1] + values[k]) * 0.5f;
   table.midpoints[256] = std::numeric_limits<float>::infinity();
+  for (size_t code = 0; code < 256; ++code) {
+    const uint32_t bits = std::bit_cast<uint32_t>(values[code]);
+    for (size_t byte = 0; byte < 4; ++byte) table.value_bytes[byte][code] = static_cast<uint8_t>(bits >> (8 * byte));
+  }
   // Each bucket's first code by the reference search at its lowest x, and the threshold above
   // it if that lies inside the bucket; the lookup is exact only if no bucket spans two
   // thresholds, which the search at the bucket's highest x confirms.
@@ -120,16 +124,30 @@ void assert_state_shape(const AdamW8bitState& state) {
   assert(state.exp_avg_absmax.size() == blocks && state.exp_avg_sq_absmax.size() == blocks);
 }
 
+// `best` is avx512 where the CPU has it (this kernel is compute-bound, so the wider loop pays),
+// else detect_cpu_isa(); an explicit choice must be supported (asserted).
+CpuIsa resolve_adamw8bit_isa(CpuIsa isa) {
+  if (isa == CpuIsa::best) return cpu_has_avx512() ? CpuIsa::avx512 : detect_cpu_isa();
+  if (isa == CpuIsa::avx512) {
+    assert(cpu_has_avx512() && "CpuIsa::avx512 asked for on a CPU without AVX-512 F/BW/DQ/VL/VBMI");
+    return isa;
+  }
+  return resolve_cpu_isa(isa);
+}
+
+template <typename Grad>
+using AdamW8bitKernel = void (*)(const AdamWStepScalars&, const detail::AdamW8bitTile&, const Grad*);
+
 template <typename Grad>
 void adamw8bit_span(const AdamWStepScalars& scalars, const AdamW8bitState& state, std::span<const Grad> grads,
-                    ComputeCopy copy, CpuIsa isa,
-                    void (*scalar)(const AdamWStepScalars&, const detail::AdamW8bitTile&, const Grad*),
-                    void (*avx2)(const AdamWStepScalars&, const detail::AdamW8bitTile&, const Grad*)) {
+                    ComputeCopy copy, CpuIsa isa, AdamW8bitKernel<Grad> scalar, AdamW8bitKernel<Grad> avx2,
+                    AdamW8bitKernel<Grad> avx512) {
   assert_state_shape(state);
   const size_t count = state.params.size();
   assert(grads.size() == count);
   assert(copy.dtype == DType::f32 || copy.bits.size() == count);
-  const auto kernel = resolve_cpu_isa(isa) == CpuIsa::avx2 ? avx2 : scalar;
+  const CpuIsa resolved = resolve_adamw8bit_isa(isa);
+  const auto kernel = resolved == CpuIsa::avx512 ? avx512 : resolved == CpuIsa::avx2 ? avx2 : scalar;
   const size_t block_elements = state.block_elements;
   // Tiles of whole blocks, about kAdamWTileElements each (the fp32 kernel's reasoning holds:
   // a tile's bytes stay in L2 between the read and the write).
@@ -179,13 +197,13 @@ void adamw8bit_init(const AdamW8bitState& state) {
 void adamw8bit_step(const AdamWStepScalars& scalars, const AdamW8bitState& state, std::span<const float> grads,
                     ComputeCopy copy, CpuIsa isa) {
   adamw8bit_span(scalars, state, grads, copy, isa, detail::adamw8bit_fp32_grads_scalar,
-                 detail::adamw8bit_fp32_grads_avx2);
+                 detail::adamw8bit_fp32_grads_avx2, detail::adamw8bit_fp32_grads_avx512);
 }
 
 void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitState& state,
                                std::span<const uint16_t> grads_bf16, ComputeCopy copy, CpuIsa isa) {
   adamw8bit_span(scalars, state, grads_bf16, copy, isa, detail::adamw8bit_bf16_grads_scalar,
-                 detail::adamw8bit_bf16_grads_avx2);
+                 detail::adamw8bit_bf16_grads_avx2, detail::adamw8bit_bf16_grads_avx512);
 }
 
 // --- the scalar reference loop --------------------------------------------------------------------

@@ -23,10 +23,13 @@ inline constexpr uint32_t kCodeBucketsPerSign = (127 - kCodeBucketMinExponent + 
 // shares all higher bits, so comparing those low bits compares the floats), or a limit no x
 // reaches (0x8000 for positive x, 0 for negative) when there is none; bit 16 set when an x
 // exactly on that threshold goes up (the code above it is even: bitsandbytes' tie rule).
+// value_bytes[b][code] is byte b (0 the lowest) of values[code]'s bits: the AVX-512 loop looks
+// codes up 64 at a time as four byte tables (vpermi2b) instead of gathering floats.
 struct CodeTable {
   float values[256];
   float midpoints[257];
   uint32_t bucket[2 * kCodeBucketsPerSign];
+  alignas(64) uint8_t value_bytes[4][256];
 };
 
 // The two tables the CPU kernels use, built at first use (adamw8bit_cpu.cpp): signed for m.

@@ -61,4 +61,10 @@ STRATA_OPTIM_DECLARE_KERNELS(scalar)
 STRATA_OPTIM_DECLARE_KERNELS(avx2)
 #undef STRATA_OPTIM_DECLARE_KERNELS
 
+// AVX-512 (F, BW, DQ, VL, VBMI) loops exist only where they beat the AVX2 ones by more than the
+// memory bound allows the AVX2 ones to: the 8-bit AdamW, which is compute-bound. Callable only
+// where cpu_has_avx512() says so.
+void adamw8bit_fp32_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads);
+void adamw8bit_bf16_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile, const uint16_t* grads);
+
 }  // namespace strata::kernels::detail
