@@ -238,6 +238,17 @@ STRATA_AVX512 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile
 
 }  // namespace
 
+STRATA_AVX512 void quantize_moments_avx512(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                                           size_t count, uint8_t* codes) {
+  const __m512 inverse16 = _mm512_set1_ps(inverse);
+  for (size_t q = 0; q < count; q += 16) {
+    const __mmask16 mask = lanes_mask(count - q);
+    const __m512 value = _mm512_maskz_loadu_ps(mask, values + q);
+    const __m128i code = is_signed ? quantize16<true>(table, value, inverse16) : quantize16<false>(table, value, inverse16);
+    _mm_mask_storeu_epi8(codes + q, mask, code);
+  }
+}
+
 STRATA_AVX512 void adamw8bit_fp32_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile,
                                                const float* grads) {
   adamw8bit_loop(s, tile, grads);

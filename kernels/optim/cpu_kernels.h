@@ -66,5 +66,10 @@ STRATA_OPTIM_DECLARE_KERNELS(avx2)
 // where cpu_has_avx512() says so.
 void adamw8bit_fp32_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads);
 void adamw8bit_bf16_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile, const uint16_t* grads);
+// quantize_moment of `count` values of one block (whose inverse_absmax is `inverse`) by the
+// AVX-512 quantiser: the step's own code path, exposed so tests can hold it to the scalar one
+// on chosen values (ties, bucket edges, specials) that a step rarely produces.
+void quantize_moments_avx512(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                             size_t count, uint8_t* codes);
 
 }  // namespace strata::kernels::detail
