@@ -109,42 +109,39 @@ STRATA_AVX512 inline void code_values64(const CodeTable& table, __m512i codes, _
   out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(high01, high23));
 }
 
-// nearest_code_lut (+ keep_sign for m) of 16 ratios x = value * inverse, as bytes. The same
-// key, the same bucket entry (one gather instead of a load per element), the same integer
-// comparisons, so the same codes.
-template <bool kSigned>
-STRATA_AVX512 inline __m128i quantize16(const CodeTable& table, __m512 value, __m512 inverse) {
-  const __m512 x = _mm512_mul_ps(value, inverse);
+// quantize_moment of 16 values of a block as bytes, by CodeTable::quantize_entry: the key
+// (bucket of |x| clamped at both ends: tiny x share bucket 0, |x| > 1 the last key) picks one
+// entry per lane by a gather, and one unsigned compare of x's rising low bits decides the step.
+// keep_sign is in the entries: for a non-NaN x = value * inverse (inverse >= 0) the signs of x
+// and value agree, and the only code it moves is a negative x's 127, which the negative keys
+// store as 126. A NaN x (a NaN or infinite moment) takes the scalar function for its 16 lanes.
+STRATA_AVX512 inline __m128i quantize16(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                                        __mmask16 mask) {
+  const __m512 value = _mm512_maskz_loadu_ps(mask, values);
+  const __m512 x = _mm512_mul_ps(value, _mm512_set1_ps(inverse));
   const __m512i bits = _mm512_castps_si512(x);
-  const __m512i exponent = _mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xFF));
-  const __mmask16 tiny = _mm512_cmplt_epi32_mask(exponent, _mm512_set1_epi32(kCodeBucketMinExponent));
-  const __mmask16 beyond_one = _mm512_cmpgt_epi32_mask(exponent, _mm512_set1_epi32(127));
-  const __mmask16 negative = _mm512_movepi32_mask(bits);
-  // The bucket within its sign, 0 for tiny and beyond-one lanes (as the scalar key).
-  __m512i key = _mm512_maskz_or_epi32(static_cast<__mmask16>(~(tiny | beyond_one)),
-                                      _mm512_slli_epi32(_mm512_sub_epi32(exponent, _mm512_set1_epi32(kCodeBucketMinExponent)), 8),
-                                      _mm512_and_si512(_mm512_srli_epi32(bits, 15), _mm512_set1_epi32(0xFF)));
-  key = _mm512_mask_add_epi32(key, negative, key, _mm512_set1_epi32(static_cast<int>(kCodeBucketsPerSign)));
-  const __m512i entry = _mm512_i32gather_epi32(key, table.bucket, 4);
-  const __m512i limit = _mm512_and_si512(entry, _mm512_set1_epi32(0xFFFF));
-  const __m512i low = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF));
-  // Past the threshold: above it for positive x, below it in magnitude for negative x.
-  const __mmask16 past = (_mm512_cmpgt_epi32_mask(low, limit) & ~negative) | (_mm512_cmplt_epi32_mask(low, limit) & negative);
-  const __mmask16 tie_up = _mm512_cmpeq_epi32_mask(low, limit) & _mm512_test_epi32_mask(entry, _mm512_set1_epi32(0x10000));
-  __m512i code = _mm512_srli_epi32(entry, 24);
-  code = _mm512_mask_add_epi32(code, past | tie_up, code, _mm512_set1_epi32(1));
-  // |x| > 1 (only from an inf/NaN moment): 255 for x > 1, else 0.
-  const __mmask16 past_one = _mm512_cmp_ps_mask(x, _mm512_set1_ps(1.0f), _CMP_GT_OQ);
-  code = _mm512_mask_mov_epi32(code, beyond_one, _mm512_maskz_mov_epi32(past_one, _mm512_set1_epi32(255)));
-  if constexpr (kSigned) {  // keep_sign, then the uint8_t wrap of the scalar's code - 1
-    const __mmask16 value_negative = _mm512_movepi32_mask(_mm512_castps_si512(value));
-    const __mmask16 code_negative = _mm512_cmplt_epi32_mask(code, _mm512_set1_epi32(127));
-    const __mmask16 differ = value_negative ^ code_negative;
-    const __mmask16 positive = _mm512_cmp_ps_mask(value, _mm512_setzero_ps(), _CMP_GT_OQ);
-    const __m512i step = _mm512_mask_mov_epi32(_mm512_set1_epi32(-1), positive, _mm512_set1_epi32(1));
-    code = _mm512_and_si512(_mm512_mask_add_epi32(code, differ, code, step), _mm512_set1_epi32(0xFF));
+  const __m512i sign = _mm512_srai_epi32(bits, 31);
+  // |x|'s exponent and top 8 mantissa bits, less bucket 0's, saturating at 0 (16-bit lanes:
+  // the upper half of each 32-bit lane is 0), then at most the |x| > 1 key.
+  const __m512i magnitude_key = _mm512_srli_epi32(_mm512_slli_epi32(bits, 1), 16);
+  __m512i key = _mm512_min_epu32(
+      _mm512_subs_epu16(magnitude_key, _mm512_set1_epi32(static_cast<int>(kCodeBucketMinExponent << 8))),
+      _mm512_set1_epi32(static_cast<int>(kCodeBucketsPerSign)));
+  key = _mm512_add_epi32(key, _mm512_and_si512(sign, _mm512_set1_epi32(static_cast<int>(kQuantizeKeysPerSign))));
+  const __m512i entry = _mm512_i32gather_epi32(key, table.quantize_entry, 4);
+  // (bits ^ sign) & 0x7FFF: the low 15 bits, complemented for negative x.
+  const __m512i rising_low = _mm512_ternarylogic_epi32(bits, sign, _mm512_set1_epi32(0x7FFF), 0x28);
+  const __mmask16 up = _mm512_cmpge_epu32_mask(rising_low, _mm512_and_si512(entry, _mm512_set1_epi32(0xFFFF)));
+  const __m512i first = _mm512_srli_epi32(entry, 16);
+  const __m128i code = _mm512_cvtepi32_epi8(_mm512_mask_add_epi32(first, up, first, _mm512_set1_epi32(1)));
+  const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & mask;
+  if (is_nan == 0) [[likely]] return code;
+  alignas(16) uint8_t codes[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(codes), code);
+  for (int k = 0; k < 16; ++k) {
+    if ((is_nan >> k) & 1u) codes[k] = quantize_moment(table, is_signed, values[k], inverse);
   }
-  return _mm512_cvtepi32_epi8(code);
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(codes));
 }
 
 template <typename Grad>
@@ -209,8 +206,7 @@ STRATA_AVX512 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile
     const float v_max = _mm512_reduce_max_ps(v_max16);
     t.exp_avg_absmax[block] = m_max;
     t.exp_avg_sq_absmax[block] = v_max;
-    const __m512 m_inverse = _mm512_set1_ps(inverse_absmax(m_max));
-    const __m512 v_inverse = _mm512_set1_ps(inverse_absmax(v_max));
+    const float m_inverse = inverse_absmax(m_max), v_inverse = inverse_absmax(v_max);
     // The next block's lines, spread over the quantiser: it makes no demand misses, so without
     // them the hardware prefetcher idles and the next block's first pass waits on DRAM (the
     // AVX2 loop's measurement).
@@ -228,10 +224,9 @@ STRATA_AVX512 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile
         _mm_prefetch(next_grads + q * sizeof(Grad), _MM_HINT_T0);
       }
       const __mmask16 mask = lanes_mask(n - q);
-      _mm_mask_storeu_epi8(t.exp_avg_codes + begin + q, mask,
-                           quantize16<true>(m_table, _mm512_load_ps(fresh_m + q), m_inverse));
+      _mm_mask_storeu_epi8(t.exp_avg_codes + begin + q, mask, quantize16(m_table, true, fresh_m + q, m_inverse, mask));
       _mm_mask_storeu_epi8(t.exp_avg_sq_codes + begin + q, mask,
-                           quantize16<false>(v_table, _mm512_load_ps(fresh_v + q), v_inverse));
+                           quantize16(v_table, false, fresh_v + q, v_inverse, mask));
     }
   }
 }
@@ -240,12 +235,9 @@ STRATA_AVX512 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile
 
 STRATA_AVX512 void quantize_moments_avx512(const CodeTable& table, bool is_signed, const float* values, float inverse,
                                            size_t count, uint8_t* codes) {
-  const __m512 inverse16 = _mm512_set1_ps(inverse);
   for (size_t q = 0; q < count; q += 16) {
     const __mmask16 mask = lanes_mask(count - q);
-    const __m512 value = _mm512_maskz_loadu_ps(mask, values + q);
-    const __m128i code = is_signed ? quantize16<true>(table, value, inverse16) : quantize16<false>(table, value, inverse16);
-    _mm_mask_storeu_epi8(codes + q, mask, code);
+    _mm_mask_storeu_epi8(codes + q, mask, quantize16(table, is_signed, values + q, inverse, mask));
   }
 }
 

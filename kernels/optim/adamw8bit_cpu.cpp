@@ -76,7 +76,39 @@ std::array<float, 256> build_dynamic_code(bool is_signed) {
   return table;
 }
 
-detail::CodeTable make_code_table(const std::array<float, 256>& values) {
+// quantize_entry (adamw8bit_element.h) from quantize_moment itself: per key, the code at its
+// lowest x and, by bisection over the rising low bits, where it steps up; the codes at the
+// key's other x must be the first code or one more (a key spanning two steps is a build bug).
+void fill_quantize_entries(detail::CodeTable& table, bool is_signed) {
+  for (uint32_t sign = 0; sign < 2; ++sign) {
+    for (uint32_t key = 0; key < detail::kQuantizeKeysPerSign; ++key) {
+      // The key's x: bucket `key`'s exponent and top mantissa bits, or past the buckets, |x| > 1
+      // (one code for all of them: 255, or 0 when negative).
+      const uint32_t high_bits = key == detail::kCodeBucketsPerSign
+                                     ? 0x40000000u  // 2.0: finite whatever the low bits
+                                     : ((key >> 8) + detail::kCodeBucketMinExponent) << 23 | (key & 0xFFu) << 15;
+      const auto code_at = [&](uint32_t rising_low) {
+        const uint32_t low = sign == 0 ? rising_low : 0x7FFFu - rising_low;
+        return detail::quantize_moment(table, is_signed, std::bit_cast<float>(sign << 31 | high_bits | low), 1.0f);
+      };
+      const uint32_t first = code_at(0);
+      const uint32_t last = code_at(0x7FFF);
+      assert(last >= first && last <= first + 1 && "a quantiser key spans two code steps");
+      uint32_t limit = 0x8000;
+      if (last != first) {
+        uint32_t below = 0, at = 0x7FFF;  // code_at(below) == first, code_at(at) == last
+        while (at - below > 1) {
+          const uint32_t middle = (below + at) / 2;
+          (code_at(middle) == first ? below : at) = middle;
+        }
+        limit = at;
+      }
+      table.quantize_entry[sign * detail::kQuantizeKeysPerSign + key] = first << 16 | limit;
+    }
+  }
+}
+
+detail::CodeTable make_code_table(const std::array<float, 256>& values, bool is_signed) {
   detail::CodeTable table{};
   std::copy(values.begin(), values.end(), table.values);
   table.midpoints[0] = -std::numeric_limits<float>::infinity();
@@ -113,6 +145,7 @@ detail::CodeTable make_code_table(const std::array<float, 256>& values) {
       table.bucket[sign * detail::kCodeBucketsPerSign + bucket] = entry;
     }
   }
+  fill_quantize_entries(table, is_signed);
   return table;
 }
 
@@ -211,8 +244,8 @@ void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitS
 namespace detail {
 
 const CodeTable& cpu_code_table(bool is_signed) {
-  static const CodeTable signed_table = make_code_table(dynamic_code(true));
-  static const CodeTable unsigned_table = make_code_table(dynamic_code(false));
+  static const CodeTable signed_table = make_code_table(dynamic_code(true), true);
+  static const CodeTable unsigned_table = make_code_table(dynamic_code(false), false);
   return is_signed ? signed_table : unsigned_table;
 }
 
