@@ -213,6 +213,20 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
 
 }  // namespace
 
+STRATA_AVX2 void quantize_moments_avx2(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                                       size_t count, uint8_t* codes) {
+  alignas(32) float block_values[kAdamW8bitMaxBlockElements];
+  alignas(32) float ratios[kAdamW8bitMaxBlockElements];
+  alignas(32) uint32_t entries[kAdamW8bitMaxBlockElements];
+  for (size_t begin = 0; begin < count; begin += kAdamW8bitMaxBlockElements) {
+    const size_t n = std::min(kAdamW8bitMaxBlockElements, count - begin);
+    const size_t n8 = n / 8 * 8;
+    std::copy(values + begin, values + begin + n8, block_values);
+    quantize_block(table, is_signed, block_values, inverse, n8, ratios, entries, codes + begin, nullptr, 0);
+    for (size_t q = n8; q < n; ++q) codes[begin + q] = quantize_moment(table, is_signed, values[begin + q], inverse);
+  }
+}
+
 STRATA_AVX2 void adamw8bit_fp32_grads_avx2(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads) {
   adamw8bit_loop(s, tile, grads);
 }

@@ -71,5 +71,8 @@ void adamw8bit_bf16_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile&
 // on chosen values (ties, bucket edges, specials) that a step rarely produces.
 void quantize_moments_avx512(const CodeTable& table, bool is_signed, const float* values, float inverse,
                              size_t count, uint8_t* codes);
+// The same by the AVX2 loop's quantiser (its last count % 8 values by the scalar one).
+void quantize_moments_avx2(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                           size_t count, uint8_t* codes);
 
 }  // namespace strata::kernels::detail

@@ -277,12 +277,13 @@ TEST(AdamW8bit, TableLookupEqualsTheSearch) {
   }
 }
 
-// The AVX-512 quantiser is quantize_moment on every float within 64 ulps of every threshold
-// (both signs, ties included), every bucket edge, the specials (±0, ±1 and their neighbours,
-// ±inf, NaNs, subnormals) and random bit patterns, each scaled by 1 and by random block scales,
-// in runs of every length mod 16 (its masked tail).
-TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOne) {
-  SKIP_WITHOUT_AVX512();
+using Quantiser = void (*)(const detail::CodeTable&, bool, const float*, float, size_t, uint8_t*);
+
+// A vector quantiser is quantize_moment on every float within 64 ulps of every threshold (both
+// signs, ties included), every bucket edge, the specials (±0, ±1 and their neighbours, ±inf,
+// NaNs, subnormals) and random bit patterns, each scaled by 1, by random block scales and by 0
+// (an infinite absmax), in runs of every length mod 16 (the vector tails).
+void expect_quantiser_equals_scalar(Quantiser quantiser) {
   for (const bool is_signed : {true, false}) {
     const detail::CodeTable& table = detail::cpu_code_table(is_signed);
     std::vector<float> probes = {0.0f, -0.0f, 1.0f, -1.0f, std::nextafter(1.0f, 2.0f), std::nextafter(-1.0f, -2.0f),
@@ -309,14 +310,14 @@ TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOne) {
       probes.push_back(std::bit_cast<float>(bits));
     }
     std::uniform_real_distribution<float> log_scale(-12.0f, 3.0f);
-    std::vector<float> inverses = {1.0f};
+    std::vector<float> inverses = {1.0f, detail::inverse_absmax(INFINITY)};
     for (int i = 0; i < 4; ++i) inverses.push_back(detail::inverse_absmax(std::pow(10.0f, log_scale(rng))));
     std::vector<uint8_t> codes(probes.size());
     for (const float inverse : inverses) {
       // Runs of 1..33 values, so every tail length goes through the masked last group.
       for (size_t begin = 0, run = 1; begin < probes.size(); begin += run, run = run % 33 + 1) {
         const size_t n = std::min(run, probes.size() - begin);
-        detail::quantize_moments_avx512(table, is_signed, probes.data() + begin, inverse, n, codes.data() + begin);
+        quantiser(table, is_signed, probes.data() + begin, inverse, n, codes.data() + begin);
       }
       for (size_t i = 0; i < probes.size(); ++i) {
         ASSERT_EQ(codes[i], detail::quantize_moment(table, is_signed, probes[i], inverse))
@@ -327,12 +328,22 @@ TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOne) {
   }
 }
 
-// Every fp32 bit pattern of |x| <= 2 (both signs, so every input the moments give and the
-// rounding past 1) through the AVX-512 quantiser and quantize_moment at scale 1: all 2.15e9 of
-// them per table when STRATA_ADAMW8BIT_EXHAUSTIVE=1 (13 s of CPU on this 2-core EPYC), else
-// every 97th — a sweep that still crosses every bucket many times.
-TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOneSwept) {
+TEST(AdamW8bit, Avx2QuantiserEqualsTheScalarOne) {
+  SKIP_WITHOUT_AVX2();
+  expect_quantiser_equals_scalar(detail::quantize_moments_avx2);
+}
+
+TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOne) {
   SKIP_WITHOUT_AVX512();
+  expect_quantiser_equals_scalar(detail::quantize_moments_avx512);
+}
+
+// Every fp32 bit pattern of |x| < 2 (both signs, so every input the moments give and the
+// rounding past 1) through a vector quantiser, quantize_moment and the reference search at
+// scale 1: all 2.15e9 of them per table when STRATA_ADAMW8BIT_EXHAUSTIVE=1 (about 25 s of CPU
+// per quantiser on this 2-core EPYC), else every 97th — a sweep that still crosses every
+// bucket many times.
+void expect_quantiser_equals_scalar_swept(Quantiser quantiser) {
   const char* exhaustive = std::getenv("STRATA_ADAMW8BIT_EXHAUSTIVE");
   const uint32_t stride = exhaustive != nullptr && std::string(exhaustive) == "1" ? 1 : 97;
   constexpr uint32_t kLimit = 0x40000000u;  // 2.0f
@@ -351,9 +362,12 @@ TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOneSwept) {
         values.push_back(std::bit_cast<float>(sign | low));
       }
       std::vector<uint8_t> codes(values.size());
-      detail::quantize_moments_avx512(table, is_signed, values.data(), 1.0f, values.size(), codes.data());
+      quantiser(table, is_signed, values.data(), 1.0f, values.size(), codes.data());
       for (size_t k = 0; k < values.size(); ++k) {
-        if (codes[k] != detail::quantize_moment(table, is_signed, values[k], 1.0f)) {
+        // Both the CPU's table lookup and bitsandbytes' search itself (with the sign rule).
+        const uint32_t searched = detail::nearest_code(table.values, table.midpoints, values[k]);
+        const auto reference = static_cast<uint8_t>(is_signed ? detail::keep_sign(searched, values[k]) : searched);
+        if (codes[k] != detail::quantize_moment(table, is_signed, values[k], 1.0f) || codes[k] != reference) {
           if (mismatches.fetch_add(1) == 0) first_bad = std::bit_cast<uint32_t>(values[k]);
         }
       }
@@ -361,6 +375,16 @@ TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOneSwept) {
     EXPECT_EQ(mismatches.load(), 0u) << (is_signed ? "signed" : "unsigned") << ", first at bits 0x" << std::hex
                                      << first_bad.load();
   }
+}
+
+TEST(AdamW8bit, Avx2QuantiserEqualsTheScalarOneSwept) {
+  SKIP_WITHOUT_AVX2();
+  expect_quantiser_equals_scalar_swept(detail::quantize_moments_avx2);
+}
+
+TEST(AdamW8bit, Avx512QuantiserEqualsTheScalarOneSwept) {
+  SKIP_WITHOUT_AVX512();
+  expect_quantiser_equals_scalar_swept(detail::quantize_moments_avx512);
 }
 
 // The eps caveat (docs/optim.md), pinned: in a block whose v spans more than the code's range,
