@@ -220,7 +220,8 @@ nlohmann::ordered_json to_json(const Figures& f) {
           {"samples_s", f.seconds}};
 }
 
-Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa, bool with_avx512);  // --mode 8bit, below
+// --mode 8bit, below.
+Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa, bool with_avx512);
 
 Status run_bench_adam(const BenchAdamOptions& options) {
   if (options.params == 0 || options.threads == 0 || options.repeats == 0) {
@@ -243,7 +244,9 @@ Status run_bench_adam(const BenchAdamOptions& options) {
   }
   isa = kernels::resolve_cpu_isa(isa);
   // --mode 8bit times the 8-bit AVX-512 loop as well where the CPU has it (unless --isa avx2).
-  if (options.mode == "8bit") return run_bench_adam_8bit(options, copy, isa, options.isa != "avx2" && kernels::cpu_has_avx512());
+  if (options.mode == "8bit") {
+    return run_bench_adam_8bit(options, copy, isa, options.isa != "avx2" && kernels::cpu_has_avx512());
+  }
   if (options.mode != "stream") {
     return make_error(ErrorKind::invalid_argument, "--mode must be stream or 8bit, not '" + options.mode + "'");
   }
@@ -650,8 +653,9 @@ void add_bench_adam_command(CLI::App& bench, CliState& state) {
       ->capture_default_str();
   command->add_option("--copy", options->copy, "compute copy written in the same pass: bf16, fp16 or none")
       ->capture_default_str();
-  command->add_option("--isa", options->isa, "best, scalar or avx2 (every pass; --mode 8bit also times its AVX-512 loop where the CPU has it, "
-                  "unless avx2)")->capture_default_str();
+  command->add_option("--isa", options->isa,
+                      "best, scalar or avx2 (every pass; --mode 8bit also times its AVX-512 loop where the CPU has it, "
+                      "unless avx2)")->capture_default_str();
   command->add_option("--mode", options->mode,
                       "stream: AdamW vs a STREAM-style pass; 8bit: 8-bit block-wise AdamW vs fp32 AdamW vs "
                       "a CPUAdam (DeepSpeed) reimplementation")

@@ -1,11 +1,12 @@
 // The AVX-512 loop of the 8-bit AdamW (adamw8bit.h), 16 lanes at a time. It performs
 // adamw8bit_loop's fp32 operations (adamw8bit_cpu.cpp) in the same order — the fp32 AdamW's
-// FMAs, nothing else fused (-ffp-contract=off) — and quantises with the same bucket table and
-// comparisons as nearest_code_lut, so it returns the scalar loop's bits. What differs from the
-// AVX2 loop is where the time went there: the code → value lookups and the bucket lookups are
-// no longer one scalar load and store per element but one 16-lane gather from an L1/L2-resident
-// table, and a block's short tail runs through the same vector code under a lane mask instead of
-// the element functions.
+// FMAs, nothing else fused (-ffp-contract=off) — reads the code values' exact bits, and
+// quantises by CodeTable::quantize_entry, which is quantize_moment tabulated (tests hold the
+// two equal on every fp32 pattern below 2), so it returns the scalar loop's bits. Where the
+// AVX2 loop spends one scalar load and store per element on each table lookup, this one looks
+// up 64 code values at a time in registers (vpermi2b on byte tables) and the quantiser's
+// entries with one 16-lane gather; a block's short tail runs the same vector code under a lane
+// mask instead of the element functions.
 //
 // Built with __attribute__((target)) per function, not -mavx512f for the file: inline functions
 // from shared headers compiled under -mavx512f could be the copy the linker keeps for every
@@ -50,8 +51,8 @@ STRATA_AVX512 inline void store_copy16(DType dtype, uint16_t* copy, __m512 value
   } else if (dtype == DType::f16) {
     __m256i half = _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if (is_nan != 0) {
-      const __m512i canonical = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000)),
-                                                _mm512_set1_epi32(0x7E00));
+      const __m512i sign16 = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x8000));
+      const __m512i canonical = _mm512_or_si512(sign16, _mm512_set1_epi32(0x7E00));
       half = _mm256_mask_mov_epi16(half, is_nan, _mm512_cvtepi32_epi16(canonical));
     }
     _mm256_mask_storeu_epi16(copy, mask, half);
@@ -172,34 +173,35 @@ STRATA_AVX512 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile
       __m512 m_values[4], v_values[4];
       code_values64(m_table, _mm512_maskz_loadu_epi8(mask64, t.exp_avg_codes + begin + i64), m_values);
       code_values64(v_table, _mm512_maskz_loadu_epi8(mask64, t.exp_avg_sq_codes + begin + i64), v_values);
-    for (size_t group = 0; group < 4 && i64 + 16 * group < n; ++group) {
-      const size_t i = i64 + 16 * group;
-      const size_t e = begin + i;
-      const __mmask16 mask = lanes_mask(n - i);
-      const __m512 m0 = _mm512_mul_ps(m_values[group], m_scale);
-      const __m512 v0 = _mm512_mul_ps(v_values[group], v_scale);
-      const __m512 p0 = _mm512_maskz_loadu_ps(mask, t.params + e);
-      // adamw_element's operations in its order (the fp32 loops' sequence).
-      const __m512 g = _mm512_mul_ps(load_grads16(grads + e, mask), grad_scale);
-      const __m512 p = _mm512_mul_ps(p0, decay);
-      const __m512 m1 = _mm512_fmadd_ps(g, one_minus_beta1, _mm512_mul_ps(m0, beta1));
-      const __m512 v1 = _mm512_fmadd_ps(_mm512_mul_ps(one_minus_beta2, g), g, _mm512_mul_ps(v0, beta2));
-      const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v1), bias_correction2_sqrt), eps);
-      const __m512 p1 = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(neg_step_size, m1), denom));
-      // A NaN/inf scaled gradient keeps the element's param and dequantised moments.
-      const __mmask16 skip = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(g), exponent_mask), exponent_mask);
-      const __m512 m = _mm512_mask_mov_ps(m1, skip, m0);
-      const __m512 v = _mm512_mask_mov_ps(v1, skip, v0);
-      const __m512 param = _mm512_mask_mov_ps(p1, skip, p0);
-      _mm512_mask_storeu_ps(t.params + e, mask, param);
-      if (t.copy_dtype != DType::f32) store_copy16(t.copy_dtype, t.copy + e, param, mask);
-      _mm512_store_ps(fresh_m + i, m);
-      _mm512_store_ps(fresh_v + i, v);
-      // max(a, acc) returns acc where a is NaN: `a > acc ? a : acc`, the scalar rule. Lanes
-      // past the block (computed from zero codes and grads, never stored) keep acc.
-      m_max16 = _mm512_mask_max_ps(m_max16, mask, abs16(m), m_max16);
-      v_max16 = _mm512_mask_max_ps(v_max16, mask, abs16(v), v_max16);
-    }
+      for (size_t group = 0; group < 4 && i64 + 16 * group < n; ++group) {
+        const size_t i = i64 + 16 * group;
+        const size_t e = begin + i;
+        const __mmask16 mask = lanes_mask(n - i);
+        const __m512 m0 = _mm512_mul_ps(m_values[group], m_scale);
+        const __m512 v0 = _mm512_mul_ps(v_values[group], v_scale);
+        const __m512 p0 = _mm512_maskz_loadu_ps(mask, t.params + e);
+        // adamw_element's operations in its order (the fp32 loops' sequence).
+        const __m512 g = _mm512_mul_ps(load_grads16(grads + e, mask), grad_scale);
+        const __m512 p = _mm512_mul_ps(p0, decay);
+        const __m512 m1 = _mm512_fmadd_ps(g, one_minus_beta1, _mm512_mul_ps(m0, beta1));
+        const __m512 v1 = _mm512_fmadd_ps(_mm512_mul_ps(one_minus_beta2, g), g, _mm512_mul_ps(v0, beta2));
+        const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v1), bias_correction2_sqrt), eps);
+        const __m512 p1 = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(neg_step_size, m1), denom));
+        // A NaN/inf scaled gradient keeps the element's param and dequantised moments.
+        const __mmask16 skip =
+            _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(g), exponent_mask), exponent_mask);
+        const __m512 m = _mm512_mask_mov_ps(m1, skip, m0);
+        const __m512 v = _mm512_mask_mov_ps(v1, skip, v0);
+        const __m512 param = _mm512_mask_mov_ps(p1, skip, p0);
+        _mm512_mask_storeu_ps(t.params + e, mask, param);
+        if (t.copy_dtype != DType::f32) store_copy16(t.copy_dtype, t.copy + e, param, mask);
+        _mm512_store_ps(fresh_m + i, m);
+        _mm512_store_ps(fresh_v + i, v);
+        // max(a, acc) returns acc where a is NaN: `a > acc ? a : acc`, the scalar rule. Lanes
+        // past the block (computed from zero codes and grads, never stored) keep acc.
+        m_max16 = _mm512_mask_max_ps(m_max16, mask, abs16(m), m_max16);
+        v_max16 = _mm512_mask_max_ps(v_max16, mask, abs16(v), v_max16);
+      }
     }
     // No lane holds a NaN or a -0, so the order of the reduction cannot change the result.
     const float m_max = _mm512_reduce_max_ps(m_max16);
