@@ -451,11 +451,15 @@ void Residency::write_back() {
     // before anything read it. (The update of a unit cut into optimizer chunks rewrites the
     // unit's P once per chunk: sent down after each, P crossed PCIe and reached NVMe once per
     // chunk, and in place each chunk's step waited for the write of the one before.) It goes
-    // down after its last rewrite — its next use is then further away — or when flushing. It is
-    // never a victim meanwhile: its next use is the nearest there is.
-    if (!flushing_ && distance(book, cursor_abs_) == 0 && next_use_writes(book, cursor_abs_)) continue;
+    // down after its last rewrite — its next use is then further away — or when flushing.
+    // Only the copy that step computes on waits — the device copy, or in place the host block —
+    // so the wait holds no space the step would not hold anyway. A host copy behind a device
+    // copy still goes to NVMe: kept back, it could fill the host budget that the step's other
+    // tensors wait for (the random plans found that deadlock).
+    const bool rewritten_next = !flushing_ && distance(book, cursor_abs_) == 0 && next_use_writes(book, cursor_abs_);
     // While flushing, write-backs are the only need, so they may take any idle host block.
-    if (device_dirty(book)) start_write_back(id, flushing_ ? 0 : distance(book, cursor_abs_));
+    if (device_dirty(book) && !rewritten_next) start_write_back(id, flushing_ ? 0 : distance(book, cursor_abs_));
+    if (rewritten_next && options_.compute_in_place) continue;
     // In place, a block a held step may still be writing waits for the release.
     if (book.home == Home::nvme && book.host_allocated && book.host_op == HostOp::none &&
         book.host_version > book.nvme_version && io_in_flight_ < options_.io_queue_tensors &&
