@@ -81,6 +81,8 @@ def optim_tensors(store):
     return {t["name"]: t["size_bytes"] for t in listing["tensors"] if t["name"].startswith("optim.")}
 
 
+if os.environ.get("STRATA_TEST_TMPDIR"):
+    os.makedirs(os.environ["STRATA_TEST_TMPDIR"], exist_ok=True)
 with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tmp:
     if CASE == "stages":
         reference, ref_summary = train(tmp, "one", 0)
