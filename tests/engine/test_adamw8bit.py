@@ -4,7 +4,8 @@
 # offloaded, offloaded in 4096-element chunks (8-bit tensors cut on block boundaries, chunks
 # mixing 8-bit and fp32 pieces) and on the emulated discrete device with the host-side and the
 # device-side optimizer, export the same bytes; embedding_state fp32 and another block size
-# change the weights (the rules reach the update). (resume) a run stopped at a commit and
+# change the weights (the rules reach the update), and with every tensor under min_8bit_size
+# (fp32-moment pieces only) the weights are adamw's bit for bit. (resume) a run stopped at a commit and
 # resumed equals the uninterrupted one bit for bit, `strata store export` of it equals --export,
 # and resuming an adamw store as adamw8bit (or with another block_size) is refused in one line
 # naming the key. (reference) 3 steps equal an independent PyTorch run whose 8-bit tensors take
@@ -77,13 +78,23 @@ def case_offload(folder):
                 fail(f"{model_name}: the resident and {name} adamw8bit runs exported different weights")
         print(f"{model_name}: {', '.join(n for n, _ in variants)} exports are bit-identical ({len(exports[0])} bytes)")
         # The rules reach the update: each changes the weights, and adamw8bit is not adamw.
+        others = {}
         for name, optimizer in (("adamw", {"kind": "adamw"}), ("embedding-fp32", {**EIGHT, "embedding_state": "fp32"}),
                                 ("block-64", {**EIGHT, "block_size": 64})):
-            other, _ = train(folder, f"{model_name}-{name}", model=model, batch_size=batch, steps=steps,
-                             precision="bf16", checkpoint_every=3, optimizer=optimizer, **variants[1][1])
-            if other == exports[0]:
+            others[name], _ = train(folder, f"{model_name}-{name}", model=model, batch_size=batch, steps=steps,
+                                    precision="bf16", checkpoint_every=3, optimizer=optimizer, **variants[1][1])
+            if others[name] == exports[0]:
                 fail(f"{model_name}: optimizer {optimizer} exported the same weights as adamw8bit's defaults")
         print(f"{model_name}: adamw, embedding_state fp32 and block_size 64 each give other weights")
+        # With every tensor under min_8bit_size, adamw8bit's chunks hold only fp32 pieces ([m | v]
+        # per tensor, not adamw's [m | v] per chunk), cut in 4096-element chunks: adamw's bits.
+        fp32_pieces, _ = train(folder, f"{model_name}-all-fp32-pieces", model=model, batch_size=batch, steps=steps,
+                               precision="bf16", checkpoint_every=3, optimizer={**EIGHT, "min_8bit_size": 1 << 40,
+                                                                                "chunk_elements": 4096},
+                               **variants[1][1])
+        if fp32_pieces != others["adamw"]:
+            fail(f"{model_name}: adamw8bit with every tensor under min_8bit_size differs from adamw")
+        print(f"{model_name}: adamw8bit with only fp32-moment pieces = adamw, bit for bit")
 
 
 def case_resume(folder):
