@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "api/api_internal.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 #include "memory/host_arena.h"
 #include "scheduler/scheduler.h"
 

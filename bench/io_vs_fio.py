@@ -4,7 +4,7 @@ block size and queue depth, run alternately (the order of the sides rotates ever
 repetition) so drift on this noisy disk hits every side alike. Reports per-configuration
 medians and the ratio strata/fio; the target is >= 0.95 for 1 MiB sequential direct reads and
 writes at queue depth 32 and 8. strata checks its data after each timed window (see
-io/sequential_bench.h); fio runs without verify so its workload stays plain I/O.
+apps/bench/sequential_bench.h); fio runs without verify so its workload stays plain I/O.
 
 Buffers: fio uses iomem=mmap (page-aligned anonymous memory) with fixedbufs=1 (registered
 with io_uring, which pins them) and registerfiles=1; strata uses one mlocked, page-aligned

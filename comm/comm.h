@@ -1,5 +1,5 @@
 // strata/comm/comm.h — collectives between the ranks of one job: the one small interface the
-// trainer's ZeRO partitioning (engine/zero.h) talks to, over MPI (CPU ranks) or NCCL (GPUs).
+// trainer's ZeRO partitioning (train/zero/zero.h) talks to, over MPI (CPU ranks) or NCCL (GPUs).
 //
 // Launch. A job started by Open MPI's `mpirun -np N` (OMPI_COMM_WORLD_SIZE in the environment:
 // `launched_by_mpirun`, read once by the CLI and handed down) gets an MPI communicator over

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -383,10 +384,58 @@ uint64_t Batches::steps_for_epochs(uint64_t epochs) const {
 // Epoch e's order: Fisher–Yates driven by mt19937_64 seeded from (seed, e), with our own
 // bounded draw (std::uniform_int_distribution differs between standard libraries, and the
 // order must not change with the toolchain).
+namespace {
+
+// SplitMix64's finaliser: a well-mixed 64-bit key per (seed, example), the same on every platform.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Appends example k of `from` to `to`.
+void append_example(const Examples& from, uint64_t k, Examples& to) {
+  const auto first = static_cast<std::ptrdiff_t>(from.offsets[k]);
+  const auto last = static_cast<std::ptrdiff_t>(from.offsets[k + 1]);
+  to.tokens.insert(to.tokens.end(), from.tokens.begin() + first, from.tokens.begin() + last);
+  to.trained.insert(to.trained.end(), from.trained.begin() + first, from.trained.begin() + last);
+  to.offsets.push_back(to.tokens.size());
+  if (k < from.source_lines.size()) to.source_lines.push_back(from.source_lines[k]);
+}
+
+}  // namespace
+
+Result<ExampleSplit> split_examples(Examples all, double fraction, uint64_t seed, const std::string& what) {
+  const uint64_t count = all.count();
+  const auto held = static_cast<uint64_t>(std::llround(static_cast<double>(count) * fraction));
+  if (count < 2 || held == 0 || held >= count)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: {} of {} examples in {} holds out {} — it must leave at least one example on each "
+                                  "side",
+                                  what, fraction, count, all.source_path, held));
+  // The `held` examples with the smallest keys are held out.
+  std::vector<std::pair<uint64_t, uint64_t>> keys(count);
+  for (uint64_t k = 0; k < count; ++k) keys[k] = {mix64(mix64(seed) ^ k), k};
+  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(held - 1), keys.end());
+  std::vector<uint8_t> is_held(count, 0);
+  for (uint64_t i = 0; i < held; ++i) is_held[keys[i].second] = 1;
+  ExampleSplit split;
+  for (Examples* part : {&split.train, &split.held_out}) {
+    part->source_path = all.source_path;
+    part->vocab_size = all.vocab_size;
+  }
+  split.train.bad_lines_skipped = all.bad_lines_skipped;
+  for (uint64_t k = 0; k < count; ++k) append_example(all, k, is_held[k] ? split.held_out : split.train);
+  return split;
+}
+
 void Batches::permute(uint64_t epoch) {
   if (permutation_epoch_ == epoch) return;
   const uint64_t rows = permutation_.size();
   for (uint64_t i = 0; i < rows; ++i) permutation_[i] = i;
+  permutation_epoch_ = epoch;
+  if (!options_.shuffle) return;
   std::seed_seq seeds{static_cast<uint32_t>(options_.seed), static_cast<uint32_t>(options_.seed >> 32),
                       static_cast<uint32_t>(epoch), static_cast<uint32_t>(epoch >> 32), 0x64617461u};
   std::mt19937_64 random(seeds);
@@ -397,7 +446,6 @@ void Batches::permute(uint64_t epoch) {
     while (draw >= limit) draw = random();
     std::swap(permutation_[i - 1], permutation_[draw % i]);
   }
-  permutation_epoch_ = epoch;
 }
 
 uint64_t Batches::row_at(uint64_t epoch, uint64_t index) {

@@ -105,6 +105,16 @@ class ChatRenderer {
 [[nodiscard]] Status write_examples(const Examples& examples, const std::string& path, uint32_t token_bytes);
 [[nodiscard]] Result<Examples> read_examples_file(const std::string& path);
 
+// Holds out `fraction` of the examples (at least one, fewer than all): a seeded draw that depends
+// only on (seed, example count), each part kept in file order — so a run and `strata eval` on
+// the same file and seed hold out the same examples. Refuses a fraction that leaves either
+// part empty, naming `what` (the config key).
+struct ExampleSplit {
+  Examples train;
+  Examples held_out;
+};
+[[nodiscard]] Result<ExampleSplit> split_examples(Examples all, double fraction, uint64_t seed, const std::string& what);
+
 struct BatchOptions {
   uint32_t seq_len = 0;        // tokens a row
   uint32_t batch_rows = 0;     // rows a step, over every rank (the global batch)
@@ -112,6 +122,7 @@ struct BatchOptions {
   bool truncate = false;       // cut examples longer than seq_len + 1 tokens, else refuse them
   uint64_t seed = 1;           // the run's seed (model.seed): the per-epoch permutations
   int32_t pad_id = 0;          // the input id of padding (its target is always −1)
+  bool shuffle = true;         // false: every epoch in file order (held-out evaluation)
 };
 
 // What start-up made of the examples, for the log and the metrics.

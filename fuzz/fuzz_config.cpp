@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/config_reader.h"
-#include "engine/train_config.h"
+#include "run/train_config.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "engine/hf/hf.h"
+#include "models/hf/hf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -9,7 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine/safetensors.h"
+#include "models/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int fd = ::memfd_create("fuzz.safetensors", MFD_CLOEXEC);

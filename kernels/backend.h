@@ -10,7 +10,7 @@
 //   the device, or a tensor the scheduler handed out (`StepBuffers::device_data`). `is_host()`
 //   says whether that memory is also host memory (ggml's buffer-type `is_host`): true on the
 //   CPU backend of the cpu device; false on CUDA, where only the device may dereference it, and
-//   on the CPU backend of the emulated device, which stands for one (memory/device/device.h). The caller owns every
+//   on the CPU backend of the emulated device, which stands for one (device/device.h). The caller owns every
 //   buffer and keeps it alive and untouched until the stream has reached the op (ordering below).
 //   Ops allocate nothing. `make_backend` takes its few fixed buffers (CUDA: tokens, targets, a
 //   packed batch's positions and segments, the step scalars and the sum-of-squares scratch,
@@ -27,7 +27,7 @@
 //   kernels on its cudaStream_t.
 // - The step and its scalars: `begin_step` gives the batch's tokens and targets (host memory,
 //   untouched until `end_step` returns) and clears the step's loss and gradient sum — not the
-//   clip coefficient, which interleaved updates (engine/train_plan.h) take at the end of one
+//   clip coefficient, which interleaved updates (run/train_plan.h) take at the end of one
 //   step and use in the next; `head_forward_backward`
 //   puts the loss there, and every `sum_squares` adds to the step's gradient sum of squares.
 //   `end_step` waits for the stream once and returns both — the one host synchronisation of a
@@ -38,7 +38,7 @@
 //   shape (CUDA's grows with T²: its attention keeps the [B, H, T, T] probabilities). One
 //   workspace serves every op; ops that share it are ordered by the stream.
 // - Models: GPT-2's ops (gpt2.h) and Llama's (llama.h, the `llama_` ops); a model definition
-//   (engine/models/model.h) picks its own, so callers above it never name a model.
+//   (models/model.h) picks its own, so callers above it never name a model.
 // - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama and kernels/optim (adamw.h,
 //   adamw8bit.h, cast.h) — bit-identical to calling them directly (tests/backend/test_backend_cpu.cpp). The
 //   CUDA backend is gpt2_cuda.h and optim_cuda.h: AdamW and the casts give the CPU's bits; the
@@ -60,7 +60,7 @@
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
 #include "kernels/optim/elementwise.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 
 namespace strata::kernels {
 
@@ -148,7 +148,7 @@ class ComputeBackend {
   // Waits for every op enqueued so far (timing, tests).
   [[nodiscard]] virtual Status synchronize() = 0;
   // Waits for every op enqueued so far and returns the gradient sum of squares so far: the
-  // global norm for updates that run on the host (engine/train_plan.h, OptimizerSite::host)
+  // global norm for updates that run on the host (run/train_plan.h, OptimizerSite::host)
   // with clipping — a second wait in such a step, after the last backward, before any update.
   [[nodiscard]] virtual Result<double> grad_sum_squares_now() = 0;
 
@@ -164,7 +164,8 @@ class ComputeBackend {
                                               const gpt2::BlockWeights& weights, const float* x_in,
                                               const float* d_out, float* d_in, const gpt2::BlockGrads& grads,
                                               const gpt2::Workspace& workspace, bool recompute) = 0;
-  // The tied head and loss; the mean loss goes to the step's scalars.
+  // The tied head and loss; the mean loss goes to the step's scalars. d_x_final null (and
+  // every gradient pointer null): the loss only, nothing written — evaluation.
   [[nodiscard]] virtual Status head_forward_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
                                                      const gpt2::HeadWeights& weights, const float* x_final,
                                                      float* d_x_final, const gpt2::HeadGrads& grads,
@@ -184,6 +185,7 @@ class ComputeBackend {
                                                     const float* d_out, float* d_in, const llama::BlockGrads& grads,
                                                     const gpt2::Workspace& workspace, bool recompute) = 0;
   // Final RMSNorm, head (tied or not) and loss; the mean loss goes to the step's scalars.
+  // d_x_final null (every gradient pointer null): the loss only — evaluation.
   [[nodiscard]] virtual Status llama_head_forward_backward(const llama::Config& config, const gpt2::BatchShape& shape,
                                                            const llama::HeadWeights& weights, const float* x_final,
                                                            float* d_x_final, const llama::HeadGrads& grads,

@@ -217,7 +217,7 @@ class Store {
   // Makes every staged write and removal durable as one new version (see the contract).
   // On error nothing new is committed and the previous version stays the one on disk.
   [[nodiscard]] Status commit(uint64_t step, const std::map<std::string, std::string>& metadata);
-  // commit() in two phases, for a job whose stores commit together (engine/zero.h): prepare
+  // commit() in two phases, for a job whose stores commit together (train/zero/zero.h): prepare
   // does everything up to a fsynced `manifest.json.tmp` (readers still see the old version);
   // finish renames it into place and frees the replaced extents. Nothing else may run between.
   [[nodiscard]] Status prepare_commit(uint64_t step, const std::map<std::string, std::string>& metadata);

@@ -5,7 +5,7 @@
 //     carries out the commands on the copy streams and the I/O thread, and reports each
 //     completion back (`h2d_done`, `d2h_done`, `io_done`); its caller thread asks `step_ready`
 //     and calls `acquire` / `release`;
-//   - `strata plan`'s replay (engine/step_model.cpp): the same calls on a simulated clock, so
+//   - `strata plan`'s replay (run/step_model.cpp): the same calls on a simulated clock, so
 //     the prediction follows the real policy — write-back reserve, in-place pool, Belady
 //     victims, read-ahead limits and arena fragmentation included.
 //

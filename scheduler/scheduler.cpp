@@ -78,7 +78,8 @@ struct Scheduler::Impl final : ResidencyMemory {
   NvmeBacking* backing;
   SchedulerOptions options;
   device::Stream h2d, d2h;
-  std::unique_ptr<Timeline> timeline;
+  std::unique_ptr<Timeline> owned_timeline;  // trace_capacity_events > 0 and no options.timeline
+  Timeline* timeline = nullptr;              // owned_timeline, or the caller's options.timeline
 
   // --- guarded by mutex ---
   mutable std::mutex mutex;
@@ -440,7 +441,12 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(AccessPlan plan, device::De
   s.stats.stall_ns_by_step.assign(s.n(), 0);
   s.stats.host_budget_bytes = s.options.host_budget_bytes;
   s.stats.device_budget_bytes = device.budget_bytes();
-  if (s.options.trace_capacity_events > 0) s.timeline = std::make_unique<Timeline>(s.options.trace_capacity_events);
+  if (s.options.timeline != nullptr) {
+    s.timeline = s.options.timeline;
+  } else if (s.options.trace_capacity_events > 0) {
+    s.owned_timeline = std::make_unique<Timeline>(s.options.trace_capacity_events);
+    s.timeline = s.owned_timeline.get();
+  }
   if (backing != nullptr) {
     Status registered = backing->register_host(host_arena);
     if (!registered.ok())
@@ -653,6 +659,6 @@ std::vector<Eviction> Scheduler::evictions() const {
   return impl_->residency->evictions();
 }
 
-Timeline* Scheduler::timeline() { return impl_->timeline.get(); }
+Timeline* Scheduler::timeline() { return impl_->timeline; }
 
 }  // namespace strata::scheduler

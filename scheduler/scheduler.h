@@ -59,7 +59,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 #include "memory/host_arena.h"
 
 namespace strata::memory {
@@ -81,7 +81,7 @@ struct PlanTensor {
   Home home = Home::nvme;
   // Host-homed state that only the host reaches (begin_host_access), never a step: it holds its
   // host block for the scheduler's life and no step may name it — e.g. optimizer state that a
-  // host-side update reads where it lives while the device computes (engine/train_plan.h).
+  // host-side update reads where it lives while the device computes (run/train_plan.h).
   bool host_only = false;
 };
 
@@ -216,6 +216,9 @@ struct SchedulerOptions {
   uint32_t io_queue_tensors = 4;               // NVMe tensor transfers in flight at most
   uint32_t copies_in_flight = 8;               // per copy stream
   size_t trace_capacity_events = 0;            // 0: no timeline
+  // The caller's timeline instead (it must outlive the scheduler): one trace across several
+  // schedulers in turn — the trainer's, and its evaluation's (train/trainer.h).
+  Timeline* timeline = nullptr;
   bool record_evictions = false;               // keep an Eviction log (tests)
   // Compute in place (the CPU device, whose memory is host memory): a step's tensors are
   // handed out as their pinned host blocks, used where they lie — no device copy and no copy

@@ -211,6 +211,13 @@ if kind == "weights":
         loss_cuda = m_cuda["summary"]["last_loss"] if m_cuda else float("nan")
         loss_rel = abs(loss_cuda - loss_cpu) / abs(loss_cpu) if m_cpu and m_cuda else float("nan")
         ok = all(e <= tol for e in errors.values()) and loss_rel <= tol  # a NaN compares false
+        # Evaluation (eval: in the config, issue 30): the held-out losses on both devices.
+        evals_cpu = [e["eval_loss"] for e in (m_cpu or {}).get("summary", {}).get("evaluations", [])]
+        evals_cuda = [e["eval_loss"] for e in (m_cuda or {}).get("summary", {}).get("evaluations", [])]
+        if evals_cpu or evals_cuda:
+            eval_rel = max((abs(b - a) / abs(a) for a, b in zip(evals_cpu, evals_cuda)), default=float("nan"))
+            ok = ok and len(evals_cpu) == len(evals_cuda) and eval_rel <= tol
+            r.update(eval_loss_cpu=evals_cpu, eval_loss_cuda=evals_cuda, eval_loss_rel=eval_rel)
         r.update(status="pass" if ok else "fail", tolerance=tol, tensors=len(errors),
                  max_tensor_rel_l2=errors[worst], worst_tensor=worst,
                  over_tolerance=sorted(t for t, e in errors.items() if not e <= tol)[:10],
@@ -338,7 +345,8 @@ for kind in cpu cuda; do
     -e 's/placement: {[^}]*}/placement: {params: host, grads: device, optimizer: host}/' \
     -e 's/grad_clip: 1.0/grad_clip: 0/' -e 's/memory: 16MiB/memory: 64MiB/' -e 's/memory: 24MiB/memory: 96MiB/'
   # chat: fine-tuning (issue 30) — Llama-shaped, chat JSONL through the folder's template, masks
-  # on the answers, packed rows (positions and segments), warmup + cosine, K = 2; fp32.
+  # on the answers, packed rows (positions and segments), warmup + cosine, K = 2, a held-out
+  # evaluation after the last step (the head's loss without gradients); fp32.
   make_config chat "$kind" "$configs/chat-finetune.yaml" -e "s|path: chat/arithmetic.jsonl|path: $configs/chat/arithmetic.jsonl|" \
     -e "s|tokenizer: chat,|tokenizer: $configs/chat,|" -e 's/precision: bf16/precision: fp32/' \
     -e 's/\(device: {kind: [a-z]*, memory: \)32MiB/\1128MiB/'

@@ -102,8 +102,10 @@ class CpuBackend final : public ComputeBackend {
                                const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
-    scalars_.loss = gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace,
-                                              loss_normalizer_tokens_);
+    scalars_.loss = d_x_final == nullptr
+                        ? gk::head_loss(config, shape, weights, x_final, targets_, workspace, loss_normalizer_tokens_)
+                        : gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads,
+                                                    workspace, loss_normalizer_tokens_);
     return Status();
   }
 
@@ -143,8 +145,10 @@ class CpuBackend final : public ComputeBackend {
                                      const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
-    scalars_.loss = llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads, workspace,
-                                              loss_normalizer_tokens_);
+    scalars_.loss = d_x_final == nullptr
+                        ? llama::head_loss(config, shape, weights, x_final, targets_, workspace, loss_normalizer_tokens_)
+                        : llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads,
+                                                       workspace, loss_normalizer_tokens_);
     return Status();
   }
 

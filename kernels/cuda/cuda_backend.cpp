@@ -87,7 +87,7 @@ class CudaBackend final : public ComputeBackend {
       STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, positions_, batch.positions, bytes));
     if (batch.segments != nullptr)
       STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, segments_, batch.segments, bytes));
-    // The loss and the sum, not the clip scale: interleaved updates (engine/train_plan.h) apply
+    // The loss and the sum, not the clip scale: interleaved updates (run/train_plan.h) apply
     // the previous step's in this one; none reads it before a clip_coefficient has written it
     // (a pass with no pending gradients does no update). clip_scale is the last member.
     static_assert(offsetof(StepSlots, clip_scale) + sizeof(float) == sizeof(StepSlots));
@@ -175,6 +175,9 @@ class CudaBackend final : public ComputeBackend {
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
                                const gk::Workspace& workspace) override {
     STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
+    if (d_x_final == nullptr)
+      return gk::cuda::head_loss(context_, config, shape, weights, x_final, targets_, &slots_->loss, workspace,
+                                 loss_normalizer_tokens_);
     return gk::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
                                            &slots_->loss, workspace, loss_normalizer_tokens_);
   }

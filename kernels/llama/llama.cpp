@@ -527,6 +527,11 @@ float head_forward_backward(const Config& config, const BatchShape& shape, const
   return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace, loss_normalizer_tokens);
 }
 
+float head_loss(const Config& config, const BatchShape& shape, const HeadWeights& weights, const float* x_final,
+                const int32_t* targets, const Workspace& workspace, int64_t loss_normalizer_tokens) {
+  return head_run(config, shape, weights, x_final, targets, nullptr, nullptr, workspace, loss_normalizer_tokens);
+}
+
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& w, const float* x_final,
                   float* logits, const Workspace& workspace) {
   begin_entry_point(config, shape);

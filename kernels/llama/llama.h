@@ -137,6 +137,9 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
 float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
                             const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
                             const Workspace& workspace, int64_t loss_normalizer_tokens = 0);
+// The same loss with no gradients (evaluation).
+float head_loss(const Config& config, const BatchShape& shape, const HeadWeights& weights, const float* x_final,
+                const int32_t* targets, const Workspace& workspace, int64_t loss_normalizer_tokens = 0);
 // For sampling: logits [batch, vocab] of the last position of each sequence.
 void head_forward(const Config& config, const BatchShape& shape, const HeadWeights& weights, const float* x_final,
                   float* logits, const Workspace& workspace);

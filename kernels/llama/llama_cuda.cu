@@ -430,8 +430,11 @@ Status head_forward_backward(const Context& ctx, const Config& config, const Bat
     const float* x = x_final + r0 * c;
     STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x, c, w.norm_weight, rows, ws.normed, ws.rstd));
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, rows, vocab, c, ws.normed, c, w.lm_head, c, 0.0f, ws.logits, vocab));
+    // d_x_final null: the loss only (evaluation) — no gradient rows, no backward products.
+    const bool backward = d_x_final != nullptr;
     STRATA_CUDA_LAUNCH(gpt2::cuda::cross_entropy_kernel, static_cast<unsigned>(rows), kThreads, ctx.stream(),
-                       ws.logits, vocab, targets + r0, true, grad_scale, ws.row_loss + r0);
+                       ws.logits, vocab, targets + r0, backward, grad_scale, ws.row_loss + r0);
+    if (!backward) continue;
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.lm_head, c, 0.0f, ws.d_normed, c));
     STRATA_RETURN_IF_ERROR(
         gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads.d_lm_head, c));

@@ -39,7 +39,7 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                     const BlockGrads& grads, const Workspace& workspace, bool recompute = true,
                                     const PackedRows& packed = {});
 // The loss goes to *loss (one device float); masks and `loss_normalizer_tokens` as GPT-2's
-// CUDA head (gpt2_cuda.h).
+// CUDA head (gpt2_cuda.h). d_x_final null: the loss only (grads are not touched) — evaluation.
 [[nodiscard]] Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                                            const HeadWeights& weights, const float* x_final, const int32_t* targets,
                                            float* d_x_final, const HeadGrads& grads, float* loss,

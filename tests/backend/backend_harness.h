@@ -15,7 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 
 namespace strata::testing {
 

@@ -31,7 +31,7 @@
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 #include "tests/support/reference_files.h"
 #include "tests/support/temp_dir.h"
 

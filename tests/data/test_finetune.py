@@ -19,6 +19,20 @@
 #    (77) where the backend lacks StepBatch positions/segments.
 #  (resume) a run stopped at step 3 and resumed ends bit-identical to an uninterrupted one (the
 #    shuffled batch of step s depends on s alone).
+#  (eval) `eval: {split: 0.25, every: 1}` + checkpoint.keep_best: the held-out examples are the
+#    seeded draw Python recomputes (SplitMix64), training sees the rest, and every step's eval
+#    loss equals PyTorch's masked loss of the held-out rows on the weights after that step (to
+#    1e-4); training with evaluations is bit-identical to training without (losses and exported
+#    weights); `strata eval` on the commit gives the last eval loss bit for bit, on the emulated
+#    device and with P streamed from NVMe too; a resumed run evaluates exactly as an
+#    uninterrupted one; best/best.json names the lowest eval loss's step; the refused eval
+#    configs are one line each.
+#  (eval_stream) a token stream (text-bytes) with eval.split: training reads the head, `strata
+#    eval` the tail's windows once each (the last batch's spare rows masked), and its loss
+#    equals PyTorch's on the exported weights over exactly those windows.
+#  (eval_first_batch) GPT-2 and Llama, cpu and emulated: with `eval: {path: the training file,
+#    batches: 1}`, the held-out batch is step 1's batch (a token stream's windows start at 0 for
+#    both), so `strata eval` on the step-0 commit gives step 1's training loss (1e-6).
 #  (bad_input) a malformed line, an example longer than the row, a chat tokenizer without a
 #    chat_template, epochs with steps: exit 2 and one line naming FILE:LINE or the key;
 #    --skip-bad-lines counts and goes on.
@@ -404,6 +418,241 @@ def expect_refusal(args, needle, code=2):
         fail(f"strata {' '.join(args)}: expected exit {code} and a line with {needle!r}, got "
              f"{result.returncode}:\n{result.stderr}")
 
+def mix64(x):
+    """SplitMix64's finaliser, as data::split_examples keys each example."""
+    m = (1 << 64) - 1
+    x = (x + 0x9e3779b97f4a7c15) & m
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & m
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & m
+    return x ^ (x >> 31)
+
+
+def held_out_indices(count, fraction, seed):
+    held = int(count * fraction + 0.5)  # llround of a positive value
+    keys = sorted((mix64(mix64(seed) ^ k), k) for k in range(count))
+    return sorted(k for _, k in keys[:held])
+
+
+def rows_of(example_list):
+    """One example a row, padded with EOS (targets −1): inputs and masked targets."""
+    inputs, targets = [], []
+    for ids, trained in example_list:
+        inputs.append(ids[:-1] + [EOS] * (SEQ - (len(ids) - 1)))
+        targets.append([ids[t + 1] if trained[t + 1] else -1 for t in range(len(ids) - 1)] + [-1] * (SEQ - (len(ids) - 1)))
+    return inputs, targets
+
+
+def reference_with_eval(torch, tensors, cfg, train_examples, eval_examples, steps):
+    """PyTorch: the training rows as one batch a step (the whole epoch), AdamW and clipping as
+    strata's; after each step, the masked loss over every trained token of the held-out rows."""
+    sys.path.insert(0, os.path.join(HERE, "..", "gpt2"))
+    import gpt2_reference
+    import inspect
+    takes_mask = len(inspect.signature(gpt2_reference.block).parameters) == 5
+    params = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
+    o = cfg["optimizer"]
+    optimizer = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": o["weight_decay"]},
+                                   {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
+                                  lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"])
+
+    def loss_of(rows):
+        inputs, targets = (torch.tensor(part) for part in rows_of(rows))
+        causal = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).expand(inputs.shape[0], 1, SEQ, SEQ)
+        x = params["wte.weight"][inputs] + params["wpe.weight"][torch.arange(SEQ)]
+        for i in range(N_LAYER):
+            x = gpt2_reference.block(params, i, x, N_HEAD, *([causal] if takes_mask else []))
+        x = torch.nn.functional.layer_norm(x, (N_EMBD,), params["ln_f.weight"], params["ln_f.bias"], eps=1e-5)
+        logits = torch.matmul(x, params["wte.weight"].t()).reshape(-1, VOCAB)
+        return torch.nn.functional.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
+
+    losses, eval_losses = [], []
+    for _ in range(steps):
+        loss = loss_of(train_examples)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), o["grad_clip"])
+        optimizer.step()
+        losses.append(loss.item())
+        with torch.no_grad():
+            eval_losses.append(loss_of(eval_examples).item())
+    return losses, eval_losses
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def case_eval(folder):
+    try:
+        import torch
+    except ImportError as error:
+        skip(f"PyTorch is not importable by {sys.executable} ({error}); install python3-torch")
+    torch.set_num_threads(2)
+    init_path, tensors = write_init(folder, torch)
+    everything = examples()
+    held = held_out_indices(len(everything), 0.25, 5)
+    train_part = [e for k, e in enumerate(everything) if k not in held]
+    eval_part = [everything[k] for k in held]
+    steps = 3
+    runs = {}
+    for name, extra in (("plain", {}), ("eval", {"eval": {"split": 0.25, "every": 1}, "checkpoint": {"keep_best": True}})):
+        run_folder = os.path.join(folder, name)
+        os.makedirs(run_folder)
+        cfg_path, cfg = config(run_folder, model={"init": init_path}, batch_size=len(train_part),
+                               eval=extra.get("eval"), checkpoint=extra.get("checkpoint"))
+        if name == "plain":  # the same rows without any held out: the data file less the held-out lines
+            kept = os.path.join(run_folder, "train.jsonl")
+            with open(JSONL) as f:
+                lines = [line for line in f if line.strip()]
+            with open(kept, "w") as f:
+                f.writelines(line for k, line in enumerate(lines) if k not in held)
+            cfg_path, cfg = config(run_folder, model={"init": init_path}, batch_size=len(train_part), data={"path": kept})
+        metrics = os.path.join(run_folder, "metrics.json")
+        export = os.path.join(run_folder, "final.safetensors")
+        strata("train", cfg_path, "--metrics", metrics, "--export", export)
+        runs[name] = (cfg_path, cfg, metrics_losses(metrics), read_bytes(export), run_folder)
+    (losses, m) = runs["eval"][2]
+    if m["data"]["rows_per_epoch"] != len(train_part):
+        fail(f"eval.split 0.25 of 8 examples should leave {len(train_part)} training rows, not {m['data']['rows_per_epoch']}")
+    if losses != runs["plain"][2][0] or runs["eval"][3] != runs["plain"][3]:
+        fail(f"evaluations changed training: losses {losses} vs {runs['plain'][2][0]}, or other exported weights")
+    ours = [s.get("eval_loss") for s in m["steps"]]
+    ref_losses, ref_eval = reference_with_eval(torch, tensors, runs["eval"][1], train_part, eval_part, steps)
+    for step, (a, b, la, lb) in enumerate(zip(ours, ref_eval, losses, ref_losses), 1):
+        print(f"step {step}: eval loss strata {a}  torch {b:.7f} | train loss {la:.7f} torch {lb:.7f}")
+        if a is None or abs(a - b) > 1e-4 * max(1.0, abs(b)):
+            fail(f"step {step}: eval loss {a} differs from PyTorch's {b} on the held-out examples {held}")
+    want_tokens = sum(sum(t[1:]) for _, t in eval_part)
+    evaluations = m["summary"]["evaluations"]
+    if [e["tokens"] for e in evaluations] != [want_tokens] * steps or [e["step"] for e in evaluations] != [1, 2, 3]:
+        fail(f"evaluations {evaluations}: expected {want_tokens} held-out trained tokens at steps 1..3")
+    # strata eval: the same pass on the last commit, here and on other devices and placements.
+    cfg_path, cfg, _, _, run_folder = runs["eval"]
+    for variant in ({}, {"device": {"kind": "emulated"}}, {"placement": {"params": "nvme", "optimizer": "nvme"}}):
+        variant_cfg = dict(cfg, **{k: dict(cfg[k], **v) for k, v in variant.items()})
+        variant_path = os.path.join(run_folder, "variant.yaml")
+        with open(variant_path, "w") as f:
+            json.dump(variant_cfg, f)
+        got = json.loads(strata("eval", variant_path, "--json").stdout)
+        if got["eval_loss"] != ours[-1] or got["step"] != steps:
+            fail(f"strata eval {variant}: {got}, the run's last evaluation was {ours[-1]} at step {steps}")
+    # --data: any file in data.format; the training file's loss is a different number.
+    got = json.loads(strata("eval", cfg_path, "--json", "--data", JSONL).stdout)
+    if got["tokens"] != sum(sum(t[1:]) for _, t in everything):
+        fail(f"strata eval --data {JSONL}: {got}")
+    # keep_best: the step with the lowest eval loss, and its weights as an HF folder.
+    best_dir = os.path.join(run_folder, "nvme", "store", "best")
+    with open(os.path.join(best_dir, "best.json")) as f:
+        best = json.load(f)
+    lowest = min(range(steps), key=lambda i: ours[i])
+    if best["step"] != lowest + 1 or best["eval_loss"] != ours[lowest]:
+        fail(f"best.json {best}: the lowest eval loss was {ours[lowest]} at step {lowest + 1}")
+    if not os.path.exists(os.path.join(best_dir, "model.safetensors")):
+        fail(f"{best_dir} has no model.safetensors")
+    # A resumed run evaluates exactly as the uninterrupted one.
+    resumed = os.path.join(folder, "resumed")
+    os.makedirs(resumed)
+    cfg_path, _ = config(resumed, model={"init": init_path}, batch_size=len(train_part), eval={"split": 0.25, "every": 1})
+    strata("train", cfg_path, "--steps", "2")
+    metrics = os.path.join(resumed, "metrics.json")
+    strata("train", cfg_path, "--resume", "--metrics", metrics)
+    got = [s.get("eval_loss") for s in metrics_losses(metrics)[1]["steps"]]
+    if got != ours[2:]:
+        fail(f"resumed at step 2, the eval losses are {got}, uninterrupted {ours[2:]}")
+    # Refusals: one line each, exit 2.
+    for overrides, needle in (({"eval": {"every": 2}}, "key 'eval': needs the held-out data"),
+                              ({"eval": {"split": 0.25, "path": JSONL}}, "takes path or split, not both"),
+                              ({"eval": {"split": 0.9}}, "key 'eval.split'"),
+                              ({"eval": {"split": 0.01}}, "it must leave at least one example on each side"),
+                              ({"checkpoint": {"keep_best": True}}, "key 'checkpoint.keep_best': needs an eval: block")):
+        bad_folder = os.path.join(folder, "bad")
+        shutil.rmtree(bad_folder, ignore_errors=True)
+        os.makedirs(bad_folder)
+        cfg_path, _ = config(bad_folder, **overrides)
+        expect_refusal(["train", cfg_path], needle)
+    cfg_path, _ = config(os.path.join(folder, "plain"), data={"path": JSONL})
+    expect_refusal(["eval", cfg_path], "has no eval: block")
+
+
+def read_safetensors(torch, path):
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        blob = f.read()
+    out = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = spec["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(blob[begin:end]), dtype=torch.float32).reshape(spec["shape"])
+    return out
+
+
+def case_eval_stream(folder):
+    try:
+        import torch
+    except ImportError as error:
+        skip(f"PyTorch is not importable by {sys.executable} ({error}); install python3-torch")
+    torch.set_num_threads(2)
+    text = os.path.join(folder, "text.txt")
+    with open("/usr/share/common-licenses/GPL-3", "rb") as f:
+        data = f.read(3000)
+    with open(text, "wb") as f:
+        f.write(data)
+    cfg_path, _ = config(folder, data={"path": text, "format": "text-bytes", "tokenizer": None}, epochs=None, steps=2,
+                         batch_size=4, eval={"split": 0.1}, model={"vocab_size": 256})
+    export = os.path.join(folder, "final.safetensors")
+    strata("train", cfg_path, "--export", export)
+    got = json.loads(strata("eval", cfg_path, "--json").stdout)
+    tail = list(data[len(data) - int(len(data) * 0.1):])
+    windows = (len(tail) - 1) // SEQ
+    if got["tokens"] != windows * SEQ or got["batches"] != (windows + 3) // 4:
+        fail(f"strata eval {got}: the tail of {len(tail)} tokens holds {windows} windows of {SEQ}")
+    w = {name.removeprefix("transformer."): t for name, t in read_safetensors(torch, export).items()}
+    sys.path.insert(0, os.path.join(HERE, "..", "gpt2"))
+    import gpt2_reference
+    import inspect
+    takes_mask = len(inspect.signature(gpt2_reference.block).parameters) == 5
+    inputs = torch.tensor([tail[k * SEQ:(k + 1) * SEQ] for k in range(windows)])
+    targets = torch.tensor([tail[k * SEQ + 1:(k + 1) * SEQ + 1] for k in range(windows)])
+    causal = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).expand(windows, 1, SEQ, SEQ)
+    with torch.no_grad():
+        x = w["wte.weight"][inputs] + w["wpe.weight"][torch.arange(SEQ)]
+        for i in range(N_LAYER):
+            x = gpt2_reference.block(w, i, x, N_HEAD, *([causal] if takes_mask else []))
+        x = torch.nn.functional.layer_norm(x, (N_EMBD,), w["ln_f.weight"], w["ln_f.bias"], eps=1e-5)
+        ref = torch.nn.functional.cross_entropy(torch.matmul(x, w["wte.weight"].t()).reshape(-1, 256),
+                                                targets.reshape(-1)).item()
+    print(f"tail windows {windows}: strata eval {got['eval_loss']:.7f}  torch {ref:.7f}")
+    if abs(got["eval_loss"] - ref) > 1e-4 * max(1.0, abs(ref)):
+        fail(f"strata eval's loss {got['eval_loss']} differs from PyTorch's {ref} over the tail windows")
+
+
+def case_eval_first_batch(folder):
+    text = os.path.join(folder, "text.txt")
+    with open("/usr/share/common-licenses/GPL-3", "rb") as f:
+        data = f.read(6000)
+    with open(text, "wb") as f:
+        f.write(data)
+    llama = {"arch": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 64, "intermediate_size": 160,
+             "vocab_size": 256, "seq_len": SEQ, "init": "random", "seed": 3}
+    gpt2 = {"vocab_size": 256}
+    for arch, model in (("gpt2", gpt2), ("llama", llama)):
+        for kind in ("cpu", "emulated"):
+            run_folder = os.path.join(folder, f"{arch}-{kind}")
+            os.makedirs(run_folder)
+            cfg_path, _ = config(run_folder, data={"path": text, "format": "text-bytes", "tokenizer": None},
+                                 epochs=None, steps=1, batch_size=4, model=model, precision="bf16",
+                                 device={"kind": kind}, eval={"path": text, "batches": 1, "every": 5})
+            strata("train", cfg_path, "--steps", "0")  # the store at its step-0 commit
+            got = json.loads(strata("eval", cfg_path, "--json").stdout)
+            trained = json.loads(strata("train", cfg_path, "--resume", "--json").stdout)
+            print(f"{arch} {kind}: eval at step 0 {got['eval_loss']:.8f}, step 1's training loss {trained['first_loss']:.8f}")
+            if got["step"] != 0 or got["tokens"] != 4 * SEQ or abs(got["eval_loss"] - trained["first_loss"]) > 1e-6 * abs(trained["first_loss"]):
+                fail(f"{arch} on {kind}: strata eval {got} against step 1's loss {trained['first_loss']}")
+
+
 
 def case_bad_input(folder):
     bad = os.path.join(folder, "bad.jsonl")
@@ -448,7 +697,8 @@ def main():
     folder = tempfile.mkdtemp(prefix=f"finetune-{case}-", dir=base)
     try:
         {"loss": case_loss, "tokenize": case_tokenize, "examples_train": case_examples_train, "chat": case_chat, "packing": case_packing,
-         "resume": case_resume, "bad_input": case_bad_input}[case](folder)
+         "resume": case_resume, "bad_input": case_bad_input, "eval": case_eval,
+         "eval_stream": case_eval_stream, "eval_first_batch": case_eval_first_batch}[case](folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(f"ok: {case}")

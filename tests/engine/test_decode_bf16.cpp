@@ -27,7 +27,7 @@
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
 #include "kernels/optim/cast.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 
 namespace strata {
 namespace {

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # tests/engine/test_emulated.py — `device.kind: emulated` (a discrete device emulated on the CPU,
-# memory/device/device.h) takes the CUDA path's every branch but runs the CPU kernels, so every
+# device/device.h) takes the CUDA path's every branch but runs the CPU kernels, so every
 # run on it must export the same bytes as the same config on `cpu`. Each case trains small
 # configs on both kinds through the real binary and compares the exports bit for bit, and checks
 # that the emulated run really was discrete (bytes crossed host→device, the device's high water

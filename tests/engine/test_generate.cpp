@@ -16,11 +16,11 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/generate.h"
-#include "engine/model_layout.h"
+#include "generate/generate.h"
+#include "models/model_layout.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 
 namespace strata {
 namespace {

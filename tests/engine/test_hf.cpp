@@ -1,4 +1,4 @@
-// tests/engine/test_hf.cpp — Hugging Face folders (engine/hf/hf.h): config.json → ModelConfig
+// tests/engine/test_hf.cpp — Hugging Face folders (models/hf/hf.h): config.json → ModelConfig
 // for GPT-2 and the Llama family (both rope forms; Qwen 2's q/k/v biases and Llama's
 // attention_bias, and the config.json strata writes for each), every refusal naming file and key, the
 // index's escapes refused, bf16/fp16/fp32 read back exactly, and a sharded folder written and
@@ -21,9 +21,9 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/hf/hf.h"
-#include "engine/models/model.h"
-#include "engine/safetensors.h"
+#include "models/hf/hf.h"
+#include "models/model.h"
+#include "models/safetensors.h"
 #include "tests/support/temp_dir.h"
 
 namespace strata {
@@ -156,7 +156,7 @@ TEST(HfConfig, LlamaAttentionBias) {
   EXPECT_NE(hf::config_json(*plain).find(R"("attention_bias": false)"), std::string::npos);
 }
 
-// The Qwen 2 definition (engine/models/model.h) from its config.json: each bias right after its
+// The Qwen 2 definition (models/model.h) from its config.json: each bias right after its
 // weight in HF's names and shapes, none on o_proj, zero init and no decay; the store's keys
 // round-trip the biases, a store from before them reads as without, and a resume across them is
 // refused naming model.qkv_bias.

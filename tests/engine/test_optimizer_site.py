@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# tests/engine/test_optimizer_site.py — where each optimizer step runs (engine/train_plan.h's
+# tests/engine/test_optimizer_site.py — where each optimizer step runs (run/train_plan.h's
 # OptimizerSite), through `strata plan --json`, which plans a cuda config on any machine: only a
 # discrete device (`device.kind: cuda` or `emulated`) with `placement.optimizer: host` runs the
 # update on the host (CPU AdamW); every CPU config, and a discrete device with the state on the

@@ -17,8 +17,8 @@
 #include <gtest/gtest.h>
 
 #include "common/narrow.h"
-#include "engine/data.h"
-#include "engine/safetensors.h"
+#include "data/token_stream.h"
+#include "models/safetensors.h"
 #include "tests/support/temp_dir.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-// tests/engine/test_slot_worker.cpp — proves SlotWorker (engine/slot_worker.h), which runs the
+// tests/engine/test_slot_worker.cpp — proves SlotWorker (train/slot_worker.h), which runs the
 // host AdamW off the device's callback thread: jobs posted from another thread (standing for a
 // host callback) run in post order on the worker's own thread, after its bind; wait_done and
 // wait_idle return only once the jobs have run; the bind's error reaches every job (which still
@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/slot_worker.h"
+#include "train/slot_worker.h"
 
 namespace strata {
 namespace {

@@ -350,7 +350,7 @@ def case_resume(folder):
 
 
 def case_interleave(folder):
-    """Clipped updates interleaved with the next step's forward (engine/train_plan.h) change no
+    """Clipped updates interleaved with the next step's forward (run/train_plan.h) change no
     arithmetic: offloaded, chunked runs with a clip that bites export the same bytes with
     optimizer.interleave on and off, report the same losses, and a run stopped at a commit
     (step 7 of 12, then --resume) ends bit-identical to the uninterrupted one."""

@@ -203,7 +203,7 @@ def relative_l2(a, b):
 
 def case_accumulation(folder):
     """K micro-batches of B rows = one batch of K·B rows (the data order makes them read the
-    same windows, engine/data.h), within fp32 rounding of the summed gradients."""
+    same windows, data/token_stream.h), within fp32 rounding of the summed gradients."""
     offloaded = {"device": {"memory": "6MiB"}, "host": {"memory": "6MiB"},
                  "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
                  "optimizer": {"chunk_elements": 4096}}

@@ -2,12 +2,13 @@
 // listen address parser (loopback by default, bad ports refused), the exposition (HELP/TYPE
 // per family, counters summed from the per-step deltas, the rank label on every sample), the
 // history's `since` filter and its thinning when full, and RUN.json checks for `strata report`.
+#include <cmath>
 #include <string>
 
 #include <gtest/gtest.h>
 
-#include "engine/monitor/monitor.h"
-#include "engine/monitor/report.h"
+#include "apps/monitor/monitor.h"
+#include "apps/monitor/report.h"
 
 namespace strata::monitor {
 namespace {
@@ -118,6 +119,24 @@ TEST(RunMetrics, HistorySinceAndThinning) {
   EXPECT_EQ(later["steps"][0]["step"], 19);
   // Counters keep every step even when the history thins.
   EXPECT_EQ(value_of("\n" + metrics.prometheus_text(), "strata_steps_total"), 20);
+}
+
+// Issue 30: the held-out loss — NaN until the first evaluation, then the latest one, which later
+// steps without an evaluation keep; only evaluated steps carry eval_loss in the history.
+TEST(RunMetrics, EvalLossIsTheLatestEvaluation) {
+  RunMetrics metrics;
+  metrics.begin(RunInfo{});
+  metrics.record_step(sample(1, 1));
+  EXPECT_TRUE(std::isnan(value_of("\n" + metrics.prometheus_text(), "strata_eval_loss")));
+  StepSample evaluated = sample(2, 1);
+  evaluated.eval_loss = 1.5;
+  metrics.record_step(evaluated);
+  metrics.record_step(sample(3, 1));
+  EXPECT_EQ(value_of("\n" + metrics.prometheus_text(), "strata_eval_loss"), 1.5);
+  const nlohmann::ordered_json history = metrics.history_json();
+  EXPECT_FALSE(history["steps"][0].contains("eval_loss"));
+  EXPECT_EQ(history["steps"][1]["eval_loss"], 1.5);
+  EXPECT_FALSE(history["steps"][2].contains("eval_loss"));
 }
 
 TEST(Report, RunJsonIsChecked) {

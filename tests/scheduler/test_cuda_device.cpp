@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/size.h"
-#include "memory/device/device.h"
+#include "device/device.h"
 #include "memory/host_arena.h"
 
 namespace strata::device {

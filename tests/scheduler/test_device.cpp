@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "memory/device/device.h"
+#include "device/device.h"
 
 namespace strata::device {
 namespace {

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/cli/commands.h"
+#include "apps/cli/commands.h"
 #include "text/tokenizer.h"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-# Issue 15: `--resume` on another number of ranks re-slices the committed state (engine/zero_reslice.h).
+# Issue 15: `--resume` on another number of ranks re-slices the committed state (train/zero/zero_reslice.h).
 # Proves, through the real binary on a tiny GPT-2 (global batch 6, 3 steps on the old N, resumed to 5
 # on the new N): 2 → 1, 1 → 2, 2 → 3 and 3 → 2 end with the fp32 master weights and last loss of a
 # run that never changed N within the tolerance of docs/parallel.md (relative L2 ≤ 1e-6, printed),

@@ -143,7 +143,10 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         examples = {"data": {"path": os.path.join(data_dir, "completions.jsonl"), "format": "completion",
                              "tokenizer": os.path.join(data_dir, "bytes-tokenizer")},
                     "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 260, "seq_len": 32,
-                              "seed": 7}}
+                              "seed": 7},
+                    # Evaluation on the ranks: each evaluates its rows of every held-out batch and
+                    # the loss sums and token counts are summed over the ranks.
+                    "eval": {"split": 0.25, "every": 2}}
         cfg = config(tmp, "ex-one", batch=4, **examples)
         reference = os.path.join(tmp, "ex-one.safetensors")
         ref_summary = summary_of(run(0, "train", cfg, "--json", "--export", reference), "ex-one")
@@ -159,6 +162,12 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                   f"{summary['last_loss']:.7f} vs {ref_summary['last_loss']:.7f} (rel {loss_diff:.1e})")
             if not diff <= 1e-5 or not loss_diff <= 1e-5:
                 fail(f"examples on {name} are not the 1-process run within 1e-5")
+            ours = [(e["step"], e["tokens"], e["eval_loss"]) for e in summary["evaluations"]]
+            ref = [(e["step"], e["tokens"], e["eval_loss"]) for e in ref_summary["evaluations"]]
+            print(f"examples, {name}: evaluations {ours} vs one process {ref}")
+            if [o[:2] for o in ours] != [r[:2] for r in ref] or any(
+                    abs(o[2] - r[2]) > 1e-5 * abs(r[2]) for o, r in zip(ours, ref)):
+                fail(f"the evaluations on {name} are not the 1-process run's within 1e-5")
         # K = 2 micro-batches of 4 rows on 2 ranks = one process training batches of 8 rows.
         cfg = config(tmp, "ex-one8", batch=8, **examples)
         reference8 = os.path.join(tmp, "ex-one8.safetensors")
@@ -170,6 +179,11 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         print(f"examples, K=2 on 2 ranks: relative L2 weight difference {diff:.2e} from one batch of 8 rows")
         if not diff <= 1e-5:
             fail("examples with K=2 on 2 ranks are not one batch of 8 rows within 1e-5")
+        # Stage 3 holds shares of P: evaluation there is refused in one line, before any work.
+        cfg = config(tmp, "ex-s3", batch=4, stage=3, **examples)
+        result = run(2, "train", cfg, expect_ok=False)
+        if result.returncode != 2 or "evaluation with parallel.zero_stage 3" not in result.stderr:
+            fail(f"eval at stage 3 on 2 ranks: exit {result.returncode}, expected 2 and one line:\n{result.stderr}")
     elif CASE == "rerun":
         for stage in (1, 2):
             a, _ = train(tmp, f"a{stage}", 3, stage)
@@ -331,7 +345,7 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         print("resumed from the last global commit: bit-identical to a run that never stopped")
     elif CASE == "emulated":
         # device.kind: emulated ranks keep gradients and compute copies in device memory and
-        # move them by the device-tensor path (engine/zero.h) with MPI in NCCL's place; the
+        # move them by the device-tensor path (train/zero/zero.h) with MPI in NCCL's place; the
         # kernels are the CPU's, so each stage equals the cpu ranks' run bit for bit.
         for stage in (1, 2, 3):
             outs = {}

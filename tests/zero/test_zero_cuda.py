@@ -1,4 +1,4 @@
-# Issue 15: ZeRO on CUDA ranks, gradients and compute copies over NCCL (engine/zero.h), through the
+# Issue 15: ZeRO on CUDA ranks, gradients and compute copies over NCCL (train/zero/zero.h), through the
 # real binary. Proves, where at least two GPUs are visible: `mpirun -np 2` with device.kind cuda
 # (stages 1, 2 and 3, fp32, grad_clip 1.0; stage 3 gathers each unit over NCCL) ends with the fp32 master weights and last loss of a 1-GPU
 # run of the same global batch within relative L2 1e-5 (NCCL sums in its own order, and the CUDA

@@ -1,4 +1,4 @@
-// ZeRO stage 3's plan, without MPI (engine/zero.h, engine/train_plan.h): for 2 and 3 ranks, the
+// ZeRO stage 3's plan, without MPI (train/zero/zero.h, run/train_plan.h): for 2 and 3 ranks, the
 // ranks' shares of every unit's compute copy are disjoint, each is exactly the elements of the
 // optimizer chunks that rank owns, and together they are the model once (a replicated P fails) —
 // for GPT-2 and for a Llama with Qwen 2's q/k/v biases (units of 1-D and 2-D tensors mixed);
@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/model_layout.h"
-#include "engine/train_config.h"
-#include "engine/train_plan.h"
-#include "engine/zero.h"
+#include "models/model_layout.h"
+#include "run/train_config.h"
+#include "run/train_plan.h"
+#include "train/zero/zero.h"
 
 namespace strata {
 namespace {

@@ -1,0 +1,202 @@
+// strata/run/train_plan.h — one training iteration as data: the tensors each unit owns and
+// their homes, the ordered steps that read and write them, and what follows from those alone
+// (the budget checks, the bytes of state). The trainer hands `plan` to the prefetch scheduler;
+// `strata plan` reads the same object to predict a step before anything runs.
+//
+// Per unit (models/model_layout.h): P, the compute copy (bf16 or fp32); G, the fp32 gradient;
+// O, the optimizer state in chunks (optimizer.chunk_elements), each chunk [master | m | v]. Homes
+// come from the config's `placement`. `grads: device` means the gradients never leave the
+// device: they are scratch the trainer owns, not plan tensors (so `UnitIds::grads` is
+// kNoTensor), and each update runs straight after its backward — which is why it needs
+// `grad_clip: 0`. Activations (`act.i`, block inputs) and the backward's running gradient
+// (`grad.x`) are host-homed plan tensors.
+//
+// Steps, in order:
+//   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head  [opt.ln_f]  bwd.h.{L-1} [opt.h.{L-1}] … bwd.embed  opt.embed
+// where each opt.X is one step per optimizer chunk (opt.X.c when X has several). Without
+// clipping the bracketed updates follow their backward; with clipping every update waits
+// for the global norm after bwd.embed.
+//
+// Gradient accumulation (`gradient_accumulation_steps: K` > 1): the forward/backward part
+// repeats K times, one micro-batch each (steps named `<step>.mb<k>`), and the updates follow
+// the last micro-batch's backward only — fused after it without clipping, after its bwd.embed
+// with clipping — so O is read and written once per update. From micro-batch 1 on, the head
+// and each backward also read G (the sum so far) before adding to it. K > 1 never interleaves
+// and needs G as a plan tensor (grads: host or nvme; `grads: device` scratch holds one block).
+//
+// Interleaved updates (`interleaved_updates`): with clipping, the updates after bwd.embed are
+// 16 B read and 14 B written per parameter with almost no compute to hide behind — where
+// offloaded training stalled. So when the site is `device`, there is no ZeRO and
+// `optimizer.interleave` is on (the default), one pass of the plan is instead
+//   opt.embed fwd.embed  opt.h.0 fwd.h.0 … opt.h.{L-1} fwd.h.{L-1}  opt.ln_f head  bwd.h.{L-1} … bwd.embed
+// and the updates in pass k are step k−1's: each unit's chunks run just before its forward
+// needs the new weights, so their I/O overlaps the previous unit's forward. The gradients wait
+// on their tier for one pass, and the clip coefficient is taken at the end of pass k−1
+// (after bwd.embed) and kept on the stream into pass k (kernels/backend.h). A pass with no
+// pending gradients (the first after a start, a resume or a commit) runs its opt steps without
+// math; a pass after the last backward (the drain before a commit) runs only its opt steps —
+// train/trainer.cpp. Every opt step then also reads P (it is loaded for the forward right
+// after anyway), so an opt step that does no math writes back the bytes it loaded.
+//
+// Where each update runs (`OptimizerSite`, `optimizer_site`): on the device, by the device's
+// backend, with the chunk [master | m | v] acquired on the device — every CPU run (the CPU
+// backend IS the CPU: it updates the state in place) and CUDA with `placement.optimizer:
+// device`. On the host — CUDA with `placement.optimizer: host` — the chunk is not part of the
+// step at all (it never leaves host memory): the step holds G and P on the device, G's chunk
+// goes device→host into pinned staging, a CPU backend's AdamW updates master/m/v where they
+// live and writes the new P into staging, and that goes host→device into the step's P; the
+// scheduler writes P back to its home as after any step. CUDA with `placement.optimizer: nvme`
+// stays on the device for now: a host-site update needs the scheduler to stage a tensor
+// NVMe→host for a step without copying it to the device, which it cannot say yet.
+//
+// Pure data built from the config; any thread.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "models/model_layout.h"
+#include "run/train_config.h"
+#include "scheduler/scheduler.h"
+
+namespace strata {
+
+inline constexpr scheduler::TensorId kNoTensor = std::numeric_limits<scheduler::TensorId>::max();
+
+enum class StepKind : uint8_t { fwd_embed, fwd_block, head, bwd_block, bwd_embed, optimize };
+
+enum class OptimizerSite : uint8_t { device, host };
+const char* optimizer_site_name(OptimizerSite site);  // "device", "host"
+
+struct StepInfo {
+  StepKind kind;
+  size_t unit;       // the unit the step works on (for head: ln_f)
+  size_t chunk = 0;  // optimize: which optimizer chunk
+  OptimizerSite site = OptimizerSite::device;  // optimize: where the update runs
+  uint32_t micro_batch = 0;  // forward, head, backward: which of the K micro-batches (optimize: 0)
+};
+
+struct OptimChunk {
+  scheduler::TensorId tensor = kNoTensor;
+  ElementRange range;  // of the unit's elements
+};
+
+struct UnitIds {
+  // The compute copy this rank keeps: the whole unit, or at ZeRO stage 3 its share — the
+  // elements of the chunks it owns (`params_range`; kNoTensor when it owns none of the unit).
+  scheduler::TensorId params = kNoTensor;
+  ElementRange params_range;
+  scheduler::TensorId grads = kNoTensor;  // kNoTensor: `grads: device`, trainer scratch
+  std::vector<OptimChunk> optim;
+};
+
+struct TrainPlan {
+  scheduler::AccessPlan plan;
+  std::vector<UnitIds> units;
+  std::vector<scheduler::TensorId> activations;  // A_0 … A_L (block inputs, and the head's input)
+  scheduler::TensorId d_x = kNoTensor;           // the gradient flowing back through the blocks
+  std::vector<StepInfo> steps;                   // parallel to plan.steps()
+  OptimizerSite optimizer_site = OptimizerSite::device;  // every optimize step's
+  // ZeRO stage 3 on N > 1 ranks: P is partitioned (UnitIds::params_range) and each forward,
+  // head and backward step computes on the unit's whole compute copy all-gathered into one of
+  // two start-up buffers (train/zero/zero.h). Each such step also reads the shares of the next
+  // gathering step's units, so they are resident when that gather starts during this compute.
+  bool params_gathered = false;
+  // Step k's updates run in pass k+1, before each unit's forward (see the top of this file).
+  bool interleaved_updates = false;
+};
+
+// Where the config's updates run (see the top of this file), and why, in a few words.
+OptimizerSite optimizer_site(const TrainConfig& config);
+std::string optimizer_site_reason(const TrainConfig& config);
+
+// Whether updates interleave with the next pass's forward (the top of this file): clipping,
+// the device site, one rank (`zero`: false) and optimizer.interleave.
+bool interleaved_updates(const TrainConfig& config, bool zero);
+
+// Store and plan tensor names.
+std::string params_name(const Unit& unit);
+std::string grads_name(const Unit& unit);
+std::string optim_name(const Unit& unit, size_t chunk, size_t chunk_count);
+
+// A stage-3 share of P: `params_name` when it is the whole unit, else
+// "params.<unit>.<first chunk>-<last chunk>" (the optimizer chunks whose elements it holds).
+std::string params_share_name(const Unit& unit, size_t first_chunk, size_t last_chunk, size_t chunk_count);
+
+// `owners` (train/zero/zero.h, N > 1 ranks): only the optimizer chunks `rank` owns are plan (and
+// store) tensors; the update step of any other chunk keeps P (the owner's broadcast rewrites
+// it) and has that chunk's tensor as kNoTensor. Empty: every chunk, one rank. With
+// parallel.zero_stage 3 and owners, P is this rank's share too (`params_gathered`).
+TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
+                           const std::vector<std::vector<int>>& owners = {}, int rank = 0);
+
+// The evaluation pass (`eval:`, train/trainer.h): the forward steps alone —
+//   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head
+// over each unit's P (the same store tensors and homes as training's, whole units: ZeRO stage 3's
+// shares are refused by the trainer) and the activations; no gradients, no optimizer state,
+// so an evaluation reads P and writes nothing to the store. Every step's tensors are a subset of
+// the training step of the same name, so budgets that fit training fit it.
+TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout);
+
+// Device memory the trainer holds outside the plan for the whole run.
+struct DeviceScratchSizes {
+  uint64_t workspace_bytes = 0;
+  uint64_t weights_fp32_bytes = 0;  // bf16 compute copies widened for the kernels
+  uint64_t block_grads_bytes = 0;   // grads: device — the block being updated
+  uint64_t embed_grads_bytes = 0;   // grads: device — from the head to opt.embed
+  uint64_t ln_f_grads_bytes = 0;    // grads: device — from the head to opt.ln_f
+  uint64_t param_gather_bytes = 0;  // ZeRO stage 3: the two gather buffers (gather_buffer_bytes)
+  uint64_t total() const;
+};
+// `run` (optional) adds stage 3's gather buffers when its P is partitioned.
+DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run = nullptr);
+
+// ZeRO stage 3: one gather buffer, the largest step's whole compute copies — the largest unit,
+// or the head's ln_f and embeddings side by side (ln_f first, the embeddings at
+// `gather_second_offset_bytes`). Two are allocated at start-up (double-buffered).
+uint64_t gather_buffer_bytes(const TrainConfig& config, const ModelLayout& layout);
+uint64_t gather_second_offset_bytes(const TrainConfig& config, const ModelLayout& layout);
+
+// Pinned host memory the trainer holds outside the plan when updates run on the host: two
+// slots (one being updated by the CPU while the next chunk's gradients arrive), each the
+// largest chunk's gradients (fp32) and its new compute copy. 0 when they run on the device.
+uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run);
+
+// The budgets a run stages within. On a CUDA device: the device arena is device.memory (the
+// scratch and one step's working set share it) and the scheduler's pool is host.memory. On the
+// CPU device, device memory IS host memory, so the two keys are one pool: the kernels' scratch
+// comes out of it first (its own small device region, however the config splits the keys) and
+// the rest is the pool the scheduler stages and computes in. So 2 GiB + 6 GiB and 3 GiB + 5 GiB
+// are the same run on the CPU device; on CUDA they are not.
+struct RunBudgets {
+  uint64_t scratch_bytes = 0;       // DeviceScratchSizes::total()
+  uint64_t device_region_bytes = 0; // what the device is created with
+  uint64_t pool_bytes = 0;          // the scheduler's host budget
+  // The device the kernels are timed on before the run (measure_compute, freed before the run
+  // allocates): the config's device.memory on CUDA; on the CPU device the whole of both keys,
+  // since the timing holds a unit's weights and gradients at once where the run streams them.
+  uint64_t timing_device_bytes = 0;
+  bool one_pool = false;            // the CPU device
+};
+// `run`: the plan whose stage-3 gather buffers count in the scratch (device_scratch).
+RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run = nullptr);
+
+// CUDA: one step's working set plus the scratch must fit `device.memory`; host-homed state plus
+// one step's NVMe staging must fit `host.memory`. CPU device: the scratch, host-homed state and
+// one step's NVMe staging must fit the one pool (both keys). The error names the key(s) and the
+// size needed.
+[[nodiscard]] Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run);
+
+// The training state proper (compute copies, gradients, optimizer state; not activations),
+// each tensor rounded up to `alignment_bytes`; gradients counted even when they are scratch.
+uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, uint64_t alignment_bytes = 1);
+
+// What lives in the store: every P and O, and G when it is NVMe-homed.
+bool is_store_tensor(const TrainPlan& run, scheduler::TensorId id);
+// What a commit must make durable: P and O (gradients are rewritten before they are read).
+bool is_persistent(const TrainPlan& run, scheduler::TensorId id);
+
+}  // namespace strata
