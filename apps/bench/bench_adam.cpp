@@ -220,7 +220,8 @@ nlohmann::ordered_json to_json(const Figures& f) {
           {"samples_s", f.seconds}};
 }
 
-Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa);  // --mode 8bit, below
+// --mode 8bit, below.
+Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa, bool with_avx512);
 
 Status run_bench_adam(const BenchAdamOptions& options) {
   if (options.params == 0 || options.threads == 0 || options.repeats == 0) {
@@ -242,7 +243,10 @@ Status run_bench_adam(const BenchAdamOptions& options) {
     return make_error(ErrorKind::unsupported, "--isa avx2: this CPU lacks AVX2/FMA/F16C");
   }
   isa = kernels::resolve_cpu_isa(isa);
-  if (options.mode == "8bit") return run_bench_adam_8bit(options, copy, isa);
+  // --mode 8bit times the 8-bit AVX-512 loop as well where the CPU has it (unless --isa avx2).
+  if (options.mode == "8bit") {
+    return run_bench_adam_8bit(options, copy, isa, options.isa != "avx2" && kernels::cpu_has_avx512());
+  }
   if (options.mode != "stream") {
     return make_error(ErrorKind::invalid_argument, "--mode must be stream or 8bit, not '" + options.mode + "'");
   }
@@ -479,7 +483,7 @@ Status check_8bit(BlockSample& s, const Buffers& b, const State8bit& st, const k
   return Status::ok_status();
 }
 
-Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa) {
+Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa isa, bool with_avx512) {
   if (isa != CpuIsa::avx2) {
     return make_error(ErrorKind::unsupported,
                       "--mode 8bit compares AVX2 kernels: it needs --isa best or avx2 on an AVX2 CPU");
@@ -537,7 +541,7 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
   blocks.blocks.push_back(st.blocks - 1);
   std::sort(blocks.blocks.begin(), blocks.blocks.end());
   blocks.blocks.erase(std::unique(blocks.blocks.begin(), blocks.blocks.end()), blocks.blocks.end());
-  std::vector<double> fp32_s, s8bit_s, cpu_adam_s;
+  std::vector<double> fp32_s, s8bit_s, s8bit_avx512_s, cpu_adam_s;
   const auto timed = [&](auto&& body) {
     const auto start = std::chrono::steady_clock::now();
     arena.execute(body);
@@ -555,14 +559,14 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
     if (record) fp32_s.push_back(s);
     return check_adamw(sample, b, scalars, copy);
   };
-  auto time_8bit = [&](bool record) -> Status {
+  auto time_8bit = [&](bool record, CpuIsa isa8, std::vector<double>& seconds) -> Status {
     const auto scalars = kernels::adamw_step_scalars(config, ++step_8bit);
     snapshot_blocks(blocks, b, st);
     const double s = timed([&] {
       kernels::adamw8bit_step(scalars, state8, {b.grads.get(), b.count},
-                              kernels::ComputeCopy{copy, {b.copy.get(), with_copy ? b.count : 0}}, isa);
+                              kernels::ComputeCopy{copy, {b.copy.get(), with_copy ? b.count : 0}}, isa8);
     });
-    if (record) s8bit_s.push_back(s);
+    if (record) seconds.push_back(s);
     return check_8bit(blocks, b, st, scalars, copy);
   };
   auto time_cpu_adam = [&](bool record) -> Status {
@@ -572,18 +576,20 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
     if (record) cpu_adam_s.push_back(s);
     return check_cpu_adam(sample, b, scalars);
   };
-  // Warm each once, then rotate which goes first each round so drift hits all three alike.
-  STRATA_RETURN_IF_ERROR(time_cpu_adam(false));
-  STRATA_RETURN_IF_ERROR(time_fp32(false));
-  STRATA_RETURN_IF_ERROR(time_8bit(false));
-  for (unsigned r = 0; r < options.repeats; ++r) {
-    for (unsigned k = 0; k < 3; ++k) {
-      switch ((r + k) % 3) {
-        case 0: STRATA_RETURN_IF_ERROR(time_cpu_adam(true)); break;
-        case 1: STRATA_RETURN_IF_ERROR(time_fp32(true)); break;
-        default: STRATA_RETURN_IF_ERROR(time_8bit(true)); break;
-      }
+  // The 8-bit passes share one state (each checks its own blocks against the scalar path).
+  // Warm each once, then rotate which goes first each round so drift hits all alike.
+  const unsigned passes = with_avx512 ? 4 : 3;
+  const auto time_pass = [&](unsigned which, bool record) -> Status {
+    switch (which) {
+      case 0: return time_cpu_adam(record);
+      case 1: return time_fp32(record);
+      case 2: return time_8bit(record, isa, s8bit_s);
+      default: return time_8bit(record, CpuIsa::avx512, s8bit_avx512_s);
     }
+  };
+  for (unsigned which = 0; which < passes; ++which) STRATA_RETURN_IF_ERROR(time_pass(which, false));
+  for (unsigned r = 0; r < options.repeats; ++r) {
+    for (unsigned k = 0; k < passes; ++k) STRATA_RETURN_IF_ERROR(time_pass((r + k) % passes, true));
   }
   // CPUAdam writes no compute copy: its bytes are the fp32 pass's without it.
   const Figures cpu_adam = summarise(cpu_adam_s, b.count, b.count * 28);
@@ -591,6 +597,7 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
   const Figures eight = summarise(s8bit_s, b.count, bytes_8bit);
   const double vs_cpu_adam = cpu_adam.median_s / eight.median_s;
   const double vs_fp32 = fp32.median_s / eight.median_s;
+  const Figures eight512 = with_avx512 ? summarise(s8bit_avx512_s, b.count, bytes_8bit) : Figures{};
   if (options.json) {
     nlohmann::ordered_json json = {{"params", b.count},
                                    {"threads", options.threads},
@@ -602,19 +609,32 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
                                    {"adamw8bit_vs_cpu_adam", vs_cpu_adam},
                                    {"adamw8bit_vs_fp32", vs_fp32},
                                    {"checked_blocks_per_8bit_pass", blocks.blocks.size()}};
+    if (with_avx512) {
+      json["adamw8bit_avx512"] = to_json(eight512);
+      json["adamw8bit_avx512_vs_cpu_adam"] = cpu_adam.median_s / eight512.median_s;
+      json["adamw8bit_avx512_vs_fp32"] = fp32.median_s / eight512.median_s;
+    }
     fmt::print("{}\n", json.dump());
   } else {
     fmt::print("{} params, {} threads, copy {} (strata's passes; CPUAdam writes none), median of {}\n", b.count,
                options.threads, options.copy, options.repeats);
     fmt::print("  {:<30} {:>10} {:>14} {:>10}\n", "pass", "median s", "params/s", "GB/s");
-    fmt::print("  {:<30} {:>10.4f} {:>14.4g} {:>10.2f}\n", "8-bit AdamW (block 256)", eight.median_s,
+    fmt::print("  {:<30} {:>10.4f} {:>14.4g} {:>10.2f}\n", "8-bit AdamW (block 256, avx2)", eight.median_s,
                eight.params_per_s, eight.bytes_per_s / 1e9);
+    if (with_avx512) {
+      fmt::print("  {:<30} {:>10.4f} {:>14.4g} {:>10.2f}\n", "8-bit AdamW (block 256, avx512)", eight512.median_s,
+                 eight512.params_per_s, eight512.bytes_per_s / 1e9);
+    }
     fmt::print("  {:<30} {:>10.4f} {:>14.4g} {:>10.2f}\n", "fp32 AdamW (strata)", fp32.median_s, fp32.params_per_s,
                fp32.bytes_per_s / 1e9);
     fmt::print("  {:<30} {:>10.4f} {:>14.4g} {:>10.2f}\n", "CPUAdam (DeepSpeed, reimpl.)", cpu_adam.median_s,
                cpu_adam.params_per_s, cpu_adam.bytes_per_s / 1e9);
     fmt::print("  8-bit / CPUAdam: {:.3f}x params/s; 8-bit / fp32 AdamW: {:.3f}x; {} blocks checked per 8-bit pass\n",
                vs_cpu_adam, vs_fp32, blocks.blocks.size());
+    if (with_avx512) {
+      fmt::print("  8-bit avx512 / CPUAdam: {:.3f}x params/s; 8-bit avx512 / fp32 AdamW: {:.3f}x\n",
+                 cpu_adam.median_s / eight512.median_s, fp32.median_s / eight512.median_s);
+    }
   }
   return Status::ok_status();
 }
@@ -633,7 +653,9 @@ void add_bench_adam_command(CLI::App& bench, CliState& state) {
       ->capture_default_str();
   command->add_option("--copy", options->copy, "compute copy written in the same pass: bf16, fp16 or none")
       ->capture_default_str();
-  command->add_option("--isa", options->isa, "best, scalar or avx2 (both passes)")->capture_default_str();
+  command->add_option("--isa", options->isa,
+                      "best, scalar or avx2 (every pass; --mode 8bit also times its AVX-512 loop where the CPU has it, "
+                      "unless avx2)")->capture_default_str();
   command->add_option("--mode", options->mode,
                       "stream: AdamW vs a STREAM-style pass; 8bit: 8-bit block-wise AdamW vs fp32 AdamW vs "
                       "a CPUAdam (DeepSpeed) reimplementation")

@@ -31,8 +31,11 @@
 //     zeroes the moments of a NaN/inf-gradient element: docs/optim.md.)
 //   * The compute copy (copy.dtype bf16/f16) receives the updated params rounded like cast.h;
 //     grads may be fp32 or bf16 (widened exactly), scaled by `grad_scale` as in adamw.h.
-//   * Bits: the scalar, AVX2 and CUDA paths give identical params, codes and absmax for every
-//     input, at any thread count (blocks are independent; max is exact and order-free).
+//   * Bits: the scalar, AVX2, AVX-512 and CUDA paths give identical params, codes and absmax for
+//     every input, at any thread count (blocks are independent; max is exact and order-free).
+//   * ISA: `CpuIsa::best` is the AVX-512 loop where cpu_has_avx512() (cast.h), else AVX2 where
+//     the CPU has it, else scalar; an explicit `scalar`, `avx2` or `avx512` must be supported
+//     (asserted).
 //   * Threads: tiles of whole blocks across the calling thread's TBB arena, as adamw_step.
 //     Allocation: none; a block's fresh moments and scratch live on the stack (64 KiB at most).
 //   * Shapes: asserted — codes N, absmax ceil(N/bs), copy N when asked; 1 <= bs <= max.

@@ -59,63 +59,52 @@ STRATA_AVX2 inline float horizontal_max(__m256 value) {
 // quantize_moment over the `count` values of one block, 8 lanes at a time, in three sweeps so
 // no gather is needed (vpgatherdd was no faster than plain loads on this AMD EPYC, and is far
 // slower on Intel CPUs with the gather-data-sampling microcode mitigation): the ratio and its
-// bucket key on 8 lanes; the bucket entries by plain loads; the threshold test and keep_sign
-// on 8 lanes. Same comparisons as nearest_code_lut, so the same codes. `count` is a multiple
-// of 8. Each 8 lanes also prefetch one line of `prefetch` (the next block's params or grads):
-// this sweep makes no demand misses, so without it the hardware prefetcher idles and the next
-// block's first sweep waits on DRAM; one line per iteration keeps the fill buffers free, where
-// prefetching a whole block at once did not help.
+// key on 8 lanes; the entries by plain loads; one compare per lane. CodeTable::quantize_entry
+// holds the tie rule, keep_sign and the |x| > 1 codes (adamw8bit_avx512.cpp's quantize16 says
+// why that is exact for every non-NaN ratio); NaN ratios take the scalar function. `count` is a
+// multiple of 8. Each 8 lanes also prefetch one line of `prefetch` (the next block's params or
+// grads): this sweep makes no demand misses, so without it the hardware prefetcher idles and
+// the next block's first sweep waits on DRAM; one line per iteration keeps the fill buffers
+// free, where prefetching a whole block at once did not help.
 STRATA_AVX2 void quantize_block(const CodeTable& table, bool is_signed, const float* values, float inverse,
                                 size_t count, float* ratios, uint32_t* entries, uint8_t* codes,
                                 const char* prefetch, size_t prefetch_bytes) {
   const __m256 inverse8 = _mm256_set1_ps(inverse);
+  int nan_lanes = 0;
   for (size_t q = 0; q < count; q += 8) {
     if (q * 8 < prefetch_bytes) _mm_prefetch(prefetch + q * 8, _MM_HINT_T0);
     const __m256 x = _mm256_mul_ps(_mm256_load_ps(values + q), inverse8);
     const __m256i bits = _mm256_castps_si256(x);
-    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
-    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kCodeBucketMinExponent), exponent);
-    const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
-    const __m256i bucket = _mm256_andnot_si256(
-        _mm256_or_si256(tiny, beyond_one),
-        _mm256_or_si256(_mm256_slli_epi32(_mm256_sub_epi32(exponent, _mm256_set1_epi32(kCodeBucketMinExponent)), 8),
-                        _mm256_and_si256(_mm256_srli_epi32(bits, 15), _mm256_set1_epi32(0xFF))));
-    const __m256i key = _mm256_add_epi32(
-        _mm256_and_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(static_cast<int>(kCodeBucketsPerSign))),
-        bucket);
+    // |x|'s exponent and top 8 mantissa bits less bucket 0's, saturating at 0 (16-bit lanes:
+    // each upper half is 0), at most the |x| > 1 key; negative x in the second half.
+    const __m256i magnitude_key = _mm256_srli_epi32(_mm256_slli_epi32(bits, 1), 16);
+    __m256i key = _mm256_min_epu32(
+        _mm256_subs_epu16(magnitude_key, _mm256_set1_epi32(static_cast<int>(kCodeBucketMinExponent << 8))),
+        _mm256_set1_epi32(static_cast<int>(kCodeBucketsPerSign)));
+    key = _mm256_add_epi32(key, _mm256_and_si256(_mm256_srai_epi32(bits, 31),
+                                                 _mm256_set1_epi32(static_cast<int>(kQuantizeKeysPerSign))));
+    nan_lanes |= _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     _mm256_store_ps(ratios + q, x);
     _mm256_store_si256(reinterpret_cast<__m256i*>(entries + q), key);
   }
-  for (size_t q = 0; q < count; ++q) entries[q] = table.bucket[entries[q]];
+  for (size_t q = 0; q < count; ++q) entries[q] = table.quantize_entry[entries[q]];
   for (size_t q = 0; q < count; q += 8) {
-    const __m256 value = _mm256_load_ps(values + q);
-    const __m256 x = _mm256_load_ps(ratios + q);
-    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i bits = _mm256_castps_si256(_mm256_load_ps(ratios + q));
     const __m256i entry = _mm256_load_si256(reinterpret_cast<const __m256i*>(entries + q));
-    const __m256i negative = _mm256_srai_epi32(bits, 31);
-    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xFF));
-    const __m256i beyond_one = _mm256_cmpgt_epi32(exponent, _mm256_set1_epi32(127));
-    const __m256i limit = _mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF));
-    const __m256i low = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
-    const __m256i past = _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, limit), _mm256_cmpgt_epi32(limit, low), negative);
-    const __m256i tie_flag = _mm256_and_si256(entry, _mm256_set1_epi32(0x10000));
-    const __m256i tie_up = _mm256_and_si256(_mm256_cmpeq_epi32(low, limit),
-                                            _mm256_cmpeq_epi32(tie_flag, _mm256_set1_epi32(0x10000)));
-    // The first code is the entry's top byte; `past | tie_up` is -1 where the code goes up.
-    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(entry, 24), _mm256_or_si256(past, tie_up));
-    const __m256i past_one = _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_set1_ps(1.0f), _CMP_GT_OQ));
-    code = _mm256_blendv_epi8(code, _mm256_and_si256(past_one, _mm256_set1_epi32(255)), beyond_one);
-    if (is_signed) {  // keep_sign
-      const __m256i value_negative = _mm256_srai_epi32(_mm256_castps_si256(value), 31);
-      const __m256i code_negative = _mm256_cmpgt_epi32(_mm256_set1_epi32(127), code);
-      const __m256i differ = _mm256_xor_si256(value_negative, code_negative);
-      const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_setzero_ps(), _CMP_GT_OQ));
-      const __m256i step = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_set1_epi32(1), positive);
-      code = _mm256_and_si256(_mm256_add_epi32(code, _mm256_and_si256(differ, step)), _mm256_set1_epi32(0xFF));
-    }
+    // The low 15 bits, complemented for negative x: they rise with x.
+    const __m256i rising_low = _mm256_and_si256(_mm256_xor_si256(bits, _mm256_srai_epi32(bits, 31)),
+                                                _mm256_set1_epi32(0x7FFF));
+    // -1 where the limit is above the low bits: the code stays the entry's first.
+    const __m256i stays = _mm256_cmpgt_epi32(_mm256_and_si256(entry, _mm256_set1_epi32(0xFFFF)), rising_low);
+    const __m256i code = _mm256_add_epi32(_mm256_srli_epi32(entry, 16), _mm256_add_epi32(stays, _mm256_set1_epi32(1)));
     // Every lane is 0..255: the two saturating packs narrow without changing a value.
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + q), _mm_packus_epi16(words, words));
+  }
+  if (nan_lanes != 0) {  // rare: a NaN or infinite moment
+    for (size_t q = 0; q < count; ++q) {
+      if (ratios[q] != ratios[q]) codes[q] = quantize_moment(table, is_signed, values[q], inverse);
+    }
   }
 }
 
@@ -223,6 +212,20 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
 }
 
 }  // namespace
+
+STRATA_AVX2 void quantize_moments_avx2(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                                       size_t count, uint8_t* codes) {
+  alignas(32) float block_values[kAdamW8bitMaxBlockElements];
+  alignas(32) float ratios[kAdamW8bitMaxBlockElements];
+  alignas(32) uint32_t entries[kAdamW8bitMaxBlockElements];
+  for (size_t begin = 0; begin < count; begin += kAdamW8bitMaxBlockElements) {
+    const size_t n = std::min(kAdamW8bitMaxBlockElements, count - begin);
+    const size_t n8 = n / 8 * 8;
+    std::copy(values + begin, values + begin + n8, block_values);
+    quantize_block(table, is_signed, block_values, inverse, n8, ratios, entries, codes + begin, nullptr, 0);
+    for (size_t q = n8; q < n; ++q) codes[begin + q] = quantize_moment(table, is_signed, values[begin + q], inverse);
+  }
+}
 
 STRATA_AVX2 void adamw8bit_fp32_grads_avx2(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads) {
   adamw8bit_loop(s, tile, grads);

@@ -76,12 +76,48 @@ std::array<float, 256> build_dynamic_code(bool is_signed) {
   return table;
 }
 
-detail::CodeTable make_code_table(const std::array<float, 256>& values) {
+// quantize_entry (adamw8bit_element.h) from quantize_moment itself: per key, the code at its
+// lowest x and, by bisection over the rising low bits, where it steps up; the codes at the
+// key's other x must be the first code or one more (a key spanning two steps is a build bug).
+void fill_quantize_entries(detail::CodeTable& table, bool is_signed) {
+  for (uint32_t sign = 0; sign < 2; ++sign) {
+    for (uint32_t key = 0; key < detail::kQuantizeKeysPerSign; ++key) {
+      // The key's x: bucket `key`'s exponent and top mantissa bits, or past the buckets, |x| > 1
+      // (one code for all of them: 255, or 0 when negative).
+      const uint32_t high_bits = key == detail::kCodeBucketsPerSign
+                                     ? 0x40000000u  // 2.0: finite whatever the low bits
+                                     : ((key >> 8) + detail::kCodeBucketMinExponent) << 23 | (key & 0xFFu) << 15;
+      const auto code_at = [&](uint32_t rising_low) {
+        const uint32_t low = sign == 0 ? rising_low : 0x7FFFu - rising_low;
+        return detail::quantize_moment(table, is_signed, std::bit_cast<float>(sign << 31 | high_bits | low), 1.0f);
+      };
+      const uint32_t first = code_at(0);
+      const uint32_t last = code_at(0x7FFF);
+      assert(last >= first && last <= first + 1 && "a quantiser key spans two code steps");
+      uint32_t limit = 0x8000;
+      if (last != first) {
+        uint32_t below = 0, at = 0x7FFF;  // code_at(below) == first, code_at(at) == last
+        while (at - below > 1) {
+          const uint32_t middle = (below + at) / 2;
+          (code_at(middle) == first ? below : at) = middle;
+        }
+        limit = at;
+      }
+      table.quantize_entry[sign * detail::kQuantizeKeysPerSign + key] = first << 16 | limit;
+    }
+  }
+}
+
+detail::CodeTable make_code_table(const std::array<float, 256>& values, bool is_signed) {
   detail::CodeTable table{};
   std::copy(values.begin(), values.end(), table.values);
   table.midpoints[0] = -std::numeric_limits<float>::infinity();
   for (size_t k = 1; k < 256; ++k) table.midpoints[k] = (values[k - 1] + values[k]) * 0.5f;
   table.midpoints[256] = std::numeric_limits<float>::infinity();
+  for (size_t code = 0; code < 256; ++code) {
+    const uint32_t bits = std::bit_cast<uint32_t>(values[code]);
+    for (size_t byte = 0; byte < 4; ++byte) table.value_bytes[byte][code] = static_cast<uint8_t>(bits >> (8 * byte));
+  }
   // Each bucket's first code by the reference search at its lowest x, and the threshold above
   // it if that lies inside the bucket; the lookup is exact only if no bucket spans two
   // thresholds, which the search at the bucket's highest x confirms.
@@ -109,6 +145,7 @@ detail::CodeTable make_code_table(const std::array<float, 256>& values) {
       table.bucket[sign * detail::kCodeBucketsPerSign + bucket] = entry;
     }
   }
+  fill_quantize_entries(table, is_signed);
   return table;
 }
 
@@ -120,16 +157,30 @@ void assert_state_shape(const AdamW8bitState& state) {
   assert(state.exp_avg_absmax.size() == blocks && state.exp_avg_sq_absmax.size() == blocks);
 }
 
+// `best` is avx512 where the CPU has it (this kernel is compute-bound, so the wider loop pays),
+// else detect_cpu_isa(); an explicit choice must be supported (asserted).
+CpuIsa resolve_adamw8bit_isa(CpuIsa isa) {
+  if (isa == CpuIsa::best) return cpu_has_avx512() ? CpuIsa::avx512 : detect_cpu_isa();
+  if (isa == CpuIsa::avx512) {
+    assert(cpu_has_avx512() && "CpuIsa::avx512 asked for on a CPU without AVX-512 F/BW/DQ/VL/VBMI");
+    return isa;
+  }
+  return resolve_cpu_isa(isa);
+}
+
+template <typename Grad>
+using AdamW8bitKernel = void (*)(const AdamWStepScalars&, const detail::AdamW8bitTile&, const Grad*);
+
 template <typename Grad>
 void adamw8bit_span(const AdamWStepScalars& scalars, const AdamW8bitState& state, std::span<const Grad> grads,
-                    ComputeCopy copy, CpuIsa isa,
-                    void (*scalar)(const AdamWStepScalars&, const detail::AdamW8bitTile&, const Grad*),
-                    void (*avx2)(const AdamWStepScalars&, const detail::AdamW8bitTile&, const Grad*)) {
+                    ComputeCopy copy, CpuIsa isa, AdamW8bitKernel<Grad> scalar, AdamW8bitKernel<Grad> avx2,
+                    AdamW8bitKernel<Grad> avx512) {
   assert_state_shape(state);
   const size_t count = state.params.size();
   assert(grads.size() == count);
   assert(copy.dtype == DType::f32 || copy.bits.size() == count);
-  const auto kernel = resolve_cpu_isa(isa) == CpuIsa::avx2 ? avx2 : scalar;
+  const CpuIsa resolved = resolve_adamw8bit_isa(isa);
+  const auto kernel = resolved == CpuIsa::avx512 ? avx512 : resolved == CpuIsa::avx2 ? avx2 : scalar;
   const size_t block_elements = state.block_elements;
   // Tiles of whole blocks, about kAdamWTileElements each (the fp32 kernel's reasoning holds:
   // a tile's bytes stay in L2 between the read and the write).
@@ -179,13 +230,13 @@ void adamw8bit_init(const AdamW8bitState& state) {
 void adamw8bit_step(const AdamWStepScalars& scalars, const AdamW8bitState& state, std::span<const float> grads,
                     ComputeCopy copy, CpuIsa isa) {
   adamw8bit_span(scalars, state, grads, copy, isa, detail::adamw8bit_fp32_grads_scalar,
-                 detail::adamw8bit_fp32_grads_avx2);
+                 detail::adamw8bit_fp32_grads_avx2, detail::adamw8bit_fp32_grads_avx512);
 }
 
 void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitState& state,
                                std::span<const uint16_t> grads_bf16, ComputeCopy copy, CpuIsa isa) {
   adamw8bit_span(scalars, state, grads_bf16, copy, isa, detail::adamw8bit_bf16_grads_scalar,
-                 detail::adamw8bit_bf16_grads_avx2);
+                 detail::adamw8bit_bf16_grads_avx2, detail::adamw8bit_bf16_grads_avx512);
 }
 
 // --- the scalar reference loop --------------------------------------------------------------------
@@ -193,8 +244,8 @@ void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitS
 namespace detail {
 
 const CodeTable& cpu_code_table(bool is_signed) {
-  static const CodeTable signed_table = make_code_table(dynamic_code(true));
-  static const CodeTable unsigned_table = make_code_table(dynamic_code(false));
+  static const CodeTable signed_table = make_code_table(dynamic_code(true), true);
+  static const CodeTable unsigned_table = make_code_table(dynamic_code(false), false);
   return is_signed ? signed_table : unsigned_table;
 }
 

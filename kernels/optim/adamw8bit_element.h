@@ -23,10 +23,20 @@ inline constexpr uint32_t kCodeBucketsPerSign = (127 - kCodeBucketMinExponent + 
 // shares all higher bits, so comparing those low bits compares the floats), or a limit no x
 // reaches (0x8000 for positive x, 0 for negative) when there is none; bit 16 set when an x
 // exactly on that threshold goes up (the code above it is even: bitsandbytes' tie rule).
+// value_bytes[b][code] is byte b (0 the lowest) of values[code]'s bits: the AVX-512 loop looks
+// codes up 64 at a time as four byte tables (vpermi2b) instead of gathering floats.
+// quantize_entry is the AVX-512 quantiser's form of `bucket`, keyed by kQuantizeKeysPerSign
+// keys per sign (the buckets, then one for |x| > 1), each the whole of quantize_moment at scale 1
+// — keep_sign included — for every non-NaN x of its key: bits 16-23 the code of the key's
+// lowest x, bits 0-15 a limit: the code is one higher where x's rising low bits (its low 15 bits,
+// complemented for negative x, so they grow with x) are >= limit (0x8000: nowhere).
+inline constexpr uint32_t kQuantizeKeysPerSign = kCodeBucketsPerSign + 1;
 struct CodeTable {
   float values[256];
   float midpoints[257];
   uint32_t bucket[2 * kCodeBucketsPerSign];
+  alignas(64) uint8_t value_bytes[4][256];
+  uint32_t quantize_entry[2 * kQuantizeKeysPerSign];
 };
 
 // The two tables the CPU kernels use, built at first use (adamw8bit_cpu.cpp): signed for m.

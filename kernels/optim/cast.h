@@ -12,7 +12,8 @@
 //     fp16 → fp32 keeps sign and payload and sets the quiet bit. See elementwise.h.
 //   * ISA: `CpuIsa::best` picks AVX2+F16C+FMA at run time where the CPU has them, else the
 //     scalar code. `scalar` forces the portable path (tests prove both give identical bits);
-//     asking for `avx2` on a CPU without it asserts.
+//     asking for `avx2` on a CPU without it asserts. `avx512` runs the AVX2 loops here (only
+//     the 8-bit AdamW has AVX-512 loops, adamw8bit.h); asking for it without AVX-512 asserts.
 //   * Threads: spans of at least kCastParallelMinElements are split across the calling thread's
 //     TBB arena (run inside a tbb::task_arena to bound the threads); smaller ones run on the
 //     caller. Any thread may call; calls on disjoint buffers may run concurrently.
@@ -30,11 +31,17 @@ enum class CpuIsa : uint8_t {
   best,    // resolve at run time: avx2 where supported, else scalar
   scalar,  // portable C++; the reference every other path must match bit for bit
   avx2,    // AVX2 + FMA + F16C intrinsics
+  avx512,  // AVX-512 F/BW/DQ/VL/VBMI on top of avx2: the 8-bit AdamW's loops; avx2 everywhere else
 };
 const char* cpu_isa_name(CpuIsa isa);
-// What `best` resolves to on this CPU (uses __builtin_cpu_supports once).
+// What `best` resolves to on this CPU for every kernel but the 8-bit AdamW: avx2 or scalar
+// (uses __builtin_cpu_supports once).
 CpuIsa detect_cpu_isa();
-// `best` → detect_cpu_isa(); an explicit choice is returned as is (asserted supported).
+// Whether this CPU (and the OS's saved register state) has AVX-512 F, BW, DQ, VL and VBMI besides
+// what avx2 needs; what `best` resolves to in adamw8bit.h.
+bool cpu_has_avx512();
+// `best` → detect_cpu_isa(); `avx512` → avx2 (asserted supported); an explicit scalar or avx2
+// is returned as is (asserted supported).
 CpuIsa resolve_cpu_isa(CpuIsa isa);
 
 // Spans shorter than this are converted on the calling thread: below it TBB's task overhead

@@ -61,4 +61,18 @@ STRATA_OPTIM_DECLARE_KERNELS(scalar)
 STRATA_OPTIM_DECLARE_KERNELS(avx2)
 #undef STRATA_OPTIM_DECLARE_KERNELS
 
+// AVX-512 (F, BW, DQ, VL, VBMI) loops exist only where they beat the AVX2 ones by more than the
+// memory bound allows the AVX2 ones to: the 8-bit AdamW, which is compute-bound. Callable only
+// where cpu_has_avx512() says so.
+void adamw8bit_fp32_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile, const float* grads);
+void adamw8bit_bf16_grads_avx512(const AdamWStepScalars& s, const AdamW8bitTile& tile, const uint16_t* grads);
+// quantize_moment of `count` values of one block (whose inverse_absmax is `inverse`) by the
+// AVX-512 quantiser: the step's own code path, exposed so tests can hold it to the scalar one
+// on chosen values (ties, bucket edges, specials) that a step rarely produces.
+void quantize_moments_avx512(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                             size_t count, uint8_t* codes);
+// The same by the AVX2 loop's quantiser (its last count % 8 values by the scalar one).
+void quantize_moments_avx2(const CodeTable& table, bool is_signed, const float* values, float inverse,
+                           size_t count, uint8_t* codes);
+
 }  // namespace strata::kernels::detail

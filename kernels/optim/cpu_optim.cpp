@@ -21,6 +21,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::best: return "best";
     case CpuIsa::scalar: return "scalar";
     case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
   }
   return "?";
 }
@@ -39,8 +40,23 @@ CpuIsa detect_cpu_isa() {
   return detected;
 }
 
+bool cpu_has_avx512() {
+  // __builtin_cpu_supports checks the OS's xsave state (zmm registers enabled) as well.
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return detect_cpu_isa() == CpuIsa::avx2 && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+  }();
+  return has;
+}
+
 CpuIsa resolve_cpu_isa(CpuIsa isa) {
   if (isa == CpuIsa::best) return detect_cpu_isa();
+  if (isa == CpuIsa::avx512) {
+    assert(cpu_has_avx512() && "CpuIsa::avx512 asked for on a CPU without AVX-512 F/BW/DQ/VL/VBMI");
+    return CpuIsa::avx2;  // the kernels of this file have no AVX-512 loop
+  }
   assert((isa != CpuIsa::avx2 || detect_cpu_isa() == CpuIsa::avx2) &&
          "CpuIsa::avx2 asked for on a CPU without AVX2/FMA/F16C");
   return isa;

@@ -30,7 +30,7 @@ except ImportError as error:  # the skip must say why
     print(f"SKIP: PyTorch/numpy not importable by {sys.executable}: {error}")
     sys.exit(77)
 
-ISA_SCALAR, ISA_AVX2 = 1, 2
+ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 1, 2, 3
 f32p = ctypes.POINTER(ctypes.c_float)
 u8p = ctypes.POINTER(ctypes.c_uint8)
 u16p = ctypes.POINTER(ctypes.c_uint16)
@@ -39,6 +39,7 @@ u16p = ctypes.POINTER(ctypes.c_uint16)
 def load(path):
     lib = ctypes.CDLL(path)
     lib.strata_optim_detected_isa.restype = ctypes.c_int
+    lib.strata_optim_has_avx512.restype = ctypes.c_int
     lib.strata_dynamic_code.argtypes = [ctypes.c_int, f32p]
     lib.strata_dynamic_code.restype = None
     lib.strata_adamw8bit_step.argtypes = [ctypes.c_double] * 5 + [
@@ -49,7 +50,8 @@ def load(path):
 
 
 def isas(lib):
-    return [ISA_SCALAR] + ([ISA_AVX2] if lib.strata_optim_detected_isa() == ISA_AVX2 else [])
+    return ([ISA_SCALAR] + ([ISA_AVX2] if lib.strata_optim_detected_isa() == ISA_AVX2 else []) +
+            ([ISA_AVX512] if lib.strata_optim_has_avx512() else []))
 
 
 # --- the dynamic map, transcribed from the published construction --------------------------------

@@ -1,7 +1,7 @@
 // A tiny C ABI over kernels/optim for the PyTorch reference script (torch_reference.py), which
 // loads it with ctypes and compares against torch in-process, chunk by chunk, with no files in
-// between. Test-only: the `isa` ints are 0 best, 1 scalar, 2 avx2; copy dtype 0 none, 1 bf16,
-// 2 fp16.
+// between. Test-only: the `isa` ints are 0 best, 1 scalar, 2 avx2, 3 avx512 (the 8-bit AdamW's
+// loop; the other kernels run avx2 under it); copy dtype 0 none, 1 bf16, 2 fp16.
 #include <cstddef>
 #include <cstdint>
 
@@ -20,6 +20,7 @@ strata::DType to_copy_dtype(int copy) {
 extern "C" {
 
 int strata_optim_detected_isa() { return static_cast<int>(strata::kernels::detect_cpu_isa()); }
+int strata_optim_has_avx512() { return strata::kernels::cpu_has_avx512() ? 1 : 0; }
 
 void strata_cast_fp32_to_bf16(const float* src, uint16_t* dst, size_t count, int isa) {
   strata::kernels::cast_fp32_to_bf16({src, count}, {dst, count}, to_isa(isa));
