@@ -19,6 +19,7 @@
 #        [--chunk-elements N]   (omit: the trainer's choice; N: optimizer.chunk_elements: N)
 #        [--interleave on|off]   (optimizer.interleave; omit: the trainer default, on)
 #        [--sides resident,offloaded] [--io-reference]
+#        [--optimizer-kind adamw|adamw8bit]   (optimizer.kind on both sides; default adamw)
 import argparse
 import json
 import os
@@ -42,6 +43,8 @@ parser.add_argument("--verify-reads", default="always", choices=["always", "once
 parser.add_argument("--chunk-elements", type=int, default=None,
                     help="set optimizer.chunk_elements (default: leave it to the trainer)")
 parser.add_argument("--sides", default="resident,offloaded", help="which sides to run, comma-separated")
+parser.add_argument("--optimizer-kind", default="adamw", choices=["adamw", "adamw8bit"],
+                    help="optimizer.kind on both sides (docs/optim.md: adamw8bit moves 6 bytes of state an element, not 12)")
 parser.add_argument("--io-reference", action="store_true",
                     help="after each offloaded run, the resident config while fio moves that run's bytes at its rates")
 args = parser.parse_args()
@@ -61,6 +64,8 @@ if args.interleave is not None:
     base["optimizer"]["interleave"] = args.interleave == "on"
 if args.chunk_elements is not None:
     base["optimizer"]["chunk_elements"] = args.chunk_elements
+if args.optimizer_kind != "adamw":
+    base["optimizer"]["kind"] = args.optimizer_kind
 variants = {
     "resident": {"device": {"memory": "4GiB"}, "host": {"memory": "4GiB"},
                  "placement": {"params": "device", "grads": "host", "optimizer": "host"}},

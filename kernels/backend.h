@@ -40,7 +40,7 @@
 // - Models: GPT-2's ops (gpt2.h) and Llama's (llama.h, the `llama_` ops); a model definition
 //   (models/model.h) picks its own, so callers above it never name a model.
 // - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama and kernels/optim (adamw.h,
-//   cast.h) — bit-identical to calling them directly (tests/backend/test_backend_cpu.cpp). The
+//   adamw8bit.h, cast.h) — bit-identical to calling them directly (tests/backend/test_backend_cpu.cpp). The
 //   CUDA backend is gpt2_cuda.h and optim_cuda.h: AdamW and the casts give the CPU's bits; the
 //   GPT-2 ops and the sum of squares agree to fp32 rounding (tests/backend/test_backend_ops.cpp
 //   states each op's tolerance).
@@ -105,6 +105,10 @@ struct StepScalars {
 // bf16 or f16 also writes the updated params, rounded, to `copy` (the fused low-precision
 // copy); f32 writes none. With `use_clip_scale` the gradient scale is the one the last
 // `clip_coefficient` left on the stream, not `scalars.grad_scale`.
+// With `block_elements` > 0 the moments are 8-bit block-wise (adamw8bit.h's semantics and
+// layout: codes count bytes each, absmax ceil(count / block_elements) floats each, blocks
+// counted from `params[0]`) and exp_avg / exp_avg_sq are unused; the optimizer seam
+// (optim/state.h) decides which pieces take it.
 struct AdamWChunk {
   detail::AdamWStepScalars scalars{};
   bool use_clip_scale = false;
@@ -115,6 +119,11 @@ struct AdamWChunk {
   uint64_t count = 0;
   DType copy_dtype = DType::f32;
   uint16_t* copy = nullptr;
+  uint32_t block_elements = 0;  // 0: fp32 moments
+  uint8_t* exp_avg_codes = nullptr;
+  uint8_t* exp_avg_sq_codes = nullptr;
+  float* exp_avg_absmax = nullptr;
+  float* exp_avg_sq_absmax = nullptr;
 };
 
 class ComputeBackend {

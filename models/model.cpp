@@ -14,14 +14,24 @@
 
 namespace strata {
 
-std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements) {
+std::vector<optim::TensorSpan> optim_spans(const Unit& unit) {
+  std::vector<optim::TensorSpan> spans;
+  for (const UnitTensor& tensor : unit.tensors)
+    spans.push_back({tensor.offset_elements, tensor.element_count, tensor.weight_decay, tensor.token_embedding});
+  return spans;
+}
+
+std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements, const optim::StateLayout& state) {
   const uint64_t n = unit.element_count;
   const uint64_t chunks = std::max<uint64_t>(1, (n + chunk_elements - 1) / chunk_elements);
+  const std::vector<optim::TensorSpan> spans = optim_spans(unit);
   std::vector<ElementRange> ranges;
+  uint64_t begin = 0;
   for (uint64_t c = 0; c < chunks; ++c) {
-    const uint64_t begin = n * c / chunks;
-    const uint64_t end = n * (c + 1) / chunks;
+    const uint64_t end = c + 1 == chunks ? n : state.snap_cut(spans, n * (c + 1) / chunks);
+    if (end <= begin) continue;
     ranges.push_back(ElementRange{begin, end - begin});
+    begin = end;
   }
   return ranges;
 }
@@ -66,6 +76,7 @@ class Gpt2 final : public ModelDefinition {
     auto outer = gk::outer_param_specs(kc_);  // wte, wpe, ln_f.w, ln_f.b
     Unit embed{"embed", -1, {}, 0};
     add(embed, std::string(outer[0].name_suffix), outer[0], model.init_std, 0.0f);
+    embed.tensors.back().token_embedding = true;  // wte
     add(embed, std::string(outer[1].name_suffix), outer[1], model.init_std, 0.0f);
     units_.push_back(std::move(embed));
     const auto block_specs = gk::block_param_specs(kc_);
@@ -219,6 +230,7 @@ class Llama final : public ModelDefinition {
     const int64_t c = model.n_embd;
     Unit embed{"embed", -1, {}, 0};
     add_tensor(embed, "model.embed_tokens.weight", {vocab, c}, true, model.init_std, 0.0f);
+    embed.tensors.back().token_embedding = true;
     units_.push_back(std::move(embed));
     const auto specs = lk::block_param_specs(kc_);
     for (int64_t layer = 0; layer < kc_.n_layer; ++layer) {

@@ -42,6 +42,7 @@ struct UnitTensor {
   uint64_t offset_elements = 0;  // within the unit's packed buffer
   uint64_t element_count = 0;
   bool weight_decay = false;     // AdamW decays 2-D tensors only
+  bool token_embedding = false;  // the token embedding (optimizer.embedding_state applies to it)
   double init_std = 0.0;         // 0: constant init_value
   float init_value = 0.0f;
 };
@@ -59,8 +60,13 @@ struct Unit {
   uint64_t element_count = 0;
 };
 
-// A unit's optimizer chunks (see OptimizerConfig::chunk_elements): ceil(n / chunk_elements) ranges of near-equal size covering it.
-std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements);
+// A unit's tensors as the optimizer seam sees them (optim/state.h).
+std::vector<optim::TensorSpan> optim_spans(const Unit& unit);
+// A unit's optimizer chunks (see OptimizerConfig::chunk_elements): ceil(n / chunk_elements)
+// ranges of near-equal size covering it, each cut moved down to where the state layout allows
+// (StateLayout::snap_cut: inside an 8-bit tensor, a block boundary of it); a range that the
+// snapping empties is dropped. adamw cuts anywhere, so its chunks are the near-equal ranges.
+std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements, const optim::StateLayout& state);
 
 namespace models {
 

@@ -5,10 +5,11 @@
 
 #include <fmt/format.h>
 
+#include "apps/monitor/monitor.h"
+#include "common/size.h"
+#include "device/device.h"
 #include "generate/generate.h"
 #include "models/hf/hf.h"
-#include "apps/monitor/monitor.h"
-#include "device/device.h"
 
 namespace strata {
 
@@ -245,6 +246,36 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   o.chunk_elements_set = optimizer.has("chunk_elements");
   STRATA_READ(o.chunk_elements, optimizer.integer("chunk_elements", int64_t{16} << 20, 1024, int64_t{1} << 40));
   STRATA_READ(o.interleave, optimizer.boolean("interleave", true));
+  // The optimizer's kind and, for adamw8bit, bitsandbytes' rules (optim/state.h, docs/optim.md).
+  STRATA_ASSIGN_OR_RETURN(std::string kind, optimizer.choice("kind", {"adamw", "adamw8bit"}, std::string("adamw")));
+  o.kind = *optim::kind_named(kind);
+  if (o.kind != optim::Kind::adamw8bit) {
+    for (const char* key : {"block_size", "min_8bit_size", "embedding_state"})
+      if (optimizer.has(key))
+        return optimizer.error_at(key, "applies to 8-bit optimizer state only: set optimizer.kind: adamw8bit, or "
+                                       "remove it");
+  } else {
+    optim::EightBitRules& rules = o.rules;
+    int64_t block_size = 0;
+    STRATA_READ(block_size, optimizer.integer("block_size", static_cast<int64_t>(kernels::kAdamW8bitBlockElements), 64,
+                                              static_cast<int64_t>(kernels::kAdamW8bitMaxBlockElements)));
+    if (!is_power_of_two(static_cast<uint64_t>(block_size)))
+      return optimizer.error_at("block_size", fmt::format("is {}; it must be a power of two in [64, {}] (bitsandbytes "
+                                                          "uses 256)",
+                                                          block_size, kernels::kAdamW8bitMaxBlockElements));
+    rules.block_elements = static_cast<uint32_t>(block_size);
+    STRATA_READ(rules.min_8bit_elements,
+                optimizer.integer("min_8bit_size", static_cast<int64_t>(kernels::kAdamW8bitMinElements), 0,
+                                  int64_t{1} << 40));
+    STRATA_ASSIGN_OR_RETURN(std::string embedding, optimizer.choice("embedding_state", {"8bit", "fp32"}, std::string("8bit")));
+    rules.embedding_fp32 = embedding == "fp32";
+    // A chunk cut inside an 8-bit tensor falls on one of its block boundaries (optim/state.h):
+    // a chunk smaller than a block could not be cut at all.
+    if (o.chunk_elements_set && o.chunk_elements < rules.block_elements)
+      return optimizer.error_at("chunk_elements", fmt::format("is {}, smaller than optimizer.block_size {}: an 8-bit "
+                                                              "chunk holds whole blocks",
+                                                              o.chunk_elements, rules.block_elements));
+  }
   STRATA_RETURN_IF_ERROR(optimizer.finish());
 
   // schedule: Hugging Face's warmup + constant / linear / cosine (train/lr_schedule.h).
@@ -366,7 +397,8 @@ uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
   // always has the next chunk's read queued. A power of two, 64 Ki … 16 Mi elements (the old
   // fixed value: what large budgets keep).
   constexpr uint64_t kMinElements = uint64_t{64} << 10, kMaxElements = uint64_t{16} << 20;
-  const uint64_t target = pool_bytes / 16 / config.optimizer.state().bytes_per_element();
+  const auto target =
+      static_cast<uint64_t>(static_cast<double>(pool_bytes / 16) / config.optimizer.state().bytes_per_element());
   uint64_t elements = kMinElements;
   while (elements * 2 <= std::min(target, kMaxElements)) elements *= 2;
   return elements;

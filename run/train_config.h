@@ -75,10 +75,12 @@ struct ModelConfig {
 };
 
 struct OptimizerConfig {
-  // Which optimizer, and so its state layout (optim/state.h): what a chunk of it weighs and
-  // how it is packed. AdamW with fp32 state is the one kind so far.
+  // Which optimizer (optimizer.kind: adamw | adamw8bit), and so its state layout
+  // (optim/state.h): what a chunk of it weighs, how it is packed and where it may be cut.
+  // `rules` are adamw8bit's (optimizer.block_size, min_8bit_size, embedding_state).
   optim::Kind kind = optim::Kind::adamw;
-  optim::StateLayout state() const { return optim::StateLayout(kind); }
+  optim::EightBitRules rules;
+  optim::StateLayout state() const { return optim::StateLayout(kind, rules); }
   double lr = 3.0e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -76,7 +76,8 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   for (const Unit& unit : layout.units()) {
     const size_t unit_index = run.units.size();
     UnitIds ids;
-    const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements);
+    const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements, state);
+    const std::vector<optim::TensorSpan> spans = optim_spans(unit);
     ids.params_range = ElementRange{0, unit.element_count};
     if (run.params_gathered) {
       // The owned chunks are one contiguous run (the partition is contiguous in model order).
@@ -109,9 +110,11 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
       // lives (train/trainer.cpp), so it is the host's alone, in no step.
       chunk.tensor = run.optimizer_site == OptimizerSite::host
                          ? run.plan.add_host_only_tensor(optim_name(unit, c, chunks.size()),
-                                                         state.chunk_bytes(chunks[c].element_count))
+                                                         state.chunk_bytes(spans, chunks[c].begin_elements,
+                                                                           chunks[c].element_count))
                          : run.plan.add_tensor(optim_name(unit, c, chunks.size()),
-                                               state.chunk_bytes(chunks[c].element_count),
+                                               state.chunk_bytes(spans, chunks[c].begin_elements,
+                                                                 chunks[c].element_count),
                                                home_of(config.placement.optimizer));
       ids.optim.push_back(chunk);
     }

@@ -87,8 +87,8 @@ std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint6
                    {"parallel.ranks", std::to_string(ranks)},  // train/zero/zero.h: how the optimizer chunks are split
                    {"step", std::to_string(step)},
                    {"precision", dtype_name(config.precision)},
-                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)},
-                   {"optim_state", config.optimizer.state().name()}});
+                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
+  config.optimizer.state().record(metadata);  // optim_state and its kind's keys (optim/state.h)
   // The run's tokenizer, for an exported Hugging Face folder to carry (export_store_weights).
   if (const std::string tokenizer = tokenizer_path_for(config); !tokenizer.empty()) metadata["tokenizer"] = tokenizer;
   return metadata;
@@ -111,14 +111,7 @@ Result<uint64_t> optim_chunk_elements_of(const std::map<std::string, std::string
 // The optimizer state layout a store was written with (stores from before the seam: adamw, the
 // one layout there was).
 Result<optim::StateLayout> optim_state_of(const std::map<std::string, std::string>& metadata, const std::string& dir) {
-  auto it = metadata.find("optim_state");
-  if (it == metadata.end()) return optim::StateLayout(optim::Kind::adamw);
-  const std::optional<optim::Kind> kind = optim::kind_named(it->second);
-  if (!kind)
-    return make_error(ErrorKind::corrupt,
-                      fmt::format("store {}: metadata 'optim_state' is '{}', an optimizer this strata does not know", dir,
-                                  it->second));
-  return optim::StateLayout(*kind);
+  return optim::StateLayout::from_metadata(metadata, dir);
 }
 
 // The model a store was trained with, from its committed metadata (model.h's shape keys, held
@@ -207,15 +200,20 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     init = std::make_unique<hf::Checkpoint>(std::move(checkpoint));
   }
   const uint64_t largest = layout.largest_unit_elements();
-  uint64_t largest_chunk = 0;
-  for (const UnitIds& ids : run.units)
-    for (const OptimChunk& chunk : ids.optim) largest_chunk = std::max(largest_chunk, chunk.range.element_count);
+  const optim::StateLayout state = config.optimizer.state();
+  std::vector<std::vector<optim::TensorSpan>> spans;
+  uint64_t largest_chunk_bytes = 0;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    spans.push_back(optim_spans(layout.units()[u]));
+    for (const OptimChunk& chunk : run.units[u].optim)
+      largest_chunk_bytes = std::max(
+          largest_chunk_bytes, state.chunk_bytes(spans[u], chunk.range.begin_elements, chunk.range.element_count));
+  }
   STRATA_ASSIGN_OR_RETURN(memory::HostBuffer master_buffer, memory::HostBuffer::allocate(arena, largest * 4));
   // Staging: a 16-bit init tensor or compute copy (2 B/element), zero gradients (4 B), or one
   // optimizer chunk (its state layout's bytes).
-  const optim::StateLayout state = config.optimizer.state();
   STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging_buffer,
-                          memory::HostBuffer::allocate(arena, std::max(largest * 4, state.chunk_bytes(largest_chunk))));
+                          memory::HostBuffer::allocate(arena, std::max(largest * 4, largest_chunk_bytes)));
   auto* master = reinterpret_cast<float*>(master_buffer.data());
   auto* staging = reinterpret_cast<float*>(staging_buffer.data());
   auto* staging_bits = reinterpret_cast<uint16_t*>(staging_buffer.data());
@@ -235,9 +233,11 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
       if (ids.optim[c].tensor == kNoTensor) continue;  // another rank's (train/zero/zero.h)
       const ElementRange& range = ids.optim[c].range;
       const uint64_t count = range.element_count;
-      state.initialize(master + range.begin_elements, count, staging_buffer.data());
+      const uint64_t begin = range.begin_elements;
+      state.initialize(spans[u], begin, count, master + begin, staging_buffer.data());
       STRATA_RETURN_IF_ERROR(write_tensor(store, optim_name(unit, c, ids.optim.size()), state.store_dtype(),
-                                          state.store_shape(count), staging_buffer.data(), state.chunk_bytes(count)));
+                                          state.store_shape(spans[u], begin, count), staging_buffer.data(),
+                                          state.chunk_bytes(spans[u], begin, count)));
     }
     const int64_t flat_shape[] = {static_cast<int64_t>(n)};
     // P, or at ZeRO stage 3 this rank's share of it (none when it owns none of the unit).
@@ -291,11 +291,7 @@ class Run {
   Run(const TrainConfig& config, const TrainOptions& options, ZeroStep* zero = nullptr)
       : config_(config), options_(options), layout_(config.model), state_(config.optimizer.state()),
         shape_{config.batch_size, config.model.seq_len}, zero_(zero != nullptr && zero->active() ? zero : nullptr) {
-    for (const Unit& unit : layout_.units()) {
-      std::vector<optim::TensorSpan>& spans = unit_spans_.emplace_back();
-      for (const UnitTensor& tensor : unit.tensors)
-        spans.push_back({tensor.offset_elements, tensor.element_count, tensor.weight_decay});
-    }
+    for (const Unit& unit : layout_.units()) unit_spans_.push_back(optim_spans(unit));
   }
   // Ops still on the compute stream may hold scheduler callbacks (release_after): they finish
   // before the scheduler and the buffers they name go away.
@@ -503,6 +499,15 @@ Status Run::open_store(uint64_t& start_step) {
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{} was trained with another precision; --resume needs precision: {}", dir,
                                     precision == store_->committed_metadata().end() ? "?" : precision->second));
+    // The optimizer state is read as the layout it was written with, or not at all: a kind or
+    // rule change would reinterpret its bytes, and converting state is not something a resume
+    // does silently (one line, naming the key).
+    STRATA_ASSIGN_OR_RETURN(const optim::StateLayout stored_state, optim_state_of(store_->committed_metadata(), dir));
+    if (!(stored_state == state_))
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: key 'optimizer.kind': {} holds {} optimizer state, the config asks for {}; "
+                                    "--resume does not convert optimizer state: resume with the store's settings",
+                                    config_.source_path, dir, stored_state.describe(), state_.describe()));
     STRATA_ASSIGN_OR_RETURN(const uint64_t stored_chunk, optim_chunk_elements_of(store_->committed_metadata(), dir));
     // Evaluation reads P alone: how the optimizer state is chunked does not matter to it.
     if (stored_chunk != config_.optimizer.chunk_elements && !evaluating_)
@@ -1636,15 +1641,17 @@ Result<TrainSummary> Run::execute() {
 // spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
 Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state, const Unit& unit,
                    uint64_t chunk_elements, float* master, std::vector<std::byte>& staging) {
-  const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements);
+  const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements, state);
+  const std::vector<optim::TensorSpan> spans = optim_spans(unit);
   for (size_t c = 0; c < chunks.size(); ++c) {
     const uint64_t count = chunks[c].element_count;
-    staging.resize(std::max<size_t>(staging.size(), state.chunk_bytes(count)));
+    const uint64_t chunk_bytes = state.chunk_bytes(spans, chunks[c].begin_elements, count);
+    staging.resize(std::max<size_t>(staging.size(), chunk_bytes));
     const std::string name = optim_name(unit, c, chunks.size());
     memory::Store* holder = &stores.front();
     for (memory::Store& store : stores)
       if (store.find(name).has_value()) holder = &store;
-    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), state.chunk_bytes(count)));
+    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), chunk_bytes));
     const float* chunk_master = state.master(staging.data());
     std::copy(chunk_master, chunk_master + count, master + chunks[c].begin_elements);
   }

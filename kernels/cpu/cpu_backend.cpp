@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/optim/adamw.h"
+#include "kernels/optim/adamw8bit.h"
 #include "kernels/optim/cast.h"
 
 namespace strata::kernels {
@@ -263,6 +264,16 @@ class CpuBackend final : public ComputeBackend {
     if (chunk.use_clip_scale) scalars.grad_scale = clip_scale_;
     ComputeCopy copy;
     if (chunk.copy_dtype != DType::f32) copy = {chunk.copy_dtype, std::span<uint16_t>(chunk.copy, chunk.count)};
+    if (chunk.block_elements > 0) {  // 8-bit block-wise moments (adamw8bit.h)
+      const size_t blocks = kernels::adamw8bit_block_count(chunk.count, chunk.block_elements);
+      const AdamW8bitState state{std::span<float>(chunk.params, chunk.count),
+                                 std::span<uint8_t>(chunk.exp_avg_codes, chunk.count),
+                                 std::span<uint8_t>(chunk.exp_avg_sq_codes, chunk.count),
+                                 std::span<float>(chunk.exp_avg_absmax, blocks),
+                                 std::span<float>(chunk.exp_avg_sq_absmax, blocks), chunk.block_elements};
+      kernels::adamw8bit_step(scalars, state, std::span<const float>(chunk.grads, chunk.count), copy);
+      return Status();
+    }
     kernels::adamw_step(scalars, std::span<float>(chunk.params, chunk.count),
                         std::span<const float>(chunk.grads, chunk.count), std::span<float>(chunk.exp_avg, chunk.count),
                         std::span<float>(chunk.exp_avg_sq, chunk.count), copy);

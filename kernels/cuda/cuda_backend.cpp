@@ -234,6 +234,10 @@ class CudaBackend final : public ComputeBackend {
     return cuda::clip_coefficient(&slots_->grad_sum_squares, max_norm, &slots_->clip_scale, stream());
   }
   Status adamw(const AdamWChunk& c) override {
+    if (c.block_elements > 0)  // 8-bit block-wise moments (adamw8bit.h, adamw8bit.cu)
+      return cuda::adamw8bit_step(c.scalars, c.use_clip_scale ? &slots_->clip_scale : nullptr, c.params, c.grads,
+                                  c.exp_avg_codes, c.exp_avg_sq_codes, c.exp_avg_absmax, c.exp_avg_sq_absmax, c.count,
+                                  c.block_elements, c.copy_dtype, c.copy, stream());
     if (c.use_clip_scale)
       return cuda::adamw_step_device_scale(c.scalars, &slots_->clip_scale, c.params, c.grads, c.exp_avg, c.exp_avg_sq,
                                            c.count, c.copy_dtype, c.copy, stream());

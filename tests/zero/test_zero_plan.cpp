@@ -58,7 +58,7 @@ TEST(ZeroStage3Plan, SharesAreTheModelOnceAndTheOwnedChunks) {
     SCOPED_TRACE(config.model.arch);
     const ModelLayout layout(config.model);
     for (int ranks : {2, 3}) {
-      const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
+      const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, config.optimizer.state(), ranks);
       uint64_t total_bytes = 0;
       std::set<std::string> names;
       for (int rank = 0; rank < ranks; ++rank) {
@@ -97,7 +97,7 @@ TEST(ZeroStage3Plan, SharesAreTheModelOnceAndTheOwnedChunks) {
 TEST(ZeroStage3Plan, EachGatheringStepReadsTheNextOnesShares) {
   const TrainConfig config = small_config(3);
   const ModelLayout layout(config.model);
-  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, 2);
+  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, config.optimizer.state(), 2);
   for (int rank = 0; rank < 2; ++rank) {
     const TrainPlan run = build_train_plan(config, layout, owners, rank);
     std::vector<size_t> gathering;
@@ -127,7 +127,7 @@ TEST(ZeroStage3Plan, EachGatheringStepReadsTheNextOnesShares) {
 
 TEST(ZeroStage3Plan, GatherBuffersCountedOnlyAtStage3) {
   const ModelLayout layout(small_config(3).model);
-  const ChunkOwners owners = optimizer_chunk_owners(layout, 20000, 2);
+  const ChunkOwners owners = optimizer_chunk_owners(layout, 20000, optim::StateLayout(), 2);
   const TrainConfig stage3 = small_config(3);
   const TrainConfig stage2 = small_config(2);
   const TrainPlan run3 = build_train_plan(stage3, layout, owners, 0);

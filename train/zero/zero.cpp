@@ -12,14 +12,15 @@
 
 namespace strata {
 
-ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, int ranks) {
+ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, const optim::StateLayout& state,
+                                   int ranks) {
   uint64_t total = 0;
   for (const Unit& unit : layout.units()) total += unit.element_count;
   ChunkOwners owners;
   uint64_t before = 0;  // elements of the chunks before this one, in model order
   for (const Unit& unit : layout.units()) {
     std::vector<int>& unit_owners = owners.emplace_back();
-    for (const ElementRange& chunk : optim_chunks(unit, chunk_elements)) {
+    for (const ElementRange& chunk : optim_chunks(unit, chunk_elements, state)) {
       // The rank whose 1/N of the flat element space holds the chunk's middle element.
       const uint64_t middle = before + chunk.element_count / 2;
       unit_owners.push_back(static_cast<int>(std::min<uint64_t>(middle * static_cast<uint64_t>(ranks) / total,
@@ -106,7 +107,8 @@ ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32
 }
 
 nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayout& layout, int ranks) {
-  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, ranks);
+  const optim::StateLayout state = config.optimizer.state();
+  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, state, ranks);
   const uint32_t stage = std::max<uint32_t>(config.parallel.zero_stage, 1);
   const uint64_t param_bytes = dtype_size_bytes(config.precision);
   std::vector<uint64_t> chunks(static_cast<size_t>(ranks)), optimizer_bytes(static_cast<size_t>(ranks));
@@ -114,10 +116,12 @@ nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayo
   std::vector<uint64_t> params_bytes(static_cast<size_t>(ranks),
                                      stage >= 3 && ranks > 1 ? 0 : layout.parameter_count() * param_bytes);
   for (size_t u = 0; u < layout.units().size(); ++u) {
-    const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements);
+    const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements, state);
+    const std::vector<optim::TensorSpan> spans = optim_spans(layout.units()[u]);
     for (size_t c = 0; c < ranges.size(); ++c) {
       chunks[static_cast<size_t>(owners[u][c])] += 1;
-      optimizer_bytes[static_cast<size_t>(owners[u][c])] += config.optimizer.state().chunk_bytes(ranges[c].element_count);
+      optimizer_bytes[static_cast<size_t>(owners[u][c])] +=
+          state.chunk_bytes(spans, ranges[c].begin_elements, ranges[c].element_count);
       if (stage >= 3 && ranks > 1) params_bytes[static_cast<size_t>(owners[u][c])] += ranges[c].element_count * param_bytes;
     }
   }
@@ -165,10 +169,10 @@ ZeroStep::ZeroStep(comm::Communicator& comm, const ModelLayout& layout, const Tr
                    uint32_t global_batch, comm::Communicator* device_comm)
     : comm_(comm), device_comm_(device_comm), stage_(std::max<uint32_t>(config.parallel.zero_stage, 1)),
       param_bytes_(dtype_size_bytes(config.precision)), global_batch_(global_batch),
-      chunk_elements_(config.optimizer.chunk_elements),
-      owners_(optimizer_chunk_owners(layout, config.optimizer.chunk_elements, comm.size())) {
+      chunk_elements_(config.optimizer.chunk_elements), state_(config.optimizer.state()),
+      owners_(optimizer_chunk_owners(layout, config.optimizer.chunk_elements, state_, comm.size())) {
   for (const Unit& unit : layout.units()) {
-    chunks_.push_back(optim_chunks(unit, chunk_elements_));
+    chunks_.push_back(optim_chunks(unit, chunk_elements_, state_));
     unit_elements_.push_back(unit.element_count);
   }
   const auto n = static_cast<size_t>(comm.size());

@@ -61,7 +61,9 @@ namespace strata {
 
 // owner[unit][chunk]: the rank that keeps and updates that optimizer chunk.
 using ChunkOwners = std::vector<std::vector<int>>;
-ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, int ranks);
+// The chunks are optim_chunks(unit, chunk_elements, state): cut where the state layout allows.
+ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, const optim::StateLayout& state,
+                                   int ranks);
 
 // `path` with every "{rank}" replaced by the rank's number.
 std::string expand_rank(const std::string& path, int rank);
@@ -158,6 +160,7 @@ class ZeroStep {
   uint32_t param_bytes_;
   uint32_t global_batch_;
   uint64_t chunk_elements_;
+  optim::StateLayout state_;
   ChunkOwners owners_;
   std::vector<std::vector<ElementRange>> chunks_;  // [unit][chunk]
   // Stage 3, per unit: each rank's share of P as byte counts and displacements (allgatherv).

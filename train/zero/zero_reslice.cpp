@@ -246,6 +246,13 @@ Status check_against_config(const std::map<std::string, std::string>& metadata, 
                       fmt::format("{}: key 'optimizer.chunk_elements': cannot re-slice {}, whose optimizer state is in "
                                   "chunks of {} elements, into chunks of {} (whole chunks move; set it back to {})",
                                   config.source_path, dir, chunk, config.optimizer.chunk_elements, chunk));
+  // Whole chunks move as bytes: they must be read back as the layout they were written with.
+  STRATA_ASSIGN_OR_RETURN(const optim::StateLayout stored_state, optim::StateLayout::from_metadata(metadata, dir));
+  if (!(stored_state == config.optimizer.state()))
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: key 'optimizer.kind': cannot re-slice {}, which holds {} optimizer state, as {} "
+                                  "(re-slicing does not convert optimizer state)",
+                                  config.source_path, dir, stored_state.describe(), config.optimizer.state().describe()));
   return Status();
 }
 
@@ -338,7 +345,7 @@ struct OldShare {
 
 std::vector<std::vector<OldShare>> old_shares_by_unit(const TrainConfig& mine, const ModelLayout& layout,
                                                       int old_ranks) {
-  const ChunkOwners owners = old_ranks > 1 ? optimizer_chunk_owners(layout, mine.optimizer.chunk_elements, old_ranks)
+  const ChunkOwners owners = old_ranks > 1 ? optimizer_chunk_owners(layout, mine.optimizer.chunk_elements, mine.optimizer.state(), old_ranks)
                                            : ChunkOwners{};
   std::vector<std::vector<OldShare>> shares(layout.units().size());
   for (int r = 0; r < old_ranks; ++r) {
@@ -357,7 +364,7 @@ Result<BuildFigures> build_new_store(const TrainConfig& config, int rank, int ra
   const auto start = Clock::now();
   STRATA_ASSIGN_OR_RETURN(TrainConfig mine, config_for_rank(config, rank, ranks));
   const ModelLayout layout(mine.model);
-  const ChunkOwners owners = ranks > 1 ? optimizer_chunk_owners(layout, mine.optimizer.chunk_elements, ranks)
+  const ChunkOwners owners = ranks > 1 ? optimizer_chunk_owners(layout, mine.optimizer.chunk_elements, mine.optimizer.state(), ranks)
                                        : ChunkOwners{};
   const TrainPlan run = build_train_plan(mine, layout, owners, rank);
 
