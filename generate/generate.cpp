@@ -20,7 +20,7 @@
 #include "models/hf/hf.h"
 #include "models/model_layout.h"
 #include "run/train_plan.h"
-#include "train/trainer.h"
+#include "run/run_store.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/cast.h"
@@ -211,18 +211,6 @@ int32_t TokenizerCodec::start_token(uint32_t vocab_size) const {
                                                                        newline->front() < vocab_size)
     return static_cast<int32_t>(newline->front());
   return 0;
-}
-
-std::string tokenizer_path_for(const TrainConfig& config) {
-  if (!config.data_tokenizer.empty()) return config.data_tokenizer;
-  if (config.model.init != "random" && hf::is_folder(config.model.init)) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-      std::error_code error;
-      const std::filesystem::path path = std::filesystem::path(config.model.init) / name;
-      if (std::filesystem::is_regular_file(path, error)) return config.model.init;
-    }
-  }
-  return std::string();
 }
 
 Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config, const std::string& tokenizer_path) {
@@ -719,6 +707,17 @@ Status stage_hf_weights(const TrainConfig& config, bool progress) {
   metadata["format"] = kWeightsOnlyFormat;
   metadata["source"] = config.model.init;
   return store.commit(0, metadata);
+}
+
+Result<std::string> generate(const TrainConfig& config, const std::string& prompt, uint32_t tokens,
+                             double temperature, uint64_t seed) {
+  SamplingOptions options;
+  options.tokens = tokens;
+  options.temperature = temperature;
+  options.seed = seed;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenCodec> codec, make_codec(config, std::string()));
+  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, *codec));
+  return summary.text;
 }
 
 }  // namespace strata
