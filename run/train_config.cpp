@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "models/hf/hf.h"
+#include "run/budgets.h"
 #include "apps/monitor/monitor.h"
-#include "device/device.h"
 
 namespace strata {
 
@@ -356,10 +356,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
 }
 
 uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
-  // The memory optimizer chunks stream through: on the CPU device the budgets are one pool
-  // (docs/train.md); elsewhere a chunk is staged in host memory and updated on the device.
-  const uint64_t pool_bytes = device::memory_is_host(config.device_kind) ? config.host_memory_bytes + config.device_memory_bytes
-                                                          : std::min(config.host_memory_bytes, config.device_memory_bytes);
+  // The memory optimizer chunks stream through (run/budgets.h, the one pool rule; no scratch is
+  // known before the layout): on the CPU device the budgets are one pool (docs/train.md);
+  // elsewhere a chunk is staged in host memory and updated on the device.
+  const uint64_t pool_bytes = memory_pools(config, 0).streaming_bytes();
   // A sixteenth of it per chunk (state().bytes_per_element() an element): several chunks are
   // in flight beside the parameters and gradients of the unit being updated, so the drive
   // always has the next chunk's read queued. A power of two, 64 Ki … 16 Mi elements (the old

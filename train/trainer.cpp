@@ -31,6 +31,7 @@
 #include "apps/monitor/monitor.h"
 #include "models/safetensors.h"
 #include "train/slot_worker.h"
+#include "run/budgets.h"
 #include "run/run_store.h"
 #include "run/step_model.h"
 #include "run/train_plan.h"
