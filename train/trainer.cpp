@@ -35,6 +35,7 @@
 #include "run/run_store.h"
 #include "run/step_model.h"
 #include "run/train_plan.h"
+#include "train/zero/param_gather.h"
 #include "train/zero/zero.h"
 #include "train/zero/zero_reslice.h"
 #include "kernels/backend.h"
@@ -232,16 +233,6 @@ class Run {
   // ZeRO (train/zero/zero.h): the stream is drained, then the collectives run on this thread.
   Status reduce_across_ranks(size_t unit, float* grads);
   Status share_updated_params(const StepInfo& info, const sch::StepBuffers& buffers);
-  // ZeRO stage 3 (TrainPlan::params_gathered): the units a step computes on whole, and the
-  // gather of their compute copies into one of two start-up buffers (see run_step).
-  struct GatherSlot {
-    device::DeviceBuffer buffer;           // gather_buffer_bytes: [first unit | second unit]
-    std::vector<comm::Request> requests;   // in flight until waited
-    size_t for_step = SIZE_MAX;            // the plan step it is being gathered for
-  };
-  std::vector<size_t> gathered_units(const StepInfo& info) const;
-  Status start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers);
-  Status gather_for_step(size_t step_index, const sch::StepBuffers& buffers);
   const void* params_of(size_t unit, size_t position, const sch::StepBuffers& buffers) const;
   Status checkpoint(uint64_t step);
   Error step_failed(Error error, uint64_t step, bool committing) const;
@@ -255,9 +246,6 @@ class Run {
   std::vector<kernels::AdamWChunk> device_pieces_;          // the device-site update's calls, reused
   gk::BatchShape shape_;
   ZeroStep* zero_ = nullptr;  // N > 1 ranks (train/zero/zero.h); null: one rank, as before
-  const std::byte* gathered_ = nullptr;        // the slot the current step computes on
-  std::vector<size_t> next_gather_step_;       // per plan step: the next gathering step (SIZE_MAX: none)
-  std::vector<std::vector<size_t>> step_gathers_;  // per plan step: gathered_units, made at start-up
   TrainPlan run_;
   // Evaluation: the forward-only plan, the held-out batches, what the training schedulers
   // before the current one counted (each evaluation replaces it), the best evaluation so far.
@@ -278,7 +266,10 @@ class Run {
   // Every op of a step goes through the backend of device_'s kind (kernels/backend.h).
   std::unique_ptr<kernels::ComputeBackend> backend_;
   device::DeviceBuffer workspace_;
-  GatherSlot gather_slots_[2];  // ZeRO stage 3 only (allocated in execute); after device_: freed before it
+  // ZeRO stage 3 only (TrainPlan::params_gathered; made in execute): the units a step computes
+  // on whole, gathered into two start-up buffers (train/zero/param_gather.h). After device_ and
+  // backend_: freed before them.
+  std::optional<ParamGather> gather_;
   device::DeviceBuffer weights_fp32_;
   // grads: device — the gradients, which then never leave the device (train_plan.h).
   device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
@@ -732,77 +723,11 @@ Status Run::share_updated_params(const StepInfo& info, const sch::StepBuffers& b
   return zero_->share_params(info.unit, info.chunk, buffers.device_data(run_.units[info.unit].params));
 }
 
-std::vector<size_t> Run::gathered_units(const StepInfo& info) const {
-  switch (info.kind) {
-    case StepKind::fwd_embed:
-    case StepKind::fwd_block:
-    case StepKind::bwd_block: return {info.unit};
-    case StepKind::head: return {layout_.ln_f_unit(), layout_.embed_unit()};
-    default: return {};
-  }
-}
-
-// The step's units into `slot`: this rank's share of each is copied to its place in the
-// unit's layout (so the transport never reads a scheduler block, which may move once the step
-// is released), then the in-place allgatherv is left in flight. The caller has synchronized the
-// stream: no queued op still reads the slot or writes a share. CPU device: host memory, a
-// memcpy, MPI. CUDA ranks: the share is copied on the compute stream and that stream is
-// synchronized before NCCL's own stream may read the slot.
-Status Run::start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers) {
-  const uint32_t param_bytes = dtype_size_bytes(config_.precision);
-  const bool on_cpu = device_->memory_is_host();
-  const std::vector<size_t>& units = step_gathers_[step_index];
-  for (size_t position = 0; position < units.size(); ++position) {
-    auto* unit_params = static_cast<std::byte*>(slot.buffer.data()) +
-                        (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
-    const UnitIds& ids = run_.units[units[position]];
-    if (ids.params != kNoTensor) {
-      std::byte* share = unit_params + ids.params_range.begin_elements * param_bytes;
-      const uint64_t share_bytes = ids.params_range.element_count * param_bytes;
-      if (on_cpu) {
-        std::memcpy(share, buffers.device_data(ids.params), share_bytes);
-      } else {
-        device::Stream& compute = backend_->compute_stream();
-        STRATA_RETURN_IF_ERROR(device_->copy_on_device(compute, share, buffers.device_data(ids.params), share_bytes));
-        STRATA_RETURN_IF_ERROR(device_->synchronize(compute));
-      }
-    }
-    STRATA_ASSIGN_OR_RETURN(comm::Request request, zero_->gather_params_async(units[position], unit_params));
-    slot.requests.push_back(request);
-  }
-  slot.for_step = step_index;
-  return Status();
-}
-
-// Stage 3, before a gathering step's compute: its gather (started during the previous one's
-// compute, or now for the iteration's first) is waited for, and the next gathering step's is
-// started into the other slot — its shares are in this step's buffers (build_train_plan) — so
-// that gather overlaps this compute, as the scheduler's lookahead overlaps NVMe.
-Status Run::gather_for_step(size_t step_index, const sch::StepBuffers& buffers) {
-  GatherSlot* slot = nullptr;
-  for (GatherSlot& candidate : gather_slots_)
-    if (candidate.for_step == step_index) slot = &candidate;
-  if (slot == nullptr) {
-    slot = gathered_ == gather_slots_[0].buffer.data() ? &gather_slots_[1] : &gather_slots_[0];
-    STRATA_RETURN_IF_ERROR(backend_->synchronize());
-    STRATA_RETURN_IF_ERROR(start_gather(step_index, *slot, buffers));
-  }
-  for (comm::Request request : slot->requests) STRATA_RETURN_IF_ERROR(zero_->wait(request));
-  slot->requests.clear();
-  slot->for_step = SIZE_MAX;  // step indices repeat every iteration
-  gathered_ = static_cast<const std::byte*>(slot->buffer.data());
-  const size_t next = next_gather_step_[step_index];
-  if (next == SIZE_MAX) return Status();
-  GatherSlot& other = slot == &gather_slots_[0] ? gather_slots_[1] : gather_slots_[0];
-  STRATA_RETURN_IF_ERROR(backend_->synchronize());  // the previous step's ops may still read `other`
-  return start_gather(next, other, buffers);
-}
-
 // The unit's whole compute copy for this step: its P, or at stage 3 the gathered copy
 // (`position`: first or second unit of the step's gather).
 const void* Run::params_of(size_t unit, size_t position, const sch::StepBuffers& buffers) const {
   if (!run_.params_gathered) return buffers.device_data(run_.units[unit].params);
-  return gathered_ + (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
+  return gather_->params(position);
 }
 
 float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
@@ -869,7 +794,7 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     }
     // Stage 3: this step's gathered units (waited for; counted in comm time, not compute).
     Status gathered;
-    if (run_.params_gathered && !step_gathers_[index].empty()) gathered = gather_for_step(index, buffers);
+    if (gather_ && gather_->gathers(index)) gathered = gather_->for_step(index, buffers);
     STRATA_RETURN_IF_ERROR(compute_and_release(index, buffers, step, std::move(gathered), figures.compute_seconds));
   }
   if (run_.optimizer_site == OptimizerSite::host) {
@@ -1361,18 +1286,9 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(open_memory());
   const DeviceScratchSizes scratch = device_scratch(config_, layout_, &run_);
   if (run_.params_gathered) {  // ZeRO stage 3: the two gather buffers, for the whole run
-    for (GatherSlot& slot : gather_slots_) {
-      STRATA_ASSIGN_OR_RETURN(slot.buffer, device_->allocate(gather_buffer_bytes(config_, layout_)));
-    }
-    next_gather_step_.assign(run_.steps.size(), SIZE_MAX);
-    for (const StepInfo& info : run_.steps) step_gathers_.push_back(gathered_units(info));
-    size_t later = SIZE_MAX;
-    for (size_t index = run_.steps.size(); index-- > 0;) {
-      next_gather_step_[index] = later;
-      if (!step_gathers_[index].empty()) later = index;
-    }
-    // The last gathering step of an iteration starts none: the next iteration's first reads
-    // a share its owner rewrites after it (opt.embed).
+    STRATA_ASSIGN_OR_RETURN(ParamGather gather,
+                            ParamGather::create(config_, layout_, run_, *zero_, *device_, *backend_));
+    gather_.emplace(std::move(gather));
   }
   if (config_.placement.grads == Tier::device) {
     STRATA_ASSIGN_OR_RETURN(block_grads_, device_->allocate(scratch.block_grads_bytes));
