@@ -15,11 +15,12 @@
 // positions end there; Llama's RoPE does not, but the cache is sized for it): when it is full,
 // its last half is encoded again as a new prompt at positions 0….
 //
-// Memory: the scheduler's pool is host.memory (+ device.memory on the CPU device) less the
-// fixed scratch — the KV cache, two activation buffers, the bf16 decode ops' scratch (the
-// backend's size: ~1 MiB on the CPU, which multiplies bf16 weights without widening a unit
-// whole), the decode workspace and the logits — which is allocated once at start; nothing grows per token. A
-// config whose budgets cannot hold the scratch and the largest step is refused naming both.
+// Memory (the one pool rule, run/budgets.h): the scheduler's pool is host.memory
+// (+ device.memory on the CPU device) less the fixed scratch — the KV cache, two activation
+// buffers, the bf16 decode ops' scratch (the backend's size: ~1 MiB on the CPU, which multiplies
+// bf16 weights without widening a unit whole), the decode workspace and the logits — which is
+// allocated once at start; nothing grows per token. A config whose budgets cannot hold the
+// scratch and the largest step is refused naming both.
 //
 // Sampling: greedy at temperature 0; otherwise softmax(logits / T), cut to the smallest set of
 // most likely tokens whose probability reaches top_p (1: all), drawn with a std::mt19937_64

@@ -16,9 +16,9 @@
 // evicts by Belady's rule and writes dirty state back to its home.
 //
 // Durability: the store is committed every `checkpoint_every` steps (and at the end) with
-// the step counter in its metadata; that commit is the checkpoint. `resume` continues from
-// the last commit; the data order depends only on the step, so a resumed run is bit-identical
-// to one that never stopped.
+// the step counter in its metadata (run/run_store.h: what a store is, what a commit records,
+// export); that commit is the checkpoint. `resume` continues from the last commit; the data
+// order depends only on the step, so a resumed run is bit-identical to one that never stopped.
 //
 // Evaluation (`eval:`, docs/train.md "eval"): every `eval.every` updates (and after the last)
 // the step commits, and the committed weights are measured on held-out rows (train_batches.h:
