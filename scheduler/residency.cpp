@@ -447,6 +447,13 @@ void Residency::write_back() {
   for (size_t i = 0; i < books_.size(); ++i) {
     const TensorId id = static_cast<TensorId>(i);
     Book& book = books_[i];
+    // A copy the very next step rewrites does not go down yet: that version would be superseded
+    // before anything read it. (The update of a unit cut into optimizer chunks rewrites the
+    // unit's P once per chunk: sent down after each, P crossed PCIe and reached NVMe once per
+    // chunk, and in place each chunk's step waited for the write of the one before.) It goes
+    // down after its last rewrite — its next use is then further away — or when flushing. It is
+    // never a victim meanwhile: its next use is the nearest there is.
+    if (!flushing_ && distance(book, cursor_abs_) == 0 && next_use_writes(book, cursor_abs_)) continue;
     // While flushing, write-backs are the only need, so they may take any idle host block.
     if (device_dirty(book)) start_write_back(id, flushing_ ? 0 : distance(book, cursor_abs_));
     // In place, a block a held step may still be writing waits for the release.

@@ -16,7 +16,8 @@
 //     elsewhere (or it is stale). So dirty data always reaches host (and NVMe, for NVMe-homed
 //     tensors) before its space is reused.
 //   - `pass` walks the plan ahead of the cursor (the next step to acquire): dirty device copies
-//     go down eagerly (device → host, then host → NVMe for NVMe-homed tensors); copies the next
+//     go down eagerly (device → host, then host → NVMe for NVMe-homed tensors) — except a copy
+//     the cursor step itself rewrites, which goes down after its last rewrite; copies the next
 //     steps read are loaded (NVMe → host → device) as far as the lookahead and the budgets
 //     reach, at most `io_queue_tensors` NVMe transfers and `copies_in_flight` copies per
 //     direction in flight. Victims go by Belady's rule: the copy whose next use is furthest

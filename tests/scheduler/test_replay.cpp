@@ -226,6 +226,41 @@ TEST(Replay, RepeatedReadOnlyPlanKeepsAResidentSubset) {
   }
 }
 
+// A unit's update cut into optimizer chunks: each chunk's step reads and rewrites the unit's
+// whole P, one after another. P goes down (to NVMe) once per iteration, after its last
+// rewrite — not once per chunk — on the real scheduler and in the replay, in place and with a
+// device tier.
+TEST(Replay, ATensorRewrittenByConsecutiveStepsGoesDownOnce) {
+  AccessPlan plan;
+  const uint64_t p_bytes = 128 * kKiB, chunk_bytes = 64 * kKiB;
+  const TensorId p = plan.add_tensor("P", p_bytes);
+  std::vector<TensorId> chunks;
+  for (int c = 0; c < 4; ++c) chunks.push_back(plan.add_tensor("O." + std::to_string(c), chunk_bytes));
+  const TensorId other = plan.add_tensor("other", 64 * kKiB);
+  plan.add_step("fwd", {p, other});
+  plan.add_step("bwd", {p, other}, {other});
+  for (int c = 0; c < 4; ++c) plan.add_step("opt." + std::to_string(c), {chunks[c], p}, {chunks[c], p});
+  for (bool in_place : {true, false}) {
+    SchedulerOptions options;
+    options.compute_in_place = in_place;
+    options.host_budget_bytes = 512 * kKiB;
+    const uint64_t device_bytes = in_place ? 64 * kKiB : 512 * kKiB;
+    const Bytes real = run_real(plan, options, device_bytes, 512 * kKiB);
+    const Bytes replayed = run_replay(plan, options, device_bytes, 512 * kKiB);
+    // Each iteration writes P, the 4 chunks and `other` once: 448 KiB. One write of P per
+    // chunk would be 832 KiB.
+    const uint64_t once = p_bytes + 4 * chunk_bytes + 64 * kKiB;
+    std::printf("in place %d: NVMe written per iteration real %llu, replayed %llu (each tensor once: %llu)\n",
+                in_place, static_cast<unsigned long long>(real.written / kCounted),
+                static_cast<unsigned long long>(replayed.written / kCounted), static_cast<unsigned long long>(once));
+    for (const Bytes& bytes : {real, replayed}) {
+      EXPECT_GE(bytes.written, uint64_t{kCounted - 1} * once) << "in place " << in_place;
+      EXPECT_LE(bytes.written, uint64_t{kCounted + 1} * once) << "in place " << in_place;
+      if (!in_place) EXPECT_LE(bytes.d2h, uint64_t{kCounted + 1} * once) << "device→host, once each";
+    }
+  }
+}
+
 // An untied model's generation with the embedding read by rows: blocks, then a head 4× a
 // block that nothing else reads. Pool 448 KiB of 1024. Kept in plan order, the ring must hold
 // head + block (320 KiB), leaving room for 2 blocks: 896 KiB read a repetition. Kept largest
