@@ -20,7 +20,8 @@
 #include "models/hf/hf.h"
 #include "models/model_layout.h"
 #include "run/train_plan.h"
-#include "train/trainer.h"
+#include "run/budgets.h"
+#include "run/run_store.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/cast.h"
@@ -213,18 +214,6 @@ int32_t TokenizerCodec::start_token(uint32_t vocab_size) const {
   return 0;
 }
 
-std::string tokenizer_path_for(const TrainConfig& config) {
-  if (!config.data_tokenizer.empty()) return config.data_tokenizer;
-  if (config.model.init != "random" && hf::is_folder(config.model.init)) {
-    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-      std::error_code error;
-      const std::filesystem::path path = std::filesystem::path(config.model.init) / name;
-      if (std::filesystem::is_regular_file(path, error)) return config.model.init;
-    }
-  }
-  return std::string();
-}
-
 Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config, const std::string& tokenizer_path) {
   const std::string path = tokenizer_path.empty() ? tokenizer_path_for(config) : tokenizer_path;
   if (path.empty()) {
@@ -367,12 +356,12 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                        2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
                                        device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
                                        kernels::fixed_device_bytes(kind, gk::BatchShape{1, max_rows});
-  const bool one_pool = device::memory_is_host(kind);
+  // The pool before the embedding rows are decided on: the one pool rule (run/budgets.h) with
+  // the fixed scratch.
+  const uint64_t pool_before_rows_bytes =
+      memory_pools(kind, config.device_memory_bytes, config.host_memory_bytes, fixed_scratch_bytes).pool_bytes;
   uint64_t weights_in_pool_bytes = 0;  // as the scheduler places them
   for (const Unit& unit : layout.units()) weights_in_pool_bytes += align_up(unit.element_count * element_bytes, 4096);
-  const uint64_t both_budgets_bytes = config.host_memory_bytes + config.device_memory_bytes;
-  const uint64_t pool_before_rows_bytes =
-      one_pool ? both_budgets_bytes - std::min(both_budgets_bytes, fixed_scratch_bytes) : config.host_memory_bytes;
   // An untied table is needed only at the pass's new tokens' rows: when the weights do not all
   // fit the pool, read those (EmbeddingRows) instead of streaming the table through it. When
   // they fit, the table stays in the pool and nothing is read per token. A tied table is the
@@ -410,13 +399,14 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   uint64_t largest_step_bytes = 0;
   for (size_t s = 0; s < plan.step_count(); ++s)
     largest_step_bytes = std::max(largest_step_bytes, plan.step_bytes(s, 4096));
-  // The budgets, as the trainer's (train_plan.cpp's run_budgets): the CPU device computes in
+  // The budgets, by the trainer's rule (run/budgets.h memory_pools): the CPU device computes in
   // place on ONE pool, host.memory + device.memory, that holds the scratch and stages the
   // weights; on a GPU device.memory holds the scratch and the weights staged onto it (at least
   // the largest step), and host.memory is the pinned pool the weights come through from NVMe.
   // The embedding-rows reader's host bytes come out of the pool either way.
-  const uint64_t budget_bytes =
-      one_pool ? config.host_memory_bytes + config.device_memory_bytes : config.device_memory_bytes;
+  const MemoryPools pools = memory_pools(kind, config.device_memory_bytes, config.host_memory_bytes, scratch_bytes);
+  const bool one_pool = pools.one_pool;
+  const uint64_t budget_bytes = pools.budget_bytes;
   const uint64_t budget_scratch_bytes = scratch_bytes + (one_pool ? embed_reader_bytes : 0);
   if (budget_bytes < budget_scratch_bytes + largest_step_bytes)
     return make_error(ErrorKind::invalid_argument,
@@ -428,7 +418,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                   format_size(kv_bytes), format_size(widen_bytes),
                                   widen_bytes > 0 ? " (the weights are bf16; fp32 weights need none)" : "",
                                   embed_by_rows ? ", embedding rows" : "", format_size(largest_step_bytes)));
-  if (!one_pool && config.host_memory_bytes < largest_step_bytes + embed_reader_bytes)
+  if (!one_pool && pools.pool_bytes < largest_step_bytes + embed_reader_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: host.memory = {} cannot stage generation's largest step ({}) from NVMe{}",
                                   config.source_path, format_size(config.host_memory_bytes),
@@ -436,11 +426,10 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                   embed_by_rows ? fmt::format(" beside the embedding rows' buffers ({})",
                                                               format_size(embed_reader_bytes))
                                                 : std::string()));
-  const uint64_t pool_bytes =
-      (one_pool ? budget_bytes - scratch_bytes : config.host_memory_bytes) - embed_reader_bytes;
+  // The checks above leave the pool room for the reader's buffers.
+  const uint64_t pool_bytes = pools.pool_bytes - embed_reader_bytes;
 
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device,
-                          device::make_device(kind, one_pool ? scratch_bytes : budget_bytes));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, pools.device_region_bytes));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
                           kernels::make_backend(*device, gk::BatchShape{1, max_rows}));
   std::vector<device::DeviceBuffer> cache_buffers;
@@ -719,6 +708,17 @@ Status stage_hf_weights(const TrainConfig& config, bool progress) {
   metadata["format"] = kWeightsOnlyFormat;
   metadata["source"] = config.model.init;
   return store.commit(0, metadata);
+}
+
+Result<std::string> generate(const TrainConfig& config, const std::string& prompt, uint32_t tokens,
+                             double temperature, uint64_t seed) {
+  SamplingOptions options;
+  options.tokens = tokens;
+  options.temperature = temperature;
+  options.seed = seed;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenCodec> codec, make_codec(config, std::string()));
+  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, *codec));
+  return summary.text;
 }
 
 }  // namespace strata

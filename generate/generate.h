@@ -15,11 +15,12 @@
 // positions end there; Llama's RoPE does not, but the cache is sized for it): when it is full,
 // its last half is encoded again as a new prompt at positions 0….
 //
-// Memory: the scheduler's pool is host.memory (+ device.memory on the CPU device) less the
-// fixed scratch — the KV cache, two activation buffers, the bf16 decode ops' scratch (the
-// backend's size: ~1 MiB on the CPU, which multiplies bf16 weights without widening a unit
-// whole), the decode workspace and the logits — which is allocated once at start; nothing grows per token. A
-// config whose budgets cannot hold the scratch and the largest step is refused naming both.
+// Memory (the one pool rule, run/budgets.h): the scheduler's pool is host.memory
+// (+ device.memory on the CPU device) less the fixed scratch — the KV cache, two activation
+// buffers, the bf16 decode ops' scratch (the backend's size: ~1 MiB on the CPU, which multiplies
+// bf16 weights without widening a unit whole), the decode workspace and the logits — which is
+// allocated once at start; nothing grows per token. A config whose budgets cannot hold the
+// scratch and the largest step is refused naming both.
 //
 // Sampling: greedy at temperature 0; otherwise softmax(logits / T), cut to the smallest set of
 // most likely tokens whose probability reaches top_p (1: all), drawn with a std::mt19937_64
@@ -89,8 +90,6 @@ class TokenizerCodec final : public TokenCodec {
 // with no tokenizer to be found is refused, saying what to give.
 [[nodiscard]] Result<std::unique_ptr<TokenCodec>> make_codec(const TrainConfig& config,
                                                               const std::string& tokenizer_path);
-// The tokenizer make_codec would load without an override ("" when it would use bytes).
-std::string tokenizer_path_for(const TrainConfig& config);
 
 struct SamplingOptions {
   uint32_t tokens = 200;     // tokens to sample after the prompt
@@ -135,6 +134,12 @@ int32_t sample_token(std::span<const float> logits, const SamplingOptions& optio
 // weights staged by stage_hf_weights).
 [[nodiscard]] Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std::string& prompt,
                                                          const SamplingOptions& options, const TokenCodec& codec);
+
+// Samples `tokens` tokens after `prompt` from the committed weights through the run's codec
+// (make_codec without an override; text-bytes vocabularies print as text), top_p 1, no
+// progress line: the sample `strata train` prints after training. Temperature 0 is greedy.
+[[nodiscard]] Result<std::string> generate(const TrainConfig& config, const std::string& prompt,
+                                           uint32_t tokens, double temperature, uint64_t seed);
 
 // Writes the compute copies of config.model.init (a Hugging Face folder or .safetensors file)
 // into the config's store, committed, for generate_offloaded — no optimizer state. A store

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "run/budgets.h"
 #include "common/size.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/adamw.h"

@@ -8,8 +8,8 @@
 #include "apps/monitor/monitor.h"
 #include "common/size.h"
 #include "device/device.h"
-#include "generate/generate.h"
 #include "models/hf/hf.h"
+#include "run/budgets.h"
 
 namespace strata {
 
@@ -367,8 +367,8 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
-  // The sample goes through the run's tokenizer (generate/generate.h, make_codec): token data
-  // with none to be found would print noise.
+  // The sample goes through the run's tokenizer (tokenizer_path_for below; generate/generate.h
+  // make_codec loads it): token data with none to be found would print noise.
   if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes && tokenizer_path_for(config).empty())
     return sample.error_at("tokens", "needs a tokenizer with token data: give data.tokenizer or a model.init folder "
                                      "holding tokenizer.json / tokenizer.model (or drop sample:)");
@@ -388,10 +388,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
 }
 
 uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
-  // The memory optimizer chunks stream through: on the CPU device the budgets are one pool
-  // (docs/train.md); elsewhere a chunk is staged in host memory and updated on the device.
-  const uint64_t pool_bytes = device::memory_is_host(config.device_kind) ? config.host_memory_bytes + config.device_memory_bytes
-                                                          : std::min(config.host_memory_bytes, config.device_memory_bytes);
+  // The memory optimizer chunks stream through (run/budgets.h, the one pool rule; no scratch is
+  // known before the layout): on the CPU device the budgets are one pool (docs/train.md);
+  // elsewhere a chunk is staged in host memory and updated on the device.
+  const uint64_t pool_bytes = memory_pools(config, 0).streaming_bytes();
   // A sixteenth of it per chunk (state().bytes_per_element() an element): several chunks are
   // in flight beside the parameters and gradients of the unit being updated, so the drive
   // always has the next chunk's read queued. A power of two, 64 Ki … 16 Mi elements (the old
@@ -407,6 +407,18 @@ uint64_t chunk_elements_for_budgets(const TrainConfig& config) {
 Result<TrainConfig> load_train_config(const std::string& path) {
   STRATA_ASSIGN_OR_RETURN(ConfigNode root, ConfigNode::load_file(path));
   return parse_train_config(std::move(root));
+}
+
+std::string tokenizer_path_for(const TrainConfig& config) {
+  if (!config.data_tokenizer.empty()) return config.data_tokenizer;
+  if (config.model.init != "random" && hf::is_folder(config.model.init)) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      std::error_code error;
+      const std::filesystem::path path = std::filesystem::path(config.model.init) / name;
+      if (std::filesystem::is_regular_file(path, error)) return config.model.init;
+    }
+  }
+  return std::string();
 }
 
 }  // namespace strata

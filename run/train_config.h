@@ -187,5 +187,9 @@ struct TrainConfig {
 // the memory chunks stream through (host + device on the CPU device, else the smaller budget)
 // over 12 bytes an element, within 64 Ki … 16 Mi elements.
 uint64_t chunk_elements_for_budgets(const TrainConfig& config);
+// The tokenizer of the run's text: data.tokenizer, else a tokenizer.json / tokenizer.model in the
+// Hugging Face folder model.init names; "" when there is none (bytes). Training records it in
+// its commits (run/run_store.h), generation loads it (generate/generate.h make_codec).
+std::string tokenizer_path_for(const TrainConfig& config);
 
 }  // namespace strata

@@ -165,30 +165,7 @@ uint64_t gather_second_offset_bytes(const TrainConfig& config, const ModelLayout
 // largest chunk's gradients (fp32) and its new compute copy. 0 when they run on the device.
 uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run);
 
-// The budgets a run stages within. On a CUDA device: the device arena is device.memory (the
-// scratch and one step's working set share it) and the scheduler's pool is host.memory. On the
-// CPU device, device memory IS host memory, so the two keys are one pool: the kernels' scratch
-// comes out of it first (its own small device region, however the config splits the keys) and
-// the rest is the pool the scheduler stages and computes in. So 2 GiB + 6 GiB and 3 GiB + 5 GiB
-// are the same run on the CPU device; on CUDA they are not.
-struct RunBudgets {
-  uint64_t scratch_bytes = 0;       // DeviceScratchSizes::total()
-  uint64_t device_region_bytes = 0; // what the device is created with
-  uint64_t pool_bytes = 0;          // the scheduler's host budget
-  // The device the kernels are timed on before the run (measure_compute, freed before the run
-  // allocates): the config's device.memory on CUDA; on the CPU device the whole of both keys,
-  // since the timing holds a unit's weights and gradients at once where the run streams them.
-  uint64_t timing_device_bytes = 0;
-  bool one_pool = false;            // the CPU device
-};
-// `run`: the plan whose stage-3 gather buffers count in the scratch (device_scratch).
-RunBudgets run_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run = nullptr);
-
-// CUDA: one step's working set plus the scratch must fit `device.memory`; host-homed state plus
-// one step's NVMe staging must fit `host.memory`. CPU device: the scratch, host-homed state and
-// one step's NVMe staging must fit the one pool (both keys). The error names the key(s) and the
-// size needed.
-[[nodiscard]] Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run);
+// The budgets a run stages within and their checks: run/budgets.h (the one pool rule).
 
 // The training state proper (compute copies, gradients, optimizer state; not activations),
 // each tensor rounded up to `alignment_bytes`; gradients counted even when they are scratch.

@@ -25,15 +25,17 @@
 #include "common/size.h"
 #include "data/token_stream.h"
 #include "train/train_batches.h"
-#include "generate/generate.h"
 #include "models/hf/hf.h"
 #include "train/lr_schedule.h"
 #include "models/model_layout.h"
 #include "apps/monitor/monitor.h"
 #include "models/safetensors.h"
 #include "train/slot_worker.h"
+#include "run/budgets.h"
+#include "run/run_store.h"
 #include "run/step_model.h"
 #include "run/train_plan.h"
+#include "train/zero/param_gather.h"
 #include "train/zero/zero.h"
 #include "train/zero/zero_reslice.h"
 #include "kernels/backend.h"
@@ -54,91 +56,7 @@ namespace gk = kernels::gpt2;
 namespace sch = scheduler;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kRunFormat = "strata-train-1";
-constexpr const char* kStoreSubdir = "store";  // inside the first NVMe path
-
-// --- names and metadata ------------------------------------------------------------------
-
-std::string store_dir_of(const TrainConfig& config, int rank = 0) {
-  return (std::filesystem::path(expand_rank(config.nvme_paths.front(), rank)) / kStoreSubdir).string();
-}
-
-// Opens every store of a run read-only; they must all be at the same committed step (a ZeRO
-// commit is global: docs/parallel.md).
-Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>& dirs) {
-  std::vector<memory::Store> stores;
-  memory::StoreOptions options;
-  options.read_only = true;
-  for (const std::string& dir : dirs) {
-    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
-    if (!stores.empty() && store.committed_step() != stores.front().committed_step())
-      return make_error(ErrorKind::corrupt, fmt::format("store {} is at step {} but {} is at step {}: the stores of "
-                                                        "one job must be at the same global commit",
-                                                        dir, store.committed_step(), dirs.front(),
-                                                        stores.front().committed_step()));
-    stores.push_back(std::move(store));
-  }
-  return stores;
-}
-
-std::map<std::string, std::string> run_metadata(const TrainConfig& config, uint64_t step, int ranks = 1) {
-  std::map<std::string, std::string> metadata = models::store_metadata(config.model);
-  metadata.insert({{"format", kRunFormat},
-                   {"parallel.ranks", std::to_string(ranks)},  // train/zero/zero.h: how the optimizer chunks are split
-                   {"step", std::to_string(step)},
-                   {"precision", dtype_name(config.precision)},
-                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
-  config.optimizer.state().record(metadata);  // optim_state and its kind's keys (optim/state.h)
-  // The run's tokenizer, for an exported Hugging Face folder to carry (export_store_weights).
-  if (const std::string tokenizer = tokenizer_path_for(config); !tokenizer.empty()) metadata["tokenizer"] = tokenizer;
-  return metadata;
-}
-
-// Store metadata is read back from a manifest, which is untrusted input: numbers are parsed
-// whole, without exceptions, and bounded; a bad one is an error naming the key and the store.
-Result<uint64_t> metadata_number(const std::map<std::string, std::string>& metadata, const std::string& key,
-                                 uint64_t min, uint64_t max, const std::string& dir) {
-  return models::metadata_integer(metadata, key, min, max, dir);
-}
-
-// The optimizer chunk size a store was written with (stores from before chunks: one chunk
-// per unit of any size, which is what a huge chunk size describes).
-Result<uint64_t> optim_chunk_elements_of(const std::map<std::string, std::string>& metadata, const std::string& dir) {
-  if (metadata.count("optim_chunk_elements") == 0) return std::numeric_limits<uint64_t>::max();
-  return metadata_number(metadata, "optim_chunk_elements", 1, std::numeric_limits<uint64_t>::max(), dir);
-}
-
-// The optimizer state layout a store was written with (stores from before the seam: adamw, the
-// one layout there was).
-Result<optim::StateLayout> optim_state_of(const std::map<std::string, std::string>& metadata, const std::string& dir) {
-  return optim::StateLayout::from_metadata(metadata, dir);
-}
-
-// The model a store was trained with, from its committed metadata (model.h's shape keys, held
-// to the same bounds as a config's model: section, so a layout is never built from a shape a
-// config could not give).
-Result<ModelConfig> model_from_metadata(const std::map<std::string, std::string>& metadata,
-                                        const std::string& dir) {
-  auto it = metadata.find("format");
-  if (it == metadata.end() || it->second != kRunFormat)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("store {} holds no committed strata training run", dir));
-  return models::model_from_store_metadata(metadata, dir);
-}
-
-memory::StoreOptions store_options(const TrainConfig& config) {
-  memory::StoreOptions options;
-  options.engine = config.io.write.engine_config();
-  // Reads dominate a step; the read settings get the deeper queue when they differ.
-  options.engine.queue_depth = std::max(config.io.read.queue_depth, config.io.write.queue_depth);
-  options.engine.block_size_bytes = std::max(config.io.read.block_size_bytes, config.io.write.block_size_bytes);
-  options.verify_reads = config.verify_reads;
-  // The data files this config puts outside the store folder (create_store below): a
-  // manifest naming any other outside path is refused (memory/store.h).
-  for (const std::string& path : config.nvme_paths)
-    options.external_data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
-  return options;
-}
+// --- checks before a run ---------------------------------------------------------------------
 
 // Peak resident set of this process, from /proc/self/status (VmHWM), in bytes.
 uint64_t peak_rss_bytes() {
@@ -161,31 +79,7 @@ Status check_init_file(const TrainConfig& config) {
   return Status();
 }
 
-// Removes what a run that never committed left behind (a store directory without a committed
-// step, data files) so a fresh store can be created in its place.
-Status discard_uncommitted_store(const TrainConfig& config) {
-  std::error_code error;
-  std::filesystem::remove_all(store_dir_of(config), error);
-  if (error) return make_errno_error(error.value(), "remove", store_dir_of(config));
-  for (const std::string& path : config.nvme_paths) {
-    std::filesystem::remove(std::filesystem::path(path) / "strata.data", error);
-    if (error) return make_errno_error(error.value(), "remove", path + "/strata.data");
-  }
-  return Status();
-}
-
 // --- fresh state ----------------------------------------------------------------------------
-
-// One store transfer, waited for.
-Status write_tensor(memory::Store& store, const std::string& name, DType dtype, std::span<const int64_t> shape,
-                    const void* data, uint64_t size_bytes) {
-  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.write_tensor_async(name, dtype, shape, data, size_bytes));
-  return store.wait(ticket);
-}
-Status read_tensor(memory::Store& store, const std::string& name, void* data, uint64_t size_bytes) {
-  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.read_tensor_async(name, data, size_bytes));
-  return store.wait(ticket);
-}
 
 // Writes every unit's initial compute copy, optimizer state (master from the init, zero
 // moments) and, when they live on NVMe, zero gradients into the store, one unit at a time
@@ -342,16 +236,6 @@ class Run {
   // ZeRO (train/zero/zero.h): the stream is drained, then the collectives run on this thread.
   Status reduce_across_ranks(size_t unit, float* grads);
   Status share_updated_params(const StepInfo& info, const sch::StepBuffers& buffers);
-  // ZeRO stage 3 (TrainPlan::params_gathered): the units a step computes on whole, and the
-  // gather of their compute copies into one of two start-up buffers (see run_step).
-  struct GatherSlot {
-    device::DeviceBuffer buffer;           // gather_buffer_bytes: [first unit | second unit]
-    std::vector<comm::Request> requests;   // in flight until waited
-    size_t for_step = SIZE_MAX;            // the plan step it is being gathered for
-  };
-  std::vector<size_t> gathered_units(const StepInfo& info) const;
-  Status start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers);
-  Status gather_for_step(size_t step_index, const sch::StepBuffers& buffers);
   const void* params_of(size_t unit, size_t position, const sch::StepBuffers& buffers) const;
   Status checkpoint(uint64_t step);
   Error step_failed(Error error, uint64_t step, bool committing) const;
@@ -365,9 +249,6 @@ class Run {
   std::vector<kernels::AdamWChunk> device_pieces_;          // the device-site update's calls, reused
   gk::BatchShape shape_;
   ZeroStep* zero_ = nullptr;  // N > 1 ranks (train/zero/zero.h); null: one rank, as before
-  const std::byte* gathered_ = nullptr;        // the slot the current step computes on
-  std::vector<size_t> next_gather_step_;       // per plan step: the next gathering step (SIZE_MAX: none)
-  std::vector<std::vector<size_t>> step_gathers_;  // per plan step: gathered_units, made at start-up
   TrainPlan run_;
   // Evaluation: the forward-only plan, the held-out batches, what the training schedulers
   // before the current one counted (each evaluation replaces it), the best evaluation so far.
@@ -388,7 +269,10 @@ class Run {
   // Every op of a step goes through the backend of device_'s kind (kernels/backend.h).
   std::unique_ptr<kernels::ComputeBackend> backend_;
   device::DeviceBuffer workspace_;
-  GatherSlot gather_slots_[2];  // ZeRO stage 3 only (allocated in execute); after device_: freed before it
+  // ZeRO stage 3 only (TrainPlan::params_gathered; made in execute): the units a step computes
+  // on whole, gathered into two start-up buffers (train/zero/param_gather.h). After device_ and
+  // backend_: freed before them.
+  std::optional<ParamGather> gather_;
   device::DeviceBuffer weights_fp32_;
   // grads: device — the gradients, which then never leave the device (train_plan.h).
   device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
@@ -451,13 +335,13 @@ class Run {
 };
 
 Status Run::open_store(uint64_t& start_step) {
-  const std::string dir = store_dir_of(config_);
+  const std::string dir = store_dir_for(config_);
   if (zero_ != nullptr) STRATA_RETURN_IF_ERROR(reconcile_global_commit(zero_->comm(), dir));
   std::error_code exists_error;
   bool exists = std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error);
   if (exists_error) return make_errno_error(exists_error.value(), "stat", dir + "/" + memory::kStoreManifestName);
   if (exists) {
-    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options(config_)));
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, store_options_for(config_)));
     store_ = std::make_unique<memory::Store>(std::move(store));
     if (store_->committed_metadata().count("format") == 0) {
       // Killed while the first version was being written: nothing was ever committed, so
@@ -551,17 +435,17 @@ Status Run::open_store(uint64_t& start_step) {
   for (const std::string& path : config_.nvme_paths)
     data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
   STRATA_ASSIGN_OR_RETURN(memory::Store store,
-                          memory::Store::create(dir, data_paths, capacity_bytes, store_options(config_)));
+                          memory::Store::create(dir, data_paths, capacity_bytes, store_options_for(config_)));
   store_ = std::make_unique<memory::Store>(std::move(store));
   spdlog::info("initializing {} parameters ({}) in {}", layout_.parameter_count(),
                config_.model.init == "random" ? "random, seed " + std::to_string(config_.model.seed) : config_.model.init,
                dir);
   STRATA_RETURN_IF_ERROR(initialize_store(config_, layout_, run_, *store_, *host_arena_));
-  STRATA_RETURN_IF_ERROR(store_->commit(0, run_metadata(config_, 0, zero_ != nullptr ? zero_->ranks() : 1)));
+  STRATA_RETURN_IF_ERROR(store_->commit(0, commit_metadata(config_, 0, zero_ != nullptr ? zero_->ranks() : 1)));
   // Reopened so that its engine is fresh: an engine binds to the first thread that submits,
   // and from now on that is the scheduler's I/O thread.
   store_.reset();
-  STRATA_ASSIGN_OR_RETURN(memory::Store reopened, memory::Store::open(dir, store_options(config_)));
+  STRATA_ASSIGN_OR_RETURN(memory::Store reopened, memory::Store::open(dir, store_options_for(config_)));
   store_ = std::make_unique<memory::Store>(std::move(reopened));
   start_step = 0;
   return Status();
@@ -575,7 +459,7 @@ Status Run::create_scheduler(const TrainPlan& plan) {
       return make_error(ErrorKind::invalid_argument,
                         fmt::format("{}: key 'parallel.zero_stage': store {} has no tensor '{}' — it was trained at "
                                     "another stage ({}); --resume needs the zero_stage it was written with",
-                                    config_.source_path, store_dir_of(config_), plan.plan.tensors()[ids.params].name,
+                                    config_.source_path, store_dir_for(config_), plan.plan.tensors()[ids.params].name,
                                     run_.params_gathered ? "this job keeps each rank's share of the compute copy "
                                                            "(stage 3), the store the whole"
                                                          : "this job keeps the whole compute copy, the store only a "
@@ -851,77 +735,11 @@ Status Run::share_updated_params(const StepInfo& info, const sch::StepBuffers& b
   return zero_->share_params(info.unit, info.chunk, buffers.device_data(run_.units[info.unit].params));
 }
 
-std::vector<size_t> Run::gathered_units(const StepInfo& info) const {
-  switch (info.kind) {
-    case StepKind::fwd_embed:
-    case StepKind::fwd_block:
-    case StepKind::bwd_block: return {info.unit};
-    case StepKind::head: return {layout_.ln_f_unit(), layout_.embed_unit()};
-    default: return {};
-  }
-}
-
-// The step's units into `slot`: this rank's share of each is copied to its place in the
-// unit's layout (so the transport never reads a scheduler block, which may move once the step
-// is released), then the in-place allgatherv is left in flight. The caller has synchronized the
-// stream: no queued op still reads the slot or writes a share. CPU device: host memory, a
-// memcpy, MPI. CUDA ranks: the share is copied on the compute stream and that stream is
-// synchronized before NCCL's own stream may read the slot.
-Status Run::start_gather(size_t step_index, GatherSlot& slot, const sch::StepBuffers& buffers) {
-  const uint32_t param_bytes = dtype_size_bytes(config_.precision);
-  const bool on_cpu = device_->memory_is_host();
-  const std::vector<size_t>& units = step_gathers_[step_index];
-  for (size_t position = 0; position < units.size(); ++position) {
-    auto* unit_params = static_cast<std::byte*>(slot.buffer.data()) +
-                        (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
-    const UnitIds& ids = run_.units[units[position]];
-    if (ids.params != kNoTensor) {
-      std::byte* share = unit_params + ids.params_range.begin_elements * param_bytes;
-      const uint64_t share_bytes = ids.params_range.element_count * param_bytes;
-      if (on_cpu) {
-        std::memcpy(share, buffers.device_data(ids.params), share_bytes);
-      } else {
-        device::Stream& compute = backend_->compute_stream();
-        STRATA_RETURN_IF_ERROR(device_->copy_on_device(compute, share, buffers.device_data(ids.params), share_bytes));
-        STRATA_RETURN_IF_ERROR(device_->synchronize(compute));
-      }
-    }
-    STRATA_ASSIGN_OR_RETURN(comm::Request request, zero_->gather_params_async(units[position], unit_params));
-    slot.requests.push_back(request);
-  }
-  slot.for_step = step_index;
-  return Status();
-}
-
-// Stage 3, before a gathering step's compute: its gather (started during the previous one's
-// compute, or now for the iteration's first) is waited for, and the next gathering step's is
-// started into the other slot — its shares are in this step's buffers (build_train_plan) — so
-// that gather overlaps this compute, as the scheduler's lookahead overlaps NVMe.
-Status Run::gather_for_step(size_t step_index, const sch::StepBuffers& buffers) {
-  GatherSlot* slot = nullptr;
-  for (GatherSlot& candidate : gather_slots_)
-    if (candidate.for_step == step_index) slot = &candidate;
-  if (slot == nullptr) {
-    slot = gathered_ == gather_slots_[0].buffer.data() ? &gather_slots_[1] : &gather_slots_[0];
-    STRATA_RETURN_IF_ERROR(backend_->synchronize());
-    STRATA_RETURN_IF_ERROR(start_gather(step_index, *slot, buffers));
-  }
-  for (comm::Request request : slot->requests) STRATA_RETURN_IF_ERROR(zero_->wait(request));
-  slot->requests.clear();
-  slot->for_step = SIZE_MAX;  // step indices repeat every iteration
-  gathered_ = static_cast<const std::byte*>(slot->buffer.data());
-  const size_t next = next_gather_step_[step_index];
-  if (next == SIZE_MAX) return Status();
-  GatherSlot& other = slot == &gather_slots_[0] ? gather_slots_[1] : gather_slots_[0];
-  STRATA_RETURN_IF_ERROR(backend_->synchronize());  // the previous step's ops may still read `other`
-  return start_gather(next, other, buffers);
-}
-
 // The unit's whole compute copy for this step: its P, or at stage 3 the gathered copy
 // (`position`: first or second unit of the step's gather).
 const void* Run::params_of(size_t unit, size_t position, const sch::StepBuffers& buffers) const {
   if (!run_.params_gathered) return buffers.device_data(run_.units[unit].params);
-  return gathered_ + (position == 0 ? 0 : gather_second_offset_bytes(config_, layout_));
+  return gather_->params(position);
 }
 
 float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
@@ -988,7 +806,7 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     }
     // Stage 3: this step's gathered units (waited for; counted in comm time, not compute).
     Status gathered;
-    if (run_.params_gathered && !step_gathers_[index].empty()) gathered = gather_for_step(index, buffers);
+    if (gather_ && gather_->gathers(index)) gathered = gather_->for_step(index, buffers);
     STRATA_RETURN_IF_ERROR(compute_and_release(index, buffers, step, std::move(gathered), figures.compute_seconds));
   }
   if (run_.optimizer_site == OptimizerSite::host) {
@@ -1071,7 +889,7 @@ Status Run::drain_pending_update() {
 // Where keep_best keeps the best evaluation's weights: an HF folder beside the store's files,
 // with best.json naming its step and eval loss (read back on resume).
 std::string best_dir_for(const TrainConfig& config) {
-  return (std::filesystem::path(store_dir_of(config)) / "best").string();
+  return (std::filesystem::path(store_dir_for(config)) / "best").string();
 }
 
 void add_stats(sch::SchedulerStats& into, const sch::SchedulerStats& from) {
@@ -1136,7 +954,7 @@ Status Run::switch_scheduler(const TrainPlan& plan, bool carry, const std::funct
   backing_.reset();
   store_.reset();
   if (between) STRATA_RETURN_IF_ERROR(between());
-  STRATA_ASSIGN_OR_RETURN(memory::Store reopened, memory::Store::open(store_dir_of(config_), store_options(config_)));
+  STRATA_ASSIGN_OR_RETURN(memory::Store reopened, memory::Store::open(store_dir_for(config_), store_options_for(config_)));
   store_ = std::make_unique<memory::Store>(std::move(reopened));
   return create_scheduler(plan);
 }
@@ -1164,7 +982,7 @@ Status Run::keep_if_best(uint64_t step, double eval_loss) {
   const std::filesystem::path old = best.string() + ".old";
   std::error_code error;
   std::filesystem::remove_all(fresh, error);
-  STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), fresh.string()));
+  STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_for(config_), fresh.string()));
   {
     std::ofstream out(fresh / "best.json");
     out << nlohmann::ordered_json{{"step", step}, {"eval_loss", eval_loss}}.dump() << "\n";
@@ -1284,8 +1102,8 @@ Status Run::checkpoint(uint64_t step) {
           write_tensor(*store_, tensor.name, record->dtype, record->shape, host_data, tensor.size_bytes));
     }
     if (zero_ != nullptr)  // phase one of the global commit (reconcile_global_commit, train/zero/zero.h)
-      return store_->prepare_commit(step, run_metadata(config_, step, zero_->ranks()));
-    STRATA_RETURN_IF_ERROR(store_->commit(step, run_metadata(config_, step)));
+      return store_->prepare_commit(step, commit_metadata(config_, step, zero_->ranks()));
+    STRATA_RETURN_IF_ERROR(store_->commit(step, commit_metadata(config_, step)));
     nvme_used_bytes_ = store_->stats().used_bytes;
     return Status();
   });
@@ -1309,7 +1127,7 @@ Error Run::step_failed(Error error, uint64_t step, bool committing) const {
   error.message = fmt::format("step {} failed{}: {} — the store still holds step {} as committed (check it with "
                               "`strata store verify {}`); fix the cause and continue with `strata train {} --resume`",
                               step, committing ? " while committing" : "", cause, committed_step_,
-                              store_dir_of(config_), config_.source_path);
+                              store_dir_for(config_), config_.source_path);
   // Already in the message: to_string() must not print them again around it. The kind stays.
   error.op.clear();
   error.path.clear();
@@ -1417,7 +1235,7 @@ Result<EvalFigures> Run::evaluate_committed(const std::string& eval_path) {
                       fmt::format("{} has no eval: block; give the held-out data with --data FILE (in data.format)",
                                   config_.source_path));
   STRATA_RETURN_IF_ERROR(open_eval(eval_path));
-  const std::string dir = store_dir_of(config_);
+  const std::string dir = store_dir_for(config_);
   std::error_code error;
   if (!std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, error))
     return make_error(ErrorKind::invalid_argument,
@@ -1480,18 +1298,9 @@ Result<TrainSummary> Run::execute() {
   STRATA_RETURN_IF_ERROR(open_memory());
   const DeviceScratchSizes scratch = device_scratch(config_, layout_, &run_);
   if (run_.params_gathered) {  // ZeRO stage 3: the two gather buffers, for the whole run
-    for (GatherSlot& slot : gather_slots_) {
-      STRATA_ASSIGN_OR_RETURN(slot.buffer, device_->allocate(gather_buffer_bytes(config_, layout_)));
-    }
-    next_gather_step_.assign(run_.steps.size(), SIZE_MAX);
-    for (const StepInfo& info : run_.steps) step_gathers_.push_back(gathered_units(info));
-    size_t later = SIZE_MAX;
-    for (size_t index = run_.steps.size(); index-- > 0;) {
-      next_gather_step_[index] = later;
-      if (!step_gathers_[index].empty()) later = index;
-    }
-    // The last gathering step of an iteration starts none: the next iteration's first reads
-    // a share its owner rewrites after it (opt.embed).
+    STRATA_ASSIGN_OR_RETURN(ParamGather gather,
+                            ParamGather::create(config_, layout_, run_, *zero_, *device_, *backend_));
+    gather_.emplace(std::move(gather));
   }
   if (config_.placement.grads == Tier::device) {
     STRATA_ASSIGN_OR_RETURN(block_grads_, device_->allocate(scratch.block_grads_bytes));
@@ -1510,7 +1319,7 @@ Result<TrainSummary> Run::execute() {
     summary.peak_rss_bytes = peak_rss_bytes();
     if (!options_.export_path.empty()) {
       store_.reset();
-      STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path,
+      STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_for(config_), options_.export_path,
                                                    options_.export_shard_size_bytes));
     }
     return summary;
@@ -1529,7 +1338,7 @@ Result<TrainSummary> Run::execute() {
 
   spdlog::info("training {} parameters for steps {}..{}: device {} ({}), host {}, store {} ({})",
                layout_.parameter_count(), start_step + 1, total_steps, config_.device_kind,
-               format_size(config_.device_memory_bytes), format_size(config_.host_memory_bytes), store_dir_of(config_),
+               format_size(config_.device_memory_bytes), format_size(config_.host_memory_bytes), store_dir_for(config_),
                format_size(training_state_bytes(run_, layout_)));
   std::vector<StepFigures> figures;
   TrainSummary summary;
@@ -1631,47 +1440,12 @@ Result<TrainSummary> Run::execute() {
   scheduler_.reset();  // the store is the trainer's again
   backing_.reset();
   store_.reset();
-  if (!options_.export_path.empty()) STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_of(config_), options_.export_path,
+  if (!options_.export_path.empty()) STRATA_RETURN_IF_ERROR(export_store_weights(store_dir_for(config_), options_.export_path,
                                                    options_.export_shard_size_bytes));
   return summary;
 }
 
-// Reads the fp32 master weights of one unit — where the state layout keeps them in each
-// optimizer chunk — into `master` (the unit's element count of floats). A ZeRO job's chunks are
-// spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
-Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state, const Unit& unit,
-                   uint64_t chunk_elements, float* master, std::vector<std::byte>& staging) {
-  const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements, state);
-  const std::vector<optim::TensorSpan> spans = optim_spans(unit);
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const uint64_t count = chunks[c].element_count;
-    const uint64_t chunk_bytes = state.chunk_bytes(spans, chunks[c].begin_elements, count);
-    staging.resize(std::max<size_t>(staging.size(), chunk_bytes));
-    const std::string name = optim_name(unit, c, chunks.size());
-    memory::Store* holder = &stores.front();
-    for (memory::Store& store : stores)
-      if (store.find(name).has_value()) holder = &store;
-    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), chunk_bytes));
-    const float* chunk_master = state.master(staging.data());
-    std::copy(chunk_master, chunk_master + count, master + chunks[c].begin_elements);
-  }
-  return Status();
-}
-
 }  // namespace
-
-std::string store_dir_for(const TrainConfig& config) { return store_dir_of(config); }
-memory::StoreOptions store_options_for(const TrainConfig& config) { return store_options(config); }
-std::map<std::string, std::string> commit_metadata(const TrainConfig& config, uint64_t step) {
-  return run_metadata(config, step);
-}
-Result<ModelConfig> committed_model(const std::map<std::string, std::string>& metadata, const std::string& dir) {
-  auto format = metadata.find("format");
-  if (format == metadata.end() || format->second != kWeightsOnlyFormat) return model_from_metadata(metadata, dir);
-  std::map<std::string, std::string> as_run = metadata;  // the same shape keys as a run's
-  as_run["format"] = kRunFormat;
-  return model_from_metadata(as_run, dir);
-}
 
 nlohmann::ordered_json eval_json(const EvalFigures& e) {
   return {{"step", e.step},       {"eval_loss", e.loss},       {"perplexity", e.perplexity}, {"tokens", e.tokens},
@@ -1781,7 +1555,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   STRATA_RETURN_IF_ERROR(world->barrier());  // every rank's final commit is in
   if (rank == 0 && !options.export_path.empty()) {
     std::vector<std::string> dirs;
-    for (int r = 0; r < ranks; ++r) dirs.push_back(store_dir_of(config, r));
+    for (int r = 0; r < ranks; ++r) dirs.push_back(store_dir_for(config, r));
     STRATA_RETURN_IF_ERROR(export_store_weights(dirs, options.export_path));
   }
   STRATA_RETURN_IF_ERROR(world->barrier());
@@ -1795,78 +1569,6 @@ Result<EvalFigures> evaluate(const TrainConfig& config, const std::string& eval_
   options.progress = false;
   Run run(config, options);
   return run.evaluate_committed(eval_path);
-}
-
-Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {
-  return export_store_weights(std::vector<std::string>{store_dir}, out_path, shard_size_bytes);
-}
-
-Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
-                            uint64_t shard_size_bytes) {
-  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set(store_dirs));
-  memory::Store& store = stores.front();
-  const std::string& store_dir = store_dirs.front();
-  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), store_dir));
-  ModelLayout layout(model);
-  // The tensors in the layout's order, which is the order they are read from the store.
-  std::vector<hf::TensorSpec> tensors;
-  for (const Unit& unit : layout.units())
-    for (const UnitTensor& tensor : unit.tensors) tensors.push_back(hf::tensor_spec(model, tensor.name, tensor.shape));
-  std::map<std::string, std::string> metadata = {{"format", "pt"},
-                                                 {"strata_step", std::to_string(store.committed_step())}};
-  // A path ending in .safetensors is one file, as before; any other is a Hugging Face folder.
-  const bool one_file = out_path.size() >= 12 && out_path.compare(out_path.size() - 12, 12, ".safetensors") == 0;
-  std::optional<SafetensorsWriter> file_writer;
-  std::optional<hf::FolderWriter> folder_writer;
-  if (one_file) {
-    std::vector<SafetensorsWriter::TensorSpec> specs;
-    for (const hf::TensorSpec& tensor : tensors) specs.push_back({tensor.name, DType::f32, tensor.shape});
-    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
-    file_writer.emplace(std::move(writer));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(hf::FolderWriter writer,
-                            hf::FolderWriter::create(out_path, model, tensors, shard_size_bytes, metadata));
-    folder_writer.emplace(std::move(writer));
-  }
-  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
-  STRATA_ASSIGN_OR_RETURN(const optim::StateLayout state, optim_state_of(store.committed_metadata(), store_dir));
-  std::vector<float> master(layout.largest_unit_elements());
-  std::vector<std::byte> staging;
-  for (const Unit& unit : layout.units()) {
-    STRATA_RETURN_IF_ERROR(read_master(stores, state, unit, chunk_elements, master.data(), staging));
-    for (const UnitTensor& tensor : unit.tensors) {
-      const float* values = master.data() + tensor.offset_elements;
-      if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->write_next(values, tensor.element_count * 4));
-      else STRATA_RETURN_IF_ERROR(folder_writer->write_next(values));
-    }
-  }
-  if (auto tokenizer = store.committed_metadata().find("tokenizer");
-      folder_writer && tokenizer != store.committed_metadata().end()) {
-    if (std::error_code error; std::filesystem::exists(tokenizer->second, error))
-      STRATA_RETURN_IF_ERROR(folder_writer->copy_tokenizer(tokenizer->second));
-    else
-      spdlog::warn("the run's tokenizer {} is gone; {} is exported without one", tokenizer->second, out_path);
-  }
-  if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->finish());
-  else STRATA_RETURN_IF_ERROR(folder_writer->finish());
-  spdlog::info("exported {} tensors of step {} to {}{}", tensors.size(), store.committed_step(), out_path,
-               folder_writer ? fmt::format(" (a Hugging Face folder, {} shard{})", folder_writer->shard_count(),
-                                           folder_writer->shard_count() == 1 ? "" : "s")
-                             : std::string());
-  return Status();
-}
-
-Result<std::string> generate(const TrainConfig& config, const std::string& prompt, uint32_t tokens,
-                             double temperature, uint64_t seed) {
-  // The offloaded sampler (generate/generate.h): weights stream through the scheduler within the
-  // config's budgets, with a KV cache.
-  SamplingOptions options;
-  options.tokens = tokens;
-  options.temperature = temperature;
-  options.seed = seed;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenCodec> codec, make_codec(config, std::string()));
-  STRATA_ASSIGN_OR_RETURN(GenerateSummary summary, generate_offloaded(config, prompt, options, *codec));
-  return summary.text;
 }
 
 }  // namespace strata

@@ -16,9 +16,9 @@
 // evicts by Belady's rule and writes dirty state back to its home.
 //
 // Durability: the store is committed every `checkpoint_every` steps (and at the end) with
-// the step counter in its metadata; that commit is the checkpoint. `resume` continues from
-// the last commit; the data order depends only on the step, so a resumed run is bit-identical
-// to one that never stopped.
+// the step counter in its metadata (run/run_store.h: what a store is, what a commit records,
+// export); that commit is the checkpoint. `resume` continues from the last commit; the data
+// order depends only on the step, so a resumed run is bit-identical to one that never stopped.
 //
 // Evaluation (`eval:`, docs/train.md "eval"): every `eval.every` updates (and after the last)
 // the step commits, and the committed weights are measured on held-out rows (train_batches.h:
@@ -52,9 +52,6 @@ namespace strata {
 
 namespace monitor {
 class RunMetrics;
-}
-namespace memory {
-struct StoreOptions;
 }
 
 struct TrainOptions {
@@ -128,32 +125,5 @@ nlohmann::ordered_json summary_json(const TrainSummary& summary);
 // `strata eval`: the held-out loss of the committed weights of config's store — eval_path (in
 // data.format) when given, else the config's eval data. Reads the store, writes nothing.
 [[nodiscard]] Result<EvalFigures> evaluate(const TrainConfig& config, const std::string& eval_path = {});
-
-// Writes the committed fp32 master weights of the store in `store_dir` under the definition's
-// Hugging Face names (GPT-2: without `transformer.`; Llama: HF's exactly, no `lm_head.weight`
-// when tied): a path ending in
-// `.safetensors` is one file; any other path a new Hugging Face folder (config.json and
-// model.safetensors, or shards of at most `shard_size_bytes` and their index; models/hf/hf.h).
-[[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path,
-                                          uint64_t shard_size_bytes = 5'000'000'000);
-// The same from the stores of every rank of a ZeRO job (each optimizer chunk is in one of them).
-[[nodiscard]] Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
-                                          uint64_t shard_size_bytes = 5'000'000'000);
-
-// Shared with generation (generate/generate.cpp): the store folder a config names, the options
-// it is opened with, the metadata a commit records, and the model a store's committed
-// metadata describes — a training run's, or weights staged for generation only (format
-// kWeightsOnlyFormat: compute copies, no optimizer state; `strata train` refuses such a store).
-inline constexpr const char* kWeightsOnlyFormat = "strata-weights-1";
-std::string store_dir_for(const TrainConfig& config);
-memory::StoreOptions store_options_for(const TrainConfig& config);
-std::map<std::string, std::string> commit_metadata(const TrainConfig& config, uint64_t step);
-[[nodiscard]] Result<ModelConfig> committed_model(const std::map<std::string, std::string>& metadata,
-                                                  const std::string& dir);
-
-// Samples `tokens` tokens after `prompt` from the committed weights (text-bytes vocabularies
-// print as text). Temperature 0 is greedy.
-[[nodiscard]] Result<std::string> generate(const TrainConfig& config, const std::string& prompt,
-                                           uint32_t tokens, double temperature, uint64_t seed);
 
 }  // namespace strata

@@ -32,6 +32,7 @@
 #include "device/device.h"
 #include "memory/host_arena.h"
 #include "memory/store.h"
+#include "run/budgets.h"
 #include "scheduler/scheduler.h"
 
 namespace strata::cli {
@@ -157,13 +158,14 @@ Status run_overlap(const OverlapOptions& o) {
   if (o.compute_only && o.compute_ms <= 0)
     return make_error(ErrorKind::invalid_argument, "--compute-only needs --compute-ms (nothing to calibrate against)");
   const uint64_t layer_values = layer_bytes / sizeof(float);
-  // The CPU device computes in place: its budget joins the host budget in one pool that the
-  // scheduler stages and computes in, less one layer — the device's own buffer when the
+  // The pools by the one rule (run/budgets.h): the CPU device computes in place, its budget
+  // joins the host budget in one pool that the scheduler stages and computes in. The scratch
+  // it is given is one layer, at most the device budget — the device's own buffer when the
   // compute-only reference ran over one layer; kept so the pool, and the figures, stay those
   // of earlier rounds (7 layers of 64 MiB with the defaults).
-  const bool in_place = device::memory_is_host(device_kind);
-  const uint64_t pool_bytes =
-      in_place ? host_budget + device_budget - std::min(device_budget, layer_bytes) : host_budget;
+  const MemoryPools pools = memory_pools(device_kind, device_budget, host_budget, std::min(device_budget, layer_bytes));
+  const bool in_place = pools.one_pool;
+  const uint64_t pool_bytes = pools.pool_bytes;
 
   // The device and its backend first: `--device cuda` without a GPU stops here, before any
   // NVMe work. The backend runs no model op, so the smallest batch sizes its fixed buffers. In
@@ -171,7 +173,7 @@ Status run_overlap(const OverlapOptions& o) {
   // device of their own below), so its region is the reference device's token 1 MiB.
   const kernels::gpt2::BatchShape no_batch{1, 1};
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device,
-                          device::make_device(device_kind, in_place ? uint64_t{1} << 20 : device_budget));
+                          device::make_device(device_kind, in_place ? uint64_t{1} << 20 : pools.device_region_bytes));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend, kernels::make_backend(*device, no_batch));
   // The reference sums come from a CPU backend over the host copy of each layer as it is written.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> reference_device,

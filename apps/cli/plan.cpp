@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/cli/commands.h"
+#include "run/budgets.h"
 #include "run/step_model.h"
 #include "run/train_config.h"
 #include "run/train_plan.h"

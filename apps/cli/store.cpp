@@ -15,7 +15,7 @@
 
 #include "common/size.h"
 #include "apps/cli/commands.h"
-#include "train/trainer.h"
+#include "run/run_store.h"
 #include "io/io.h"
 #include "memory/host_arena.h"
 #include "memory/store.h"

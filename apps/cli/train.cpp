@@ -11,6 +11,8 @@
 #include "apps/monitor/monitor.h"
 #include "apps/monitor/server.h"
 #include "run/train_config.h"
+#include "generate/generate.h"
+#include "run/run_store.h"
 #include "train/trainer.h"
 
 namespace strata::cli {

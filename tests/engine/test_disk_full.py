@@ -38,7 +38,7 @@ import test_train as tt  # noqa: E402  (config, strata, read_safetensors)
 STRATA = os.path.abspath(sys.argv[1])
 tt.STRATA = STRATA
 # The tiny model's store is ~2.3 MiB of state, but a fresh run wants room for two versions plus
-# max(64 MiB, 2%) of slack (open_store in train/trainer.cpp): ~69 MiB. 128 MiB leaves ext4
+# max(64 MiB, 2%) of slack (training_store_capacity_bytes in run/run_store.cpp): ~69 MiB. 128 MiB leaves ext4
 # its overhead and the rule some room to change, and filling the rest takes a fraction of a second.
 IMAGE_BYTES = 128 << 20
 FAILING_RUN_TIMEOUT_S = 120  # the failing run takes well under a second; more means it hangs

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/size.h"
+#include "run/run_store.h"
 #include "run/train_plan.h"
 #include "kernels/optim/adamw.h"
 #include "memory/store.h"
@@ -29,14 +30,6 @@ ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_ele
     }
   }
   return owners;
-}
-
-std::string expand_rank(const std::string& path, int rank) {
-  std::string out = path;
-  const std::string token = "{rank}";
-  for (size_t at = out.find(token); at != std::string::npos; at = out.find(token, at))
-    out.replace(at, token.size(), std::to_string(rank));
-  return out;
 }
 
 Result<TrainConfig> config_for_rank(const TrainConfig& config, int rank, int ranks) {

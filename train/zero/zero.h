@@ -65,9 +65,6 @@ using ChunkOwners = std::vector<std::vector<int>>;
 ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, const optim::StateLayout& state,
                                    int ranks);
 
-// `path` with every "{rank}" replaced by the rank's number.
-std::string expand_rank(const std::string& path, int rank);
-
 // The config one rank trains with: `{rank}` expanded in nvme.paths (each folder created), the
 // batch its share of the global batch. Refuses, in one line naming the key: a batch that N does
 // not divide; N > 1 ranks whose nvme.paths have no `{rank}` (their stores would collide).

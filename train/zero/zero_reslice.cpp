@@ -24,9 +24,9 @@
 #include "common/size.h"
 #include "models/model_layout.h"
 #include "models/model.h"
-#include "train/trainer.h"
 #include "train/zero/zero.h"
 #include "memory/store.h"
+#include "run/run_store.h"
 
 namespace strata {
 namespace {
@@ -34,11 +34,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kStoreFolder = "store";                  // the trainer's store, inside R_r
 constexpr const char* kNextFolder = "store.reslice";           // the new store while it is built
 constexpr const char* kBeforeFolder = "store.before-reslice";  // an old store, switched out
 constexpr const char* kJournalName = "reslice.journal";        // in R_0: the re-slice's commit point
-constexpr const char* kRunFormatName = "strata-train-1";       // the trainer's committed-run format
 
 fs::path rank_folder(const TrainConfig& config, int rank) { return fs::path(expand_rank(config.nvme_paths.front(), rank)); }
 
@@ -265,7 +263,7 @@ Result<OldSet> inspect_old_stores(const TrainConfig& config, int new_ranks, bool
     metadata0 = store.committed_metadata();
   }
   auto format = metadata0.find("format");
-  if (format == metadata0.end() || format->second != kRunFormatName) return OldSet{};  // the trainer says why
+  if (format == metadata0.end() || format->second != kRunFormat) return OldSet{};  // the trainer says why
   STRATA_ASSIGN_OR_RETURN(const uint64_t old_ranks64, ranks_of(metadata0, dir0.string()));
   const int old_ranks = static_cast<int>(old_ranks64);
   if (old_ranks == new_ranks) return OldSet{};
@@ -506,13 +504,6 @@ struct Outcome {
 };
 
 }  // namespace
-
-uint64_t training_store_capacity_bytes(const TrainPlan& run) {
-  uint64_t store_bytes = 0;
-  for (scheduler::TensorId id = 0; id < run.plan.tensors().size(); ++id)
-    if (is_store_tensor(run, id)) store_bytes += align_up(run.plan.tensors()[id].size_bytes, 64 * kKiB);
-  return 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
-}
 
 Status reslice_if_needed(comm::Communicator& comm, const TrainConfig& config, bool resume) {
   const int rank = comm.rank();

@@ -64,9 +64,4 @@ namespace strata {
 // reconcile, another model, precision or optimizer.chunk_elements than the stores hold.
 [[nodiscard]] Status reslice_if_needed(comm::Communicator& comm, const TrainConfig& config, bool resume);
 
-// The size a training store is created with for `run`: every store tensor twice (the committed
-// version and the one being written) plus slack for alignment and holes. Shared by the trainer's
-// fresh store and the re-sliced one.
-uint64_t training_store_capacity_bytes(const TrainPlan& run);
-
 }  // namespace strata

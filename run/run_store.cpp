@@ -1,0 +1,222 @@
+// strata/run/run_store.cpp — a run's store: names, options, commit metadata, read-back and
+// export (run/run_store.h).
+#include "run/run_store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/size.h"
+#include "models/hf/hf.h"
+#include "models/model.h"
+#include "models/safetensors.h"
+
+namespace strata {
+
+std::string expand_rank(const std::string& path, int rank) {
+  std::string out = path;
+  const std::string token = "{rank}";
+  for (size_t at = out.find(token); at != std::string::npos; at = out.find(token, at))
+    out.replace(at, token.size(), std::to_string(rank));
+  return out;
+}
+
+std::string store_dir_for(const TrainConfig& config, int rank) {
+  return (std::filesystem::path(expand_rank(config.nvme_paths.front(), rank)) / kStoreFolder).string();
+}
+
+memory::StoreOptions store_options_for(const TrainConfig& config) {
+  memory::StoreOptions options;
+  options.engine = config.io.write.engine_config();
+  // Reads dominate a step; the read settings get the deeper queue when they differ.
+  options.engine.queue_depth = std::max(config.io.read.queue_depth, config.io.write.queue_depth);
+  options.engine.block_size_bytes = std::max(config.io.read.block_size_bytes, config.io.write.block_size_bytes);
+  options.verify_reads = config.verify_reads;
+  // The data files this config puts outside the store folder (the trainer creates them there):
+  // a manifest naming any other outside path is refused (memory/store.h).
+  for (const std::string& path : config.nvme_paths)
+    options.external_data_paths.push_back((std::filesystem::path(path) / "strata.data").string());
+  return options;
+}
+
+uint64_t training_store_capacity_bytes(const TrainPlan& run) {
+  uint64_t store_bytes = 0;
+  for (scheduler::TensorId id = 0; id < run.plan.tensors().size(); ++id)
+    if (is_store_tensor(run, id)) store_bytes += align_up(run.plan.tensors()[id].size_bytes, 64 * kKiB);
+  return 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
+}
+
+// Removes what a run that never committed left behind (a store directory without a committed
+// step, data files) so a fresh store can be created in its place.
+Status discard_uncommitted_store(const TrainConfig& config) {
+  std::error_code error;
+  std::filesystem::remove_all(store_dir_for(config), error);
+  if (error) return make_errno_error(error.value(), "remove", store_dir_for(config));
+  for (const std::string& path : config.nvme_paths) {
+    std::filesystem::remove(std::filesystem::path(path) / "strata.data", error);
+    if (error) return make_errno_error(error.value(), "remove", path + "/strata.data");
+  }
+  return Status();
+}
+
+StoreMetadata commit_metadata(const TrainConfig& config, uint64_t step, int ranks) {
+  StoreMetadata metadata = models::store_metadata(config.model);
+  metadata.insert({{"format", kRunFormat},
+                   {"parallel.ranks", std::to_string(ranks)},  // train/zero/zero.h: how the optimizer chunks are split
+                   {"step", std::to_string(step)},
+                   {"precision", dtype_name(config.precision)},
+                   {"optim_chunk_elements", std::to_string(config.optimizer.chunk_elements)}});
+  config.optimizer.state().record(metadata);  // optim_state and its kind's keys (optim/state.h)
+  // The run's tokenizer, for an exported Hugging Face folder to carry (export_store_weights).
+  if (const std::string tokenizer = tokenizer_path_for(config); !tokenizer.empty()) metadata["tokenizer"] = tokenizer;
+  return metadata;
+}
+
+// The optimizer chunk size a store was written with (stores from before chunks: one chunk
+// per unit of any size, which is what a huge chunk size describes).
+Result<uint64_t> optim_chunk_elements_of(const StoreMetadata& metadata, const std::string& dir) {
+  if (metadata.count("optim_chunk_elements") == 0) return std::numeric_limits<uint64_t>::max();
+  return models::metadata_integer(metadata, "optim_chunk_elements", 1, std::numeric_limits<uint64_t>::max(), dir);
+}
+
+// The optimizer state layout a store was written with (stores from before the seam: adamw, the
+// one layout there was).
+Result<optim::StateLayout> optim_state_of(const StoreMetadata& metadata, const std::string& dir) {
+  return optim::StateLayout::from_metadata(metadata, dir);
+}
+
+// The model a store was trained with, from its committed metadata (model.h's shape keys, held
+// to the same bounds as a config's model: section, so a layout is never built from a shape a
+// config could not give).
+Result<ModelConfig> model_from_metadata(const StoreMetadata& metadata,
+                                        const std::string& dir) {
+  auto it = metadata.find("format");
+  if (it == metadata.end() || it->second != kRunFormat)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("store {} holds no committed strata training run", dir));
+  return models::model_from_store_metadata(metadata, dir);
+}
+
+Result<ModelConfig> committed_model(const StoreMetadata& metadata, const std::string& dir) {
+  auto format = metadata.find("format");
+  if (format == metadata.end() || format->second != kWeightsOnlyFormat) return model_from_metadata(metadata, dir);
+  std::map<std::string, std::string> as_run = metadata;  // the same shape keys as a run's
+  as_run["format"] = kRunFormat;
+  return model_from_metadata(as_run, dir);
+}
+
+// One store transfer, waited for.
+Status write_tensor(memory::Store& store, const std::string& name, DType dtype, std::span<const int64_t> shape,
+                    const void* data, uint64_t size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.write_tensor_async(name, dtype, shape, data, size_bytes));
+  return store.wait(ticket);
+}
+Status read_tensor(memory::Store& store, const std::string& name, void* data, uint64_t size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(memory::StoreTicket ticket, store.read_tensor_async(name, data, size_bytes));
+  return store.wait(ticket);
+}
+
+// Opens every store of a run read-only; they must all be at the same committed step (a ZeRO
+// commit is global: docs/parallel.md).
+Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>& dirs) {
+  std::vector<memory::Store> stores;
+  memory::StoreOptions options;
+  options.read_only = true;
+  for (const std::string& dir : dirs) {
+    STRATA_ASSIGN_OR_RETURN(memory::Store store, memory::Store::open(dir, options));
+    if (!stores.empty() && store.committed_step() != stores.front().committed_step())
+      return make_error(ErrorKind::corrupt, fmt::format("store {} is at step {} but {} is at step {}: the stores of "
+                                                        "one job must be at the same global commit",
+                                                        dir, store.committed_step(), dirs.front(),
+                                                        stores.front().committed_step()));
+    stores.push_back(std::move(store));
+  }
+  return stores;
+}
+
+// Reads the fp32 master weights of one unit — where the state layout keeps them in each
+// optimizer chunk — into `master` (the unit's element count of floats). A ZeRO job's chunks are
+// spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
+Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state, const Unit& unit,
+                   uint64_t chunk_elements, float* master, std::vector<std::byte>& staging) {
+  const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements, state);
+  const std::vector<optim::TensorSpan> spans = optim_spans(unit);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const uint64_t count = chunks[c].element_count;
+    const uint64_t chunk_bytes = state.chunk_bytes(spans, chunks[c].begin_elements, count);
+    staging.resize(std::max<size_t>(staging.size(), chunk_bytes));
+    const std::string name = optim_name(unit, c, chunks.size());
+    memory::Store* holder = &stores.front();
+    for (memory::Store& store : stores)
+      if (store.find(name).has_value()) holder = &store;
+    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, staging.data(), chunk_bytes));
+    const float* chunk_master = state.master(staging.data());
+    std::copy(chunk_master, chunk_master + count, master + chunks[c].begin_elements);
+  }
+  return Status();
+}
+
+Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {
+  return export_store_weights(std::vector<std::string>{store_dir}, out_path, shard_size_bytes);
+}
+
+Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
+                            uint64_t shard_size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set(store_dirs));
+  memory::Store& store = stores.front();
+  const std::string& store_dir = store_dirs.front();
+  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), store_dir));
+  ModelLayout layout(model);
+  // The tensors in the layout's order, which is the order they are read from the store.
+  std::vector<hf::TensorSpec> tensors;
+  for (const Unit& unit : layout.units())
+    for (const UnitTensor& tensor : unit.tensors) tensors.push_back(hf::tensor_spec(model, tensor.name, tensor.shape));
+  std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                 {"strata_step", std::to_string(store.committed_step())}};
+  // A path ending in .safetensors is one file, as before; any other is a Hugging Face folder.
+  const bool one_file = out_path.size() >= 12 && out_path.compare(out_path.size() - 12, 12, ".safetensors") == 0;
+  std::optional<SafetensorsWriter> file_writer;
+  std::optional<hf::FolderWriter> folder_writer;
+  if (one_file) {
+    std::vector<SafetensorsWriter::TensorSpec> specs;
+    for (const hf::TensorSpec& tensor : tensors) specs.push_back({tensor.name, DType::f32, tensor.shape});
+    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer, SafetensorsWriter::create(out_path, specs, metadata));
+    file_writer.emplace(std::move(writer));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(hf::FolderWriter writer,
+                            hf::FolderWriter::create(out_path, model, tensors, shard_size_bytes, metadata));
+    folder_writer.emplace(std::move(writer));
+  }
+  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
+  STRATA_ASSIGN_OR_RETURN(const optim::StateLayout state, optim_state_of(store.committed_metadata(), store_dir));
+  std::vector<float> master(layout.largest_unit_elements());
+  std::vector<std::byte> staging;
+  for (const Unit& unit : layout.units()) {
+    STRATA_RETURN_IF_ERROR(read_master(stores, state, unit, chunk_elements, master.data(), staging));
+    for (const UnitTensor& tensor : unit.tensors) {
+      const float* values = master.data() + tensor.offset_elements;
+      if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->write_next(values, tensor.element_count * 4));
+      else STRATA_RETURN_IF_ERROR(folder_writer->write_next(values));
+    }
+  }
+  if (auto tokenizer = store.committed_metadata().find("tokenizer");
+      folder_writer && tokenizer != store.committed_metadata().end()) {
+    if (std::error_code error; std::filesystem::exists(tokenizer->second, error))
+      STRATA_RETURN_IF_ERROR(folder_writer->copy_tokenizer(tokenizer->second));
+    else
+      spdlog::warn("the run's tokenizer {} is gone; {} is exported without one", tokenizer->second, out_path);
+  }
+  if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->finish());
+  else STRATA_RETURN_IF_ERROR(folder_writer->finish());
+  spdlog::info("exported {} tensors of step {} to {}{}", tensors.size(), store.committed_step(), out_path,
+               folder_writer ? fmt::format(" (a Hugging Face folder, {} shard{})", folder_writer->shard_count(),
+                                           folder_writer->shard_count() == 1 ? "" : "s")
+                             : std::string());
+  return Status();
+}
+
+}  // namespace strata
