@@ -80,6 +80,20 @@ struct Buffers {
   AlignedArray<uint16_t> copy;
 };
 
+// Every mode's starting values, written tile by tile by the calling arena's threads (first touch).
+void fill_buffers(Buffers& b, bool with_copy) {
+  tbb::parallel_for(tbb::blocked_range<uint64_t>(0, b.count, kernels::kAdamWTileElements),
+                    [&](const tbb::blocked_range<uint64_t>& r) {
+                      for (uint64_t i = r.begin(); i != r.end(); ++i) {
+                        b.params[i] = pseudo_random(i, 1);
+                        b.grads[i] = pseudo_random(i, 2) * 0.01f;
+                        b.exp_avg[i] = pseudo_random(i, 3) * 0.001f;
+                        b.exp_avg_sq[i] = std::abs(pseudo_random(i, 4)) * 1e-5f;
+                        if (with_copy) b.copy[i] = 0;
+                      }
+                    });
+}
+
 // The reference pass: the same tiles of the same arrays, read p, g, m, v and write p, m, v and
 // the 16-bit copy, with one multiply-add per array and a truncating copy — as little work per
 // byte as a loop that moves these bytes can do. STREAM's own kernels (copy/scale/add/triad)
@@ -264,16 +278,7 @@ Status run_bench_adam(const BenchAdamOptions& options) {
 
   tbb::task_arena arena(static_cast<int>(options.threads));
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<uint64_t>(0, b.count, kernels::kAdamWTileElements),
-                      [&](const tbb::blocked_range<uint64_t>& r) {
-                        for (uint64_t i = r.begin(); i != r.end(); ++i) {
-                          b.params[i] = pseudo_random(i, 1);
-                          b.grads[i] = pseudo_random(i, 2) * 0.01f;
-                          b.exp_avg[i] = pseudo_random(i, 3) * 0.001f;
-                          b.exp_avg_sq[i] = std::abs(pseudo_random(i, 4)) * 1e-5f;
-                          if (with_copy) b.copy[i] = 0;
-                        }
-                      });
+    fill_buffers(b, with_copy);
   });
   spdlog::info("bench adam: {} params ({} per pass), {} threads, isa {}, copy {}, {} repeats",
                b.count, format_size(bytes_per_pass), options.threads, kernels::cpu_isa_name(isa),
@@ -516,16 +521,7 @@ Status run_bench_adam_8bit(const BenchAdamOptions& options, DType copy, CpuIsa i
 
   tbb::task_arena arena(static_cast<int>(options.threads));
   arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<uint64_t>(0, b.count, kernels::kAdamWTileElements),
-                      [&](const tbb::blocked_range<uint64_t>& r) {
-                        for (uint64_t i = r.begin(); i != r.end(); ++i) {
-                          b.params[i] = pseudo_random(i, 1);
-                          b.grads[i] = pseudo_random(i, 2) * 0.01f;
-                          b.exp_avg[i] = pseudo_random(i, 3) * 0.001f;
-                          b.exp_avg_sq[i] = std::abs(pseudo_random(i, 4)) * 1e-5f;
-                          if (with_copy) b.copy[i] = 0;
-                        }
-                      });
+    fill_buffers(b, with_copy);
     kernels::adamw8bit_init(state8);
   });
   spdlog::info("bench adam --mode 8bit: {} params, {} threads, copy {}, {} repeats", b.count, options.threads,
