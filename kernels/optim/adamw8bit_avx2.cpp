@@ -15,10 +15,6 @@
 namespace strata::kernels::detail {
 namespace {
 
-inline float widen8(float grad) { return grad; }
-inline float widen8(uint16_t grad_bf16) { return bf16_bits_to_fp32(grad_bf16); }
-inline float abs_fp32(float value) { return bits_to_float(float_to_bits(value) & 0x7FFFFFFFu); }
-
 STRATA_AVX2 inline __m256 load_grads8(const float* grads) { return _mm256_loadu_ps(grads); }
 STRATA_AVX2 inline __m256 load_grads8(const uint16_t* grads) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grads)));
@@ -170,22 +166,7 @@ STRATA_AVX2 void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& 
     float m_max = horizontal_max(m_max8);
     float v_max = horizontal_max(v_max8);
     for (; i < n; ++i) {
-      const size_t e = begin + i;
-      float p = t.params[e];
-      float m = mul_rn(m_table.values[t.exp_avg_codes[e]], m_scale);
-      float v = mul_rn(v_table.values[t.exp_avg_sq_codes[e]], v_scale);
-      adamw8bit_element(s, widen8(grads[e]), p, m, v);
-      t.params[e] = p;
-      if (t.copy_dtype == DType::bf16) {
-        t.copy[e] = fp32_to_bf16_bits(p);
-      } else if (t.copy_dtype == DType::f16) {
-        t.copy[e] = fp32_to_fp16_bits(p);
-      }
-      fresh_m[i] = m;
-      fresh_v[i] = v;
-      const float m_abs = abs_fp32(m), v_abs = abs_fp32(v);
-      m_max = m_abs > m_max ? m_abs : m_max;
-      v_max = v_abs > v_max ? v_abs : v_max;
+      adamw8bit_scalar_element(s, t, grads, begin + i, m_scale, v_scale, fresh_m[i], fresh_v[i], m_max, v_max);
     }
     t.exp_avg_absmax[block] = m_max;
     t.exp_avg_sq_absmax[block] = v_max;

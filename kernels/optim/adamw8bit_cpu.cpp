@@ -251,10 +251,6 @@ const CodeTable& cpu_code_table(bool is_signed) {
 
 namespace {
 
-inline float widen8(float grad) { return grad; }
-inline float widen8(uint16_t grad_bf16) { return bf16_bits_to_fp32(grad_bf16); }
-inline float abs_fp32(float value) { return bits_to_float(float_to_bits(value) & 0x7FFFFFFFu); }
-
 // Per block: pass 1 dequantises, updates the param from the fresh fp32 moments and keeps them
 // (and their block maximum); pass 2 quantises them against the new absmax.
 template <typename Grad>
@@ -269,23 +265,7 @@ void adamw8bit_loop(const AdamWStepScalars& s, const AdamW8bitTile& t, const Gra
     const float v_scale = t.exp_avg_sq_absmax[block];
     float m_max = 0.0f, v_max = 0.0f;
     for (size_t i = 0; i < n; ++i) {
-      const size_t e = begin + i;
-      float p = t.params[e];
-      float m = mul_rn(m_table.values[t.exp_avg_codes[e]], m_scale);
-      float v = mul_rn(v_table.values[t.exp_avg_sq_codes[e]], v_scale);
-      adamw8bit_element(s, widen8(grads[e]), p, m, v);
-      t.params[e] = p;
-      if (t.copy_dtype == DType::bf16) {
-        t.copy[e] = fp32_to_bf16_bits(p);
-      } else if (t.copy_dtype == DType::f16) {
-        t.copy[e] = fp32_to_fp16_bits(p);
-      }
-      fresh_m[i] = m;
-      fresh_v[i] = v;
-      // `a > max ? a : max` skips a NaN, as bitsandbytes' fmaxf and the AVX2 max do.
-      const float m_abs = abs_fp32(m), v_abs = abs_fp32(v);
-      m_max = m_abs > m_max ? m_abs : m_max;
-      v_max = v_abs > v_max ? v_abs : v_max;
+      adamw8bit_scalar_element(s, t, grads, begin + i, m_scale, v_scale, fresh_m[i], fresh_v[i], m_max, v_max);
     }
     t.exp_avg_absmax[block] = m_max;
     t.exp_avg_sq_absmax[block] = v_max;

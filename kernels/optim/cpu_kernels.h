@@ -57,6 +57,36 @@ struct AdamW8bitTile {
   size_t count = 0;
 };
 
+inline float widen8(float grad) { return grad; }
+inline float widen8(uint16_t grad_bf16) { return bf16_bits_to_fp32(grad_bf16); }
+inline float abs_fp32(float value) { return bits_to_float(float_to_bits(value) & 0x7FFFFFFFu); }
+
+// Pass 1 of an 8-bit step for element e of a tile, as the scalar loop runs every element and
+// the AVX2 loop a block's tail: dequantise m and v (scale: the block's absmax), update the
+// param from the fresh fp32 moments, write it and its copy, keep the fresh moments for pass 2
+// and fold |m|, |v| into the block's maxima (`a > max ? a : max` skips a NaN, as bitsandbytes'
+// fmaxf and the vector max do).
+template <typename Grad>
+inline void adamw8bit_scalar_element(const AdamWStepScalars& s, const AdamW8bitTile& t, const Grad* grads, size_t e,
+                                     float m_scale, float v_scale, float& fresh_m, float& fresh_v, float& m_max,
+                                     float& v_max) {
+  float p = t.params[e];
+  float m = mul_rn(t.exp_avg_table->values[t.exp_avg_codes[e]], m_scale);
+  float v = mul_rn(t.exp_avg_sq_table->values[t.exp_avg_sq_codes[e]], v_scale);
+  adamw8bit_element(s, widen8(grads[e]), p, m, v);
+  t.params[e] = p;
+  if (t.copy_dtype == DType::bf16) {
+    t.copy[e] = fp32_to_bf16_bits(p);
+  } else if (t.copy_dtype == DType::f16) {
+    t.copy[e] = fp32_to_fp16_bits(p);
+  }
+  fresh_m = m;
+  fresh_v = v;
+  const float m_abs = abs_fp32(m), v_abs = abs_fp32(v);
+  m_max = m_abs > m_max ? m_abs : m_max;
+  v_max = v_abs > v_max ? v_abs : v_max;
+}
+
 STRATA_OPTIM_DECLARE_KERNELS(scalar)
 STRATA_OPTIM_DECLARE_KERNELS(avx2)
 #undef STRATA_OPTIM_DECLARE_KERNELS
