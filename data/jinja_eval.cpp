@@ -525,7 +525,7 @@ class Interpreter {
   }
 
   void check_output_size(int line) const {
-    if (out_->size() > kMaxOutputBytes) throw Failure{"the template printed more than 1 GiB", line};
+    if (out_->size() > kMaxOutputBytes) throw Failure{"the template printed more than " + std::to_string(kMaxOutputBytes >> 20) + " MiB", line};
   }
 
   void assign(const Node& node, Value value) {
@@ -567,6 +567,9 @@ class Interpreter {
       iteration.reset();
     };
     auto enter_iteration = [&]() {
+      // A bound on the work one render may do: real templates loop over a conversation, a
+      // hostile one could loop for hours (jinja2 would).
+      charge(kIterationWorkBytes, node.line);
       leave_iteration();
       iteration = std::make_shared<Frame>();
       iteration->parent = saved;
@@ -606,9 +609,6 @@ class Interpreter {
     for (int64_t i = 0; i < count; ++i) {
       // A bound on the work one render may do: real templates loop over a conversation, a
       // hostile one could loop for hours (jinja2 would).
-      if (++iterations_ > kMaxIterations) {
-        throw Failure{"the template ran more than " + std::to_string(kMaxIterations) + " loop iterations", node.line};
-      }
       enter_iteration();
       bind(items[static_cast<size_t>(i)]);
       auto loop = std::make_shared<Dict>();
@@ -702,7 +702,31 @@ class Interpreter {
   }
 
   // ---- expressions --------------------------------------------------------------------------
+  // Every expression's value passes here, so this is where one render's work is bounded: each
+  // string or list it builds counts toward kMaxWorkBytes (a hostile template could otherwise
+  // build a 60 MiB string in each of a million iterations) and none may pass kMaxValueBytes.
   Value eval(const Expr& e) {
+    Value value = eval_unbounded(e);
+    uint64_t size_bytes = 0;
+    if (value.kind == Value::Kind::string) size_bytes = value.text.size();
+    if (value.kind == Value::Kind::list && value.list) size_bytes = value.list->size() * kListItemBytes;
+    if (size_bytes > kMaxValueBytes) {
+      throw Failure{"the template built a value of more than " + std::to_string(kMaxValueBytes >> 20) + " MiB", e.line};
+    }
+    charge(size_bytes, e.line);
+    return value;
+  }
+
+  void charge(uint64_t work_bytes, int line) {
+    work_bytes_ += work_bytes;
+    if (work_bytes_ > kMaxWorkBytes) {
+      throw Failure{"the template did more than " + std::to_string(kMaxWorkBytes >> 20) +
+                        " MiB of work (values built, loop iterations) in one render",
+                    line};
+    }
+  }
+
+  Value eval_unbounded(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::literal: return e.literal;
       case Expr::Kind::name: return lookup(e.name);
@@ -891,17 +915,21 @@ class Interpreter {
     if (op == "*") {
       const Value& seq = is_intlike(a) ? b : a;
       const Value& times = is_intlike(a) ? a : b;
-      constexpr int64_t kMaxRepeatBytes = int64_t{1} << 30;  // a guard against '...' * 10**12
+      constexpr auto kMaxRepeatBytes = static_cast<int64_t>(kMaxValueBytes);  // a guard against '...' * 10**12
       if (is_intlike(times) && (seq.kind == Value::Kind::string || seq.kind == Value::Kind::list)) {
         int64_t unit = seq.kind == Value::Kind::string ? static_cast<int64_t>(seq.text.size())
-                                                       : static_cast<int64_t>(seq.list->size()) * 64;
+                                                       : static_cast<int64_t>(seq.list->size() * kListItemBytes);
         if (as_int(times) > 0 && unit > 0 && as_int(times) > kMaxRepeatBytes / unit) {
-          throw Failure{"'*' would build a value over 1 GiB", line};
+          throw Failure{"'*' would build a value over " + std::to_string(kMaxValueBytes >> 20) + " MiB", line};
         }
       }
       if (is_intlike(times) && seq.kind == Value::Kind::string) {
+        // Doubling: a handful of large copies instead of one append per repetition.
+        const size_t size_bytes = seq.text.size() * static_cast<size_t>(std::max<int64_t>(as_int(times), 0));
         std::string out;
-        for (int64_t i = 0; i < as_int(times); ++i) out += seq.text;
+        out.reserve(size_bytes);
+        if (size_bytes > 0) out = seq.text;
+        while (out.size() < size_bytes) out.append(out, 0, std::min(out.size(), size_bytes - out.size()));
         return Value::from_string(std::move(out));
       }
       if (is_intlike(times) && seq.kind == Value::Kind::list) {
@@ -1628,10 +1656,13 @@ class Interpreter {
     Interpreter& in_;
   };
   static constexpr int kMaxCallDepth = 200;
-  static constexpr int64_t kMaxIterations = 50'000'000;
-  static constexpr size_t kMaxOutputBytes = size_t{1} << 30;
+  // One render's work: 64 MiB of values built, each loop iteration counted as 1 KiB (so at most
+  // 65,536 iterations) — about a second under ASan, far beyond a real conversation's.
+  static constexpr uint64_t kMaxWorkBytes = uint64_t{64} << 20;
+  static constexpr uint64_t kIterationWorkBytes = 1024;
+  static constexpr size_t kMaxOutputBytes = kMaxValueBytes;
   int call_depth_ = 0;
-  int64_t iterations_ = 0;
+  uint64_t work_bytes_ = 0;
   std::vector<std::shared_ptr<Frame>> frames_;    // every frame of this render (see ~Interpreter)
   std::vector<std::shared_ptr<Dict>> namespaces_;  // every namespace() of this render
 

@@ -61,6 +61,13 @@ struct Node {
 };
 using NodePtr = std::unique_ptr<Node>;
 
+// The largest string or list one render may build, print or repr (16 MiB): a chat template
+// renders one conversation (a few KiB to a few MiB); a hostile one could double a value in a
+// loop or nest repeated lists until a repr is gigabytes (fuzz/regressions/chat_template).
+inline constexpr size_t kMaxValueBytes = size_t{16} << 20;
+// What one list item counts toward those bounds.
+inline constexpr size_t kListItemBytes = 64;
+
 // The name a {% filter %} block's captured body is bound to while its filter chain runs.
 inline constexpr const char* kFilterInput = "\x01filter_input";
 

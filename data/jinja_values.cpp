@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "data/jinja.h"
+#include "data/jinja_internal.h"
 
 namespace strata::data::jinja {
 
@@ -222,6 +223,15 @@ void json_string(const std::string& text, std::string& out) {
   out += '"';
 }
 
+// Throws once `out` passes kMaxValueBytes: lists that hold the same list many times over repr to
+// exponentially more text than their memory, so the bound is on the text as it grows.
+void check_value_size(const std::string& out, const char* what, int line) {
+  if (out.size() > kMaxValueBytes) {
+    throw Failure{std::string(what) + ": the value prints to more than " + std::to_string(kMaxValueBytes >> 20) + " MiB",
+                  line};
+  }
+}
+
 void json_value(const Value& value, int indent_width, bool indented, int level, std::string& out, int line) {
   auto newline = [&](int depth) {
     out += '\n';
@@ -257,6 +267,7 @@ void json_value(const Value& value, int indent_width, bool indented, int level, 
         first = false;
         if (indented) newline(level + 1);
         json_value(item, indent_width, indented, level + 1, out, line);
+        check_value_size(out, "tojson", line);
       }
       if (indented) newline(level);
       out += ']';
@@ -281,6 +292,7 @@ void json_value(const Value& value, int indent_width, bool indented, int level, 
                     out);
         out += ": ";
         json_value(item, indent_width, indented, level + 1, out, line);
+        check_value_size(out, "tojson", line);
       }
       if (indented) newline(level);
       out += '}';
@@ -297,9 +309,11 @@ void json_value(const Value& value, int indent_width, bool indented, int level, 
 
 }  // namespace
 
-std::string to_repr(const Value& value) {
+namespace {
+
+void repr_into(const Value& value, std::string& out) {
   switch (value.kind) {
-    case Value::Kind::string: return string_repr(value.text);
+    case Value::Kind::string: out += string_repr(value.text); break;
     case Value::Kind::list: {
       if (value.view == "generator" || value.view == "range") {
         throw Failure{"printing a " + value.view + " (the output of map, select, range...) is not supported: add |list", 0};
@@ -309,32 +323,51 @@ std::string to_repr(const Value& value) {
         if (value.view == "dict_items") {
           for (Value& item : *plain.list) item.tuple = true;
         }
-        return value.view + "(" + to_repr(plain) + ")";
+        out += value.view + "(";
+        repr_into(plain, out);
+        out += ")";
+        break;
       }
-      std::string out = value.tuple ? "(" : "[";
+      out += value.tuple ? "(" : "[";
       bool first = true;
       for (const Value& item : *value.list) {
         if (!first) out += ", ";
         first = false;
-        out += to_repr(item);
+        repr_into(item, out);
+        check_value_size(out, "repr", 0);
       }
       if (value.tuple && value.list->size() == 1) out += ",";
       out += value.tuple ? ")" : "]";
-      return out;
+      break;
     }
     case Value::Kind::dict: {
-      if (value.is_namespace) return "<Namespace>";
-      std::string out = "{";
+      if (value.is_namespace) {
+        out += "<Namespace>";
+        break;
+      }
+      out += "{";
       bool first = true;
       for (const auto& [key, item] : value.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += to_repr(key_value(key)) + ": " + to_repr(item);
+        repr_into(key_value(key), out);
+        out += ": ";
+        repr_into(item, out);
+        check_value_size(out, "repr", 0);
       }
-      return out + "}";
+      out += "}";
+      break;
     }
-    default: return to_str(value);
+    default: out += to_str(value);
   }
+}
+
+}  // namespace
+
+std::string to_repr(const Value& value) {
+  std::string out;
+  repr_into(value, out);
+  return out;
 }
 
 std::string to_str(const Value& value) {

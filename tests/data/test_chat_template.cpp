@@ -174,7 +174,21 @@ TEST(ChatTemplate, HostileTemplatesFailCleanly) {
             "rendered: " + std::string(300, '(') + "1" + std::string(300, ')'));  // plain text: no tag
   EXPECT_EQ(render_error("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}"),
             "t.jinja:1: the template nests deeper than 256 levels");
-  EXPECT_EQ(render_error("{{ 'x' * 2000000000 }}"), "t.jinja:1: '*' would build a value over 1 GiB");
+  EXPECT_EQ(render_error("{{ 'x' * 2000000000 }}"), "t.jinja:1: '*' would build a value over 16 MiB");
+  // Found by the fuzzer as a 10 s timeout: a list holding one list 99 times, four deep, prints
+  // as 96 million zeros from a few KiB of memory.
+  EXPECT_EQ(render_error("{{ [[[[0]*99]*99]*99]*99 }}"), "t.jinja:1: repr: the value prints to more than 16 MiB");
+  EXPECT_EQ(render_error("{{ ([[[[0]*99]*99]*99]*99)|tojson }}"),
+            "t.jinja:1: tojson: the value prints to more than 16 MiB");
+  // One value past the cap; many big values (a value doubled in a loop): the work budget.
+  EXPECT_EQ(render_error("{{ 'x' * 10000000 ~ 'y' * 10000000 }}"), "t.jinja:1: the template built a value of more than 16 MiB");
+  EXPECT_EQ(render_error("{% set ns = namespace(a='ab') %}{% for i in range(40) %}{% set ns.a = ns.a ~ ns.a %}"
+                         "{% endfor %}"),
+            "t.jinja:1: the template did more than 64 MiB of work (values built, loop iterations) in one render");
+  EXPECT_EQ(render_error("{% for i in range(99) %}{% set s = 'x' * 15000000 %}{% endfor %}"),
+            "t.jinja:1: the template did more than 64 MiB of work (values built, loop iterations) in one render");
+  EXPECT_EQ(render_error("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"),
+            "t.jinja:1: the template did more than 64 MiB of work (values built, loop iterations) in one render");
   EXPECT_EQ(render_error("{{ range(200000)|length }}"), "t.jinja:1: range too big (the sandbox allows 100000 items)");
 }
 
