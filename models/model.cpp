@@ -8,6 +8,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
@@ -51,6 +52,41 @@ void ModelDefinition::add_tensor(Unit& unit, std::string name, std::vector<int64
   tensor.init_value = init_value;
   unit.element_count += tensor.element_count;
   unit.tensors.push_back(std::move(tensor));
+}
+
+void ModelDefinition::find_linears(const std::vector<std::string>& suffixes, bool conv1d) {
+  const Unit& block = units_[block_unit(0)];
+  for (size_t i = 0; i < suffixes.size(); ++i) {
+    BlockLinear linear;
+    linear.index = static_cast<int>(i);
+    linear.suffix = suffixes[i];
+    linear.conv1d = conv1d;
+    const std::string weight = "." + suffixes[i] + ".weight";
+    for (size_t t = 0; t < block.tensors.size(); ++t) {
+      if (!block.tensors[t].name.ends_with(weight)) continue;
+      const std::vector<int64_t>& shape = block.tensors[t].shape;
+      linear.weight_tensor = t;
+      linear.in_features = conv1d ? shape[0] : shape[1];
+      linear.out_features = conv1d ? shape[1] : shape[0];
+    }
+    linears_.push_back(std::move(linear));
+  }
+}
+
+std::vector<std::string> adapter_target_names(const std::string& arch) {
+  if (arch == "gpt2") return {"c_attn", "c_proj", "c_fc", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+}
+
+std::vector<std::string> default_adapter_targets(const std::string& arch) {
+  if (arch == "gpt2") return {"c_attn"};
+  return {"q_proj", "v_proj"};
+}
+
+bool adapter_targets_linear(const std::vector<std::string>& targets, const BlockLinear& linear) {
+  for (const std::string& target : targets)
+    if (linear.suffix == target || linear.suffix.ends_with("." + target)) return true;
+  return false;
 }
 
 namespace {
@@ -98,6 +134,7 @@ class Gpt2 final : public ModelDefinition {
     add(ln_f, std::string(outer[2].name_suffix), outer[2], 0.0, 1.0f);
     add(ln_f, std::string(outer[3].name_suffix), outer[3], 0.0, 0.0f);
     units_.push_back(std::move(ln_f));
+    find_linears({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}, /*conv1d=*/true);
   }
 
   const char* arch() const override { return "gpt2"; }
@@ -249,6 +286,9 @@ class Llama final : public ModelDefinition {
     add_tensor(norm, "model.norm.weight", {c}, false, 0.0, 1.0f);
     if (!model.tie_word_embeddings) add_tensor(norm, "lm_head.weight", {vocab, c}, true, model.init_std, 0.0f);
     units_.push_back(std::move(norm));
+    find_linears({"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                  "mlp.up_proj", "mlp.down_proj"},
+                 /*conv1d=*/false);
   }
 
   const char* arch() const override { return "llama"; }
@@ -403,7 +443,31 @@ std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& 
   return std::make_unique<Gpt2>(config);
 }
 
+namespace {
+
+// The adapter's keys (absent without one: stores from before LoRA read as no adapter). The
+// init folder is where the adapters started, not their shape: not recorded.
+void add_adapter_keys(const AdapterConfig& a, std::map<std::string, std::string>& keys) {
+  if (!a.enabled) return;
+  keys["adapter.kind"] = "lora";
+  keys["adapter.rank"] = std::to_string(a.rank);
+  keys["adapter.alpha"] = fmt::format("{}", a.alpha);
+  keys["adapter.dropout"] = fmt::format("{}", a.dropout);
+  keys["adapter.rslora"] = a.rslora ? "1" : "0";
+  keys["adapter.targets"] = fmt::format("{}", fmt::join(a.targets, ","));
+  keys["adapter.base_dtype"] = base_dtype_name(a.base_dtype);
+  keys["adapter.double_quant"] = a.double_quant ? "1" : "0";
+}
+
+}  // namespace
+
 std::map<std::string, std::string> store_metadata(const ModelConfig& m) {
+  std::map<std::string, std::string> keys = store_shape_metadata(m);
+  add_adapter_keys(m.adapter, keys);
+  return keys;
+}
+
+std::map<std::string, std::string> store_shape_metadata(const ModelConfig& m) {
   std::map<std::string, std::string> keys = {{"model.arch", m.arch},
                                              {"model.n_layer", std::to_string(m.n_layer)},
                                              {"model.n_head", std::to_string(m.n_head)},
@@ -434,6 +498,50 @@ std::map<std::string, std::string> store_metadata(const ModelConfig& m) {
 }
 
 Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::string>& metadata,
+                                              const std::string& dir) {
+  STRATA_ASSIGN_OR_RETURN(ModelConfig model, shape_from_store_metadata(metadata, dir));
+  if (metadata.count("adapter.kind") == 0) return model;
+  AdapterConfig& a = model.adapter;
+  if (metadata.at("adapter.kind") != "lora")
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'adapter.kind' is '{}', not lora", dir,
+                                                      metadata.at("adapter.kind")));
+  a.enabled = true;
+  STRATA_ASSIGN_OR_RETURN(a.rank, metadata_integer(metadata, "adapter.rank", 1, 4096, dir));
+  STRATA_ASSIGN_OR_RETURN(a.alpha, read_number(metadata, "adapter.alpha", 1.0e-6, 1.0e6, dir));
+  STRATA_ASSIGN_OR_RETURN(a.dropout, read_number(metadata, "adapter.dropout", 0.0, 0.99, dir));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t rslora, metadata_integer(metadata, "adapter.rslora", 0, 1, dir));
+  a.rslora = rslora == 1;
+  STRATA_ASSIGN_OR_RETURN(const uint64_t double_quant, metadata_integer(metadata, "adapter.double_quant", 0, 1, dir));
+  a.double_quant = double_quant == 1;
+  auto targets = metadata.find("adapter.targets");
+  const std::vector<std::string> names = adapter_target_names(model.arch);
+  a.targets.clear();
+  if (targets != metadata.end()) {
+    for (size_t begin = 0; begin <= targets->second.size();) {
+      size_t end = targets->second.find(',', begin);
+      if (end == std::string::npos) end = targets->second.size();
+      a.targets.push_back(targets->second.substr(begin, end - begin));
+      begin = end + 1;
+    }
+  }
+  for (const std::string& target : a.targets)
+    if (std::find(names.begin(), names.end(), target) == names.end())
+      return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'adapter.targets' names '{}', not a linear "
+                                                        "of a {} block", dir, target, model.arch));
+  if (a.targets.empty())
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'adapter.targets' is missing", dir));
+  auto base = metadata.find("adapter.base_dtype");
+  const std::string base_name = base == metadata.end() ? "" : base->second;
+  if (base_name == "fp32") a.base_dtype = BaseDType::fp32;
+  else if (base_name == "bf16") a.base_dtype = BaseDType::bf16;
+  else if (base_name == "int8") a.base_dtype = BaseDType::int8;
+  else if (base_name == "nf4") a.base_dtype = BaseDType::nf4;
+  else
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'adapter.base_dtype' is '{}'", dir, base_name));
+  return model;
+}
+
+Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::string>& metadata,
                                               const std::string& dir) {
   ModelConfig model;
   auto arch = metadata.find("model.arch");
@@ -503,10 +611,10 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
 }
 
 std::optional<std::string> first_shape_difference(const ModelConfig& a, const ModelConfig& b) {
-  const auto keys_a = store_metadata(a);
-  const auto keys_b = store_metadata(b);
   // model.arch first: every other key means something else across architectures.
   if (a.arch != b.arch) return std::string("model.arch");
+  const auto keys_a = store_metadata(a);
+  const auto keys_b = store_metadata(b);
   for (const auto& [key, value] : keys_a) {
     auto other = keys_b.find(key);
     if (other == keys_b.end() || other->second != value) return key;

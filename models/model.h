@@ -43,8 +43,10 @@ struct UnitTensor {
   uint64_t element_count = 0;
   bool weight_decay = false;     // AdamW decays 2-D tensors only
   bool token_embedding = false;  // the token embedding (optimizer.embedding_state applies to it)
-  double init_std = 0.0;         // 0: constant init_value
+  double init_std = 0.0;         // 0: constant init_value (or uniform, below)
   float init_value = 0.0f;
+  double init_bound = 0.0;       // > 0: uniform in [-bound, bound] (LoRA's A: Kaiming-uniform, a = √5)
+  int adapter_linear = -1;       // an adapter unit's lora_A / lora_B: the block linear's index (BlockLinear)
 };
 
 // A run of elements within a unit's packed buffer.
@@ -54,10 +56,26 @@ struct ElementRange {
 };
 
 struct Unit {
-  std::string name;  // "embed", "h.3" / "layers.3", "ln_f" / "norm"
+  std::string name;  // "embed", "h.3" / "layers.3", "ln_f" / "norm"; adapters "lora.h.3" / "lora.layers.3"
   int64_t block_index = -1;
   std::vector<UnitTensor> tensors;
   uint64_t element_count = 0;
+  // LoRA (models/model_layout.h): the base's units are frozen — read by the forward and the
+  // backward, never written, with no gradient and no optimizer state; each block's adapters are
+  // a unit of their own (adapter_block: the block they serve; block_index stays -1).
+  bool frozen = false;
+  int64_t adapter_block = -1;
+};
+
+// A block linear LoRA may adapt, in the kernels' adapter index order (kernels/lora/lora.h):
+// Llama q, k, v, o, gate, up, down; GPT-2 attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
+struct BlockLinear {
+  int index = 0;
+  std::string suffix;          // within the block, as HF names it: "self_attn.q_proj", "attn.c_attn"
+  int64_t in_features = 0;
+  int64_t out_features = 0;
+  bool conv1d = false;         // GPT-2's Conv1D: the base weight is [in, out] (nn.Linear's is [out, in])
+  size_t weight_tensor = 0;    // its weight's index among the block unit's tensors
 };
 
 // A unit's tensors as the optimizer seam sees them (optim/state.h).
@@ -87,6 +105,8 @@ class ModelDefinition {
   size_t embed_unit() const { return 0; }
   size_t block_unit(int64_t block_index) const { return static_cast<size_t>(block_index) + 1; }
   size_t final_unit() const { return units_.size() - 1; }
+  // The linears of every block (the same in each), in adapter index order.
+  const std::vector<BlockLinear>& block_linears() const { return linears_; }
 
   // Workspace the block and head ops need for shapes up to `max_shape`: on `backend`, or on a
   // device kind before any backend exists (planning).
@@ -174,9 +194,23 @@ class ModelDefinition {
   static void add_tensor(Unit& unit, std::string name, std::vector<int64_t> shape, bool weight_decay, double init_std,
                          float init_value);
 
+  // Fills linears_ from block 0's tensors: `suffixes` in adapter index order, with their
+  // shapes as (in, out) and whether each is a Conv1D.
+  void find_linears(const std::vector<std::string>& suffixes, bool conv1d);
+
   ModelConfig config_;
   std::vector<Unit> units_;
+  std::vector<BlockLinear> linears_;
 };
+
+// LoRA's target names for `arch` (PEFT's target_modules): every linear's module name and its
+// block suffix ("q_proj"; GPT-2 also "attn.c_proj" beside "c_proj", which names both c_projs).
+std::vector<std::string> adapter_target_names(const std::string& arch);
+// PEFT's defaults when the config names none: Llama q_proj, v_proj; GPT-2 c_attn.
+std::vector<std::string> default_adapter_targets(const std::string& arch);
+// Whether `linear` is adapted under `targets` (PEFT's rule: the name equals the suffix or ends it
+// after a dot).
+bool adapter_targets_linear(const std::vector<std::string>& targets, const BlockLinear& linear);
 
 // The GPT-2 kernels' shape (kernels/gpt2/gpt2.h) of a gpt2 `model`: n_ctx is its seq_len.
 kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model);
@@ -188,8 +222,13 @@ std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& 
 // only for llama), and the model read back from them — untrusted input: numbers parsed whole
 // and bounded, a bad one an error naming the key and `dir`. Stores written before `model.arch`
 // existed are GPT-2.
+// With an adapter, its keys too ("adapter.rank", …; docs/lora.md).
 std::map<std::string, std::string> store_metadata(const ModelConfig& model);
+// The shape keys alone (the base model's; an adapter's keys left out), and its reader.
+std::map<std::string, std::string> store_shape_metadata(const ModelConfig& model);
 [[nodiscard]] Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::string>& metadata,
+                                                            const std::string& dir);
+[[nodiscard]] Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::string>& metadata,
                                                             const std::string& dir);
 // A whole number in [min, max] under `key` of untrusted store metadata; missing, malformed or out
 // of range is an error naming the key and `dir`.

@@ -33,11 +33,52 @@ float normal_at(uint64_t key, uint64_t index) {
 
 }  // namespace
 
-ModelLayout::ModelLayout(const ModelConfig& model) : definition_(models::make_model_definition(model)) {}
+ModelLayout::ModelLayout(const ModelConfig& model)
+    : definition_(models::make_model_definition(model)), units_(definition_->units()) {
+  const AdapterConfig& adapter = model.adapter;
+  if (!adapter.enabled) return;
+  for (Unit& unit : units_) unit.frozen = true;
+  const auto rank = static_cast<int64_t>(adapter.rank);
+  for (int64_t block = 0; block < definition_->n_layer(); ++block) {
+    const Unit& base = units_[definition_->block_unit(block)];
+    Unit unit;
+    unit.name = "lora." + base.name;
+    unit.adapter_block = block;
+    auto add = [&](std::string name, std::vector<int64_t> shape, double bound, int linear) {
+      UnitTensor tensor;
+      tensor.name = std::move(name);
+      tensor.shape = std::move(shape);
+      tensor.element_count = static_cast<uint64_t>(tensor.shape[0] * tensor.shape[1]);
+      tensor.offset_elements = unit.element_count;
+      tensor.weight_decay = true;  // 2-D, as the HF Trainer decays every non-bias, non-norm weight
+      tensor.init_bound = bound;
+      tensor.adapter_linear = linear;
+      unit.element_count += tensor.element_count;
+      unit.tensors.push_back(std::move(tensor));
+    };
+    for (const BlockLinear& linear : definition_->block_linears()) {
+      if (!models::adapter_targets_linear(adapter.targets, linear)) continue;
+      std::string stem = base.tensors[linear.weight_tensor].name;
+      stem.resize(stem.size() - std::string(".weight").size());
+      add(stem + ".lora_A.weight", {rank, linear.in_features}, 1.0 / std::sqrt(static_cast<double>(linear.in_features)),
+          linear.index);
+      add(stem + ".lora_B.weight", {linear.out_features, rank}, 0.0, linear.index);
+    }
+    adapter_units_.push_back(units_.size());
+    units_.push_back(std::move(unit));
+  }
+}
 
 uint64_t ModelLayout::parameter_count() const {
   uint64_t count = 0;
   for (const Unit& unit : units()) count += unit.element_count;
+  return count;
+}
+
+uint64_t ModelLayout::trainable_parameter_count() const {
+  uint64_t count = 0;
+  for (const Unit& unit : units())
+    if (!unit.frozen) count += unit.element_count;
   return count;
 }
 
@@ -51,6 +92,17 @@ void ModelLayout::initialize_unit(size_t unit_index, uint64_t seed, float* out) 
   const Unit& unit = units()[unit_index];
   for (const UnitTensor& tensor : unit.tensors) {
     float* values = out + tensor.offset_elements;
+    if (tensor.init_bound > 0.0) {
+      // U(-bound, bound) from the same counter-based key: 24 bits of the hash, as torch's
+      // uniform_ draws a float.
+      const uint64_t key = splitmix64(seed) ^ hash_name(tensor.name);
+      const double bound = tensor.init_bound;
+      for (uint64_t i = 0; i < tensor.element_count; ++i) {
+        const double u = static_cast<double>(splitmix64(key ^ splitmix64(i)) >> 40) * 0x1.0p-24;  // [0, 1)
+        values[i] = static_cast<float>((2.0 * u - 1.0) * bound);
+      }
+      continue;
+    }
     if (tensor.init_std == 0.0) {
       std::fill(values, values + tensor.element_count, tensor.init_value);
       continue;

@@ -9,6 +9,12 @@
 // Random initialization follows the definition's rules (normal with the tensor's std, or a
 // constant) from a counter-based generator keyed by (seed, tensor name, element index): any
 // unit can be initialized alone, in any order, on any thread, and comes out the same.
+//
+// LoRA (`adapter:`, ModelConfig::adapter; docs/lora.md): the definition's units are the base,
+// all frozen; after them come one adapter unit per block ("lora.h.3" / "lora.layers.3") holding,
+// for each targeted linear in adapter index order, lora_A [r, in] (Kaiming-uniform, a = √5:
+// U(±1/√in)) then lora_B [out, r] (zeros), named after the base weight as PEFT names them
+// ("model.layers.3.self_attn.q_proj.lora_A.weight", without PEFT's "base_model.model." prefix).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +32,13 @@ class ModelLayout {
   explicit ModelLayout(const ModelConfig& model);
 
   const models::ModelDefinition& definition() const { return *definition_; }
-  const std::vector<Unit>& units() const { return definition_->units(); }
+  // The base's units (the definition's), then the adapters' when there are any.
+  const std::vector<Unit>& units() const { return units_; }
+  bool has_adapters() const { return !adapter_units_.empty(); }
+  // The adapter unit of block `block_index`; only with has_adapters().
+  size_t adapter_unit(int64_t block_index) const { return adapter_units_[static_cast<size_t>(block_index)]; }
+  // Elements of the units that train (all of them without adapters).
+  uint64_t trainable_parameter_count() const;
   int64_t n_layer() const { return definition_->n_layer(); }
   size_t embed_unit() const { return definition_->embed_unit(); }
   size_t block_unit(int64_t block_index) const { return definition_->block_unit(block_index); }
@@ -41,6 +53,8 @@ class ModelLayout {
 
  private:
   std::shared_ptr<const models::ModelDefinition> definition_;
+  std::vector<Unit> units_;
+  std::vector<size_t> adapter_units_;  // per block
 };
 
 }  // namespace strata

@@ -1,14 +1,18 @@
 #include "run/train_config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "apps/monitor/monitor.h"
 #include "common/size.h"
 #include "device/device.h"
 #include "models/hf/hf.h"
+#include "models/model.h"
 #include "run/budgets.h"
 
 namespace strata {
@@ -25,6 +29,20 @@ static Result<Tier> parse_tier(ConfigNode& node, std::string_view key, Tier fall
     if (!strata_read_.ok()) return strata_read_.error(); \
     field = static_cast<decltype(field)>(*strata_read_); \
   } while (0)
+
+const char* base_dtype_name(BaseDType dtype) {
+  switch (dtype) {
+    case BaseDType::fp32: return "fp32";
+    case BaseDType::bf16: return "bf16";
+    case BaseDType::int8: return "int8";
+    case BaseDType::nf4: return "nf4";
+  }
+  return "";
+}
+
+double AdapterConfig::scale() const {
+  return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+}
 
 Result<TrainConfig> parse_train_config(ConfigNode root) {
   TrainConfig config;
@@ -293,6 +311,35 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_ASSIGN_OR_RETURN(std::string precision, root.choice("precision", {"fp32", "bf16"}, "bf16"));
   config.precision = precision == "fp32" ? DType::f32 : DType::bf16;
 
+  // adapter: LoRA over a frozen base (docs/lora.md); PEFT's LoraConfig defaults.
+  STRATA_ASSIGN_OR_RETURN(ConfigNode adapter, root.child("adapter"));
+  if (root.has("adapter")) {
+    AdapterConfig& a = config.model.adapter;
+    STRATA_ASSIGN_OR_RETURN(std::string kind, adapter.choice("kind", {"lora"}, std::nullopt));
+    a.enabled = kind == "lora";
+    STRATA_READ(a.rank, adapter.integer("rank", 8, 1, 4096));
+    STRATA_READ(a.alpha, adapter.number("alpha", 8.0, 1.0e-6, 1.0e6));
+    STRATA_READ(a.dropout, adapter.number("dropout", 0.0, 0.0, 0.99));
+    STRATA_READ(a.rslora, adapter.boolean("rslora", false));
+    const std::vector<std::string> all = models::adapter_target_names(config.model.arch);
+    STRATA_READ(a.targets, adapter.string_list("targets", models::default_adapter_targets(config.model.arch)));
+    if (a.targets.empty()) return adapter.error_at("targets", "is empty: name at least one linear to adapt");
+    for (const std::string& target : a.targets)
+      if (std::find(all.begin(), all.end(), target) == all.end())
+        return adapter.error_at("targets", fmt::format("'{}' is not a linear of a {} block; targets are {}", target,
+                                                       config.model.arch, fmt::join(all, ", ")));
+    const std::string precision_name = config.precision == DType::f32 ? "fp32" : "bf16";
+    STRATA_ASSIGN_OR_RETURN(std::string base, adapter.choice("base_dtype", {"fp32", "bf16", "int8", "nf4"},
+                                                             precision_name));
+    a.base_dtype = base == "fp32" ? BaseDType::fp32 : base == "bf16" ? BaseDType::bf16 : base == "int8" ? BaseDType::int8 : BaseDType::nf4;
+    STRATA_READ(a.double_quant, adapter.boolean("double_quant", false));
+    if (a.double_quant && a.base_dtype != BaseDType::nf4)
+      return adapter.error_at("double_quant", "quantises NF4's block scales: it needs base_dtype: nf4");
+    STRATA_READ(a.init, adapter.string("init", std::string()));
+    if (!a.init.empty()) a.init = adapter.resolve_path(a.init);
+    STRATA_RETURN_IF_ERROR(adapter.finish());
+  }
+
   STRATA_ASSIGN_OR_RETURN(ConfigNode device, root.child("device"));
   STRATA_READ(config.device_kind, device.choice("kind", {"cpu", "cuda", "emulated"}, "cpu"));
   STRATA_READ(config.device_memory_bytes, device.size("memory", 256ull << 20, 1u << 20));
@@ -380,6 +427,14 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     if (Result<monitor::ListenAddress> address = monitor::parse_listen_address(config.monitor_serve, "");
         !address.ok())
       return monitor_node.error_at("serve", address.error().message);
+  }
+
+  if (config.model.adapter.enabled) {
+    if (config.parallel.zero_stage >= 3 && root.has("parallel"))
+      return root.error_at("adapter", "with parallel.zero_stage 3 is not supported: a frozen base has no optimizer "
+                                      "chunks to partition it by; use stage 1 or 2 (adapters and their state are small)");
+    if (config.placement.grads == Tier::device)
+      return root.error_at("adapter", "needs placement.grads host or nvme (the adapters' gradients are small)");
   }
 
   STRATA_RETURN_IF_ERROR(root.finish());

@@ -37,6 +37,27 @@ struct RopeScaling {
   uint32_t original_max_position_embeddings = 8192;
 };
 
+// `adapter:` — LoRA adapters over a frozen base (docs/lora.md; PEFT's LoraConfig semantics).
+// Part of the model's shape: the adapters are units of their own (models/model_layout.h), the
+// base's units are frozen — read, never written, with no gradient or optimizer state.
+enum class BaseDType : uint8_t { fp32, bf16, int8, nf4 };
+const char* base_dtype_name(BaseDType dtype);  // "fp32", "bf16", "int8", "nf4"
+struct AdapterConfig {
+  bool enabled = false;          // adapter.kind: lora
+  uint32_t rank = 8;             // r
+  double alpha = 8.0;            // lora_alpha; scale = alpha / r (alpha / sqrt(r) with rslora)
+  double dropout = 0.0;          // lora_dropout, on the adapter's input only
+  bool rslora = false;           // use_rslora
+  // The linears adapted, by module name as in the HF checkpoint (PEFT's target_modules: a name
+  // matches every linear whose name ends with it, so GPT-2's c_proj is both attn.c_proj and
+  // mlp.c_proj). Default PEFT's for the architecture: Llama q_proj, v_proj; GPT-2 c_attn.
+  std::vector<std::string> targets;
+  BaseDType base_dtype = BaseDType::bf16;  // the frozen base's storage (default: the precision's)
+  bool double_quant = false;     // nf4: the absmax quantised again (QLoRA's double quantisation)
+  std::string init;              // a PEFT adapter folder to start from; empty: A Kaiming-uniform, B zero
+  double scale() const;
+};
+
 // The architecture and shape. GPT-2 reads n_layer, n_head, n_embd, vocab_size, seq_len; Llama
 // (Llama 2/3, Mistral, Qwen share the shape) also reads the keys below the line. Names follow
 // the YAML keys; the Hugging Face config.json names are in docs/models.md.
@@ -69,6 +90,8 @@ struct ModelConfig {
   // A checkpoint's sliding window (Mistral, Phi-3), in tokens; 0: none. strata's attention is
   // full causal, which equals a window of W tokens exactly while seq_len ≤ W: the one rule.
   uint32_t attention_window = 0;
+
+  AdapterConfig adapter;  // `adapter:` (top-level in the YAML)
 
   uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }

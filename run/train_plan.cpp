@@ -76,6 +76,15 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   for (const Unit& unit : layout.units()) {
     const size_t unit_index = run.units.size();
     UnitIds ids;
+    if (unit.frozen) {
+      // The frozen base (LoRA): P alone, in the base's dtype, read by the steps and never written.
+      ids.frozen = true;
+      ids.params_range = ElementRange{0, unit.element_count};
+      ids.params = run.plan.add_tensor(params_name(unit), params_size_bytes(config, unit),
+                                       home_of(config.placement.params));
+      run.units.push_back(std::move(ids));
+      continue;
+    }
     const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements, state);
     const std::vector<optim::TensorSpan> spans = optim_spans(unit);
     ids.params_range = ElementRange{0, unit.element_count};
@@ -165,6 +174,18 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   const size_t ln_f = layout.ln_f_unit();
   const uint32_t n_layer = config.model.n_layer;
   const bool clip = config.optimizer.grad_clip > 0;
+  // LoRA: a block's steps also read its adapters (and the backward writes their gradients), and
+  // the block's update is its adapters' (the frozen base has no optimizer chunks).
+  auto adapter_of = [&](size_t block_unit) -> const UnitIds* {
+    if (!layout.has_adapters()) return nullptr;
+    return &run.units[layout.adapter_unit(layout.units()[block_unit].block_index)];
+  };
+  auto adapter_params = [&](size_t block_unit) { return adapter_of(block_unit) ? adapter_of(block_unit)->params : kNoTensor; };
+  auto adapter_grads = [&](size_t block_unit) { return adapter_of(block_unit) ? adapter_of(block_unit)->grads : kNoTensor; };
+  auto optimize_block = [&](size_t block_unit) {
+    optimize(block_unit);
+    if (layout.has_adapters()) optimize(layout.adapter_unit(layout.units()[block_unit].block_index));
+  };
 
   // Stage 3: the units each gathering step computes on, in step order; each such step also
   // reads the next one's shares (its gather starts while this step computes). None across
@@ -202,14 +223,15 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
     };
     // G as read by micro-batch k's head and backward: the sum so far, from k = 1 on.
     auto accumulated = [&](size_t unit) { return k > 0 ? run.units[unit].grads : kNoTensor; };
+    auto accumulated_adapter = [&](size_t unit) { return k > 0 ? adapter_grads(unit) : kNoTensor; };
     if (interleave) optimize(embed);
     add("fwd.embed" + suffix, info(StepKind::fwd_embed, embed), with_next_shares({run.units[embed].params}),
         {run.activations[0]});
     for (uint32_t i = 0; i < n_layer; ++i) {
       size_t unit = layout.block_unit(i);
-      if (interleave) optimize(unit);
+      if (interleave) optimize_block(unit);
       add("fwd.h." + std::to_string(i) + suffix, info(StepKind::fwd_block, unit),
-          with_next_shares({run.units[unit].params, run.activations[i]}), {run.activations[i + 1]});
+          with_next_shares({run.units[unit].params, adapter_params(unit), run.activations[i]}), {run.activations[i + 1]});
     }
     if (interleave) optimize(ln_f);
     add("head" + suffix, info(StepKind::head, ln_f),
@@ -220,12 +242,15 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
     for (uint32_t i = n_layer; i-- > 0;) {
       size_t unit = layout.block_unit(i);
       add("bwd.h." + std::to_string(i) + suffix, info(StepKind::bwd_block, unit),
-          with_next_shares({run.units[unit].params, run.activations[i], run.d_x, accumulated(unit)}),
-          {run.units[unit].grads, run.d_x});
-      if (!clip && last) optimize(unit);
+          with_next_shares({run.units[unit].params, adapter_params(unit), run.activations[i], run.d_x,
+                            accumulated(unit), accumulated_adapter(unit)}),
+          {run.units[unit].grads, adapter_grads(unit), run.d_x});
+      if (!clip && last) optimize_block(unit);
     }
-    add("bwd.embed" + suffix, info(StepKind::bwd_embed, embed), {run.units[embed].grads, run.d_x},
-        {run.units[embed].grads});
+    // A frozen embedding has nothing to learn from the gradient that reaches it.
+    if (!run.units[embed].frozen)
+      add("bwd.embed" + suffix, info(StepKind::bwd_embed, embed), {run.units[embed].grads, run.d_x},
+          {run.units[embed].grads});
   }
   if (interleave) return run;
   if (clip) {
@@ -233,7 +258,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
     // their tier meanwhile). Reverse order ends with the embeddings, which the next
     // iteration's first step reads.
     optimize(ln_f);
-    for (uint32_t i = n_layer; i-- > 0;) optimize(layout.block_unit(i));
+    for (uint32_t i = n_layer; i-- > 0;) optimize_block(layout.block_unit(i));
   }
   optimize(embed);
   return run;
@@ -244,8 +269,10 @@ TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout) 
   const uint32_t param_bytes = dtype_size_bytes(config.precision);
   for (const Unit& unit : layout.units()) {
     UnitIds ids;
+    ids.frozen = unit.frozen;
     ids.params_range = ElementRange{0, unit.element_count};
-    ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes,
+    ids.params = run.plan.add_tensor(params_name(unit), unit.frozen ? params_size_bytes(config, unit)
+                                                                    : unit.element_count * param_bytes,
                                      home_of(config.placement.params));
     run.units.push_back(std::move(ids));
   }
@@ -261,8 +288,9 @@ TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout) 
   add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, {run.units[embed].params}, {run.activations[0]});
   for (uint32_t i = 0; i < config.model.n_layer; ++i) {
     const size_t unit = layout.block_unit(i);
-    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit},
-        {run.units[unit].params, run.activations[i]}, {run.activations[i + 1]});
+    std::vector<sch::TensorId> reads = {run.units[unit].params, run.activations[i]};
+    if (layout.has_adapters()) reads.push_back(run.units[layout.adapter_unit(i)].params);
+    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit}, std::move(reads), {run.activations[i + 1]});
   }
   add("head", StepInfo{StepKind::head, ln_f},
       {run.units[ln_f].params, run.units[embed].params, run.activations[config.model.n_layer]}, {});
@@ -333,6 +361,7 @@ uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, u
   for (size_t u = 0; u < run.units.size(); ++u) {
     const UnitIds& ids = run.units[u];
     if (ids.params != kNoTensor) bytes += align_up(run.plan.tensors()[ids.params].size_bytes, alignment_bytes);
+    if (ids.frozen) continue;  // P alone
     bytes += ids.grads == kNoTensor ? align_up(layout.units()[u].element_count * 4, alignment_bytes)
                                     : align_up(run.plan.tensors()[ids.grads].size_bytes, alignment_bytes);
     for (const OptimChunk& chunk : ids.optim)
@@ -348,6 +377,27 @@ bool is_persistent(const TrainPlan& run, sch::TensorId id) {
       if (id == chunk.tensor) return true;
   }
   return false;
+}
+
+bool is_rewritten(const TrainPlan& run, sch::TensorId id) {
+  for (const UnitIds& ids : run.units) {
+    if (id == ids.params) return !ids.frozen;
+    for (const OptimChunk& chunk : ids.optim)
+      if (id == chunk.tensor) return true;
+  }
+  return false;
+}
+
+uint64_t params_size_bytes(const TrainConfig& config, const Unit& unit) {
+  if (!unit.frozen) return unit.element_count * dtype_size_bytes(config.precision);
+  switch (config.model.adapter.base_dtype) {
+    case BaseDType::fp32: return unit.element_count * 4;
+    case BaseDType::bf16: return unit.element_count * 2;
+    case BaseDType::int8:
+    case BaseDType::nf4: break;
+  }
+  assert(false && "quantised bases are sized by kernels/quant");
+  return unit.element_count * 4;
 }
 
 bool is_store_tensor(const TrainPlan& run, sch::TensorId id) {

@@ -11,6 +11,11 @@
 // `grad_clip: 0`. Activations (`act.i`, block inputs) and the backward's running gradient
 // (`grad.x`) are host-homed plan tensors.
 //
+// LoRA (`adapter:`): the base's units are frozen (UnitIds::frozen) and each block has an adapter
+// unit. fwd.h.i and bwd.h.i also read the block's adapter P; bwd.h.i writes its adapter G; the
+// head writes no gradient but grad.x; there is no bwd.embed; and each block's opt steps are its
+// adapter unit's, where the block's would be.
+//
 // Steps, in order:
 //   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head  [opt.ln_f]  bwd.h.{L-1} [opt.h.{L-1}] … bwd.embed  opt.embed
 // where each opt.X is one step per optimizer chunk (opt.X.c when X has several). Without
@@ -89,8 +94,11 @@ struct UnitIds {
   // elements of the chunks it owns (`params_range`; kNoTensor when it owns none of the unit).
   scheduler::TensorId params = kNoTensor;
   ElementRange params_range;
-  scheduler::TensorId grads = kNoTensor;  // kNoTensor: `grads: device`, trainer scratch
-  std::vector<OptimChunk> optim;
+  scheduler::TensorId grads = kNoTensor;  // kNoTensor: `grads: device`, trainer scratch; a frozen unit's
+  std::vector<OptimChunk> optim;          // empty for a frozen unit
+  // LoRA's frozen base (models/model_layout.h): P alone, in adapter.base_dtype, read by the
+  // forward and backward steps and never written — no G, no optimizer chunks, no update step.
+  bool frozen = false;
 };
 
 struct TrainPlan {
@@ -175,5 +183,10 @@ uint64_t training_state_bytes(const TrainPlan& run, const ModelLayout& layout, u
 bool is_store_tensor(const TrainPlan& run, scheduler::TensorId id);
 // What a commit must make durable: P and O (gradients are rewritten before they are read).
 bool is_persistent(const TrainPlan& run, scheduler::TensorId id);
+// What the steps rewrite among those: all but a frozen base's P, which a commit leaves as the
+// store has it.
+bool is_rewritten(const TrainPlan& run, scheduler::TensorId id);
+// The bytes of a unit's compute copy: precision's dtype, or a frozen base's adapter.base_dtype.
+uint64_t params_size_bytes(const TrainConfig& config, const Unit& unit);
 
 }  // namespace strata

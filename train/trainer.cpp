@@ -1091,7 +1091,7 @@ Status Run::checkpoint(uint64_t step) {
   STRATA_RETURN_IF_ERROR(scheduler_->flush());
   std::vector<std::pair<sch::TensorId, void*>> host_tensors;
   for (sch::TensorId id = 0; id < run_.plan.tensors().size(); ++id)
-    if (run_.plan.tensors()[id].home == sch::Home::host && is_persistent(run_, id))
+    if (run_.plan.tensors()[id].home == sch::Home::host && is_rewritten(run_, id))
       host_tensors.emplace_back(id, scheduler_->begin_host_access(id));
   Status status = scheduler_->run_on_io_thread([&]() -> Status {
     for (const auto& [id, host_data] : host_tensors) {
