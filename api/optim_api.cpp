@@ -106,7 +106,8 @@ struct strata_adamw {
 
 namespace {
 
-// The store requests of one chunk in flight: 32-bit state moves two tensors, 8-bit one.
+// The store requests of one chunk in flight: 32-bit state moves two tensors, 8-bit one. Only
+// requests that were started are counted (a failed start leaves nothing to wait for).
 struct Tickets {
   uint64_t id[2] = {};
   int count = 0;
@@ -114,41 +115,31 @@ struct Tickets {
 
 // Starts the write of chunk `chunk` of `p` from slot `slot`.
 strata_status put_chunk(strata_adamw* opt, const Param& p, size_t chunk, int slot, Tickets& tickets) {
-  strata_store* store = opt->store.get();
-  if (opt->eight_bit()) {
-    const uint64_t bytes = opt->state_bytes(p, chunk);
+  auto put = [&](const char* which, const void* data, uint64_t bytes) {
     int64_t shape[1] = {static_cast<int64_t>(bytes / 4)};
-    tickets.count = 1;
-    return strata_store_put_async(store, opt->chunk_name(p, "adamw8bit", chunk).c_str(), STRATA_F32, shape, 1,
-                                  opt->slot_m[slot]->data, bytes, &tickets.id[0]);
-  }
-  const uint64_t n = opt->chunk_size(p, chunk);
-  int64_t shape[1] = {static_cast<int64_t>(n)};
-  tickets.count = 1;
-  strata_status s = strata_store_put_async(store, opt->chunk_name(p, "exp_avg", chunk).c_str(), STRATA_F32, shape,
-                                           1, opt->slot_m[slot]->data, n * 4, &tickets.id[0]);
-  if (s != STRATA_OK) return s;
-  tickets.count = 2;
-  return strata_store_put_async(store, opt->chunk_name(p, "exp_avg_sq", chunk).c_str(), STRATA_F32, shape, 1,
-                                opt->slot_v[slot]->data, n * 4, &tickets.id[1]);
+    strata_status s = strata_store_put_async(opt->store.get(), opt->chunk_name(p, which, chunk).c_str(), STRATA_F32,
+                                             shape, 1, data, bytes, &tickets.id[tickets.count]);
+    if (s == STRATA_OK) ++tickets.count;
+    return s;
+  };
+  if (opt->eight_bit()) return put("adamw8bit", opt->slot_m[slot]->data, opt->state_bytes(p, chunk));
+  const uint64_t bytes = opt->chunk_size(p, chunk) * 4;
+  strata_status s = put("exp_avg", opt->slot_m[slot]->data, bytes);
+  return s != STRATA_OK ? s : put("exp_avg_sq", opt->slot_v[slot]->data, bytes);
 }
 
 // Starts the read of chunk `chunk` of `p` into slot `slot`.
 strata_status get_chunk(strata_adamw* opt, const Param& p, size_t chunk, int slot, Tickets& tickets) {
-  strata_store* store = opt->store.get();
-  if (opt->eight_bit()) {
-    tickets.count = 1;
-    return strata_store_get_async(store, opt->chunk_name(p, "adamw8bit", chunk).c_str(), opt->slot_m[slot]->data,
-                                  opt->state_bytes(p, chunk), &tickets.id[0]);
-  }
-  const uint64_t n = opt->chunk_size(p, chunk);
-  tickets.count = 1;
-  strata_status s = strata_store_get_async(store, opt->chunk_name(p, "exp_avg", chunk).c_str(),
-                                           opt->slot_m[slot]->data, n * 4, &tickets.id[0]);
-  if (s != STRATA_OK) return s;
-  tickets.count = 2;
-  return strata_store_get_async(store, opt->chunk_name(p, "exp_avg_sq", chunk).c_str(), opt->slot_v[slot]->data,
-                                n * 4, &tickets.id[1]);
+  auto get = [&](const char* which, void* data, uint64_t bytes) {
+    strata_status s = strata_store_get_async(opt->store.get(), opt->chunk_name(p, which, chunk).c_str(), data, bytes,
+                                             &tickets.id[tickets.count]);
+    if (s == STRATA_OK) ++tickets.count;
+    return s;
+  };
+  if (opt->eight_bit()) return get("adamw8bit", opt->slot_m[slot]->data, opt->state_bytes(p, chunk));
+  const uint64_t bytes = opt->chunk_size(p, chunk) * 4;
+  strata_status s = get("exp_avg", opt->slot_m[slot]->data, bytes);
+  return s != STRATA_OK ? s : get("exp_avg_sq", opt->slot_v[slot]->data, bytes);
 }
 
 // Waits for every request of `tickets`; the first failure.
