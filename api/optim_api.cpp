@@ -1,21 +1,32 @@
 // strata/api/optim_api.cpp — layer 4 of the C API: CPU AdamW over caller buffers, and an AdamW
 // that owns the moments of registered parameters in host memory or in a store.
 //
-// NVMe state is streamed in chunks of `chunk_elements`: each parameter's exp_avg and
-// exp_avg_sq are store tensors "<name>/exp_avg/<chunk>" and "<name>/exp_avg_sq/<chunk>".
+// NVMe state is streamed in chunks of at most `chunk_elements`: with 32-bit state each
+// parameter's exp_avg and exp_avg_sq are store tensors "<name>/exp_avg/<chunk>" and
+// "<name>/exp_avg_sq/<chunk>"; with 8-bit state each chunk is one store tensor
+// "<name>/adamw8bit/<chunk>" holding the chunk's state as optim::StateLayout lays it out (the
+// bytes after the master weights: absmax, codes, padding — or fp32 m and v for a parameter
+// under min_8bit_size), its chunks cut where the layout allows (snap_cut: block boundaries).
 // A step reads chunk i+1 while chunk i is computed, and chunk i's write-back runs while
 // chunk i+1 is computed (two buffer slots), so host memory holds four chunks whatever the
-// model size. Step counters travel in the commit's metadata ("adamw.step.<name>").
+// model size. Step counters travel in the commit's metadata ("adamw.step.<name>"), and so does
+// the layout (StateLayout::record), which a resume must match.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "api/api_internal.h"
 #include "kernels/optim/adamw.h"
+#include "kernels/optim/adamw8bit.h"
+#include "optim/state.h"
 
 using strata::api::check;
 using strata::api::fail;
 using strata::api::guarded;
 namespace k = strata::kernels;
+namespace optim = strata::optim;
 
 namespace {
 
@@ -41,7 +52,13 @@ struct Param {
   std::string name;
   size_t count = 0;
   int64_t step = 0;
-  std::vector<float> exp_avg, exp_avg_sq;  // host offload only
+  std::vector<float> exp_avg, exp_avg_sq;  // host offload, 32-bit state
+  std::vector<std::byte> state;            // host offload, 8-bit state: the layout's state of one chunk
+  // The parameter as the layout sees it: one tensor, decayed (the C API applies the caller's
+  // weight_decay to every parameter; a caller that wants none passes 0).
+  optim::TensorSpan span{};
+  // nvme: chunk c is elements [cuts[c], cuts[c + 1]).
+  std::vector<uint64_t> cuts;
 };
 
 k::AdamWConfig to_config(const strata_adamw_hparams& h) {
@@ -67,45 +84,118 @@ struct strata_adamw {
   std::unique_ptr<strata_store> store;  // nvme only
   std::vector<Param> params;
   std::map<std::string, uint32_t> by_name;
-  // Two slots of (exp_avg, exp_avg_sq) chunks: nvme only, allocated at create.
+  // adamw (state_bits 32) or adamw8bit with the config's rules: the one authority on what an
+  // 8-bit state is (optim/state.h).
+  optim::StateLayout layout;
+  // Two slots, nvme only, allocated at create: 32-bit, (exp_avg, exp_avg_sq) chunks; 8-bit,
+  // slot_m holds a chunk's state (slot_v unused).
   std::unique_ptr<AlignedFloats> slot_m[2], slot_v[2];
+  std::vector<k::AdamWChunk> pieces;  // a chunk's kernel calls (8-bit), reused
 
+  bool eight_bit() const { return layout.kind() == optim::Kind::adamw8bit; }
   std::string chunk_name(const Param& p, const char* which, size_t chunk) const {
     return p.name + "/" + which + "/" + std::to_string(chunk);
   }
-  size_t chunk_count(const Param& p) const {
-    return (p.count + config.chunk_elements - 1) / config.chunk_elements;
+  size_t chunk_count(const Param& p) const { return p.cuts.size() - 1; }
+  uint64_t chunk_begin(const Param& p, size_t chunk) const { return p.cuts[chunk]; }
+  uint64_t chunk_size(const Param& p, size_t chunk) const { return p.cuts[chunk + 1] - p.cuts[chunk]; }
+  uint64_t state_bytes(const Param& p, size_t chunk) const {
+    return layout.state_bytes({&p.span, 1}, chunk_begin(p, chunk), chunk_size(p, chunk));
   }
 };
 
 namespace {
 
-// Writes a chunk pair asynchronously; returns the two tickets.
-strata_status put_chunk(strata_adamw* opt, const Param& p, size_t chunk, const float* m,
-                        const float* v, size_t n, uint64_t tickets[2]) {
-  int64_t shape[1] = {static_cast<int64_t>(n)};
-  strata_status s = strata_store_put_async(opt->store.get(), opt->chunk_name(p, "exp_avg", chunk).c_str(),
-                                           STRATA_F32, shape, 1, m, n * 4, &tickets[0]);
-  if (s != STRATA_OK) return s;
-  return strata_store_put_async(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", chunk).c_str(),
-                                STRATA_F32, shape, 1, v, n * 4, &tickets[1]);
+// The store requests of one chunk in flight: 32-bit state moves two tensors, 8-bit one. Only
+// requests that were started are counted (a failed start leaves nothing to wait for).
+struct Tickets {
+  uint64_t id[2] = {};
+  int count = 0;
+};
+
+// Starts the write of chunk `chunk` of `p` from slot `slot`.
+strata_status put_chunk(strata_adamw* opt, const Param& p, size_t chunk, int slot, Tickets& tickets) {
+  auto put = [&](const char* which, const void* data, uint64_t bytes) {
+    int64_t shape[1] = {static_cast<int64_t>(bytes / 4)};
+    strata_status s = strata_store_put_async(opt->store.get(), opt->chunk_name(p, which, chunk).c_str(), STRATA_F32,
+                                             shape, 1, data, bytes, &tickets.id[tickets.count]);
+    if (s == STRATA_OK) ++tickets.count;
+    return s;
+  };
+  if (opt->eight_bit()) return put("adamw8bit", opt->slot_m[slot]->data, opt->state_bytes(p, chunk));
+  const uint64_t bytes = opt->chunk_size(p, chunk) * 4;
+  strata_status s = put("exp_avg", opt->slot_m[slot]->data, bytes);
+  return s != STRATA_OK ? s : put("exp_avg_sq", opt->slot_v[slot]->data, bytes);
 }
 
-strata_status get_chunk(strata_adamw* opt, const Param& p, size_t chunk, float* m, float* v,
-                        size_t n, uint64_t tickets[2]) {
-  strata_status s = strata_store_get_async(opt->store.get(), opt->chunk_name(p, "exp_avg", chunk).c_str(),
-                                           m, n * 4, &tickets[0]);
-  if (s != STRATA_OK) return s;
-  return strata_store_get_async(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", chunk).c_str(), v,
-                                n * 4, &tickets[1]);
+// Starts the read of chunk `chunk` of `p` into slot `slot`.
+strata_status get_chunk(strata_adamw* opt, const Param& p, size_t chunk, int slot, Tickets& tickets) {
+  auto get = [&](const char* which, void* data, uint64_t bytes) {
+    strata_status s = strata_store_get_async(opt->store.get(), opt->chunk_name(p, which, chunk).c_str(), data, bytes,
+                                             &tickets.id[tickets.count]);
+    if (s == STRATA_OK) ++tickets.count;
+    return s;
+  };
+  if (opt->eight_bit()) return get("adamw8bit", opt->slot_m[slot]->data, opt->state_bytes(p, chunk));
+  const uint64_t bytes = opt->chunk_size(p, chunk) * 4;
+  strata_status s = get("exp_avg", opt->slot_m[slot]->data, bytes);
+  return s != STRATA_OK ? s : get("exp_avg_sq", opt->slot_v[slot]->data, bytes);
 }
 
-strata_status wait_pair(strata_adamw* opt, uint64_t tickets[2], bool& pending) {
-  if (!pending) return STRATA_OK;
-  pending = false;
-  strata_status a = strata_store_wait(opt->store.get(), tickets[0]);
-  strata_status b = strata_store_wait(opt->store.get(), tickets[1]);
-  return a != STRATA_OK ? a : b;
+// Waits for every request of `tickets`; the first failure.
+strata_status wait_all(strata_adamw* opt, Tickets& tickets) {
+  strata_status first = STRATA_OK;
+  for (int i = 0; i < tickets.count; ++i) {
+    strata_status s = strata_store_wait(opt->store.get(), tickets.id[i]);
+    if (first == STRATA_OK) first = s;
+  }
+  tickets.count = 0;
+  return first;
+}
+
+// One 8-bit step of the chunk of `p` whose state is at `state` and whose elements are
+// [begin, begin + count): the layout cuts it into kernel calls, run here on the CPU.
+void step_eight_bit(strata_adamw* opt, const Param& p, const strata_adamw_hparams& h, uint64_t begin,
+                    uint64_t count, float* params, const float* grads, std::byte* state) {
+  opt->layout.update_pieces(to_config(h), static_cast<uint64_t>(p.step), {&p.span, 1}, begin, count,
+                            params + begin, state, grads + begin, nullptr, opt->pieces);
+  for (const k::AdamWChunk& piece : opt->pieces) {
+    k::AdamWStepScalars scalars = piece.scalars;
+    scalars.grad_scale = h.grad_scale;  // the layout's scalars are unscaled
+    if (piece.block_elements > 0) {
+      const size_t blocks = k::adamw8bit_block_count(piece.count, piece.block_elements);
+      const k::AdamW8bitState views{{piece.params, piece.count},
+                                    {piece.exp_avg_codes, piece.count},
+                                    {piece.exp_avg_sq_codes, piece.count},
+                                    {piece.exp_avg_absmax, blocks},
+                                    {piece.exp_avg_sq_absmax, blocks},
+                                    piece.block_elements};
+      k::adamw8bit_step(scalars, views, {piece.grads, piece.count});
+    } else {
+      k::adamw_step(scalars, {piece.params, piece.count}, {piece.grads, piece.count},
+                    {piece.exp_avg, piece.count}, {piece.exp_avg_sq, piece.count});
+    }
+  }
+}
+
+// set_state with 8-bit moments: they are requantised, which needs finite values.
+strata_status check_finite(const Param& p, const float* values, const char* which) {
+  for (size_t i = 0; i < p.count; ++i) {
+    if (!std::isfinite(values[i]))
+      return fail(STRATA_ERR_INVALID_ARGUMENT,
+                  fmt::format("strata_adamw_set_state: parameter {}: {}[{}] is {}; 8-bit state holds finite "
+                              "moments only",
+                              p.name, which, i, values[i]));
+  }
+  return STRATA_OK;
+}
+
+// The layout a store's commit holds state of, if it holds any: a store written before
+// state_bits existed records no layout and holds adamw state (its "adamw.step." keys).
+bool holds_state(const std::map<std::string, std::string>& metadata) {
+  if (metadata.count("optim_state") != 0) return true;
+  auto it = metadata.lower_bound("adamw.step.");
+  return it != metadata.end() && it->first.rfind("adamw.step.", 0) == 0;
 }
 
 }  // namespace
@@ -162,6 +252,9 @@ void strata_adamw_config_init(strata_adamw_config* c) {
   c->offload = STRATA_OFFLOAD_HOST;
   c->store_capacity_bytes = uint64_t{1} << 30;
   c->chunk_elements = size_t{1} << 22;
+  c->state_bits = 32;
+  c->block_size = static_cast<uint32_t>(k::kAdamW8bitBlockElements);
+  c->min_8bit_size = k::kAdamW8bitMinElements;
 }
 
 strata_status strata_adamw_create(const strata_adamw_config* config, strata_adamw** out) {
@@ -174,11 +267,32 @@ strata_status strata_adamw_create(const strata_adamw_config* config, strata_adam
     auto& c = opt->config;
     if (c.offload != STRATA_OFFLOAD_HOST && c.offload != STRATA_OFFLOAD_NVME)
       return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_create: offload must be host or nvme");
+    // bitsandbytes' knobs, checked whatever state_bits is: a bad value is a mistake either way.
+    if (c.state_bits != 32 && c.state_bits != 8)
+      return fail(STRATA_ERR_INVALID_ARGUMENT,
+                  fmt::format("strata_adamw_create: state_bits is {}; it must be 32 or 8", c.state_bits));
+    if (c.block_size < 64 || c.block_size > k::kAdamW8bitMaxBlockElements || (c.block_size & (c.block_size - 1)) != 0)
+      return fail(STRATA_ERR_INVALID_ARGUMENT,
+                  fmt::format("strata_adamw_create: block_size is {}; it must be a power of two in [64, {}] "
+                              "(bitsandbytes uses 256)",
+                              c.block_size, k::kAdamW8bitMaxBlockElements));
+    if (c.state_bits == 8) {
+      optim::EightBitRules rules;
+      rules.block_elements = c.block_size;
+      rules.min_8bit_elements = c.min_8bit_size;
+      opt->layout = optim::StateLayout(optim::Kind::adamw8bit, rules);
+    }
     if (c.offload == STRATA_OFFLOAD_NVME) {
       if (c.store_dir == nullptr)
         return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_create: offload nvme needs store_dir");
       if (c.chunk_elements == 0) c.chunk_elements = size_t{1} << 22;
       if (c.store_capacity_bytes == 0) c.store_capacity_bytes = uint64_t{1} << 30;
+      // A chunk cut inside an 8-bit parameter falls on one of its block boundaries.
+      if (opt->eight_bit() && c.chunk_elements < c.block_size)
+        return fail(STRATA_ERR_INVALID_ARGUMENT,
+                    fmt::format("strata_adamw_create: chunk_elements is {}, smaller than block_size {}: an 8-bit "
+                                "chunk holds whole blocks",
+                                c.chunk_elements, c.block_size));
       opt->store_dir = c.store_dir;
       c.store_dir = opt->store_dir.c_str();  // the caller's string need not outlive this call
       strata_store* store = nullptr;
@@ -186,9 +300,35 @@ strata_status strata_adamw_create(const strata_adamw_config* config, strata_adam
                                  : strata_store_create(c.store_dir, c.store_capacity_bytes, &store);
       if (s != STRATA_OK) return s;
       opt->store.reset(store);
+      if (c.resume) {
+        // Never reinterpret another layout's bytes: 32-bit state resumed as 8-bit (or 8-bit
+        // with other rules) is refused, not converted.
+        const auto& metadata = opt->store->store().committed_metadata();
+        if (holds_state(metadata)) {
+          auto stored = optim::StateLayout::from_metadata(metadata, opt->store_dir);
+          if (!stored) return fail(stored.error());
+          if (!(*stored == opt->layout))
+            return fail(STRATA_ERR_INVALID_ARGUMENT,
+                        fmt::format("strata_adamw_create: the store {} holds {} state; this optimizer is {} "
+                                    "(state_bits, block_size, min_8bit_size must match the run being resumed)",
+                                    opt->store_dir, stored->describe(), opt->layout.describe()));
+        }
+      }
+      size_t slot_words = c.chunk_elements;
+      if (opt->eight_bit()) {
+        // A chunk's state is largest when it is all 8-bit or all fp32 (the layout's bytes grow
+        // with the element count either way): size the slots for the larger.
+        optim::EightBitRules all_eight = opt->layout.rules();
+        all_eight.min_8bit_elements = 0;
+        const optim::TensorSpan whole{0, c.chunk_elements, true, false};
+        const uint64_t bytes =
+            std::max(optim::StateLayout(optim::Kind::adamw8bit, all_eight).state_bytes({&whole, 1}, 0, c.chunk_elements),
+                     optim::StateLayout(optim::Kind::adamw).state_bytes({&whole, 1}, 0, c.chunk_elements));
+        slot_words = bytes / sizeof(float);
+      }
       for (int i = 0; i < 2; ++i) {
-        opt->slot_m[i] = std::make_unique<AlignedFloats>(c.chunk_elements);
-        opt->slot_v[i] = std::make_unique<AlignedFloats>(c.chunk_elements);
+        opt->slot_m[i] = std::make_unique<AlignedFloats>(slot_words);
+        if (!opt->eight_bit()) opt->slot_v[i] = std::make_unique<AlignedFloats>(c.chunk_elements);
       }
     } else {
       c.store_dir = nullptr;
@@ -217,20 +357,36 @@ strata_status strata_adamw_add_param(strata_adamw* opt, const char* name, size_t
     Param p;
     p.name = name;
     p.count = count;
+    p.span = optim::TensorSpan{0, count, true, false};
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-      p.exp_avg.assign(count, 0.0f);
-      p.exp_avg_sq.assign(count, 0.0f);
-    } else if (opt->config.resume) {
+      if (opt->eight_bit()) {
+        p.state.resize(opt->layout.state_bytes({&p.span, 1}, 0, count));
+        opt->layout.initialize_state({&p.span, 1}, 0, count, p.state.data());
+      } else {
+        p.exp_avg.assign(count, 0.0f);
+        p.exp_avg_sq.assign(count, 0.0f);
+      }
+    } else {
+      // Chunks of chunk_elements, each cut where the layout allows (inside an 8-bit
+      // parameter: a block boundary, at most a block short).
+      p.cuts.push_back(0);
+      while (p.cuts.back() < count) {
+        const uint64_t next = p.cuts.back() + opt->config.chunk_elements;
+        p.cuts.push_back(next >= count ? count : opt->layout.snap_cut({&p.span, 1}, next));
+      }
+    }
+    if (opt->config.offload == STRATA_OFFLOAD_NVME && opt->config.resume) {
       const auto& metadata = opt->store->store().committed_metadata();
       auto it = metadata.find("adamw.step." + p.name);
       if (it != metadata.end()) p.step = std::stoll(it->second);
-      if (p.step > 0) {
-        auto record = opt->store->store().find(opt->chunk_name(p, "exp_avg", 0));
-        size_t first = std::min<size_t>(count, opt->config.chunk_elements);
-        if (!record || record->size_bytes != first * 4)
+      if (p.step > 0 && count > 0) {
+        const char* which = opt->eight_bit() ? "adamw8bit" : "exp_avg";
+        const uint64_t first_bytes = opt->eight_bit() ? opt->state_bytes(p, 0) : opt->chunk_size(p, 0) * 4;
+        auto record = opt->store->store().find(opt->chunk_name(p, which, 0));
+        if (!record || record->size_bytes != first_bytes)
           return fail(STRATA_ERR_CORRUPT, "parameter " + p.name + ": the store " + opt->store_dir +
                                               " holds no state of " + std::to_string(count) +
-                                              " elements for it");
+                                              " elements for it (or other chunk_elements)");
       }
     }
     *out_param = static_cast<uint32_t>(opt->params.size());
@@ -253,45 +409,52 @@ strata_status strata_adamw_step(strata_adamw* opt, uint32_t param, const strata_
     Param& p = opt->params[param];
     auto scalars = k::adamw_step_scalars(to_config(h), p.step + 1, h.grad_scale);
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-      k::adamw_step(scalars, {params, p.count}, {grads, p.count}, p.exp_avg, p.exp_avg_sq);
+      if (opt->eight_bit())
+        step_eight_bit(opt, p, h, 0, p.count, params, grads, p.state.data());
+      else
+        k::adamw_step(scalars, {params, p.count}, {grads, p.count}, p.exp_avg, p.exp_avg_sq);
       ++p.step;
       return STRATA_OK;
     }
-    // nvme: stream the moments chunk by chunk, reads ahead and writes behind.
-    const size_t chunk_elements = opt->config.chunk_elements;
+    // nvme: stream the state chunk by chunk, reads ahead and writes behind.
     const size_t chunks = opt->chunk_count(p);
     const bool fresh = p.step == 0;  // moments are zero: nothing to read
-    uint64_t read_t[2][2] = {}, write_t[2][2] = {};
-    bool read_pending[2] = {false, false}, write_pending[2] = {false, false};
-    auto size_of = [&](size_t c) { return std::min(chunk_elements, p.count - c * chunk_elements); };
+    Tickets read_t[2], write_t[2];
     auto start_read = [&](size_t c) -> strata_status {
       int slot = static_cast<int>(c % 2);
-      if (auto s = wait_pair(opt, write_t[slot], write_pending[slot]); s != STRATA_OK) return s;
+      if (auto s = wait_all(opt, write_t[slot]); s != STRATA_OK) return s;
       if (fresh) {
-        std::memset(opt->slot_m[slot]->data, 0, size_of(c) * 4);
-        std::memset(opt->slot_v[slot]->data, 0, size_of(c) * 4);
+        if (opt->eight_bit()) {
+          opt->layout.initialize_state({&p.span, 1}, opt->chunk_begin(p, c), opt->chunk_size(p, c),
+                                       reinterpret_cast<std::byte*>(opt->slot_m[slot]->data));
+        } else {
+          std::memset(opt->slot_m[slot]->data, 0, opt->chunk_size(p, c) * 4);
+          std::memset(opt->slot_v[slot]->data, 0, opt->chunk_size(p, c) * 4);
+        }
         return STRATA_OK;
       }
-      read_pending[slot] = true;
-      return get_chunk(opt, p, c, opt->slot_m[slot]->data, opt->slot_v[slot]->data, size_of(c), read_t[slot]);
+      return get_chunk(opt, p, c, slot, read_t[slot]);
     };
     strata_status status = chunks > 0 ? start_read(0) : STRATA_OK;
     for (size_t c = 0; c < chunks && status == STRATA_OK; ++c) {
       int slot = static_cast<int>(c % 2);
-      status = wait_pair(opt, read_t[slot], read_pending[slot]);
+      status = wait_all(opt, read_t[slot]);
       if (status != STRATA_OK) break;
       if (c + 1 < chunks) status = start_read(c + 1);
       if (status != STRATA_OK) break;
-      size_t n = size_of(c), base = c * chunk_elements;
-      k::adamw_step(scalars, {params + base, n}, {grads + base, n}, {opt->slot_m[slot]->data, n},
-                    {opt->slot_v[slot]->data, n});
-      write_pending[slot] = true;
-      status = put_chunk(opt, p, c, opt->slot_m[slot]->data, opt->slot_v[slot]->data, n, write_t[slot]);
+      const uint64_t n = opt->chunk_size(p, c), base = opt->chunk_begin(p, c);
+      if (opt->eight_bit()) {
+        step_eight_bit(opt, p, h, base, n, params, grads, reinterpret_cast<std::byte*>(opt->slot_m[slot]->data));
+      } else {
+        k::adamw_step(scalars, {params + base, n}, {grads + base, n}, {opt->slot_m[slot]->data, n},
+                      {opt->slot_v[slot]->data, n});
+      }
+      status = put_chunk(opt, p, c, slot, write_t[slot]);
     }
     // Whatever happened, nothing may stay in flight on the slots.
     for (int slot = 0; slot < 2; ++slot) {
-      strata_status r = wait_pair(opt, read_t[slot], read_pending[slot]);
-      strata_status w = wait_pair(opt, write_t[slot], write_pending[slot]);
+      strata_status r = wait_all(opt, read_t[slot]);
+      strata_status w = wait_all(opt, write_t[slot]);
       if (status == STRATA_OK) status = r != STRATA_OK ? r : w;
     }
     if (status == STRATA_OK) ++p.step;
@@ -307,25 +470,50 @@ strata_status strata_adamw_get_state(strata_adamw* opt, uint32_t param, int64_t*
       return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_get_state: unknown parameter " + std::to_string(param));
     const Param& p = opt->params[param];
     if (out_step) *out_step = p.step;
+    if (exp_avg == nullptr && exp_avg_sq == nullptr) return STRATA_OK;
+    if (opt->eight_bit()) {
+      // Dequantised, both moments at once: a NULL one is read into scratch (a state_dict
+      // path, not a step, so it may allocate).
+      std::vector<float> scratch(exp_avg == nullptr || exp_avg_sq == nullptr ? p.count : 0);
+      float* m = exp_avg != nullptr ? exp_avg : scratch.data();
+      float* v = exp_avg_sq != nullptr ? exp_avg_sq : scratch.data();
+      if (opt->config.offload == STRATA_OFFLOAD_HOST) {
+        opt->layout.read_moments({&p.span, 1}, 0, p.count, p.state.data(), m, v);
+        return STRATA_OK;
+      }
+      for (size_t c = 0; c < opt->chunk_count(p); ++c) {
+        const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
+        auto* state = reinterpret_cast<std::byte*>(opt->slot_m[0]->data);
+        if (p.step == 0) {
+          opt->layout.initialize_state({&p.span, 1}, base, n, state);
+        } else {
+          auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "adamw8bit", c).c_str(), state,
+                                    opt->state_bytes(p, c));
+          if (s != STRATA_OK) return s;
+        }
+        opt->layout.read_moments({&p.span, 1}, base, n, state, m + base, v + base);
+      }
+      return STRATA_OK;
+    }
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
       if (exp_avg) std::memcpy(exp_avg, p.exp_avg.data(), p.count * 4);
       if (exp_avg_sq) std::memcpy(exp_avg_sq, p.exp_avg_sq.data(), p.count * 4);
       return STRATA_OK;
     }
-    const size_t ce = opt->config.chunk_elements;
     for (size_t c = 0; c < opt->chunk_count(p); ++c) {
-      size_t n = std::min(ce, p.count - c * ce);
+      const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
       if (p.step == 0) {
-        if (exp_avg) std::memset(exp_avg + c * ce, 0, n * 4);
-        if (exp_avg_sq) std::memset(exp_avg_sq + c * ce, 0, n * 4);
+        if (exp_avg) std::memset(exp_avg + base, 0, n * 4);
+        if (exp_avg_sq) std::memset(exp_avg_sq + base, 0, n * 4);
         continue;
       }
       if (exp_avg) {
-        auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "exp_avg", c).c_str(), exp_avg + c * ce, n * 4);
+        auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "exp_avg", c).c_str(), exp_avg + base, n * 4);
         if (s != STRATA_OK) return s;
       }
       if (exp_avg_sq) {
-        auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", c).c_str(), exp_avg_sq + c * ce, n * 4);
+        auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", c).c_str(), exp_avg_sq + base,
+                                  n * 4);
         if (s != STRATA_OK) return s;
       }
     }
@@ -342,21 +530,43 @@ strata_status strata_adamw_set_state(strata_adamw* opt, uint32_t param, int64_t 
       return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_set_state: unknown parameter " + std::to_string(param));
     if (step < 0) return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_set_state: negative step");
     Param& p = opt->params[param];
+    if (opt->eight_bit()) {
+      if (opt->layout.eight_bit(p.span)) {
+        if (auto s = check_finite(p, exp_avg, "exp_avg"); s != STRATA_OK) return s;
+        if (auto s = check_finite(p, exp_avg_sq, "exp_avg_sq"); s != STRATA_OK) return s;
+      }
+      if (opt->config.offload == STRATA_OFFLOAD_HOST) {
+        opt->layout.write_moments({&p.span, 1}, 0, p.count, exp_avg, exp_avg_sq, p.state.data());
+        p.step = step;
+        return STRATA_OK;
+      }
+      for (size_t c = 0; c < opt->chunk_count(p); ++c) {
+        const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
+        auto* state = reinterpret_cast<std::byte*>(opt->slot_m[0]->data);
+        opt->layout.write_moments({&p.span, 1}, base, n, exp_avg + base, exp_avg_sq + base, state);
+        const uint64_t bytes = opt->state_bytes(p, c);
+        int64_t shape[1] = {static_cast<int64_t>(bytes / 4)};
+        auto s = strata_store_put(opt->store.get(), opt->chunk_name(p, "adamw8bit", c).c_str(), STRATA_F32, shape, 1,
+                                  state, bytes);
+        if (s != STRATA_OK) return s;
+      }
+      p.step = step;
+      return STRATA_OK;
+    }
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
       std::memcpy(p.exp_avg.data(), exp_avg, p.count * 4);
       std::memcpy(p.exp_avg_sq.data(), exp_avg_sq, p.count * 4);
       p.step = step;
       return STRATA_OK;
     }
-    const size_t ce = opt->config.chunk_elements;
     for (size_t c = 0; c < opt->chunk_count(p); ++c) {
-      size_t n = std::min(ce, p.count - c * ce);
+      const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
       int64_t shape[1] = {static_cast<int64_t>(n)};
       auto s = strata_store_put(opt->store.get(), opt->chunk_name(p, "exp_avg", c).c_str(), STRATA_F32,
-                                shape, 1, exp_avg + c * ce, n * 4);
+                                shape, 1, exp_avg + base, n * 4);
       if (s == STRATA_OK)
         s = strata_store_put(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", c).c_str(), STRATA_F32,
-                             shape, 1, exp_avg_sq + c * ce, n * 4);
+                             shape, 1, exp_avg_sq + base, n * 4);
       if (s != STRATA_OK) return s;
     }
     p.step = step;
@@ -370,6 +580,7 @@ strata_status strata_adamw_commit(strata_adamw* opt) {
     if (!opt->store)
       return fail(STRATA_ERR_UNSUPPORTED, "strata_adamw_commit: a host-offload optimizer has no store");
     std::map<std::string, std::string> metadata = opt->store->store().committed_metadata();
+    opt->layout.record(metadata);  // what a resume must match
     int64_t max_step = 0;
     for (const auto& p : opt->params) {
       metadata["adamw.step." + p.name] = std::to_string(p.step);

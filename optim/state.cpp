@@ -13,7 +13,8 @@ namespace {
 constexpr uint64_t round_up4(uint64_t bytes) { return (bytes + 3) & ~uint64_t{3}; }
 
 // One piece of a chunk under adamw8bit: the part of one tensor inside it, where it starts in
-// the chunk (elements) and where its state starts (bytes from the chunk's start).
+// the chunk (elements) and where its state starts (bytes from the start of the chunk's state,
+// i.e. from the end of its master weights).
 struct Piece {
   const TensorSpan* tensor = nullptr;
   uint64_t local_elements = 0;  // first element, counted from the chunk's first
@@ -33,7 +34,7 @@ uint64_t piece_state_bytes(bool eight_bit, uint64_t count, uint32_t block_elemen
 template <class Visit>
 void for_each_piece(const StateLayout& layout, std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count,
                     Visit&& visit) {
-  uint64_t state_offset = sizeof(float) * count;
+  uint64_t state_offset = 0;
   for (const TensorSpan& tensor : tensors) {
     const uint64_t first = std::max(begin, tensor.offset_elements);
     const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
@@ -50,13 +51,15 @@ void for_each_piece(const StateLayout& layout, std::span<const TensorSpan> tenso
   }
 }
 
-// The 8-bit state views of a piece (its layout in the header).
-kernels::AdamW8bitState eight_bit_state(std::byte* chunk, const Piece& piece, uint32_t block_elements) {
+// The 8-bit state views of a piece (its layout in the header): `state` is the chunk's state
+// (what follows its master weights), `master` the chunk's first master weight.
+kernels::AdamW8bitState eight_bit_state(float* master_chunk, std::byte* state, const Piece& piece,
+                                        uint32_t block_elements) {
   const size_t blocks = kernels::adamw8bit_block_count(piece.count, block_elements);
-  std::byte* base = chunk + piece.state_offset_bytes;
+  std::byte* base = state + piece.state_offset_bytes;
   auto* absmax_m = reinterpret_cast<float*>(base);
   auto* codes_m = reinterpret_cast<uint8_t*>(base + 2 * sizeof(float) * blocks);
-  float* master = reinterpret_cast<float*>(chunk) + piece.local_elements;
+  float* master = master_chunk + piece.local_elements;
   return kernels::AdamW8bitState{std::span<float>(master, piece.count),
                                  std::span<uint8_t>(codes_m, piece.count),
                                  std::span<uint8_t>(codes_m + piece.count, piece.count),
@@ -105,8 +108,12 @@ uint64_t StateLayout::snap_cut(std::span<const TensorSpan> tensors, uint64_t pos
 }
 
 uint64_t StateLayout::chunk_bytes(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count) const {
-  if (kind_ == Kind::adamw) return 3 * sizeof(float) * count;
-  uint64_t bytes = sizeof(float) * count;
+  return sizeof(float) * count + state_bytes(tensors, begin, count);
+}
+
+uint64_t StateLayout::state_bytes(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count) const {
+  if (kind_ == Kind::adamw) return 2 * sizeof(float) * count;
+  uint64_t bytes = 0;
   for_each_piece(*this, tensors, begin, count, [&](const Piece& piece) { bytes += piece.state_bytes; });
   return bytes;
 }
@@ -126,25 +133,39 @@ void StateLayout::initialize(std::span<const TensorSpan> tensors, uint64_t begin
                              const float* master, std::byte* chunk) const {
   float* out = this->master(chunk);
   std::copy(master, master + count, out);
-  const uint64_t bytes = chunk_bytes(tensors, begin, count);
+  initialize_state(tensors, begin, count, chunk + sizeof(float) * count);
+}
+
+void StateLayout::initialize_state(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count,
+                                   std::byte* state) const {
   // Moments, absmax and padding zero first, so the store's bytes depend on nothing else.
-  std::memset(chunk + sizeof(float) * count, 0, bytes - sizeof(float) * count);
+  std::memset(state, 0, state_bytes(tensors, begin, count));
   if (kind_ == Kind::adamw) return;
+  // adamw8bit_init's zero state without its master span (an embedder's master lies elsewhere):
+  // absmax 0 and v's codes 0 are the memset's; m's codes are the signed table's +0.
   for_each_piece(*this, tensors, begin, count, [&](const Piece& piece) {
-    if (piece.eight_bit) kernels::adamw8bit_init(eight_bit_state(chunk, piece, rules_.block_elements));
+    if (!piece.eight_bit) return;
+    const size_t blocks = kernels::adamw8bit_block_count(piece.count, rules_.block_elements);
+    std::memset(state + piece.state_offset_bytes + 2 * sizeof(float) * blocks, kernels::kDynamicCodeSignedZero,
+                piece.count);
   });
 }
 
 void StateLayout::update_pieces(const kernels::AdamWConfig& hyper, uint64_t step, std::span<const TensorSpan> tensors,
                                 uint64_t begin, uint64_t count, std::byte* chunk, const float* grads, uint16_t* copy,
                                 std::vector<kernels::AdamWChunk>& pieces) const {
+  update_pieces(hyper, step, tensors, begin, count, master(chunk), chunk + sizeof(float) * count, grads, copy, pieces);
+}
+
+void StateLayout::update_pieces(const kernels::AdamWConfig& hyper, uint64_t step, std::span<const TensorSpan> tensors,
+                                uint64_t begin, uint64_t count, float* master, std::byte* state, const float* grads,
+                                uint16_t* copy, std::vector<kernels::AdamWChunk>& pieces) const {
   pieces.clear();
   kernels::AdamWConfig config = hyper;
   const auto t = static_cast<int64_t>(step + 1);
   const kernels::AdamWStepScalars decayed = kernels::adamw_step_scalars(config, t);
   config.weight_decay = 0.0;
   const kernels::AdamWStepScalars undecayed = kernels::adamw_step_scalars(config, t);
-  float* master = this->master(chunk);
   auto base_piece = [&](const TensorSpan& tensor, uint64_t local, uint64_t piece_count) {
     kernels::AdamWChunk piece;
     piece.scalars = tensor.weight_decay ? decayed : undecayed;
@@ -158,14 +179,15 @@ void StateLayout::update_pieces(const kernels::AdamWConfig& hyper, uint64_t step
     return piece;
   };
   if (kind_ == Kind::adamw) {
+    auto* moments = reinterpret_cast<float*>(state);
     for (const TensorSpan& tensor : tensors) {
       const uint64_t first = std::max(begin, tensor.offset_elements);
       const uint64_t last = std::min(begin + count, tensor.offset_elements + tensor.element_count);
       if (first >= last) continue;
       const uint64_t local = first - begin;  // within the chunk
       kernels::AdamWChunk piece = base_piece(tensor, local, last - first);
-      piece.exp_avg = master + count + local;
-      piece.exp_avg_sq = master + 2 * count + local;
+      piece.exp_avg = moments + local;
+      piece.exp_avg_sq = moments + count + local;
       pieces.push_back(piece);
     }
     return;
@@ -173,18 +195,68 @@ void StateLayout::update_pieces(const kernels::AdamWConfig& hyper, uint64_t step
   for_each_piece(*this, tensors, begin, count, [&](const Piece& p) {
     kernels::AdamWChunk piece = base_piece(*p.tensor, p.local_elements, p.count);
     if (p.eight_bit) {
-      const kernels::AdamW8bitState state = eight_bit_state(chunk, p, rules_.block_elements);
+      const kernels::AdamW8bitState views = eight_bit_state(master, state, p, rules_.block_elements);
       piece.block_elements = rules_.block_elements;
-      piece.exp_avg_codes = state.exp_avg_codes.data();
-      piece.exp_avg_sq_codes = state.exp_avg_sq_codes.data();
-      piece.exp_avg_absmax = state.exp_avg_absmax.data();
-      piece.exp_avg_sq_absmax = state.exp_avg_sq_absmax.data();
+      piece.exp_avg_codes = views.exp_avg_codes.data();
+      piece.exp_avg_sq_codes = views.exp_avg_sq_codes.data();
+      piece.exp_avg_absmax = views.exp_avg_absmax.data();
+      piece.exp_avg_sq_absmax = views.exp_avg_sq_absmax.data();
     } else {
-      auto* moments = reinterpret_cast<float*>(chunk + p.state_offset_bytes);
+      auto* moments = reinterpret_cast<float*>(state + p.state_offset_bytes);
       piece.exp_avg = moments;
       piece.exp_avg_sq = moments + p.count;
     }
     pieces.push_back(piece);
+  });
+}
+
+void StateLayout::read_moments(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count,
+                               const std::byte* state, float* exp_avg, float* exp_avg_sq) const {
+  if (kind_ == Kind::adamw) {
+    const auto* moments = reinterpret_cast<const float*>(state);
+    std::copy(moments, moments + count, exp_avg);
+    std::copy(moments + count, moments + 2 * count, exp_avg_sq);
+    return;
+  }
+  // The views are mutable spans; dequantising only reads them. Their master span is the output
+  // (sized `count`, never touched): the kernel's shape check needs one.
+  auto* bytes = const_cast<std::byte*>(state);
+  for_each_piece(*this, tensors, begin, count, [&](const Piece& p) {
+    float* m = exp_avg + p.local_elements;
+    float* v = exp_avg_sq + p.local_elements;
+    if (p.eight_bit) {
+      kernels::adamw8bit_dequantize(eight_bit_state(exp_avg, bytes, p, rules_.block_elements), {m, p.count},
+                                    {v, p.count});
+    } else {
+      const auto* moments = reinterpret_cast<const float*>(state + p.state_offset_bytes);
+      std::copy(moments, moments + p.count, m);
+      std::copy(moments + p.count, moments + 2 * p.count, v);
+    }
+  });
+}
+
+void StateLayout::write_moments(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count,
+                                const float* exp_avg, const float* exp_avg_sq, std::byte* state) const {
+  if (kind_ == Kind::adamw) {
+    auto* moments = reinterpret_cast<float*>(state);
+    std::copy(exp_avg, exp_avg + count, moments);
+    std::copy(exp_avg_sq, exp_avg_sq + count, moments + count);
+    return;
+  }
+  initialize_state(tensors, begin, count, state);  // padding zero, as a fresh chunk's
+  // The master span of the views is never written by quantising; exp_avg's address stands in.
+  auto* no_master = const_cast<float*>(exp_avg);
+  for_each_piece(*this, tensors, begin, count, [&](const Piece& p) {
+    const float* m = exp_avg + p.local_elements;
+    const float* v = exp_avg_sq + p.local_elements;
+    if (p.eight_bit) {
+      kernels::adamw8bit_quantize(eight_bit_state(no_master, state, p, rules_.block_elements), {m, p.count},
+                                  {v, p.count});
+    } else {
+      auto* moments = reinterpret_cast<float*>(state + p.state_offset_bytes);
+      std::copy(m, m + p.count, moments);
+      std::copy(v, v + p.count, moments + p.count);
+    }
   });
 }
 

@@ -132,6 +132,27 @@ class StateLayout {
                      uint64_t begin, uint64_t count, std::byte* chunk, const float* grads, uint16_t* copy,
                      std::vector<kernels::AdamWChunk>& pieces) const;
 
+  // --- the state alone, for an embedder that keeps the master weights itself (the C API's
+  // strata_adamw: the caller's fp32 buffer is the master) ---------------------------------------
+  // A chunk's state is its bytes after the master: chunk_bytes - 4 * count bytes, laid out as
+  // above ([m | v] for adamw, the pieces' states for adamw8bit), a multiple of 4.
+  uint64_t state_bytes(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count) const;
+  // A fresh state (moments zero, padding zero), as initialize writes after the master.
+  void initialize_state(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count, std::byte* state) const;
+  // update_pieces with the master at `master` (count floats) and the state at `state`.
+  void update_pieces(const kernels::AdamWConfig& hyper, uint64_t step, std::span<const TensorSpan> tensors,
+                     uint64_t begin, uint64_t count, float* master, std::byte* state, const float* grads,
+                     uint16_t* copy, std::vector<kernels::AdamWChunk>& pieces) const;
+  // The moments of a chunk as fp32, `count` floats each: fp32 pieces copied, 8-bit ones
+  // dequantised (code value × block absmax, what the next step reads back).
+  void read_moments(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count, const std::byte* state,
+                    float* exp_avg, float* exp_avg_sq) const;
+  // The reverse: fp32 pieces copied, 8-bit ones requantised as the step quantises (absmax per
+  // block, nearest code; kernels::adamw8bit_quantize, whose round trip is exact but for blocks
+  // whose largest |m| is negative). Values must be finite for 8-bit pieces (asserted).
+  void write_moments(std::span<const TensorSpan> tensors, uint64_t begin, uint64_t count, const float* exp_avg,
+                     const float* exp_avg_sq, std::byte* state) const;
+
   // The store metadata that reopens this layout (see the header), added to `metadata`.
   void record(std::map<std::string, std::string>& metadata) const;
   // The layout a store's committed metadata records; `dir` names the store in errors (corrupt

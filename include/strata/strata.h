@@ -267,7 +267,10 @@ STRATA_API strata_status strata_sched_stats_get(strata_scheduler* sched,
                                                 strata_sched_stats* out_stats);
 
 /* ---- layer 4: the optimizer --------------------------------------------------------------
- * torch.optim.AdamW (torch 1.13 semantics, amsgrad off) on the CPU, bit-identical in fp32. */
+ * torch.optim.AdamW (torch 1.13 semantics, amsgrad off) on the CPU, bit-identical in fp32;
+ * or, with strata_adamw_config.state_bits = 8, bitsandbytes' 8-bit block-wise AdamW
+ * (AdamW8bit: dynamic-map codes and one fp32 absmax per block for each moment; docs/optim.md
+ * says where strata differs from it). */
 typedef struct strata_adamw_hparams {
   size_t struct_size;
   double lr, beta1, beta2, eps, weight_decay;
@@ -289,7 +292,16 @@ STRATA_API strata_status strata_adamw_step_buffers(const strata_adamw_hparams* h
 
 /* An optimizer that owns the moments (and step counts) of registered parameters, in host
  * memory or in a store, streamed through in chunks with reads ahead and writes behind. The
- * caller's fp32 parameter buffer is the master copy, passed at each step. One thread at a time. */
+ * caller's fp32 parameter buffer is the master copy, passed at each step. One thread at a time.
+ *
+ * 8-bit state (state_bits 8): a parameter of at least min_8bit_size elements keeps m and v as
+ * one byte each (codes into bitsandbytes' signed / unsigned dynamic maps) plus one fp32 absmax
+ * per block of block_size elements and moment, blocks counted from the parameter's first
+ * element — about 2 bytes an element instead of 8; a smaller one keeps fp32 moments. Each step
+ * dequantises, updates in fp32 (the weight update reads the fresh fp32 moments), and
+ * requantises against the block's new absmax; a NaN/inf gradient leaves its element's param
+ * and moments as they were. The layout is the one `strata train` uses (optimizer.kind:
+ * adamw8bit). */
 typedef struct strata_adamw strata_adamw;
 typedef enum strata_offload { STRATA_OFFLOAD_HOST = 0, STRATA_OFFLOAD_NVME = 1 } strata_offload;
 
@@ -300,8 +312,20 @@ typedef struct strata_adamw_config {
   uint64_t store_capacity_bytes;  /* nvme, when creating the store: its size (0: 1 GiB) */
   uint64_t chunk_elements;        /* nvme: elements streamed per chunk (default 4 Mi) */
   int resume;                     /* nvme: open the store and continue from its last commit */
+  /* Added after 0.1.0 (an older caller's smaller struct_size keeps these defaults): */
+  uint32_t state_bits;            /* 32 (default): fp32 moments; 8: 8-bit block-wise moments */
+  uint32_t block_size;            /* 8-bit: elements per absmax block, a power of two in
+                                     [64, 4096] (default 256, bitsandbytes'); with nvme,
+                                     chunk_elements must be at least this */
+  uint64_t min_8bit_size;         /* 8-bit: parameters with fewer elements keep fp32 moments
+                                     (default 4096, bitsandbytes' min_8bit_size) */
 } strata_adamw_config;
 STRATA_API void strata_adamw_config_init(strata_adamw_config* config);
+/* INVALID_ARGUMENT, naming the field, for state_bits other than 32 or 8, a block_size that is
+ * not a power of two in [64, 4096] (checked whatever state_bits is), or (8-bit, nvme)
+ * chunk_elements < block_size. On resume, the store's committed state must have been written
+ * with the same state_bits, block_size and min_8bit_size (the commit records them): anything
+ * else is INVALID_ARGUMENT — a store's state is never converted between layouts. */
 STRATA_API strata_status strata_adamw_create(const strata_adamw_config* config,
                                              strata_adamw** out_opt);
 STRATA_API void strata_adamw_destroy(strata_adamw* opt);
@@ -315,13 +339,20 @@ STRATA_API strata_status strata_adamw_step(strata_adamw* opt, uint32_t param,
                                            const strata_adamw_hparams* hparams, float* params,
                                            const float* grads);
 /* Copies the parameter's state out / in (torch's state_dict): step, exp_avg, exp_avg_sq
- * (count floats each; NULL skips). */
+ * (count floats each; NULL skips). 8-bit state comes out dequantised (code value × block
+ * absmax, in fp32: the moments the next step starts from) and goes in requantised (absmax per
+ * block, nearest code, as a step does); set_state then refuses a non-finite moment
+ * (INVALID_ARGUMENT). get → set gives back the same state except in blocks whose largest |m|
+ * is negative: the signed map's most negative code is -0.9922, so there the block's absmax
+ * shrinks to 0.9922 of itself and its codes are rederived (docs/embedding.md). */
 STRATA_API strata_status strata_adamw_get_state(strata_adamw* opt, uint32_t param,
                                                 int64_t* out_step, float* exp_avg,
                                                 float* exp_avg_sq);
 STRATA_API strata_status strata_adamw_set_state(strata_adamw* opt, uint32_t param, int64_t step,
                                                 const float* exp_avg, const float* exp_avg_sq);
-/* nvme: makes the state durable (a store commit). host: STRATA_ERR_UNSUPPORTED. */
+/* nvme: makes the state durable (a store commit, recording the state layout beside the step
+ * counts). host: STRATA_ERR_UNSUPPORTED. With 8-bit state the codes and absmax are stored as
+ * they are, so a resume continues bit-identically. */
 STRATA_API strata_status strata_adamw_commit(strata_adamw* opt);
 /* The store under an nvme optimizer (NULL for host), e.g. to keep the master params in it. */
 STRATA_API strata_store* strata_adamw_store(strata_adamw* opt);

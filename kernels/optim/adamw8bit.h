@@ -101,4 +101,17 @@ void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitS
                                std::span<const uint16_t> grads_bf16, ComputeCopy copy = {},
                                CpuIsa isa = CpuIsa::best);
 
+// The moments a state stands for, in fp32: code_table[code] * absmax[block] (what the step reads
+// back before it updates), `count` floats each. For a caller that shows the state (the C API's
+// get_state, a torch state_dict). Single-threaded; no allocation.
+void adamw8bit_dequantize(const AdamW8bitState& state, std::span<float> exp_avg, std::span<float> exp_avg_sq);
+// The reverse, as the step itself quantises its fresh moments: per block absmax = max |x|, then
+// each x as its nearest code (the signed rule for m included). Values must be finite (asserted:
+// the caller refuses others). A dequantise → quantise round trip gives back the same codes and
+// absmax except where a block's largest |m| is negative: the signed map's most negative code is
+// -0.9922 (bitsandbytes' map has no -1), so that block's absmax shrinks to 0.9922 of itself and
+// its codes are re-derived against it. Single-threaded; no allocation.
+void adamw8bit_quantize(const AdamW8bitState& state, std::span<const float> exp_avg,
+                        std::span<const float> exp_avg_sq);
+
 }  // namespace strata::kernels

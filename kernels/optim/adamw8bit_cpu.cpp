@@ -239,6 +239,44 @@ void adamw8bit_step_bf16_grads(const AdamWStepScalars& scalars, const AdamW8bitS
                  detail::adamw8bit_bf16_grads_avx2, detail::adamw8bit_bf16_grads_avx512);
 }
 
+void adamw8bit_dequantize(const AdamW8bitState& state, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
+  assert_state_shape(state);
+  const size_t count = state.params.size();
+  assert(exp_avg.size() == count && exp_avg_sq.size() == count);
+  const std::array<float, 256>& m_code = dynamic_code(true);
+  const std::array<float, 256>& v_code = dynamic_code(false);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t block = i / state.block_elements;
+    exp_avg[i] = detail::mul_rn(m_code[state.exp_avg_codes[i]], state.exp_avg_absmax[block]);
+    exp_avg_sq[i] = detail::mul_rn(v_code[state.exp_avg_sq_codes[i]], state.exp_avg_sq_absmax[block]);
+  }
+}
+
+void adamw8bit_quantize(const AdamW8bitState& state, std::span<const float> exp_avg,
+                        std::span<const float> exp_avg_sq) {
+  assert_state_shape(state);
+  const size_t count = state.params.size();
+  assert(exp_avg.size() == count && exp_avg_sq.size() == count);
+  const detail::CodeTable& m_table = detail::cpu_code_table(true);
+  const detail::CodeTable& v_table = detail::cpu_code_table(false);
+  for (size_t begin = 0, block = 0; begin < count; begin += state.block_elements, ++block) {
+    const size_t n = std::min<size_t>(state.block_elements, count - begin);
+    float m_max = 0.0f, v_max = 0.0f;
+    for (size_t i = begin; i < begin + n; ++i) {
+      assert(detail::is_finite_fp32(exp_avg[i]) && detail::is_finite_fp32(exp_avg_sq[i]));
+      m_max = std::max(m_max, std::fabs(exp_avg[i]));
+      v_max = std::max(v_max, std::fabs(exp_avg_sq[i]));
+    }
+    state.exp_avg_absmax[block] = m_max;
+    state.exp_avg_sq_absmax[block] = v_max;
+    const float m_inverse = detail::inverse_absmax(m_max), v_inverse = detail::inverse_absmax(v_max);
+    for (size_t i = begin; i < begin + n; ++i) {
+      state.exp_avg_codes[i] = detail::quantize_moment(m_table, true, exp_avg[i], m_inverse);
+      state.exp_avg_sq_codes[i] = detail::quantize_moment(v_table, false, exp_avg_sq[i], v_inverse);
+    }
+  }
+}
+
 // --- the scalar reference loop --------------------------------------------------------------------
 
 namespace detail {

@@ -81,7 +81,8 @@ class AdamWHparams(ctypes.Structure):
 
 class AdamWConfig(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("offload", c_int), ("store_dir", c_char_p),
-                ("store_capacity_bytes", c_u64), ("chunk_elements", c_u64), ("resume", c_int)]
+                ("store_capacity_bytes", c_u64), ("chunk_elements", c_u64), ("resume", c_int),
+                ("state_bits", c_u32), ("block_size", c_u32), ("min_8bit_size", c_u64)]
 
 
 P = ctypes.POINTER

@@ -2,6 +2,12 @@
 NVMe store streamed in chunks) and whose update is strata's CPU AdamW kernel: fp32 results are
 bit-identical to torch.optim.AdamW (torch 1.13, amsgrad=False, maximize=False).
 
+state_bits=8 keeps the moments 8-bit block-wise as bitsandbytes' AdamW8bit does (codes into its
+dynamic maps, one fp32 absmax per `block_size` elements; parameters under `min_8bit_size`
+elements keep fp32 moments): about 2 bytes of state an element instead of 8. state_dict() then
+holds the dequantised fp32 exp_avg / exp_avg_sq, as torch.optim.AdamW's would, and
+load_state_dict() requantises them (docs/embedding.md says what a round trip keeps).
+
 Params must be fp32 CPU tensors; their .data is the master copy, updated in place. Params
 managed by strata.offload are fetched from their store for the update and written back.
 """
@@ -20,7 +26,15 @@ def _ptr(tensor):
 class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  offload="host", path=None, resume=False, chunk_elements=1 << 22,
-                 capacity_bytes=None):
+                 capacity_bytes=None, state_bits=32, block_size=256, min_8bit_size=4096):
+        if state_bits not in (32, 8) or isinstance(state_bits, bool):
+            raise ValueError(f"state_bits must be 32 or 8, not {state_bits!r}")
+        if (not isinstance(block_size, int) or isinstance(block_size, bool) or not 64 <= block_size <= 4096
+                or block_size & (block_size - 1)):
+            raise ValueError(f"block_size must be a power of two in [64, 4096] (bitsandbytes uses 256), "
+                             f"not {block_size!r}")
+        if not isinstance(min_8bit_size, int) or isinstance(min_8bit_size, bool) or min_8bit_size < 0:
+            raise ValueError(f"min_8bit_size must be a whole number >= 0, not {min_8bit_size!r}")
         if offload not in ("host", "nvme"):
             raise ValueError(f"offload must be 'host' or 'nvme', not {offload!r}")
         if offload == "nvme" and path is None:
@@ -42,10 +56,13 @@ class AdamW(torch.optim.Optimizer):
         self._path = None if path is None else str(path)
         config.store_dir = None if path is None else self._path.encode()
         # Two versions of each moment (committed + staged), 8 bytes each, plus slack for
-        # per-extent alignment.
+        # per-extent alignment (8-bit state is smaller: the same bound holds).
         config.store_capacity_bytes = int(capacity_bytes or (16 * total + (64 << 20)))
         config.chunk_elements = int(chunk_elements)
         config.resume = int(bool(resume))
+        config.state_bits = state_bits
+        config.block_size = block_size
+        config.min_8bit_size = min_8bit_size
         handle = ctypes.c_void_p()
         check(lib.strata_adamw_create(ctypes.byref(config), ctypes.byref(handle)))
         self._h = handle

@@ -1,9 +1,14 @@
 // tests/api/test_capi.cpp — the C API through its public header only, as an embedder sees it:
 // byte-exact round trips on every layer, error values with the detail the CLI prints (never a
-// crash or an exception), the thread-local last error, corruption found by verify, and the
-// optimizer's host and NVMe state giving the same bits as the caller-buffer kernel.
+// crash or an exception), the thread-local last error, corruption found by verify, the
+// optimizer's host and NVMe state giving the same bits as the caller-buffer kernel, and its
+// 8-bit state (state_bits 8): host and NVMe (any chunk size) in agreement, a bit-identical
+// resume, the layout checked at resume, state_dict's dequantise / requantise. The 8-bit
+// numerics against an independent PyTorch reference are tests/api/test_python.py's.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -355,6 +360,282 @@ TEST(CApi, AdamWOwnedStateMatchesBuffersAndResumes) {
   EXPECT_EQ(std::memcmp(ref.data(), host.data(), n * 4), 0);
   strata_adamw_destroy(on);
   strata_adamw_destroy(oh);
+}
+
+// bitsandbytes' knobs: defaults from the init, a caller built before them (smaller struct_size)
+// gets 32-bit state, and each bad value is refused with the field's name.
+TEST(CApi, AdamW8bitConfigDefaultsAndRefusals) {
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  EXPECT_EQ(c.state_bits, 32u);
+  EXPECT_EQ(c.block_size, 256u);
+  EXPECT_EQ(c.min_8bit_size, 4096u);
+  strata_adamw* opt = nullptr;
+  auto refused = [&](const strata_adamw_config& config, const char* field) {
+    strata_adamw* o = nullptr;
+    EXPECT_EQ(strata_adamw_create(&config, &o), STRATA_ERR_INVALID_ARGUMENT) << field;
+    EXPECT_EQ(o, nullptr);
+    EXPECT_NE(std::string(strata_last_error()).find(field), std::string::npos) << strata_last_error();
+  };
+  strata_adamw_config bad = c;
+  bad.state_bits = 16;
+  refused(bad, "state_bits");
+  bad = c;
+  bad.state_bits = 0;
+  refused(bad, "state_bits");
+  for (uint32_t block : {0u, 32u, 100u, 8192u}) {
+    bad = c;
+    bad.state_bits = 8;
+    bad.block_size = block;
+    refused(bad, "block_size");
+  }
+  bad = c;
+  bad.block_size = 100;  // wrong even where 32-bit state ignores it
+  refused(bad, "block_size");
+  std::string dir = temp_dir("adamw8_chunk");
+  bad = c;
+  bad.state_bits = 8;
+  bad.offload = STRATA_OFFLOAD_NVME;
+  bad.store_dir = dir.c_str();
+  bad.chunk_elements = 128;
+  refused(bad, "chunk_elements");
+
+  // An older caller: struct_size ends before state_bits; garbage after it is never read.
+  strata_adamw_config old = c;
+  old.struct_size = offsetof(strata_adamw_config, state_bits);
+  old.state_bits = 8;
+  old.block_size = 3;
+  ASSERT_STRATA_OK(strata_adamw_create(&old, &opt));
+  constexpr size_t n = 5000;
+  std::vector<float> p(n, 0.5f), ref(n, 0.5f), g(n), m(n, 0.0f), v(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) g[i] = std::sin(static_cast<float>(i)) * 1e-2f;
+  uint32_t id = 0;
+  ASSERT_STRATA_OK(strata_adamw_add_param(opt, "w", n, &id));
+  strata_adamw_hparams hp;
+  strata_adamw_hparams_init(&hp);
+  for (int step = 1; step <= 2; ++step) {
+    ASSERT_STRATA_OK(strata_adamw_step(opt, id, &hp, p.data(), g.data()));
+    ASSERT_STRATA_OK(strata_adamw_step_buffers(&hp, step, ref.data(), g.data(), STRATA_F32, m.data(), v.data(),
+                                               nullptr, STRATA_F32, n));
+  }
+  EXPECT_EQ(std::memcmp(p.data(), ref.data(), n * 4), 0) << "an old caller's optimizer is fp32 AdamW";
+  strata_adamw_destroy(opt);
+}
+
+namespace {
+
+struct Run8 {
+  strata_adamw* opt = nullptr;
+  uint32_t big = 0, small = 0;
+  std::vector<float> big_params, small_params;
+};
+
+}  // namespace
+
+// 8-bit state: host and NVMe (chunks of 3000 elements snapped to block boundaries, not dividing
+// the size) give the same bits at every step; it is really 8-bit (it differs from fp32 AdamW,
+// yet stays close); a parameter under min_8bit_size keeps fp32 moments and matches fp32 AdamW
+// exactly; commit + resume continues bit-identically; the store refuses another layout.
+TEST(CApi, AdamW8bitHostAndNvmeAgreeAndResume) {
+  std::string dir = temp_dir("adamw8");
+  constexpr size_t kBig = 10007, kSmall = 1000;  // 40 blocks (the last one short), and fp32 state
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> init_big(kBig), init_small(kSmall);
+  for (auto& x : init_big) x = normal(rng);
+  for (auto& x : init_small) x = normal(rng);
+  strata_adamw_hparams hp;
+  strata_adamw_hparams_init(&hp);
+  hp.lr = 3e-3;
+  hp.weight_decay = 0.05;
+  strata_adamw_config hc, nc;
+  strata_adamw_config_init(&hc);
+  hc.state_bits = 8;
+  nc = hc;
+  nc.offload = STRATA_OFFLOAD_NVME;
+  nc.store_dir = dir.c_str();
+  nc.store_capacity_bytes = 8 << 20;
+  nc.chunk_elements = 3000;
+  auto open = [&](const strata_adamw_config& config, Run8& run) {
+    ASSERT_STRATA_OK(strata_adamw_create(&config, &run.opt));
+    ASSERT_STRATA_OK(strata_adamw_add_param(run.opt, "big", kBig, &run.big));
+    ASSERT_STRATA_OK(strata_adamw_add_param(run.opt, "small", kSmall, &run.small));
+  };
+  Run8 host, nvme;
+  host.big_params = nvme.big_params = init_big;
+  host.small_params = nvme.small_params = init_small;
+  open(hc, host);
+  open(nc, nvme);
+  // fp32 AdamW beside them, over the caller-buffer kernel.
+  std::vector<float> ref_big = init_big, ref_small = init_small;
+  std::vector<float> m_big(kBig, 0.0f), v_big(kBig, 0.0f), m_small(kSmall, 0.0f), v_small(kSmall, 0.0f);
+  std::vector<float> g_big(kBig), g_small(kSmall);
+  auto run_steps = [&](int from, int to, Run8& other) {
+    for (int step = from; step <= to; ++step) {
+      std::mt19937 grng(200 + step);
+      // Blocks of two scales, each block one scale: a block spanning both would store its
+      // small v as 0 and jump by ~lr·m/eps (docs/optim.md), which is bitsandbytes' behaviour.
+      for (size_t i = 0; i < kBig; ++i) g_big[i] = normal(grng) * (i < 11 * 256 ? 1e-4f : 1.0f);
+      for (auto& x : g_small) x = normal(grng);
+      ASSERT_STRATA_OK(strata_adamw_step(host.opt, host.big, &hp, host.big_params.data(), g_big.data()));
+      ASSERT_STRATA_OK(strata_adamw_step(host.opt, host.small, &hp, host.small_params.data(), g_small.data()));
+      ASSERT_STRATA_OK(strata_adamw_step(other.opt, other.big, &hp, other.big_params.data(), g_big.data()));
+      ASSERT_STRATA_OK(strata_adamw_step(other.opt, other.small, &hp, other.small_params.data(), g_small.data()));
+      ASSERT_STRATA_OK(strata_adamw_step_buffers(&hp, step, ref_big.data(), g_big.data(), STRATA_F32, m_big.data(),
+                                                 v_big.data(), nullptr, STRATA_F32, kBig));
+      ASSERT_STRATA_OK(strata_adamw_step_buffers(&hp, step, ref_small.data(), g_small.data(), STRATA_F32,
+                                                 m_small.data(), v_small.data(), nullptr, STRATA_F32, kSmall));
+      ASSERT_EQ(std::memcmp(host.big_params.data(), other.big_params.data(), kBig * 4), 0) << "step " << step;
+      ASSERT_EQ(std::memcmp(host.small_params.data(), other.small_params.data(), kSmall * 4), 0) << "step " << step;
+      ASSERT_EQ(std::memcmp(host.small_params.data(), ref_small.data(), kSmall * 4), 0) << "step " << step;
+    }
+  };
+  run_steps(1, 3, nvme);
+  size_t differ = 0;
+  double worst = 0;
+  for (size_t i = 0; i < kBig; ++i) {
+    differ += host.big_params[i] != ref_big[i];
+    worst = std::max(worst, std::fabs(static_cast<double>(host.big_params[i]) - ref_big[i]));
+  }
+  EXPECT_GT(differ, kBig / 10) << "8-bit moments should move the params off fp32 AdamW's";
+  EXPECT_LT(worst, 3 * hp.lr) << "but by less than a few steps' worth";
+
+  // Dequantised state: close to the fp32 moments (an 8-bit code's error, per block).
+  std::vector<float> sm(kBig), sv(kBig), hm(kBig), hv(kBig);
+  int64_t step = 0;
+  ASSERT_STRATA_OK(strata_adamw_get_state(nvme.opt, nvme.big, &step, sm.data(), sv.data()));
+  ASSERT_STRATA_OK(strata_adamw_get_state(host.opt, host.big, nullptr, hm.data(), hv.data()));
+  EXPECT_EQ(step, 3);
+  EXPECT_EQ(std::memcmp(sm.data(), hm.data(), kBig * 4), 0);
+  EXPECT_EQ(std::memcmp(sv.data(), hv.data(), kBig * 4), 0);
+  for (size_t b = 0; b * 256 < kBig; ++b) {
+    double m_max = 0, m_err = 0, v_max = 0, v_err = 0;
+    for (size_t i = b * 256; i < std::min(kBig, (b + 1) * 256); ++i) {
+      m_max = std::max(m_max, std::fabs(static_cast<double>(m_big[i])));
+      v_max = std::max(v_max, static_cast<double>(v_big[i]));
+      m_err = std::max(m_err, std::fabs(static_cast<double>(sm[i]) - m_big[i]));
+      v_err = std::max(v_err, std::fabs(static_cast<double>(sv[i]) - v_big[i]));
+    }
+    EXPECT_LT(m_err, 0.1 * m_max) << "block " << b;
+    EXPECT_LT(v_err, 0.1 * v_max) << "block " << b;
+  }
+  std::vector<float> small_m(kSmall), small_v(kSmall);
+  ASSERT_STRATA_OK(strata_adamw_get_state(nvme.opt, nvme.small, nullptr, small_m.data(), small_v.data()));
+  EXPECT_EQ(std::memcmp(small_m.data(), m_small.data(), kSmall * 4), 0) << "fp32 moments under min_8bit_size";
+  EXPECT_EQ(std::memcmp(small_v.data(), v_small.data(), kSmall * 4), 0);
+  std::vector<float> only_v(kBig);  // a NULL moment is skipped
+  ASSERT_STRATA_OK(strata_adamw_get_state(nvme.opt, nvme.big, nullptr, nullptr, only_v.data()));
+  EXPECT_EQ(std::memcmp(only_v.data(), sv.data(), kBig * 4), 0);
+
+  ASSERT_STRATA_OK(strata_adamw_commit(nvme.opt));
+  std::vector<float> lost = nvme.big_params;  // a step after the commit: forgotten by the resume
+  ASSERT_STRATA_OK(strata_adamw_step(nvme.opt, nvme.big, &hp, lost.data(), g_big.data()));
+  strata_adamw_destroy(nvme.opt);
+
+  // The store records its layout: resuming it as 32-bit, or with other 8-bit rules, is refused.
+  strata_adamw_config other = nc;
+  other.resume = 1;
+  for (int change = 0; change < 3; ++change) {
+    strata_adamw_config wrong = other;
+    if (change == 0) wrong.state_bits = 32;
+    if (change == 1) wrong.block_size = 512;
+    if (change == 2) wrong.min_8bit_size = 100;
+    strata_adamw* o = nullptr;
+    EXPECT_EQ(strata_adamw_create(&wrong, &o), STRATA_ERR_INVALID_ARGUMENT) << change;
+    EXPECT_NE(std::string(strata_last_error()).find("adamw8bit (block_size 256, min_8bit_size 4096"), std::string::npos)
+        << strata_last_error();
+  }
+  Run8 resumed;
+  resumed.big_params = nvme.big_params;
+  resumed.small_params = nvme.small_params;
+  open(other, resumed);
+  int64_t resumed_step = 0;
+  ASSERT_STRATA_OK(strata_adamw_get_state(resumed.opt, resumed.big, &resumed_step, nullptr, nullptr));
+  EXPECT_EQ(resumed_step, 3);
+  run_steps(4, 6, resumed);
+  strata_adamw_destroy(resumed.opt);
+  strata_adamw_destroy(host.opt);
+}
+
+// A store of fp32 state is never reopened as 8-bit.
+TEST(CApi, AdamW8bitRefusesFp32Store) {
+  std::string dir = temp_dir("adamw32_to_8");
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  c.offload = STRATA_OFFLOAD_NVME;
+  c.store_dir = dir.c_str();
+  c.store_capacity_bytes = 4 << 20;
+  strata_adamw* opt = nullptr;
+  ASSERT_STRATA_OK(strata_adamw_create(&c, &opt));
+  uint32_t id = 0;
+  ASSERT_STRATA_OK(strata_adamw_add_param(opt, "w", 4096, &id));
+  std::vector<float> p(4096, 1.0f), g(4096, 0.25f);
+  strata_adamw_hparams hp;
+  strata_adamw_hparams_init(&hp);
+  ASSERT_STRATA_OK(strata_adamw_step(opt, id, &hp, p.data(), g.data()));
+  ASSERT_STRATA_OK(strata_adamw_commit(opt));
+  strata_adamw_destroy(opt);
+  c.resume = 1;
+  c.state_bits = 8;
+  EXPECT_EQ(strata_adamw_create(&c, &opt), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("holds adamw state"), std::string::npos) << strata_last_error();
+  c.state_bits = 32;
+  ASSERT_STRATA_OK(strata_adamw_create(&c, &opt));
+  strata_adamw_destroy(opt);
+}
+
+// state_dict's path: set_state requantises what get_state dequantised. v (unsigned: its block's
+// largest value is the code 1.0) and m in blocks whose largest |m| is positive come back with the
+// same bits; a block whose largest |m| is negative is rescaled (the signed map's most negative
+// code is -0.9922) and stays within a code's error. A non-finite moment is refused.
+TEST(CApi, AdamW8bitStateRoundTrip) {
+  constexpr size_t n = 4096 + 300;
+  strata_adamw_config c;
+  strata_adamw_config_init(&c);
+  c.state_bits = 8;
+  strata_adamw *a = nullptr, *b = nullptr;
+  ASSERT_STRATA_OK(strata_adamw_create(&c, &a));
+  ASSERT_STRATA_OK(strata_adamw_create(&c, &b));
+  uint32_t ia = 0, ib = 0;
+  ASSERT_STRATA_OK(strata_adamw_add_param(a, "w", n, &ia));
+  ASSERT_STRATA_OK(strata_adamw_add_param(b, "w", n, &ib));
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  std::vector<float> p(n), g(n);
+  for (auto& x : p) x = normal(rng);
+  strata_adamw_hparams hp;
+  strata_adamw_hparams_init(&hp);
+  for (int step = 0; step < 4; ++step) {
+    for (auto& x : g) x = normal(rng);
+    ASSERT_STRATA_OK(strata_adamw_step(a, ia, &hp, p.data(), g.data()));
+  }
+  std::vector<float> m(n), v(n), m2(n), v2(n);
+  ASSERT_STRATA_OK(strata_adamw_get_state(a, ia, nullptr, m.data(), v.data()));
+  ASSERT_STRATA_OK(strata_adamw_set_state(b, ib, 4, m.data(), v.data()));
+  int64_t step = 0;
+  ASSERT_STRATA_OK(strata_adamw_get_state(b, ib, &step, m2.data(), v2.data()));
+  EXPECT_EQ(step, 4);
+  EXPECT_EQ(std::memcmp(v.data(), v2.data(), n * 4), 0);
+  size_t exact_blocks = 0, blocks = 0;
+  for (size_t begin = 0; begin < n; begin += 256, ++blocks) {
+    const size_t end = std::min(n, begin + 256);
+    size_t largest = begin;
+    for (size_t i = begin; i < end; ++i)
+      if (std::fabs(m[i]) > std::fabs(m[largest])) largest = i;
+    if (m[largest] > 0) {
+      ++exact_blocks;
+      EXPECT_EQ(std::memcmp(m.data() + begin, m2.data() + begin, (end - begin) * 4), 0) << "block at " << begin;
+    } else {
+      for (size_t i = begin; i < end; ++i) EXPECT_LE(std::fabs(m2[i] - m[i]), 0.05f * std::fabs(m[largest])) << i;
+    }
+  }
+  EXPECT_GT(exact_blocks, 0u);
+  EXPECT_LT(exact_blocks, blocks) << "the test should see both kinds of block";
+  m[17] = NAN;
+  EXPECT_EQ(strata_adamw_set_state(b, ib, 5, m.data(), v.data()), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(strata_last_error()).find("exp_avg[17]"), std::string::npos) << strata_last_error();
+  strata_adamw_destroy(a);
+  strata_adamw_destroy(b);
 }
 
 }  // namespace

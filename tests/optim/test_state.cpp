@@ -5,7 +5,9 @@
 // the bits of each tensor updated alone by the kernels (adamw8bit_step with the tensor's own
 // blocks, adamw_step for fp32-moment tensors) — the bitsandbytes per-tensor semantics, with
 // the packing and the chunking taken out of the picture. Metadata round-trips and refuses
-// values it cannot read.
+// values it cannot read. The state alone (what the C API keeps, the master being the caller's)
+// is the chunk's bytes after its master, pointer for pointer; its moments read back dequantised
+// and write back requantised.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -207,6 +209,70 @@ TEST(StateLayout, ChunkedUpdateEqualsPerTensorKernels) {
           EXPECT_EQ(std::memcmp(p.exp_avg_sq, a.v.data() + local, 4 * p.count), 0);
         }
       }
+    }
+  }
+}
+
+TEST(StateLayout, StateAloneIsTheChunkAfterItsMaster) {
+  EightBitRules rules;
+  rules.block_elements = 64;
+  rules.min_8bit_elements = 1000;
+  for (const StateLayout& layout : {StateLayout(), StateLayout(Kind::adamw8bit, rules)}) {
+    // 8-bit (3000), fp32 (200), 8-bit (1100); a chunk from a block boundary of the first.
+    const TensorSpan tensors[] = {{0, 3000, true}, {3000, 200, false}, {3200, 1100, true}};
+    const uint64_t begin = 640, count = 4300 - 640;
+    EXPECT_EQ(layout.state_bytes(tensors, begin, count) + 4 * count, layout.chunk_bytes(tensors, begin, count));
+    std::vector<float> master(count, 1.0f), grads(count, 0.5f);
+    std::vector<std::byte> chunk(layout.chunk_bytes(tensors, begin, count)), state(layout.state_bytes(tensors, begin, count));
+    layout.initialize(tensors, begin, count, master.data(), chunk.data());
+    layout.initialize_state(tensors, begin, count, state.data());
+    EXPECT_EQ(std::memcmp(chunk.data() + 4 * count, state.data(), state.size()), 0) << layout.describe();
+    std::vector<AdamWChunk> in_chunk, alone;
+    layout.update_pieces({}, 2, tensors, begin, count, chunk.data(), grads.data(), nullptr, in_chunk);
+    layout.update_pieces({}, 2, tensors, begin, count, master.data(), state.data(), grads.data(), nullptr, alone);
+    ASSERT_EQ(in_chunk.size(), alone.size());
+    auto offset = [](const void* p, const void* base) {
+      return p == nullptr ? -1 : static_cast<const std::byte*>(p) - static_cast<const std::byte*>(base);
+    };
+    for (size_t i = 0; i < alone.size(); ++i) {
+      const std::byte* c = chunk.data() + 4 * count;
+      EXPECT_EQ(offset(in_chunk[i].params, chunk.data()), offset(alone[i].params, master.data()));
+      EXPECT_EQ(in_chunk[i].count, alone[i].count);
+      EXPECT_EQ(in_chunk[i].block_elements, alone[i].block_elements);
+      EXPECT_EQ(offset(in_chunk[i].exp_avg, c), offset(alone[i].exp_avg, state.data()));
+      EXPECT_EQ(offset(in_chunk[i].exp_avg_sq, c), offset(alone[i].exp_avg_sq, state.data()));
+      EXPECT_EQ(offset(in_chunk[i].exp_avg_codes, c), offset(alone[i].exp_avg_codes, state.data()));
+      EXPECT_EQ(offset(in_chunk[i].exp_avg_sq_absmax, c), offset(alone[i].exp_avg_sq_absmax, state.data()));
+    }
+    // Moments: fresh state reads back zero; written moments read back (8-bit: dequantised
+    // after requantising; v, unsigned, exactly; m within its block's code error).
+    std::vector<float> m(count, 7.0f), v(count, 7.0f);
+    layout.read_moments(tensors, begin, count, state.data(), m.data(), v.data());
+    for (uint64_t i = 0; i < count; ++i) ASSERT_TRUE(m[i] == 0.0f && v[i] == 0.0f) << i;
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+    std::vector<float> m_in(count), v_in(count), m_back(count), v_back(count);
+    for (uint64_t i = 0; i < count; ++i) {
+      m_in[i] = uniform(rng) - 0.25f;  // the largest |m| of a block is positive
+      v_in[i] = uniform(rng);
+    }
+    layout.write_moments(tensors, begin, count, m_in.data(), v_in.data(), state.data());
+    layout.read_moments(tensors, begin, count, state.data(), m_back.data(), v_back.data());
+    std::vector<float> m_again(count), v_again(count);
+    layout.write_moments(tensors, begin, count, m_back.data(), v_back.data(), state.data());
+    layout.read_moments(tensors, begin, count, state.data(), m_again.data(), v_again.data());
+    for (uint64_t i = 0; i < count; ++i) {
+      const bool eight = layout.kind() == Kind::adamw8bit && (begin + i < 3000 || begin + i >= 3200);
+      if (!eight) {
+        ASSERT_EQ(m_back[i], m_in[i]) << i;
+        ASSERT_EQ(v_back[i], v_in[i]) << i;
+      } else {
+        ASSERT_NEAR(m_back[i], m_in[i], 0.05f) << i;  // codes near 0.75 are ~1/64 apart
+        ASSERT_NEAR(v_back[i], v_in[i], 0.05f) << i;
+      }
+      // Requantising what was dequantised changes nothing (these blocks' largest m is positive).
+      ASSERT_EQ(m_again[i], m_back[i]) << i;
+      ASSERT_EQ(v_again[i], v_back[i]) << i;
     }
   }
 }
