@@ -101,10 +101,12 @@ STRATA_LORA_HOST_DEVICE inline uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-// The hash of one row of one target: splitmix64(splitmix64(mask_key + target) + row). A row's
-// elements then cost one splitmix64 each: splitmix64(row_hash + col).
+// The hash of one row of one target: splitmix64(splitmix64(splitmix64(mask_key) + target) + row).
+// The key is mixed before the target joins it, so keys that differ by one (a caller numbering
+// blocks base + i) draw unrelated masks for every target. A row's elements then cost one
+// splitmix64 each: splitmix64(row_hash + col).
 STRATA_LORA_HOST_DEVICE inline uint64_t row_hash(uint64_t mask_key, int target, int64_t row) {
-  return splitmix64(splitmix64(mask_key + static_cast<uint64_t>(target)) + static_cast<uint64_t>(row));
+  return splitmix64(splitmix64(splitmix64(mask_key) + static_cast<uint64_t>(target)) + static_cast<uint64_t>(row));
 }
 // An element is dropped when the top 24 bits of its hash, read as k / 2²⁴, fall below p:
 // k < ceil(p · 2²⁴) (p as fp32, widened exactly). So p = 0 drops nothing.

@@ -6,7 +6,8 @@
 # lora_A.weight [r, in], lora_B.weight [out, r] (nn.Linear layout, for GPT-2's Conv1D targets
 # too), dropout on the adapter's input only. The dropout mask is strata's documented hash
 # (kernels/lora/lora.h), rebuilt here with Python integers: SplitMix64 steps chained over
-# (mask_key + target, row, col), an element kept when the top 24 bits of its hash are at least
+# (mask_key, target, row, col) — splitmix64(splitmix64(splitmix64(splitmix64(key) + target) + row) + col)
+# — an element kept when the top 24 bits of its hash are at least
 # ceil(p · 2^24), kept values times 1/(1 − p) rounded to fp32.
 #
 # Usage: lora_reference.py DIR [DIR ...]. Each DIR holds config.txt ("key value" lines: model,
@@ -53,7 +54,7 @@ def dropout_mask(mask_key, target, rows, cols, p):
     factor = float(torch.tensor(1.0, dtype=torch.float32) / (1.0 - torch.tensor(as_fp32(p), dtype=torch.float32)))
     mask = torch.zeros(rows, cols, dtype=torch.float64)
     for r in range(rows):
-        row_hash = splitmix64((splitmix64((mask_key + target) & MASK64) + r) & MASK64)
+        row_hash = splitmix64((splitmix64((splitmix64(mask_key) + target) & MASK64) + r) & MASK64)
         for c in range(cols):
             if (splitmix64((row_hash + c) & MASK64) >> 40) >= threshold:
                 mask[r, c] = factor

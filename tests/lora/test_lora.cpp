@@ -612,13 +612,16 @@ TEST(LoraMask, KeepsOneMinusPAndNothingIsDroppedAtZero) {
   const double fraction = static_cast<double>(kept) / static_cast<double>(rows * cols);
   std::printf("kept %.4f of %lld elements at p = 0.1\n", fraction, static_cast<long long>(rows * cols));
   EXPECT_NEAR(fraction, 0.9, 0.005);
-  // Another key or target draws another mask.
-  int64_t differ = 0;
+  // Another key or target draws another mask — also where key + target would coincide (a
+  // caller numbering its blocks base + i must not hand block i+1 block i's masks).
+  int64_t differ = 0, differ_shifted = 0;
   for (int64_t c = 0; c < cols; ++c) {
     differ += lora::keep(kMaskKey, 3, 0, c, 0.5f) != lora::keep(kMaskKey + 1, 3, 0, c, 0.5f) ? 1 : 0;
     differ += lora::keep(kMaskKey, 3, 0, c, 0.5f) != lora::keep(kMaskKey, 4, 0, c, 0.5f) ? 1 : 0;
+    differ_shifted += lora::keep(kMaskKey, 4, 0, c, 0.5f) != lora::keep(kMaskKey + 1, 3, 0, c, 0.5f) ? 1 : 0;
   }
-  EXPECT_GT(differ, cols / 2);
+  EXPECT_GT(differ, cols / 2);  // two comparisons per column, each differing half the time
+  EXPECT_GT(differ_shifted, cols / 4);
 }
 
 }  // namespace
