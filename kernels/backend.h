@@ -36,7 +36,12 @@
 //   needs no host round trip either.
 // - Workspace: `workspace_size_bytes` says how much scratch the block and head ops need for a
 //   shape (CUDA's grows with T²: its attention keeps the [B, H, T, T] probabilities). One
-//   workspace serves every op; ops that share it are ordered by the stream.
+//   workspace serves every op; ops that share it are ordered by the stream. LoRA's scratch
+//   (BlockAdapters::scratch) is apart from it, lora::scratch_size_bytes on every backend.
+// - LoRA and frozen bases: the block ops take a block's adapters (lora.h) and add their terms
+//   and gradients; a null gradient pointer is a frozen tensor whose gradient is skipped, so a
+//   frozen base's backward computes the activation gradients and the adapters' grads only.
+//   The dropout mask is lora.h's hash on every backend: the same mask, bit for bit.
 // - Models: GPT-2's ops (gpt2.h) and Llama's (llama.h, the `llama_` ops); a model definition
 //   (models/model.h) picks its own, so callers above it never name a model.
 // - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama and kernels/optim (adamw.h,
@@ -59,6 +64,7 @@
 #include "common/status.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
+#include "kernels/lora/lora.h"
 #include "kernels/optim/elementwise.h"
 #include "device/device.h"
 
@@ -157,15 +163,22 @@ class ComputeBackend {
                                                  const float* wte, const float* wpe, float* x0) = 0;
   [[nodiscard]] virtual Status embedding_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
                                                   const float* d_x0, float* d_wte, float* d_wpe) = 0;
+  // The block ops take the block's LoRA adapters (lora.h; null: none — exactly the bits
+  // without them): tensors, grads and `scratch` are this backend's memory, the scratch at least
+  // lora::scratch_size_bytes for the block. Null members of `grads` are frozen (gpt2.h,
+  // "Gradients"): a default BlockGrads{} computes d_in and the adapters' grads only.
   [[nodiscard]] virtual Status block_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,
                                              const gpt2::BlockWeights& weights, const float* x_in, float* x_out,
-                                             const gpt2::Workspace& workspace) = 0;
+                                             const gpt2::Workspace& workspace,
+                                             const lora::BlockAdapters* adapters = nullptr) = 0;
   [[nodiscard]] virtual Status block_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
                                               const gpt2::BlockWeights& weights, const float* x_in,
                                               const float* d_out, float* d_in, const gpt2::BlockGrads& grads,
-                                              const gpt2::Workspace& workspace, bool recompute) = 0;
+                                              const gpt2::Workspace& workspace, bool recompute,
+                                              const lora::BlockAdapters* adapters = nullptr) = 0;
   // The tied head and loss; the mean loss goes to the step's scalars. d_x_final null (and
-  // every gradient pointer null): the loss only, nothing written — evaluation.
+  // every gradient pointer null): the loss only, nothing written — evaluation. d_x_final with
+  // every gradient pointer null: d_x_final only (a frozen base), the full head's bits.
   [[nodiscard]] virtual Status head_forward_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
                                                      const gpt2::HeadWeights& weights, const float* x_final,
                                                      float* d_x_final, const gpt2::HeadGrads& grads,
@@ -177,15 +190,19 @@ class ComputeBackend {
                                                        const float* embed, float* x0) = 0;
   [[nodiscard]] virtual Status llama_embedding_backward(const llama::Config& config, const gpt2::BatchShape& shape,
                                                         const float* d_x0, float* d_embed) = 0;
+  // `adapters` and frozen (null) grads as the GPT-2 block ops above.
   [[nodiscard]] virtual Status llama_block_forward(const llama::Config& config, const gpt2::BatchShape& shape,
                                                    const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                                                   const gpt2::Workspace& workspace) = 0;
+                                                   const gpt2::Workspace& workspace,
+                                                   const lora::BlockAdapters* adapters = nullptr) = 0;
   [[nodiscard]] virtual Status llama_block_backward(const llama::Config& config, const gpt2::BatchShape& shape,
                                                     const llama::BlockWeights& weights, const float* x_in,
                                                     const float* d_out, float* d_in, const llama::BlockGrads& grads,
-                                                    const gpt2::Workspace& workspace, bool recompute) = 0;
+                                                    const gpt2::Workspace& workspace, bool recompute,
+                                                    const lora::BlockAdapters* adapters = nullptr) = 0;
   // Final RMSNorm, head (tied or not) and loss; the mean loss goes to the step's scalars.
-  // d_x_final null (every gradient pointer null): the loss only — evaluation.
+  // d_x_final null (every gradient pointer null): the loss only — evaluation. d_x_final with
+  // every gradient pointer null: d_x_final only (a frozen base).
   [[nodiscard]] virtual Status llama_head_forward_backward(const llama::Config& config, const gpt2::BatchShape& shape,
                                                            const llama::HeadWeights& weights, const float* x_final,
                                                            float* d_x_final, const llama::HeadGrads& grads,

@@ -153,20 +153,25 @@ class Gpt2 final : public ModelDefinition {
     return backend.embedding_backward(kc_, shape, d_x0, grads, wpe(grads));
   }
   Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
-                       const float* x_in, float* x_out, const Workspace& workspace) const override {
-    return backend.block_forward(kc_, shape, gk::bind_block(kc_, block), x_in, x_out, workspace);
+                       const float* x_in, float* x_out, const Workspace& workspace,
+                       const kernels::lora::BlockAdapters* adapters) const override {
+    return backend.block_forward(kc_, shape, gk::bind_block(kc_, block), x_in, x_out, workspace, adapters);
   }
   Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
                         const float* x_in, const float* d_out, float* d_in, float* grads, const Workspace& workspace,
-                        bool recompute) const override {
-    return backend.block_backward(kc_, shape, gk::bind_block(kc_, block), x_in, d_out, d_in,
-                                  gk::bind_block(kc_, grads), workspace, recompute);
+                        bool recompute, const kernels::lora::BlockAdapters* adapters) const override {
+    const gk::BlockGrads bound = grads == nullptr ? gk::BlockGrads{} : gk::bind_block(kc_, grads);  // null: frozen
+    return backend.block_backward(kc_, shape, gk::bind_block(kc_, block), x_in, d_out, d_in, bound, workspace,
+                                  recompute, adapters);
   }
   Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* ln_f,
                                const float* embed, const float* x_final, float* d_x_final, float* ln_f_grads,
                                float* embed_grads, const Workspace& workspace) const override {
-    const gk::HeadGrads grads = d_x_final == nullptr ? gk::HeadGrads{}  // the loss only
-                                                     : gk::HeadGrads{ln_f_grads, ln_f_grads + kc_.n_embd, embed_grads};
+    // d_x_final null: the loss only; ln_f_grads null: a frozen ln_f.
+    const gk::HeadGrads grads =
+        d_x_final == nullptr ? gk::HeadGrads{}
+                             : gk::HeadGrads{ln_f_grads, ln_f_grads == nullptr ? nullptr : ln_f_grads + kc_.n_embd,
+                                             embed_grads};
     return backend.head_forward_backward(kc_, shape, gk::HeadWeights{ln_f, ln_f + kc_.n_embd, embed}, x_final,
                                          d_x_final, grads, workspace);
   }
@@ -307,14 +312,16 @@ class Llama final : public ModelDefinition {
     return backend.llama_embedding_backward(kc_, shape, d_x0, grads);
   }
   Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
-                       const float* x_in, float* x_out, const Workspace& workspace) const override {
-    return backend.llama_block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace);
+                       const float* x_in, float* x_out, const Workspace& workspace,
+                       const kernels::lora::BlockAdapters* adapters) const override {
+    return backend.llama_block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace, adapters);
   }
   Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
                         const float* x_in, const float* d_out, float* d_in, float* grads, const Workspace& workspace,
-                        bool recompute) const override {
-    return backend.llama_block_backward(kc_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in,
-                                        lk::bind_block(kc_, grads), workspace, recompute);
+                        bool recompute, const kernels::lora::BlockAdapters* adapters) const override {
+    const lk::BlockGrads bound = grads == nullptr ? lk::BlockGrads{} : lk::bind_block(kc_, grads);  // null: frozen
+    return backend.llama_block_backward(kc_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in, bound, workspace,
+                                        recompute, adapters);
   }
   Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* norm,
                                const float* embed, const float* x_final, float* d_x_final, float* norm_grads,

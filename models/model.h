@@ -118,14 +118,19 @@ class ModelDefinition {
                                                  const float* embed, float* x0) const = 0;
   [[nodiscard]] virtual Status embedding_backward(kernels::ComputeBackend& backend, const BatchShape& shape,
                                                   const float* d_x0, float* embed_grads) const = 0;
+  // `adapters`: the block's LoRA adapters (kernels/lora/lora.h; null: none). block_grads null:
+  // a frozen base — d_in (and the adapters' grads) only, no block gradient.
   [[nodiscard]] virtual Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape,
                                              const float* block, const float* x_in, float* x_out,
-                                             const Workspace& workspace) const = 0;
+                                             const Workspace& workspace,
+                                             const kernels::lora::BlockAdapters* adapters = nullptr) const = 0;
   [[nodiscard]] virtual Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape,
                                               const float* block, const float* x_in, const float* d_out, float* d_in,
-                                              float* block_grads, const Workspace& workspace, bool recompute) const = 0;
+                                              float* block_grads, const Workspace& workspace, bool recompute,
+                                              const kernels::lora::BlockAdapters* adapters = nullptr) const = 0;
   // Final norm, head and loss (the mean loss goes to the step's scalars). d_x_final,
   // final_grads and embed_grads all null: the loss only, no gradient (evaluation: head_loss).
+  // d_x_final alone (both grads null): a frozen head, d_x_final only.
   [[nodiscard]] virtual Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape,
                                                      const float* final_weights, const float* embed,
                                                      const float* x_final, float* d_x_final, float* final_grads,

@@ -31,7 +31,7 @@ done
 
 # The programs that travel: the CLI and the CUDA suites gpu-check.sh runs (tests/*/meson.build).
 targets=(strata tests/gpt2/test_gpt2_cuda tests/optim/test_optim_cuda tests/scheduler/test_cuda_device
-         tests/backend/test_backend_ops tests/comm/test_comm_collectives)
+         tests/backend/test_backend_ops tests/comm/test_comm_collectives tests/lora/test_lora)
 mkdir -p "$build"
 if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dcuda=enabled -Dnccl=enabled -Dmpi=disabled --buildtype=release > "$build/bundle-setup.log" 2>&1 ||

@@ -318,6 +318,9 @@ run_stage suite_gpt2_cuda 100 "$(program test_gpt2_cuda)" &
 run_stage suite_optim_cuda 100 "$(program test_optim_cuda)" &
 run_stage suite_cuda_device 100 "$(program test_cuda_device)" &
 run_stage suite_backend_ops 100 "$(program test_backend_ops)" &
+# LoRA on CUDA (lora_cuda.h, the frozen block and head paths) against the CPU kernels; the
+# PyTorch cases need torch, which a bare machine lacks, so only the CUDA ones run here.
+run_stage suite_lora_cuda 100 "$(program test_lora)" --gtest_filter='*Cuda*:*Backends*' &
 run_stage suite_nccl_allreduce 60 "$(program test_comm_collectives)" nccl &
 wait
 

@@ -83,18 +83,19 @@ class CpuBackend final : public ComputeBackend {
     return Status();
   }
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
-                       const float* x_in, float* x_out, const gk::Workspace& workspace) override {
+                       const float* x_in, float* x_out, const gk::Workspace& workspace,
+                       const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_packed(shape));
-    gk::block_forward(config, shape, weights, x_in, x_out, workspace, packed_);
+    gk::block_forward(config, shape, weights, x_in, x_out, workspace, packed_, adapters);
     return Status();
   }
   Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                         const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
-                        const gk::Workspace& workspace, bool recompute) override {
+                        const gk::Workspace& workspace, bool recompute, const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_packed(shape));
-    gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_);
+    gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_, adapters);
     return Status();
   }
   Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
@@ -126,18 +127,19 @@ class CpuBackend final : public ComputeBackend {
   }
   Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
                              const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                             const gk::Workspace& workspace) override {
+                             const gk::Workspace& workspace, const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_packed(shape));
-    llama::block_forward(config, shape, weights, x_in, x_out, workspace, packed_);
+    llama::block_forward(config, shape, weights, x_in, x_out, workspace, packed_, adapters);
     return Status();
   }
   Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
                               const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
-                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
+                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute,
+                              const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     STRATA_RETURN_IF_ERROR(check_packed(shape));
-    llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_);
+    llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_, adapters);
     return Status();
   }
   Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,

@@ -160,16 +160,17 @@ class CudaBackend final : public ComputeBackend {
     return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
   }
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
-                       const float* x_in, float* x_out, const gk::Workspace& workspace) override {
+                       const float* x_in, float* x_out, const gk::Workspace& workspace,
+                       const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return gk::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_);
+    return gk::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_, adapters);
   }
   Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                         const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
-                        const gk::Workspace& workspace, bool recompute) override {
+                        const gk::Workspace& workspace, bool recompute, const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(check_packed(shape));
     return gk::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute,
-                                    packed_);
+                                    packed_, adapters);
   }
   Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
                                const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
@@ -195,16 +196,17 @@ class CudaBackend final : public ComputeBackend {
   }
   Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
                              const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                             const gk::Workspace& workspace) override {
+                             const gk::Workspace& workspace, const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return llama::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_);
+    return llama::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_, adapters);
   }
   Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
                               const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
-                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute) override {
+                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute,
+                              const lora::BlockAdapters* adapters) override {
     STRATA_RETURN_IF_ERROR(check_packed(shape));
     return llama::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace,
-                                       recompute, packed_);
+                                       recompute, packed_, adapters);
   }
   Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
                                      const llama::HeadWeights& weights, const float* x_final, float* d_x_final,

@@ -213,20 +213,25 @@ __global__ void mean_kernel(const float* row_loss, int64_t n, int64_t normalizer
 // Host-side helpers
 // ---------------------------------------------------------------------------------------------
 
-// Row-major C[M,N] = op(A)·op(B) + beta·C through column-major cuBLAS: Cᵀ = op(B)ᵀ·op(A)ᵀ.
-Status gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-            int64_t ldc) {
+// Row-major C[M,N] = alpha·op(A)·op(B) + beta·C through column-major cuBLAS: Cᵀ = op(B)ᵀ·op(A)ᵀ.
+Status gemm_scaled(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   // cuBLAS takes int: a size past INT_MAX would wrap silently into a wrong-memory access.
   if (!all_fit_int({m, n, k, lda, ldb, ldc}))
     return make_error(ErrorKind::invalid_argument, "cuBLAS sgemm: a dimension or leading dimension exceeds INT_MAX");
-  const float one = 1.0f;
   const cublasStatus_t code = cublasSgemm(
       ctx.cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &one, b,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
       static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc));
   if (code != CUBLAS_STATUS_SUCCESS) return cublas_error("sgemm", code);
   return Status();
+}
+
+// Row-major C[M,N] = op(A)·op(B) + beta·C.
+Status gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) {
+  return gemm_scaled(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 
 // The same over `count` matrices spaced stride_* floats apart.
@@ -247,7 +252,9 @@ Status gemm_batched(const Context& ctx, bool trans_a, bool trans_b, int64_t m, i
   return Status();
 }
 
+// out[j] += Σ_r in[r, j]; nothing when out is null (a frozen bias: gpt2.h, "Gradients").
 Status column_sums(const Context& ctx, const float* in, int64_t rows, int64_t cols, float* out) {
+  if (out == nullptr) return Status();
   STRATA_CUDA_LAUNCH(column_sums_kernel, blocks_for(cols), kThreads, ctx.stream(), in, rows, cols,
                      out);
   return Status();

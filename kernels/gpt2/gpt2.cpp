@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/gpt2/gpt2_math.h"
+#include "kernels/lora/lora.h"
 
 namespace strata::kernels::gpt2 {
 
@@ -223,12 +224,35 @@ void linear_forward(const float* x, const float* weight, const float* bias, cons
   sgemm(false, false, rows, out, in, x, in, weight, out, 1.0f, y, out);
 }
 
-// dW += xᵀ·dy, db += Σ_rows dy, and (when dx is given) dx = dy·Wᵀ.
+// dW += xᵀ·dy and db += Σ_rows dy (each skipped when null: frozen), and (when dx is given)
+// dx = dy·Wᵀ.
 void linear_backward(const float* x, const float* weight, const float* dy, int64_t rows,
                      int64_t in, int64_t out, float* dx, float* d_weight, float* d_bias) {
-  sgemm(true, false, in, out, rows, x, in, dy, out, 1.0f, d_weight, out);
-  column_sums_accumulate(dy, rows, out, d_bias);
+  if (d_weight != nullptr) sgemm(true, false, in, out, rows, x, in, dy, out, 1.0f, d_weight, out);
+  if (d_bias != nullptr) column_sums_accumulate(dy, rows, out, d_bias);
   if (dx != nullptr) sgemm(false, true, rows, in, out, dy, out, weight, out, 0.0f, dx, in);
+}
+
+// The adapter of `target` (lora.h) on one linear, when `adapters` targets it: its forward
+// term into y, and its backward in lora.h's two halves around the base's dx product (which
+// overwrites x's buffer here).
+void adapter_forward(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
+                     int64_t out, float* y) {
+  if (!lora::targeted(adapters, target)) return;
+  lora::forward(adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
+}
+void adapter_backward_params(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows,
+                             int64_t in, int64_t out, const float* dy) {
+  if (!lora::targeted(adapters, target)) return;
+  const auto t = static_cast<size_t>(target);
+  lora::backward_params(adapters->spec, adapters->mask_key, target, x, rows, in, out, adapters->adapters[t], dy,
+                        adapters->grads[t], adapters->scratch, 0);
+}
+void adapter_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx) {
+  if (!lora::targeted(adapters, target)) return;
+  lora::backward_input(adapters->spec, adapters->mask_key, target, rows, in,
+                       adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, 0);
 }
 
 // y = (x - mean)·rstd·w + b per row; statistics in double, biased variance, eps 1e-5.
@@ -247,7 +271,8 @@ void layernorm_forward(const float* x, int64_t x_stride, const float* weight, co
   });
 }
 
-// dx (+)= rstd·(dŷ − mean(dŷ) − x̂·mean(dŷ·x̂)) with dŷ = dy·w; dw += Σ dy·x̂; db += Σ dy.
+// dx (+)= rstd·(dŷ − mean(dŷ) − x̂·mean(dŷ·x̂)) with dŷ = dy·w; dw += Σ dy·x̂; db += Σ dy
+// (dw and db both null: frozen, skipped).
 // x̂ is recomputed from x and the saved statistics rather than stored.
 void layernorm_backward(const float* dy, const float* x, const float* mean, const float* rstd,
                         const float* weight, int64_t rows, int64_t c, float* dx, bool accumulate,
@@ -274,6 +299,8 @@ void layernorm_backward(const float* dy, const float* x, const float* mean, cons
       dx_row[j] = accumulate ? dx_row[j] + g : g;
     }
   });
+  assert((d_weight == nullptr) == (d_bias == nullptr));
+  if (d_weight == nullptr) return;  // frozen
   const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
   for_rows(blocks, 1, [&](int64_t block) {
     const int64_t c0 = block * kColumnBlock;
@@ -365,19 +392,24 @@ void attention_backward(const Config& config, const BatchShape& shape, const Blo
 // The forward of one block into the workspace; x_out skipped when null (recompute only needs
 // the activations, not the block's output).
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w,
-                        const float* x_in, float* x_out, const BlockLayout& ws, const int32_t* segments) {
+                        const float* x_in, float* x_out, const BlockLayout& ws, const int32_t* segments,
+                        const lora::BlockAdapters* adapters) {
+  namespace target = lora::gpt2_target;
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   layernorm_forward(x_in, c, w.ln_1_weight, w.ln_1_bias, n, c, ws.ln1_out, ws.ln1_mean,
                     ws.ln1_rstd);
   linear_forward(ws.ln1_out, w.attn_c_attn_weight, w.attn_c_attn_bias, nullptr, n, c, 3 * c,
                  ws.qkv);
+  adapter_forward(adapters, target::c_attn, ws.ln1_out, n, c, 3 * c, ws.qkv);
   attention_forward(config, shape, ws, segments);
   linear_forward(ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias, x_in, n, c, c, ws.x1);
+  adapter_forward(adapters, target::attn_c_proj, ws.att, n, c, c, ws.x1);
   layernorm_forward(ws.x1, c, w.ln_2_weight, w.ln_2_bias, n, c, ws.ln2_out, ws.ln2_mean,
                     ws.ln2_rstd);
   linear_forward(ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, n, c, 4 * c,
                  ws.fc_pre);
+  adapter_forward(adapters, target::c_fc, ws.ln2_out, n, c, 4 * c, ws.fc_pre);
   const int64_t hidden = n * 4 * c;
   for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
     const int64_t begin = chunk * 1024;
@@ -387,6 +419,7 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   if (x_out != nullptr) {
     linear_forward(ws.fc_act, w.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, n, 4 * c, c,
                    x_out);
+    adapter_forward(adapters, target::mlp_c_proj, ws.fc_act, n, 4 * c, c, x_out);
   }
 }
 
@@ -458,29 +491,36 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
 }
 
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
-                   const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed) {
+                   const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed,
+                   const lora::BlockAdapters* adapters) {
   begin_entry_point(config, shape);
   assert(x_out != nullptr && x_out != x_in);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  block_forward_into(config, shape, weights, x_in, x_out, ws, packed.segments);
+  block_forward_into(config, shape, weights, x_in, x_out, ws, packed.segments, adapters);
 }
 
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w,
                     const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
-                    const Workspace& workspace, bool recompute, const PackedRows& packed) {
+                    const Workspace& workspace, bool recompute, const PackedRows& packed,
+                    const lora::BlockAdapters* adapters) {
+  namespace target = lora::gpt2_target;
   begin_entry_point(config, shape);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws, packed.segments);
+  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws, packed.segments, adapters);
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
 
-  // MLP: x_out = x1 + fc_act·W2 + b2. d_fc_act overwrites fc_act once dW2 has read it.
+  // MLP: x_out = x1 + fc_act·W2 + b2. d_fc_act overwrites fc_act once dW2 (and the adapter's
+  // d_A, d_B) have read it; each adapter's dx share joins its linear's dx after the base's.
   float* d_fc = ws.fc_act;
-  sgemm(true, false, 4 * c, c, n, ws.fc_act, 4 * c, d_out, c, 1.0f, g.mlp_c_proj_weight, c);
-  column_sums_accumulate(d_out, n, c, g.mlp_c_proj_bias);
+  adapter_backward_params(adapters, target::mlp_c_proj, ws.fc_act, n, 4 * c, c, d_out);
+  if (g.mlp_c_proj_weight != nullptr)
+    sgemm(true, false, 4 * c, c, n, ws.fc_act, 4 * c, d_out, c, 1.0f, g.mlp_c_proj_weight, c);
+  if (g.mlp_c_proj_bias != nullptr) column_sums_accumulate(d_out, n, c, g.mlp_c_proj_bias);
   sgemm(false, true, n, 4 * c, c, d_out, c, w.mlp_c_proj_weight, c, 0.0f, d_fc, 4 * c);
+  adapter_backward_input(adapters, target::mlp_c_proj, n, 4 * c, d_fc);
   const int64_t hidden = n * 4 * c;
   for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
     const int64_t begin = chunk * 1024;
@@ -489,9 +529,12 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
   });
   // d_ln2_out overwrites ln2_out once dW_fc has read it (LayerNorm backward recomputes x̂).
   float* d_ln2 = ws.ln2_out;
-  sgemm(true, false, c, 4 * c, n, ws.ln2_out, c, d_fc, 4 * c, 1.0f, g.mlp_c_fc_weight, 4 * c);
-  column_sums_accumulate(d_fc, n, 4 * c, g.mlp_c_fc_bias);
+  adapter_backward_params(adapters, target::c_fc, ws.ln2_out, n, c, 4 * c, d_fc);
+  if (g.mlp_c_fc_weight != nullptr)
+    sgemm(true, false, c, 4 * c, n, ws.ln2_out, c, d_fc, 4 * c, 1.0f, g.mlp_c_fc_weight, 4 * c);
+  if (g.mlp_c_fc_bias != nullptr) column_sums_accumulate(d_fc, n, 4 * c, g.mlp_c_fc_bias);
   sgemm(false, true, n, c, 4 * c, d_fc, 4 * c, w.mlp_c_fc_weight, 4 * c, 0.0f, d_ln2, c);
+  adapter_backward_input(adapters, target::c_fc, n, c, d_ln2);
   // d_x1 = d_out (residual) + LayerNorm-2 backward; built in d_in (d_out is not read again).
   if (d_in != d_out) std::memcpy(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float));
   layernorm_backward(d_ln2, ws.x1, ws.ln2_mean, ws.ln2_rstd, w.ln_2_weight, n, c, d_in, true,
@@ -499,16 +542,20 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
 
   // Attention: x1 = x_in + att·Wp + bp. d_att overwrites att once dWp has read it.
   float* d_att = ws.att;
+  adapter_backward_params(adapters, target::attn_c_proj, ws.att, n, c, c, d_in);
   linear_backward(ws.att, w.attn_c_proj_weight, d_in, n, c, c, nullptr, g.attn_c_proj_weight,
                   g.attn_c_proj_bias);
   sgemm(false, true, n, c, c, d_in, c, w.attn_c_proj_weight, c, 0.0f, d_att, c);
+  adapter_backward_input(adapters, target::attn_c_proj, n, c, d_att);
   float* d_qkv = ws.fc_pre;  // free since the GELU backward
   attention_backward(config, shape, ws, d_att, packed.segments, d_qkv);
   float* d_ln1 = ws.ln1_out;  // overwritten once dW_qkv has read ln1_out
-  sgemm(true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f, g.attn_c_attn_weight,
-        3 * c);
-  column_sums_accumulate(d_qkv, n, 3 * c, g.attn_c_attn_bias);
+  adapter_backward_params(adapters, target::c_attn, ws.ln1_out, n, c, 3 * c, d_qkv);
+  if (g.attn_c_attn_weight != nullptr)
+    sgemm(true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f, g.attn_c_attn_weight, 3 * c);
+  if (g.attn_c_attn_bias != nullptr) column_sums_accumulate(d_qkv, n, 3 * c, g.attn_c_attn_bias);
   sgemm(false, true, n, c, 3 * c, d_qkv, 3 * c, w.attn_c_attn_weight, 3 * c, 0.0f, d_ln1, c);
+  adapter_backward_input(adapters, target::c_attn, n, c, d_ln1);
   layernorm_backward(d_ln1, x_in, ws.ln1_mean, ws.ln1_rstd, w.ln_1_weight, n, c, d_in, true,
                      g.ln_1_weight, g.ln_1_bias);
 }
@@ -544,7 +591,8 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
     if (grads == nullptr) continue;
     // ws.logits now holds dLoss/dlogits.
     sgemm(false, false, rows, c, vocab, ws.logits, vocab, w.wte, c, 0.0f, ws.d_ln_out, c);
-    sgemm(true, false, vocab, c, rows, ws.logits, vocab, ws.ln_out, c, 1.0f, grads->d_wte, c);
+    if (grads->d_wte != nullptr)
+      sgemm(true, false, vocab, c, rows, ws.logits, vocab, ws.ln_out, c, 1.0f, grads->d_wte, c);
     layernorm_backward(ws.d_ln_out, x, ws.mean, ws.rstd, w.ln_f_weight, rows, c,
                        d_x_final + r0 * c, false, grads->d_ln_f_weight, grads->d_ln_f_bias);
   }
@@ -561,7 +609,7 @@ float head_forward_backward(const Config& config, const BatchShape& shape,
                             const HeadWeights& weights, const float* x_final,
                             const int32_t* targets, float* d_x_final, const HeadGrads& grads,
                             const Workspace& workspace, int64_t loss_normalizer_tokens) {
-  assert(d_x_final != nullptr && grads.d_wte != nullptr);
+  assert(d_x_final != nullptr);
   return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace, loss_normalizer_tokens);
 }
 

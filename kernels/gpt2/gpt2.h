@@ -19,7 +19,15 @@
 //   (block_forward leaves the block's activations in the workspace, see block_backward).
 // - Gradients are ACCUMULATED (+=) into the caller's gradient tensors (d_wte, d_wpe, the
 //   block grads, d_ln_f) so micro-batches add up; the caller zeroes them at the start of a
-//   step. Activation gradients (d_in, d_x_final) are OVERWRITTEN.
+//   step. Activation gradients (d_in, d_x_final) are OVERWRITTEN. A null gradient pointer is a
+//   frozen tensor: its gradient (and the product that forms it) is skipped, nothing else
+//   changes — so a block_backward with a default BlockGrads{} (a frozen base under LoRA) or a
+//   head with a default HeadGrads{} computes d_in / d_x_final alone, bit for bit the full
+//   backward's, for about two thirds of its products.
+// - LoRA: block_forward / block_backward take an optional `lora::BlockAdapters` (lora.h) for
+//   c_attn (0), attn.c_proj (1), mlp.c_fc (2) and mlp.c_proj (3): each targeted linear adds
+//   scale · drop(x)·Aᵀ·Bᵀ, and the backward adds the adapters' share of d_in and accumulates
+//   their d_A / d_B. Null (the default): exactly the bits without the argument.
 // - Threads: every entry point runs on the calling thread and fans out internally to TBB:
 //   matrix products as fixed 256×512 output tiles (one single-threaded cblas_sgemm each),
 //   LayerNorm and softmax per row, attention per (batch, head), GELU in chunks. Cap the
@@ -47,6 +55,10 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+namespace strata::kernels::lora {
+struct BlockAdapters;  // kernels/lora/lora.h
+}  // namespace strata::kernels::lora
 
 namespace strata::kernels::gpt2 {
 
@@ -179,17 +191,21 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
 // and activation) in `workspace`, where block_backward(recompute = false) can use them.
 // With packed.segments, attention stays inside each example (PackedRows); positions unused.
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
-                   const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed = {});
+                   const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed = {},
+                   const lora::BlockAdapters* adapters = nullptr);
 
 // Back-propagates d_out through the block whose input was x_in: d_in (overwritten) gets
 // dLoss/dx_in and `grads` accumulate dLoss/dweights. With recompute = true (the streaming
 // trainer's path: only block inputs are kept) it first re-runs the block's forward from x_in
 // into `workspace`; with recompute = false the workspace must still hold the activations a
 // block_forward call with the same weights, x_in and shape left there. d_in may alias d_out.
-// The workspace's contents are clobbered. `packed` as for block_forward (the same one).
+// The workspace's contents are clobbered. `packed` as for block_forward (the same one), and
+// `adapters` too (the same tensors and mask_key as the forward, plus their grads). Null members
+// of `grads` are frozen (skipped; see "Gradients").
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& weights,
                     const float* x_in, const float* d_out, float* d_in, const BlockGrads& grads,
-                    const Workspace& workspace, bool recompute = true, const PackedRows& packed = {});
+                    const Workspace& workspace, bool recompute = true, const PackedRows& packed = {},
+                    const lora::BlockAdapters* adapters = nullptr);
 
 // Loss masks: a row whose target is negative (-1, or any negative: PyTorch's ignore_index with
 // every negative ignored) is not trained — it adds exactly 0 to the loss and its logits'
@@ -206,6 +222,7 @@ int64_t count_trained_targets(const int32_t* targets, int64_t rows);
 // by N (above). Writes d_x_final (overwritten) and accumulates d_ln_f_* and d_wte. Logits
 // exist only kHeadChunkRows rows at a time. Returns the loss (summed in double, in row order);
 // with no masks and N = 0 that is the mean over the B·T rows, bit for bit what it always was.
+// Null members of `grads` are frozen: a default HeadGrads{} gives d_x_final alone.
 float head_forward_backward(const Config& config, const BatchShape& shape,
                             const HeadWeights& weights, const float* x_final,
                             const int32_t* targets, float* d_x_final, const HeadGrads& grads,

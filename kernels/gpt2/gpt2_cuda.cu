@@ -14,6 +14,7 @@
 #include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/gpt2/gpt2_math.h"
+#include "kernels/lora/lora_cuda.h"
 
 namespace strata::kernels::gpt2::cuda {
 
@@ -169,9 +170,33 @@ Status layernorm_backward(const Context& ctx, const float* dy, const float* x, c
                           bool accumulate, float* dw, float* db) {
   STRATA_CUDA_LAUNCH(layernorm_backward_dx_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
                      ctx.stream(), dy, x, mean, rstd, w, rows, c, dx, accumulate);
+  assert((dw == nullptr) == (db == nullptr));
+  if (dw == nullptr) return Status();  // frozen
   STRATA_CUDA_LAUNCH(layernorm_backward_params_kernel, blocks_for(c), kThreads, ctx.stream(), dy,
                      x, mean, rstd, rows, c, dw, db);
   return Status();
+}
+
+// The adapter of `target` (lora_cuda.h) on one linear, when `adapters` targets it: its forward
+// term into y, and its backward's two halves around the base's dx product (as gpt2.cpp).
+Status adapter_forward(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
+                       int64_t rows, int64_t in, int64_t out, float* y) {
+  if (!lora::targeted(adapters, target)) return Status();
+  return lora::cuda::forward(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                             adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
+}
+Status adapter_backward_params(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
+                               int64_t rows, int64_t in, int64_t out, const float* dy) {
+  if (!lora::targeted(adapters, target)) return Status();
+  const auto t = static_cast<size_t>(target);
+  return lora::cuda::backward_params(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                                     adapters->adapters[t], dy, adapters->grads[t], adapters->scratch, 0);
+}
+Status adapter_backward_input(const Context& ctx, const lora::BlockAdapters* adapters, int target, int64_t rows,
+                              int64_t in, float* dx) {
+  if (!lora::targeted(adapters, target)) return Status();
+  return lora::cuda::backward_input(ctx, adapters->spec, adapters->mask_key, target, rows, in,
+                                    adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, 0);
 }
 
 struct BlockLayout {
@@ -318,25 +343,30 @@ Status attention_backward(const Context& ctx, const Config& config, const BatchS
 
 Status block_forward_into(const Context& ctx, const Config& config, const BatchShape& shape,
                           const BlockWeights& w, const float* x_in, float* x_out,
-                          const BlockLayout& ws, const int32_t* segments) {
+                          const BlockLayout& ws, const int32_t* segments, const lora::BlockAdapters* adapters) {
+  namespace target = lora::gpt2_target;
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, x_in, c, w.ln_1_weight, w.ln_1_bias, n, c,
                                            ws.ln1_out, ws.ln1_mean, ws.ln1_rstd));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.ln1_out, w.attn_c_attn_weight,
                                         w.attn_c_attn_bias, nullptr, n, c, 3 * c, ws.qkv));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::c_attn, ws.ln1_out, n, c, 3 * c, ws.qkv));
   STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws, segments));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.attn_c_proj_weight, w.attn_c_proj_bias,
                                         x_in, n, c, c, ws.x1));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::attn_c_proj, ws.att, n, c, c, ws.x1));
   STRATA_RETURN_IF_ERROR(layernorm_forward(ctx, ws.x1, c, w.ln_2_weight, w.ln_2_bias, n, c,
                                            ws.ln2_out, ws.ln2_mean, ws.ln2_rstd));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.ln2_out, w.mlp_c_fc_weight, w.mlp_c_fc_bias,
                                         nullptr, n, c, 4 * c, ws.fc_pre));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::c_fc, ws.ln2_out, n, c, 4 * c, ws.fc_pre));
   STRATA_CUDA_LAUNCH(gelu_forward_kernel, blocks_for(n * 4 * c), kThreads, ctx.stream(),
                      ws.fc_pre, ws.fc_act, n * 4 * c);
   if (x_out != nullptr) {
     STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.fc_act, w.mlp_c_proj_weight,
                                           w.mlp_c_proj_bias, ws.x1, n, 4 * c, c, x_out));
+    STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::mlp_c_proj, ws.fc_act, n, 4 * c, c, x_out));
   }
   return Status();
 }
@@ -364,8 +394,10 @@ Status head_run(const Context& ctx, const Config& config, const BatchShape& shap
     if (grads == nullptr) continue;
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.wte, c,
                                 0.0f, ws.d_ln_out, c));
-    STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.ln_out, c,
-                                1.0f, grads->d_wte, c));
+    if (grads->d_wte != nullptr) {
+      STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.ln_out, c,
+                                  1.0f, grads->d_wte, c));
+    }
     STRATA_RETURN_IF_ERROR(layernorm_backward(ctx, ws.d_ln_out, x, ws.mean, ws.rstd,
                                               w.ln_f_weight, rows, c, d_x_final + r0 * c, false,
                                               grads->d_ln_f_weight, grads->d_ln_f_bias));
@@ -458,39 +490,49 @@ Status embedding_backward(const Context& ctx, const Config& config, const BatchS
 
 Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape,
                      const BlockWeights& weights, const float* x_in, float* x_out,
-                     const Workspace& workspace, const PackedRows& packed) {
+                     const Workspace& workspace, const PackedRows& packed, const lora::BlockAdapters* adapters) {
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   assert(x_out != nullptr && x_out != x_in);
-  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws, packed.segments);
+  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws, packed.segments, adapters);
 }
 
 Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                       const BlockWeights& w, const float* x_in, const float* d_out, float* d_in,
                       const BlockGrads& g, const Workspace& workspace, bool recompute,
-                      const PackedRows& packed) {
+                      const PackedRows& packed, const lora::BlockAdapters* adapters) {
+  namespace target = lora::gpt2_target;
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   if (recompute) {
-    STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws, packed.segments));
+    STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws, packed.segments, adapters));
   }
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
-  // The same order and buffer reuse as the CPU block_backward (see gpt2.cpp).
+  // The same order and buffer reuse as the CPU block_backward (see gpt2.cpp); null grads are
+  // frozen and skipped, and each adapter's backward straddles its linear's dx product.
   float* d_fc = ws.fc_act;
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, 4 * c, c, n, ws.fc_act, 4 * c, d_out, c, 1.0f,
-                              g.mlp_c_proj_weight, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::mlp_c_proj, ws.fc_act, n, 4 * c, c, d_out));
+  if (g.mlp_c_proj_weight != nullptr) {
+    STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, 4 * c, c, n, ws.fc_act, 4 * c, d_out, c, 1.0f,
+                                g.mlp_c_proj_weight, c));
+  }
   STRATA_RETURN_IF_ERROR(column_sums(ctx, d_out, n, c, g.mlp_c_proj_bias));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, 4 * c, c, d_out, c, w.mlp_c_proj_weight, c,
                               0.0f, d_fc, 4 * c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::mlp_c_proj, n, 4 * c, d_fc));
   STRATA_CUDA_LAUNCH(gelu_backward_kernel, blocks_for(n * 4 * c), kThreads, ctx.stream(), d_fc,
                      ws.fc_pre, n * 4 * c);
   float* d_ln2 = ws.ln2_out;
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 4 * c, n, ws.ln2_out, c, d_fc, 4 * c, 1.0f,
-                              g.mlp_c_fc_weight, 4 * c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::c_fc, ws.ln2_out, n, c, 4 * c, d_fc));
+  if (g.mlp_c_fc_weight != nullptr) {
+    STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 4 * c, n, ws.ln2_out, c, d_fc, 4 * c, 1.0f,
+                                g.mlp_c_fc_weight, 4 * c));
+  }
   STRATA_RETURN_IF_ERROR(column_sums(ctx, d_fc, n, 4 * c, g.mlp_c_fc_bias));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, 4 * c, d_fc, 4 * c, w.mlp_c_fc_weight,
                               4 * c, 0.0f, d_ln2, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::c_fc, n, c, d_ln2));
   if (d_in != d_out) {
     const cudaError_t code = cudaMemcpyAsync(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float),
                                              cudaMemcpyDeviceToDevice, ctx.stream());
@@ -500,19 +542,27 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
                                             w.ln_2_weight, n, c, d_in, true, g.ln_2_weight,
                                             g.ln_2_bias));
   float* d_att = ws.att;
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, c, n, ws.att, c, d_in, c, 1.0f,
-                              g.attn_c_proj_weight, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::attn_c_proj, ws.att, n, c, c, d_in));
+  if (g.attn_c_proj_weight != nullptr) {
+    STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, c, n, ws.att, c, d_in, c, 1.0f,
+                                g.attn_c_proj_weight, c));
+  }
   STRATA_RETURN_IF_ERROR(column_sums(ctx, d_in, n, c, g.attn_c_proj_bias));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, c, d_in, c, w.attn_c_proj_weight, c, 0.0f,
                               d_att, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::attn_c_proj, n, c, d_att));
   float* d_qkv = ws.fc_pre;
   STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att, packed.segments, d_qkv));
   float* d_ln1 = ws.ln1_out;
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f,
-                              g.attn_c_attn_weight, 3 * c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::c_attn, ws.ln1_out, n, c, 3 * c, d_qkv));
+  if (g.attn_c_attn_weight != nullptr) {
+    STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, 3 * c, n, ws.ln1_out, c, d_qkv, 3 * c, 1.0f,
+                                g.attn_c_attn_weight, 3 * c));
+  }
   STRATA_RETURN_IF_ERROR(column_sums(ctx, d_qkv, n, 3 * c, g.attn_c_attn_bias));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, true, n, c, 3 * c, d_qkv, 3 * c, w.attn_c_attn_weight,
                               3 * c, 0.0f, d_ln1, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::c_attn, n, c, d_ln1));
   return layernorm_backward(ctx, d_ln1, x_in, ws.ln1_mean, ws.ln1_rstd, w.ln_1_weight, n, c, d_in,
                             true, g.ln_1_weight, g.ln_1_bias);
 }
@@ -521,7 +571,7 @@ Status head_forward_backward(const Context& ctx, const Config& config, const Bat
                              const HeadWeights& weights, const float* x_final,
                              const int32_t* targets, float* d_x_final, const HeadGrads& grads,
                              float* loss, const Workspace& workspace, int64_t loss_normalizer_tokens) {
-  assert(d_x_final != nullptr && grads.d_wte != nullptr);
+  assert(d_x_final != nullptr);
   return head_run(ctx, config, shape, weights, x_final, targets, d_x_final, &grads, loss,
                   workspace, loss_normalizer_tokens);
 }

@@ -28,6 +28,7 @@
 
 #include "common/status.h"
 #include "kernels/gpt2/gpt2.h"
+#include "kernels/lora/lora.h"
 
 namespace strata::kernels::gpt2::cuda {
 
@@ -68,15 +69,18 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                         const float* d_x0, float* d_wte, float* d_wpe,
                                         const PackedRows& packed = {});
 
+// `adapters` (lora.h, device tensors and scratch; null: none) and frozen (null) grads as gpt2.h's.
 [[nodiscard]] Status block_forward(const Context& ctx, const Config& config,
                                    const BatchShape& shape, const BlockWeights& weights,
                                    const float* x_in, float* x_out, const Workspace& workspace,
-                                   const PackedRows& packed = {});
+                                   const PackedRows& packed = {},
+                                   const lora::BlockAdapters* adapters = nullptr);
 [[nodiscard]] Status block_backward(const Context& ctx, const Config& config,
                                     const BatchShape& shape, const BlockWeights& weights,
                                     const float* x_in, const float* d_out, float* d_in,
                                     const BlockGrads& grads, const Workspace& workspace,
-                                    bool recompute = true, const PackedRows& packed = {});
+                                    bool recompute = true, const PackedRows& packed = {},
+                                    const lora::BlockAdapters* adapters = nullptr);
 
 // As the CPU head (masks included), but the loss is written to *loss (one device float) instead
 // of returned, so nothing waits for the device. The targets are device memory, so the caller

@@ -12,6 +12,7 @@
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/gpt2/gpt2_math.h"
 #include "kernels/llama/llama_math.h"
+#include "kernels/lora/lora.h"
 
 namespace strata::kernels::llama {
 
@@ -204,11 +205,35 @@ void linear_forward(const float* x, const float* weight, const float* residual, 
   sgemm(false, true, rows, out, in, x, in, weight, in, residual != nullptr ? 1.0f : 0.0f, y, out);
 }
 
-// dW += dyᵀ · x; dx = dy · W (beta 0) or dx += dy · W (accumulate).
+// dW += dyᵀ · x (skipped when d_weight is null: frozen); dx = dy · W (beta 0) or dx += dy · W
+// (accumulate).
 void linear_backward(const float* x, const float* weight, const float* dy, int64_t rows, int64_t in, int64_t out,
                      float* dx, bool accumulate, float* d_weight) {
-  sgemm(true, false, out, in, rows, dy, out, x, in, 1.0f, d_weight, in);
+  if (d_weight != nullptr) sgemm(true, false, out, in, rows, dy, out, x, in, 1.0f, d_weight, in);
   if (dx != nullptr) sgemm(false, false, rows, in, out, dy, out, weight, in, accumulate ? 1.0f : 0.0f, dx, in);
+}
+
+// The adapter of `target` (lora.h) on one projection, when `adapters` targets it: its forward
+// term into y, and its backward in lora.h's two halves around the base's dx product (which
+// overwrites x's buffer here). q, k and v share n1, so their du live in slots 0, 1, 2 at once.
+void adapter_forward(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
+                     int64_t out, float* y) {
+  if (!lora::targeted(adapters, target)) return;
+  lora::forward(adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
+}
+void adapter_backward_params(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows,
+                             int64_t in, int64_t out, const float* dy, int slot) {
+  if (!lora::targeted(adapters, target)) return;
+  const auto t = static_cast<size_t>(target);
+  lora::backward_params(adapters->spec, adapters->mask_key, target, x, rows, in, out, adapters->adapters[t], dy,
+                        adapters->grads[t], adapters->scratch, slot);
+}
+void adapter_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx,
+                            int slot) {
+  if (!lora::targeted(adapters, target)) return;
+  lora::backward_input(adapters->spec, adapters->mask_key, target, rows, in,
+                       adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, slot);
 }
 
 // y[r, :] += bias for each of `rows` rows of `width`: nn.Linear's bias, added after the
@@ -235,7 +260,7 @@ void rmsnorm_forward(const float* x, int64_t x_stride, const float* weight, int6
   });
 }
 
-// g = dy·w; dx (+)= rstd·g − x·rstd³·mean(g·x); dw += Σ_rows dy·x·rstd.
+// g = dy·w; dx (+)= rstd·g − x·rstd³·mean(g·x); dw += Σ_rows dy·x·rstd (skipped when null).
 void rmsnorm_backward(const float* dy, const float* x, const float* rstd, const float* weight, int64_t rows, int64_t c,
                       float* dx, bool accumulate, float* d_weight) {
   for_rows(rows, kRowGrain, [&](int64_t r) {
@@ -251,6 +276,7 @@ void rmsnorm_backward(const float* dy, const float* x, const float* rstd, const 
       dx_row[j] = accumulate ? dx_row[j] + g : g;
     }
   });
+  if (d_weight == nullptr) return;  // frozen
   const int64_t blocks = (c + kColumnBlock - 1) / kColumnBlock;
   for_rows(blocks, 1, [&](int64_t block) {
     const int64_t c0 = block * kColumnBlock;
@@ -295,17 +321,22 @@ void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t
 }
 
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
-                        float* x_out, const BlockLayout& ws, const PackedRows& packed) {
+                        float* x_out, const BlockLayout& ws, const PackedRows& packed,
+                        const lora::BlockAdapters* adapters) {
+  namespace target = lora::llama_target;
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
   rmsnorm_forward(x_in, c, w.input_layernorm, n, c, config.norm_eps, ws.n1, ws.rstd1);
   linear_forward(ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q);
   if (config.qkv_bias) add_bias(ws.q, w.q_proj_bias, n, config.q_width());
+  adapter_forward(adapters, target::q_proj, ws.n1, n, c, config.q_width(), ws.q);
   linear_forward(ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k);
   if (config.qkv_bias) add_bias(ws.k, w.k_proj_bias, n, config.kv_width());
+  adapter_forward(adapters, target::k_proj, ws.n1, n, c, config.kv_width(), ws.k);
   linear_forward(ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v);
   if (config.qkv_bias) add_bias(ws.v, w.v_proj_bias, n, config.kv_width());
+  adapter_forward(adapters, target::v_proj, ws.n1, n, c, config.kv_width(), ws.v);
   rope_tables(config, 0, shape.seq_len, ws.cos, ws.sin);
   rope_apply(config, shape, ws.q, config.n_head, ws.cos, ws.sin, false, packed.positions);
   rope_apply(config, shape, ws.k, config.n_kv_head, ws.cos, ws.sin, false, packed.positions);
@@ -329,15 +360,21 @@ void block_forward_into(const Config& config, const BatchShape& shape, const Blo
   });
   linear_forward(ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h);
   if (config.o_bias) add_bias(ws.h, w.o_proj_bias, n, c);
+  adapter_forward(adapters, target::o_proj, ws.att, n, config.q_width(), c, ws.h);
   rmsnorm_forward(ws.h, c, w.post_attention_layernorm, n, c, config.norm_eps, ws.n2, ws.rstd2);
   linear_forward(ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate);
+  adapter_forward(adapters, target::gate_proj, ws.n2, n, c, inter, ws.gate);
   linear_forward(ws.n2, w.up_proj, nullptr, n, c, inter, ws.up);
+  adapter_forward(adapters, target::up_proj, ws.n2, n, c, inter, ws.up);
   const int64_t hidden = n * inter;
   for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
     const int64_t end = std::min(hidden, chunk * 1024 + 1024);
     for (int64_t i = chunk * 1024; i < end; ++i) ws.act[i] = ws.gate[i] * silu_sigmoid(ws.gate[i]) * ws.up[i];
   });
-  if (x_out != nullptr) linear_forward(ws.act, w.down_proj, ws.h, n, inter, c, x_out);
+  if (x_out != nullptr) {
+    linear_forward(ws.act, w.down_proj, ws.h, n, inter, c, x_out);
+    adapter_forward(adapters, target::down_proj, ws.act, n, inter, c, x_out);
+  }
 }
 
 }  // namespace
@@ -381,31 +418,36 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
 }
 
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
-                   float* x_out, const Workspace& workspace, const PackedRows& packed) {
+                   float* x_out, const Workspace& workspace, const PackedRows& packed,
+                   const lora::BlockAdapters* adapters) {
   begin_entry_point(config, shape);
   assert(x_out != nullptr && x_out != x_in);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  block_forward_into(config, shape, weights, x_in, x_out, ws, packed);
+  block_forward_into(config, shape, weights, x_in, x_out, ws, packed, adapters);
 }
 
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
                     const float* d_out, float* d_in, const BlockGrads& g, const Workspace& workspace, bool recompute,
-                    const PackedRows& packed) {
+                    const PackedRows& packed, const lora::BlockAdapters* adapters) {
+  namespace target = lora::llama_target;
   begin_entry_point(config, shape);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
-  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws, packed);
+  if (recompute) block_forward_into(config, shape, w, x_in, nullptr, ws, packed, adapters);
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
   const int64_t qw = config.q_width();
   const int64_t kvw = config.kv_width();
 
-  // MLP: x_out = h + act·Wdᵀ. d_act overwrites act once dWd has read it.
-  sgemm(true, false, c, inter, n, d_out, c, ws.act, inter, 1.0f, g.down_proj, inter);
+  // MLP: x_out = h + act·Wdᵀ. d_act overwrites act once dWd (and the adapter's d_A, d_B) have
+  // read it; each adapter's dx share joins its projection's dx after the base's.
+  adapter_backward_params(adapters, target::down_proj, ws.act, n, inter, c, d_out, 0);
+  if (g.down_proj != nullptr) sgemm(true, false, c, inter, n, d_out, c, ws.act, inter, 1.0f, g.down_proj, inter);
   float* d_act = ws.act;
   sgemm(false, false, n, inter, c, d_out, c, w.down_proj, inter, 0.0f, d_act, inter);
+  adapter_backward_input(adapters, target::down_proj, n, inter, d_act, 0);
   // act = silu(gate)·up: gate and up become their own gradients in place.
   const int64_t hidden = n * inter;
   for_rows((hidden + 1023) / 1024, 4, [&](int64_t chunk) {
@@ -419,20 +461,26 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
     }
   });
   // d_n2 overwrites n2 once dWg and dWu have read it (RMSNorm's backward reads h, not n2).
-  sgemm(true, false, inter, c, n, ws.gate, inter, ws.n2, c, 1.0f, g.gate_proj, c);
-  sgemm(true, false, inter, c, n, ws.up, inter, ws.n2, c, 1.0f, g.up_proj, c);
+  adapter_backward_params(adapters, target::gate_proj, ws.n2, n, c, inter, ws.gate, 0);
+  adapter_backward_params(adapters, target::up_proj, ws.n2, n, c, inter, ws.up, 1);
+  if (g.gate_proj != nullptr) sgemm(true, false, inter, c, n, ws.gate, inter, ws.n2, c, 1.0f, g.gate_proj, c);
+  if (g.up_proj != nullptr) sgemm(true, false, inter, c, n, ws.up, inter, ws.n2, c, 1.0f, g.up_proj, c);
   float* d_n2 = ws.n2;
   sgemm(false, false, n, c, inter, ws.gate, inter, w.gate_proj, c, 0.0f, d_n2, c);
   sgemm(false, false, n, c, inter, ws.up, inter, w.up_proj, c, 1.0f, d_n2, c);
+  adapter_backward_input(adapters, target::gate_proj, n, c, d_n2, 0);
+  adapter_backward_input(adapters, target::up_proj, n, c, d_n2, 1);
   // d_h = d_out (residual) + RMSNorm-2 backward, built in d_in.
   if (d_in != d_out) std::memcpy(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float));
   rmsnorm_backward(d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, c, d_in, true, g.post_attention_layernorm);
 
   // Attention: h = x_in + att·Woᵀ (+ bo). d_att overwrites att once dWo has read it.
-  if (config.o_bias) column_sums_accumulate(d_in, n, c, g.o_proj_bias);
+  if (config.o_bias && g.o_proj_bias != nullptr) column_sums_accumulate(d_in, n, c, g.o_proj_bias);
   float* d_att = ws.att;
-  sgemm(true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw);
+  adapter_backward_params(adapters, target::o_proj, ws.att, n, qw, c, d_in, 0);
+  if (g.o_proj != nullptr) sgemm(true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw);
   sgemm(false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw);
+  adapter_backward_input(adapters, target::o_proj, n, qw, d_att, 0);
   const int64_t t = shape.seq_len;
   const int64_t d = config.head_dim;
   const int64_t group = config.n_head / config.n_kv_head;
@@ -467,18 +515,24 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
   rope_apply(config, shape, ws.dk, config.n_kv_head, ws.cos, ws.sin, true, packed.positions);
   // The biases' gradients: the projections' output gradients summed over the rows.
   if (config.qkv_bias) {
-    column_sums_accumulate(ws.dq, n, qw, g.q_proj_bias);
-    column_sums_accumulate(ws.dk, n, kvw, g.k_proj_bias);
-    column_sums_accumulate(ws.dv, n, kvw, g.v_proj_bias);
+    if (g.q_proj_bias != nullptr) column_sums_accumulate(ws.dq, n, qw, g.q_proj_bias);
+    if (g.k_proj_bias != nullptr) column_sums_accumulate(ws.dk, n, kvw, g.k_proj_bias);
+    if (g.v_proj_bias != nullptr) column_sums_accumulate(ws.dv, n, kvw, g.v_proj_bias);
   }
+  adapter_backward_params(adapters, target::q_proj, ws.n1, n, c, qw, ws.dq, 0);
+  adapter_backward_params(adapters, target::k_proj, ws.n1, n, c, kvw, ws.dk, 1);
+  adapter_backward_params(adapters, target::v_proj, ws.n1, n, c, kvw, ws.dv, 2);
   linear_backward(ws.n1, w.q_proj, ws.dq, n, c, qw, nullptr, false, g.q_proj);
   linear_backward(ws.n1, w.k_proj, ws.dk, n, c, kvw, nullptr, false, g.k_proj);
   linear_backward(ws.n1, w.v_proj, ws.dv, n, c, kvw, nullptr, false, g.v_proj);
-  // d_n1 overwrites n1 once the three weight gradients have read it.
+  // d_n1 overwrites n1 once the three weight gradients (and the adapters') have read it.
   float* d_n1_out = ws.n1;
   sgemm(false, false, n, c, qw, ws.dq, qw, w.q_proj, c, 0.0f, d_n1_out, c);
   sgemm(false, false, n, c, kvw, ws.dk, kvw, w.k_proj, c, 1.0f, d_n1_out, c);
   sgemm(false, false, n, c, kvw, ws.dv, kvw, w.v_proj, c, 1.0f, d_n1_out, c);
+  adapter_backward_input(adapters, target::q_proj, n, c, d_n1_out, 0);
+  adapter_backward_input(adapters, target::k_proj, n, c, d_n1_out, 1);
+  adapter_backward_input(adapters, target::v_proj, n, c, d_n1_out, 2);
   rmsnorm_backward(d_n1_out, x_in, ws.rstd1, w.input_layernorm, n, c, d_in, true, g.input_layernorm);
 }
 
@@ -511,7 +565,8 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
     for (int64_t r = 0; r < rows; ++r) loss_sum += ws.row_loss[r];
     if (grads == nullptr) continue;
     sgemm(false, false, rows, c, vocab, ws.logits, vocab, w.lm_head, c, 0.0f, ws.d_normed, c);
-    sgemm(true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads->d_lm_head, c);
+    if (grads->d_lm_head != nullptr)
+      sgemm(true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads->d_lm_head, c);
     // d(norm weight) needs dy·x·rstd, which is what rmsnorm_backward forms from x and rstd.
     rmsnorm_backward(ws.d_normed, x, ws.rstd, w.norm_weight, rows, c, d_x_final + r0 * c, false, grads->d_norm_weight);
   }
@@ -523,7 +578,7 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
 float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
                             const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
                             const Workspace& workspace, int64_t loss_normalizer_tokens) {
-  assert(d_x_final != nullptr && grads.d_lm_head != nullptr);
+  assert(d_x_final != nullptr);
   return head_run(config, shape, weights, x_final, targets, d_x_final, &grads, workspace, loss_normalizer_tokens);
 }
 

@@ -126,14 +126,22 @@ void embedding_backward(const Config& config, const BatchShape& shape, const int
 // As gpt2::block_forward / block_backward (x_out must not alias x_in; d_in may alias d_out).
 // `packed` (gpt2::PackedRows): RoPE rotates q and k by packed.positions (null: t within the
 // row) and packed.segments keeps attention inside each example; the embedding has no positions.
+// `adapters` (lora.h; null: none, today's bits): LoRA on q_proj (0), k_proj (1), v_proj (2),
+// o_proj (3), gate_proj (4), up_proj (5), down_proj (6) — the term is added after the
+// projection's bias (before RoPE for q and k, as PEFT wraps the nn.Linear). Null members of
+// `grads` are frozen (gpt2.h, "Gradients"): a default BlockGrads{} computes d_in (and the
+// adapters' grads) alone, bit for bit the full backward's d_in.
 void block_forward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
-                   float* x_out, const Workspace& workspace, const PackedRows& packed = {});
+                   float* x_out, const Workspace& workspace, const PackedRows& packed = {},
+                   const lora::BlockAdapters* adapters = nullptr);
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& weights, const float* x_in,
                     const float* d_out, float* d_in, const BlockGrads& grads, const Workspace& workspace,
-                    bool recompute = true, const PackedRows& packed = {});
+                    bool recompute = true, const PackedRows& packed = {},
+                    const lora::BlockAdapters* adapters = nullptr);
 
 // Final RMSNorm, logits and cross-entropy; writes d_x_final, accumulates the head grads. Loss
-// masks (negative targets) and the normalizer N are GPT-2's (gpt2.h, "Loss masks").
+// masks (negative targets) and the normalizer N are GPT-2's (gpt2.h, "Loss masks"). Null
+// members of `grads` are frozen: a default HeadGrads{} gives d_x_final alone.
 float head_forward_backward(const Config& config, const BatchShape& shape, const HeadWeights& weights,
                             const float* x_final, const int32_t* targets, float* d_x_final, const HeadGrads& grads,
                             const Workspace& workspace, int64_t loss_normalizer_tokens = 0);

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/llama/llama_math.h"
+#include "kernels/lora/lora_cuda.h"
 
 namespace strata::kernels::llama::cuda {
 namespace {
@@ -204,6 +205,36 @@ Status linear_forward(const Context& ctx, const float* x, const float* w, const 
   return gemm(ctx, false, true, rows, out, in, x, in, w, in, residual != nullptr ? 1.0f : 0.0f, y, out);
 }
 
+// A weight gradient's product, grad += op(A)·op(B); skipped when grad is null (frozen: gpt2.h,
+// "Gradients").
+Status grad_gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float* grad, int64_t ldc) {
+  if (grad == nullptr) return Status();
+  return gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, 1.0f, grad, ldc);
+}
+
+// The adapter of `target` (lora_cuda.h) on one projection, when `adapters` targets it (as
+// llama.cpp: the backward's two halves straddle the base's dx product; q, k, v use slots 0-2).
+Status adapter_forward(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
+                       int64_t rows, int64_t in, int64_t out, float* y) {
+  if (!lora::targeted(adapters, target)) return Status();
+  return lora::cuda::forward(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                             adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
+}
+Status adapter_backward_params(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
+                               int64_t rows, int64_t in, int64_t out, const float* dy, int slot) {
+  if (!lora::targeted(adapters, target)) return Status();
+  const auto t = static_cast<size_t>(target);
+  return lora::cuda::backward_params(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                                     adapters->adapters[t], dy, adapters->grads[t], adapters->scratch, slot);
+}
+Status adapter_backward_input(const Context& ctx, const lora::BlockAdapters* adapters, int target, int64_t rows,
+                              int64_t in, float* dx, int slot) {
+  if (!lora::targeted(adapters, target)) return Status();
+  return lora::cuda::backward_input(ctx, adapters->spec, adapters->mask_key, target, rows, in,
+                                    adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, slot);
+}
+
 Status add_bias(const Context& ctx, float* y, const float* bias, int64_t rows, int64_t cols) {
   STRATA_CUDA_LAUNCH(add_bias_kernel, blocks_for(rows * cols), kThreads, ctx.stream(), y, bias, rows, cols);
   return Status();
@@ -221,6 +252,7 @@ Status rmsnorm_backward(const Context& ctx, const Config& config, const float* d
   const int64_t c = config.n_embd;
   STRATA_CUDA_LAUNCH(rmsnorm_backward_dx_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(), dy, x,
                      rstd, w, rows, c, dx, accumulate);
+  if (dw == nullptr) return Status();  // frozen
   STRATA_CUDA_LAUNCH(rmsnorm_backward_w_kernel, blocks_for(c), kThreads, ctx.stream(), dy, x, rstd, rows, c, dw);
   return Status();
 }
@@ -306,28 +338,39 @@ Status attention_backward(const Context& ctx, const Config& config, const BatchS
 }
 
 Status block_forward_into(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& w,
-                          const float* x_in, float* x_out, const BlockLayout& ws, const PackedRows& packed) {
+                          const float* x_in, float* x_out, const BlockLayout& ws, const PackedRows& packed,
+                          const lora::BlockAdapters* adapters) {
+  namespace target = lora::llama_target;
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, x_in, c, w.input_layernorm, n, ws.n1, ws.rstd1));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.q_proj, nullptr, n, c, config.q_width(), ws.q));
   if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.q, w.q_proj_bias, n, config.q_width()));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::q_proj, ws.n1, n, c, config.q_width(), ws.q));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.k_proj, nullptr, n, c, config.kv_width(), ws.k));
   if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.k, w.k_proj_bias, n, config.kv_width()));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::k_proj, ws.n1, n, c, config.kv_width(), ws.k));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n1, w.v_proj, nullptr, n, c, config.kv_width(), ws.v));
   if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.v, w.v_proj_bias, n, config.kv_width()));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::v_proj, ws.n1, n, c, config.kv_width(), ws.v));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.q, config.n_head, false, packed.positions));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.k, config.n_kv_head, false, packed.positions));
   STRATA_RETURN_IF_ERROR(attention_forward(ctx, config, shape, ws, packed.segments));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.att, w.o_proj, x_in, n, config.q_width(), c, ws.h));
   if (config.o_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.h, w.o_proj_bias, n, c));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::o_proj, ws.att, n, config.q_width(), c, ws.h));
   STRATA_RETURN_IF_ERROR(rmsnorm_forward(ctx, config, ws.h, c, w.post_attention_layernorm, n, ws.n2, ws.rstd2));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.gate_proj, nullptr, n, c, inter, ws.gate));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::gate_proj, ws.n2, n, c, inter, ws.gate));
   STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.n2, w.up_proj, nullptr, n, c, inter, ws.up));
+  STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::up_proj, ws.n2, n, c, inter, ws.up));
   STRATA_CUDA_LAUNCH(swiglu_forward_kernel, blocks_for(n * inter), kThreads, ctx.stream(), ws.gate, ws.up, ws.act,
                      n * inter);
-  if (x_out != nullptr) STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.act, w.down_proj, ws.h, n, inter, c, x_out));
+  if (x_out != nullptr) {
+    STRATA_RETURN_IF_ERROR(linear_forward(ctx, ws.act, w.down_proj, ws.h, n, inter, c, x_out));
+    STRATA_RETURN_IF_ERROR(adapter_forward(ctx, adapters, target::down_proj, ws.act, n, inter, c, x_out));
+  }
   return Status();
 }
 
@@ -355,35 +398,45 @@ Status embedding_backward(const Context& ctx, const Config& config, const BatchS
 }
 
 Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& weights,
-                     const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed) {
+                     const float* x_in, float* x_out, const Workspace& workspace, const PackedRows& packed,
+                     const lora::BlockAdapters* adapters) {
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
   assert(x_out != nullptr && x_out != x_in);
-  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws, packed);
+  return block_forward_into(ctx, config, shape, weights, x_in, x_out, ws, packed, adapters);
 }
 
 Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape, const BlockWeights& w,
                       const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
-                      const Workspace& workspace, bool recompute, const PackedRows& packed) {
+                      const Workspace& workspace, bool recompute, const PackedRows& packed,
+                      const lora::BlockAdapters* adapters) {
+  namespace target = lora::llama_target;
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_call(config, shape, &workspace, ws.size_bytes);
-  if (recompute) STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws, packed));
+  if (recompute) STRATA_RETURN_IF_ERROR(block_forward_into(ctx, config, shape, w, x_in, nullptr, ws, packed, adapters));
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
   const int64_t qw = config.q_width();
   const int64_t kvw = config.kv_width();
-  // The same order and buffer reuse as the CPU block_backward (llama.cpp).
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, inter, n, d_out, c, ws.act, inter, 1.0f, g.down_proj, inter));
+  // The same order and buffer reuse as the CPU block_backward (llama.cpp), frozen (null) grads
+  // skipped and the adapters' halves around each dx product.
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::down_proj, ws.act, n, inter, c, d_out, 0));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, c, inter, n, d_out, c, ws.act, inter, g.down_proj, inter));
   float* d_act = ws.act;
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, inter, c, d_out, c, w.down_proj, inter, 0.0f, d_act, inter));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::down_proj, n, inter, d_act, 0));
   STRATA_CUDA_LAUNCH(swiglu_backward_kernel, blocks_for(n * inter), kThreads, ctx.stream(), d_act, ws.gate, ws.up,
                      n * inter);
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, inter, c, n, ws.gate, inter, ws.n2, c, 1.0f, g.gate_proj, c));
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, inter, c, n, ws.up, inter, ws.n2, c, 1.0f, g.up_proj, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::gate_proj, ws.n2, n, c, inter, ws.gate, 0));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::up_proj, ws.n2, n, c, inter, ws.up, 1));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, inter, c, n, ws.gate, inter, ws.n2, c, g.gate_proj, c));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, inter, c, n, ws.up, inter, ws.n2, c, g.up_proj, c));
   float* d_n2 = ws.n2;
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, inter, ws.gate, inter, w.gate_proj, c, 0.0f, d_n2, c));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, inter, ws.up, inter, w.up_proj, c, 1.0f, d_n2, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::gate_proj, n, c, d_n2, 0));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::up_proj, n, c, d_n2, 1));
   if (d_in != d_out) {
     const cudaError_t code = cudaMemcpyAsync(d_in, d_out, static_cast<size_t>(n * c) * sizeof(float),
                                              cudaMemcpyDeviceToDevice, ctx.stream());
@@ -393,9 +446,11 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
       rmsnorm_backward(ctx, config, d_n2, ws.h, ws.rstd2, w.post_attention_layernorm, n, d_in, true,
                        g.post_attention_layernorm));
   if (config.o_bias) STRATA_RETURN_IF_ERROR(column_sums(ctx, d_in, n, c, g.o_proj_bias));
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, c, qw, n, d_in, c, ws.att, qw, 1.0f, g.o_proj, qw));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::o_proj, ws.att, n, qw, c, d_in, 0));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, c, qw, n, d_in, c, ws.att, qw, g.o_proj, qw));
   float* d_att = ws.att;
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, qw, c, d_in, c, w.o_proj, qw, 0.0f, d_att, qw));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::o_proj, n, qw, d_att, 0));
   STRATA_RETURN_IF_ERROR(attention_backward(ctx, config, shape, ws, d_att, packed.segments));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dq, config.n_head, true, packed.positions));
   STRATA_RETURN_IF_ERROR(rope(ctx, config, shape, ws.dk, config.n_kv_head, true, packed.positions));
@@ -404,13 +459,19 @@ Status block_backward(const Context& ctx, const Config& config, const BatchShape
     STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dk, n, kvw, g.k_proj_bias));
     STRATA_RETURN_IF_ERROR(column_sums(ctx, ws.dv, n, kvw, g.v_proj_bias));
   }
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, qw, c, n, ws.dq, qw, ws.n1, c, 1.0f, g.q_proj, c));
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, kvw, c, n, ws.dk, kvw, ws.n1, c, 1.0f, g.k_proj, c));
-  STRATA_RETURN_IF_ERROR(gemm(ctx, true, false, kvw, c, n, ws.dv, kvw, ws.n1, c, 1.0f, g.v_proj, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::q_proj, ws.n1, n, c, qw, ws.dq, 0));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::k_proj, ws.n1, n, c, kvw, ws.dk, 1));
+  STRATA_RETURN_IF_ERROR(adapter_backward_params(ctx, adapters, target::v_proj, ws.n1, n, c, kvw, ws.dv, 2));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, qw, c, n, ws.dq, qw, ws.n1, c, g.q_proj, c));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, kvw, c, n, ws.dk, kvw, ws.n1, c, g.k_proj, c));
+  STRATA_RETURN_IF_ERROR(grad_gemm(ctx, true, false, kvw, c, n, ws.dv, kvw, ws.n1, c, g.v_proj, c));
   float* d_n1 = ws.n1;
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, qw, ws.dq, qw, w.q_proj, c, 0.0f, d_n1, c));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, kvw, ws.dk, kvw, w.k_proj, c, 1.0f, d_n1, c));
   STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, n, c, kvw, ws.dv, kvw, w.v_proj, c, 1.0f, d_n1, c));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::q_proj, n, c, d_n1, 0));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::k_proj, n, c, d_n1, 1));
+  STRATA_RETURN_IF_ERROR(adapter_backward_input(ctx, adapters, target::v_proj, n, c, d_n1, 2));
   return rmsnorm_backward(ctx, config, d_n1, x_in, ws.rstd1, w.input_layernorm, n, d_in, true, g.input_layernorm);
 }
 
@@ -437,7 +498,7 @@ Status head_forward_backward(const Context& ctx, const Config& config, const Bat
     if (!backward) continue;
     STRATA_RETURN_IF_ERROR(gemm(ctx, false, false, rows, c, vocab, ws.logits, vocab, w.lm_head, c, 0.0f, ws.d_normed, c));
     STRATA_RETURN_IF_ERROR(
-        gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, 1.0f, grads.d_lm_head, c));
+        grad_gemm(ctx, true, false, vocab, c, rows, ws.logits, vocab, ws.normed, c, grads.d_lm_head, c));
     STRATA_RETURN_IF_ERROR(rmsnorm_backward(ctx, config, ws.d_normed, x, ws.rstd, w.norm_weight, rows,
                                             d_x_final + r0 * c, false, grads.d_norm_weight));
   }

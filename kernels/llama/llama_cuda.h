@@ -31,15 +31,18 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
                                         const int32_t* tokens, const float* d_x0, float* d_embed);
 // `packed`: llama.h's semantics, DEVICE pointers (RoPE reads positions per row; attention as
 // gpt2_cuda.h's packed attention).
+// `adapters` (lora.h, device tensors and scratch; null: none) and frozen (null) grads as llama.h's.
 [[nodiscard]] Status block_forward(const Context& ctx, const Config& config, const BatchShape& shape,
                                    const BlockWeights& weights, const float* x_in, float* x_out,
-                                   const Workspace& workspace, const PackedRows& packed = {});
+                                   const Workspace& workspace, const PackedRows& packed = {},
+                                   const lora::BlockAdapters* adapters = nullptr);
 [[nodiscard]] Status block_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                                     const BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
                                     const BlockGrads& grads, const Workspace& workspace, bool recompute = true,
-                                    const PackedRows& packed = {});
+                                    const PackedRows& packed = {}, const lora::BlockAdapters* adapters = nullptr);
 // The loss goes to *loss (one device float); masks and `loss_normalizer_tokens` as GPT-2's
 // CUDA head (gpt2_cuda.h). d_x_final null: the loss only (grads are not touched) — evaluation.
+// Null grads are frozen: d_x_final with a default HeadGrads{} gives d_x_final alone.
 [[nodiscard]] Status head_forward_backward(const Context& ctx, const Config& config, const BatchShape& shape,
                                            const HeadWeights& weights, const float* x_final, const int32_t* targets,
                                            float* d_x_final, const HeadGrads& grads, float* loss,

@@ -4,7 +4,9 @@
 // a benchmark gate. Alternating with the kernels in the same run it times a floor: the
 // block's four forward products alone as plain cblas_sgemm calls with OpenBLAS's own
 // threading on every core, so on a noisy machine the ratio (kernel time / GEMM floor) is the
-// number to quote. Prints medians of several repetitions.
+// number to quote. It also times a LoRA step's backward: the base frozen (a default
+// BlockGrads{}: no weight gradient products) with rank-16 adapters on the four linears, against
+// the full backward. Prints medians of several repetitions.
 //
 // Usage: gpt2_block_timing [BATCH [SEQ_LEN [REPETITIONS [N_EMBD [N_HEAD]]]]]
 //        (default 8 128 5 768 12: GPT-2 small)
@@ -19,6 +21,7 @@
 #include <cblas.h>
 
 #include "kernels/gpt2/gpt2.h"
+#include "kernels/lora/lora.h"
 #include "tests/gpt2/gpt2_test_model.h"
 
 namespace g2 = strata::kernels::gpt2;
@@ -59,6 +62,27 @@ int main(int argc, char** argv) {
   AlignedFloats ws(ws_bytes / sizeof(float));
   const g2::Workspace workspace{ws.data(), ws_bytes};
 
+  // LoRA, rank 16, on c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj (no dropout).
+  namespace lora = strata::kernels::lora;
+  constexpr int64_t kLoraRank = 16;
+  const int64_t lora_in[4] = {c, c, c, 4 * c};
+  const int64_t lora_out[4] = {3 * c, c, 4 * c, c};
+  std::vector<std::vector<float>> lora_tensors;  // A, B, d_A, d_B per target
+  lora::BlockAdapters adapters;
+  adapters.spec = lora::Spec{kLoraRank, 2.0f, 0.0f};
+  for (size_t t = 0; t < 4; ++t) {
+    for (const int64_t count : {kLoraRank * lora_in[t], lora_out[t] * kLoraRank, kLoraRank * lora_in[t],
+                                lora_out[t] * kLoraRank}) {
+      lora_tensors.emplace_back(static_cast<size_t>(count));
+      for (float& v : lora_tensors.back()) v = normal(rng);
+    }
+    adapters.adapters[t] = {lora_tensors[4 * t].data(), lora_tensors[4 * t + 1].data()};
+    adapters.grads[t] = {lora_tensors[4 * t + 2].data(), lora_tensors[4 * t + 3].data()};
+  }
+  const size_t lora_bytes = lora::scratch_size_bytes(shape.rows(), 4 * c, 4 * c, kLoraRank, 0.0f);
+  AlignedFloats lora_scratch(lora_bytes / sizeof(float));
+  adapters.scratch = {lora_scratch.data(), lora_bytes};
+
   // The floor's operands: the forward's four products on buffers of the right shapes.
   const int64_t n = shape.rows();
   std::vector<float> a_buf(static_cast<size_t>(n * 4 * c), 0.5f);
@@ -81,6 +105,7 @@ int main(int argc, char** argv) {
   std::vector<double> forward_ms;
   std::vector<double> backward_ms;
   std::vector<double> floor_ms;
+  std::vector<double> lora_backward_ms;
   for (int rep = 0; rep <= repetitions; ++rep) {  // rep 0 warms caches and thread pools
     const auto t_floor = clock::now();
     gemm_floor();
@@ -89,10 +114,14 @@ int main(int argc, char** argv) {
     const auto t1 = clock::now();
     g2::block_backward(config, shape, w, x.data(), y.data(), d_in.data(), g, workspace);
     const auto t2 = clock::now();
+    g2::block_backward(config, shape, w, x.data(), y.data(), d_in.data(), g2::BlockGrads{}, workspace, true, {},
+                       &adapters);
+    const auto t3 = clock::now();
     if (rep == 0) continue;
     floor_ms.push_back(std::chrono::duration<double, std::milli>(t0 - t_floor).count());
     forward_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     backward_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    lora_backward_ms.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
   }
   // GEMM work only: 24·N·C² forward; backward = recompute + 2× the forward's products.
   const double gemm_forward_gflop = 24.0 * static_cast<double>(shape.rows()) * c * c / 1e9;
@@ -112,5 +141,8 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency(), floor, gemm_forward_gflop / (floor / 1e3));
   std::printf("ratios: forward / floor %.2f, backward / (3 x floor) %.2f\n", f_ms / floor,
               b_ms / (3.0 * floor));
+  const double lora_ms = median_ms(lora_backward_ms);
+  std::printf("block_backward+recompute, frozen base + LoRA r%lld on 4 linears %8.1f ms  (%.2f of the full backward)\n",
+              static_cast<long long>(kLoraRank), lora_ms, lora_ms / b_ms);
   return 0;
 }

@@ -44,13 +44,22 @@ def conv1d(x, weight, bias):
     return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight).view(shape)
 
 
-def attention(p, prefix, x, n_head, allowed=None):
+def adapted(lora, name, x, y):
+    """y, plus the LoRA term of the linear `name` on its input x when `lora` (a function of
+    (name, x) giving the term, or None for an untargeted linear) has one (tests/lora)."""
+    if lora is None:
+        return y
+    term = lora(name, x)
+    return y if term is None else y + term
+
+
+def attention(p, prefix, x, n_head, allowed=None, lora=None):
     """`allowed` [b, 1, t, t] (query, key) pairs that may attend; None: plain causal."""
     b, t, c = x.shape
     if allowed is None:
         allowed = torch.tril(torch.ones(t, t, dtype=torch.bool))
     hd = c // n_head
-    qkv = conv1d(x, p[prefix + "attn.c_attn.weight"], p[prefix + "attn.c_attn.bias"])
+    qkv = adapted(lora, "attn.c_attn", x, conv1d(x, p[prefix + "attn.c_attn.weight"], p[prefix + "attn.c_attn.bias"]))
     q, k, v = qkv.split(c, dim=2)
 
     def heads(z):
@@ -61,17 +70,18 @@ def attention(p, prefix, x, n_head, allowed=None):
     scores = torch.where(allowed, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(b, t, c)
-    return conv1d(out, p[prefix + "attn.c_proj.weight"], p[prefix + "attn.c_proj.bias"])
+    return adapted(lora, "attn.c_proj", out, conv1d(out, p[prefix + "attn.c_proj.weight"], p[prefix + "attn.c_proj.bias"]))
 
 
-def block(p, i, x, n_head, allowed=None):
+def block(p, i, x, n_head, allowed=None, lora=None):
+    """`lora`: LoRA terms per linear (see `adapted`); None: the plain block."""
     prefix = f"h.{i}."
     c = x.shape[-1]
     h = torch.nn.functional.layer_norm(x, (c,), p[prefix + "ln_1.weight"], p[prefix + "ln_1.bias"], eps=1e-5)
-    x = x + attention(p, prefix, h, n_head, allowed)
+    x = x + attention(p, prefix, h, n_head, allowed, lora)
     h = torch.nn.functional.layer_norm(x, (c,), p[prefix + "ln_2.weight"], p[prefix + "ln_2.bias"], eps=1e-5)
-    h = gelu_new(conv1d(h, p[prefix + "mlp.c_fc.weight"], p[prefix + "mlp.c_fc.bias"]))
-    return x + conv1d(h, p[prefix + "mlp.c_proj.weight"], p[prefix + "mlp.c_proj.bias"])
+    h = gelu_new(adapted(lora, "mlp.c_fc", h, conv1d(h, p[prefix + "mlp.c_fc.weight"], p[prefix + "mlp.c_fc.bias"])))
+    return x + adapted(lora, "mlp.c_proj", h, conv1d(h, p[prefix + "mlp.c_proj.weight"], p[prefix + "mlp.c_proj.bias"]))
 
 
 def run_reference(folder):

@@ -27,7 +27,7 @@ except ImportError as error:
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpt2"))
-from gpt2_reference import read_raw  # noqa: E402  (raw little-endian files, as the C++ tests write them)
+from gpt2_reference import adapted, read_raw  # noqa: E402  (raw files as the C++ tests write them; LoRA terms)
 
 
 def rms_norm(x, weight, eps):
@@ -64,18 +64,24 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d)
 
 
-def block(p, i, x, cfg, cos, sin, mask=None):
-    """`mask`: additive attention mask broadcast against [b, heads, t, t]; None: plain causal."""
+def block(p, i, x, cfg, cos, sin, mask=None, lora=None):
+    """`mask`: additive attention mask broadcast against [b, heads, t, t]; None: plain causal.
+    `lora`: LoRA terms per linear (gpt2_reference.adapted; names as "self_attn.q_proj"), added to
+    each nn.Linear's output (bias included) as PEFT's wrapper does; None: the plain block."""
     pre = f"model.layers.{i}."
     b, t, _ = x.shape
     if mask is None:
         mask = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), diagonal=1)
     nh, nkv, hd = int(cfg["n_head"]), int(cfg["n_kv_head"]), int(cfg["head_dim"])
     bias = lambda name: p.get(pre + f"self_attn.{name}.bias")  # noqa: E731  (None: nn.Linear(bias=False))
+
+    def linear(name, z, linear_bias=None):
+        return adapted(lora, name, z, torch.nn.functional.linear(z, p[pre + name + ".weight"], linear_bias))
+
     h = rms_norm(x, p[pre + "input_layernorm.weight"], cfg["norm_eps"])
-    q = torch.nn.functional.linear(h, p[pre + "self_attn.q_proj.weight"], bias("q_proj"))
-    k = torch.nn.functional.linear(h, p[pre + "self_attn.k_proj.weight"], bias("k_proj"))
-    v = torch.nn.functional.linear(h, p[pre + "self_attn.v_proj.weight"], bias("v_proj"))
+    q = linear("self_attn.q_proj", h, bias("q_proj"))
+    k = linear("self_attn.k_proj", h, bias("k_proj"))
+    v = linear("self_attn.v_proj", h, bias("v_proj"))
     q = q.view(b, t, nh, hd).transpose(1, 2)
     k = k.view(b, t, nkv, hd).transpose(1, 2)
     v = v.view(b, t, nkv, hd).transpose(1, 2)
@@ -86,11 +92,11 @@ def block(p, i, x, cfg, cos, sin, mask=None):
     scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(hd)
     probs = torch.softmax(scores + mask, dim=-1)
     att = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, nh * hd)
-    x = x + torch.nn.functional.linear(att, p[pre + "self_attn.o_proj.weight"], bias("o_proj"))
+    x = x + linear("self_attn.o_proj", att, bias("o_proj"))
     h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], cfg["norm_eps"])
-    gate = torch.nn.functional.linear(h, p[pre + "mlp.gate_proj.weight"])
-    up = torch.nn.functional.linear(h, p[pre + "mlp.up_proj.weight"])
-    return x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, p[pre + "mlp.down_proj.weight"])
+    gate = linear("mlp.gate_proj", h)
+    up = linear("mlp.up_proj", h)
+    return x + linear("mlp.down_proj", torch.nn.functional.silu(gate) * up)
 
 
 def forward_logits(params, tokens, cfg, positions=None, segments=None):
