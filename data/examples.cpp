@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/mix.h"
 #include "text/tokenizer.h"
 
 namespace strata::data {
@@ -386,14 +387,6 @@ uint64_t Batches::steps_for_epochs(uint64_t epochs) const {
 // order must not change with the toolchain).
 namespace {
 
-// SplitMix64's finaliser: a well-mixed 64-bit key per (seed, example), the same on every platform.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Appends example k of `from` to `to`.
 void append_example(const Examples& from, uint64_t k, Examples& to) {
   const auto first = static_cast<std::ptrdiff_t>(from.offsets[k]);
@@ -416,7 +409,7 @@ Result<ExampleSplit> split_examples(Examples all, double fraction, uint64_t seed
                                   what, fraction, count, all.source_path, held));
   // The `held` examples with the smallest keys are held out.
   std::vector<std::pair<uint64_t, uint64_t>> keys(count);
-  for (uint64_t k = 0; k < count; ++k) keys[k] = {mix64(mix64(seed) ^ k), k};
+  for (uint64_t k = 0; k < count; ++k) keys[k] = {splitmix64(splitmix64(seed) ^ k), k};
   std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(held - 1), keys.end());
   std::vector<uint8_t> is_held(count, 0);
   for (uint64_t i = 0; i < held; ++i) is_held[keys[i].second] = 1;

@@ -23,6 +23,7 @@ std::vector<optim::TensorSpan> optim_spans(const Unit& unit) {
 }
 
 std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements, const optim::StateLayout& state) {
+  if (unit.frozen) return {};  // LoRA's frozen base: nothing to update, no state
   const uint64_t n = unit.element_count;
   const uint64_t chunks = std::max<uint64_t>(1, (n + chunk_elements - 1) / chunk_elements);
   const std::vector<optim::TensorSpan> spans = optim_spans(unit);

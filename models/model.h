@@ -84,6 +84,7 @@ std::vector<optim::TensorSpan> optim_spans(const Unit& unit);
 // ranges of near-equal size covering it, each cut moved down to where the state layout allows
 // (StateLayout::snap_cut: inside an 8-bit tensor, a block boundary of it); a range that the
 // snapping empties is dropped. adamw cuts anywhere, so its chunks are the near-equal ranges.
+// A frozen unit (LoRA's base) has none.
 std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements, const optim::StateLayout& state);
 
 namespace models {

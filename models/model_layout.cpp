@@ -5,16 +5,11 @@
 
 #include <tbb/parallel_for.h>
 
+#include "common/mix.h"
+
 namespace strata {
 
 namespace {
-
-uint64_t splitmix64(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ull;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ull;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebull;
-  return value ^ (value >> 31);
-}
 
 uint64_t hash_name(const std::string& name) {
   uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a
@@ -73,6 +68,26 @@ uint64_t ModelLayout::parameter_count() const {
   uint64_t count = 0;
   for (const Unit& unit : units()) count += unit.element_count;
   return count;
+}
+
+kernels::lora::BlockAdapters ModelLayout::bind_adapters(int64_t block_index, const float* weights, float* grads,
+                                                        float dropout, uint64_t mask_key,
+                                                        const kernels::gpt2::Workspace& scratch) const {
+  const AdapterConfig& config = definition_->config().adapter;
+  kernels::lora::BlockAdapters adapters;
+  adapters.spec.rank = config.rank;
+  adapters.spec.scale = static_cast<float>(config.scale());
+  adapters.spec.dropout = dropout;
+  adapters.mask_key = mask_key;
+  adapters.scratch = scratch;
+  // Each targeted linear's lora_A then lora_B (the layout's order, above).
+  for (const UnitTensor& tensor : units_[adapter_unit(block_index)].tensors) {
+    const auto linear = static_cast<size_t>(tensor.adapter_linear);
+    const bool is_a = tensor.name.ends_with(".lora_A.weight");
+    (is_a ? adapters.adapters[linear].a : adapters.adapters[linear].b) = weights + tensor.offset_elements;
+    if (grads != nullptr) (is_a ? adapters.grads[linear].d_a : adapters.grads[linear].d_b) = grads + tensor.offset_elements;
+  }
+  return adapters;
 }
 
 uint64_t ModelLayout::trainable_parameter_count() const {

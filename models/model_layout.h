@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/lora/lora.h"
 #include "models/model.h"
 #include "run/train_config.h"
 
@@ -39,6 +40,12 @@ class ModelLayout {
   size_t adapter_unit(int64_t block_index) const { return adapter_units_[static_cast<size_t>(block_index)]; }
   // Elements of the units that train (all of them without adapters).
   uint64_t trainable_parameter_count() const;
+  // Block `block_index`'s adapters as the kernels take them (kernels/lora/lora.h), over its
+  // adapter unit's packed fp32 weights and, for a backward, its gradients (else null): rank and
+  // scale from the config, `dropout` (the config's in training, 0 in evaluation) keyed by
+  // `mask_key`, the op's scratch.
+  kernels::lora::BlockAdapters bind_adapters(int64_t block_index, const float* weights, float* grads, float dropout,
+                                             uint64_t mask_key, const kernels::gpt2::Workspace& scratch) const;
   int64_t n_layer() const { return definition_->n_layer(); }
   size_t embed_unit() const { return definition_->embed_unit(); }
   size_t block_unit(int64_t block_index) const { return definition_->block_unit(block_index); }

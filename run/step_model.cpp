@@ -80,20 +80,27 @@ ReplaySetup replay_setup(const TrainConfig& config, const ModelLayout& layout, c
 // of the compute copies it uses.
 std::vector<double> step_compute_seconds(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run,
                                          const ComputeRates& rates) {
-  const bool widens = config.precision != DType::f32;
+  // A unit is widened when its compute copy is not fp32: the precision's, or a frozen base's dtype.
   auto widen_s = [&](size_t unit) {
-    return widens ? rates.widen_ns_per_element * 1e-9 * static_cast<double>(layout.units()[unit].element_count) : 0.0;
+    const Unit& u = layout.units()[unit];
+    const bool widens = u.frozen ? config.model.adapter.base_dtype != BaseDType::fp32 : config.precision != DType::f32;
+    return widens ? rates.widen_ns_per_element * 1e-9 * static_cast<double>(u.element_count) : 0.0;
+  };
+  // A block's steps widen its adapters too.
+  auto block_widen_s = [&](size_t unit) {
+    const int64_t block = layout.units()[unit].block_index;
+    return widen_s(unit) + (layout.has_adapters() ? widen_s(layout.adapter_unit(block)) : 0.0);
   };
   std::vector<double> seconds;
   seconds.reserve(run.steps.size());
   for (const StepInfo& info : run.steps) {
     switch (info.kind) {
       case StepKind::fwd_embed: seconds.push_back(rates.fwd_embed_s + widen_s(layout.embed_unit())); break;
-      case StepKind::fwd_block: seconds.push_back(rates.fwd_block_s + widen_s(info.unit)); break;
+      case StepKind::fwd_block: seconds.push_back(rates.fwd_block_s + block_widen_s(info.unit)); break;
       case StepKind::head:
         seconds.push_back(rates.head_s + widen_s(layout.ln_f_unit()) + widen_s(layout.embed_unit()));
         break;
-      case StepKind::bwd_block: seconds.push_back(rates.bwd_block_s + widen_s(info.unit)); break;
+      case StepKind::bwd_block: seconds.push_back(rates.bwd_block_s + block_widen_s(info.unit)); break;
       case StepKind::bwd_embed: seconds.push_back(rates.bwd_embed_s); break;
       case StepKind::optimize: {
         const std::vector<OptimChunk>& chunks = run.units[info.unit].optim;
@@ -190,7 +197,8 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_RETURN_IF_ERROR(init_values(x_in, rows * width, 1.0f));
     STRATA_RETURN_IF_ERROR(init_values(d_x, rows * width, 1e-3f));
     const gk::Workspace ws{workspace, workspace_bytes};
-    if (config.precision != DType::f32) {
+    if (config.precision != DType::f32 ||
+        (layout.has_adapters() && config.model.adapter.base_dtype == BaseDType::bf16)) {
       // The bf16 copy goes into the gradient buffer's bytes (free until backward).
       auto* bits = reinterpret_cast<uint16_t*>(grads);
       STRATA_RETURN_IF_ERROR(backend.cast_fp32_to_bf16(weights, bits, n));
@@ -199,17 +207,35 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     }
     // Blocks are most of a step: each is timed twice and the faster kept, so one
     // interruption on a shared machine does not skew the whole prediction.
+    // LoRA: the block's adapters ride along, the frozen block takes no gradient and the
+    // adapters' unit does (train/trainer.cpp computes it so).
+    std::optional<kernels::lora::BlockAdapters> adapters;
+    float* trained_grads = grads;
+    uint64_t trained_n = n;
+    if (layout.has_adapters()) {
+      const size_t adapter_unit = layout.adapter_unit(0);
+      trained_n = layout.units()[adapter_unit].element_count;
+      const DeviceScratchSizes sizes = device_scratch(config, layout);
+      STRATA_ASSIGN_OR_RETURN(float* adapter_weights, allocate_floats(device, backend, held, trained_n));
+      STRATA_ASSIGN_OR_RETURN(trained_grads, allocate_floats(device, backend, held, trained_n));
+      STRATA_ASSIGN_OR_RETURN(float* lora_scratch,
+                              allocate_floats(device, backend, held, sizes.lora_scratch_bytes / 4 + 1));
+      STRATA_RETURN_IF_ERROR(init_unit(adapter_unit, adapter_weights));
+      adapters = layout.bind_adapters(0, adapter_weights, trained_grads, static_cast<float>(config.model.adapter.dropout),
+                                      1, gk::Workspace{lora_scratch, sizes.lora_scratch_bytes});
+    }
     rates.fwd_block_s = std::numeric_limits<double>::max();
     rates.bwd_block_s = std::numeric_limits<double>::max();
     for (int repeat = 0; repeat < 2; ++repeat) {
       STRATA_ASSIGN_OR_RETURN(double forward, timed(backend, [&] {
-        return model.block_forward(backend, shape, weights, x_in, x_out, ws);
+        return model.block_forward(backend, shape, weights, x_in, x_out, ws, adapters ? &*adapters : nullptr);
       }));
       STRATA_ASSIGN_OR_RETURN(double backward, timed(backend, [&]() -> Status {
-        STRATA_RETURN_IF_ERROR(backend.zero(grads, n));
-        STRATA_RETURN_IF_ERROR(
-            model.block_backward(backend, shape, weights, x_in, d_x, d_x, grads, ws, true));
-        return backend.sum_squares(grads, n);
+        STRATA_RETURN_IF_ERROR(backend.zero(trained_grads, trained_n));
+        STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape, weights, x_in, d_x, d_x,
+                                                    adapters ? nullptr : grads, ws, true,
+                                                    adapters ? &*adapters : nullptr));
+        return backend.sum_squares(trained_grads, trained_n);
       }));
       rates.fwd_block_s = std::min(rates.fwd_block_s, forward);
       rates.bwd_block_s = std::min(rates.bwd_block_s, backward);
@@ -231,7 +257,10 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_ASSIGN_OR_RETURN(rates.fwd_embed_s,
                             timed(backend, [&] { return model.embedding_forward(backend, shape, embed, x); }));
     const gk::Workspace ws{workspace, workspace_bytes};
+    // A frozen head (LoRA) gives grad.x alone.
+    const bool frozen = layout.has_adapters();
     STRATA_ASSIGN_OR_RETURN(rates.head_s, timed(backend, [&]() -> Status {
+      if (frozen) return model.head_forward_backward(backend, shape, ln_f, embed, x, d_x, nullptr, nullptr, ws);
       STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_n));
       STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, ln_f_n));
       STRATA_RETURN_IF_ERROR(

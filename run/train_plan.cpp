@@ -8,6 +8,7 @@
 #include "common/size.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
+#include "kernels/lora/lora.h"
 #include "device/device.h"
 
 namespace strata {
@@ -300,7 +301,7 @@ TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout) 
 uint64_t DeviceScratchSizes::total() const {
   uint64_t bytes = 0;
   for (uint64_t part : {workspace_bytes, weights_fp32_bytes, block_grads_bytes, embed_grads_bytes, ln_f_grads_bytes,
-                        param_gather_bytes})
+                        param_gather_bytes, lora_scratch_bytes})
     bytes += align_up(part, device::kDeviceAlignmentBytes);
   return bytes;
 }
@@ -331,9 +332,25 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
   if (const uint64_t fixed = kernels::fixed_device_bytes(kind, shape); fixed > 0)
     sizes.workspace_bytes += align_up(fixed, device::kDeviceAlignmentBytes);
   const uint64_t ln_f_elements = layout.units()[layout.ln_f_unit()].element_count;
-  if (config.precision != DType::f32) {
-    // One unit widened at a time, plus ln_f for the head (which also widens the embeddings).
-    sizes.weights_fp32_bytes = (layout.largest_unit_elements() + ln_f_elements) * 4;
+  const bool base_widened = layout.has_adapters() ? config.model.adapter.base_dtype != BaseDType::fp32
+                                                  : config.precision != DType::f32;
+  if (base_widened || config.precision != DType::f32) {
+    // One unit widened at a time, plus ln_f for the head (which also widens the embeddings) —
+    // or, with LoRA, a block's adapters after the block.
+    uint64_t second = ln_f_elements;
+    if (layout.has_adapters())
+      for (int64_t i = 0; i < layout.n_layer(); ++i)
+        second = std::max(second, layout.units()[layout.adapter_unit(i)].element_count);
+    sizes.weights_fp32_bytes = (layout.largest_unit_elements() + second) * 4;
+  }
+  if (layout.has_adapters()) {
+    int64_t max_in = 0, max_out = 0;
+    for (const BlockLinear& linear : layout.definition().block_linears()) {
+      max_in = std::max(max_in, linear.in_features);
+      max_out = std::max(max_out, linear.out_features);
+    }
+    sizes.lora_scratch_bytes = kernels::lora::scratch_size_bytes(
+        shape.rows(), max_in, max_out, config.model.adapter.rank, static_cast<float>(config.model.adapter.dropout));
   }
   if (config.placement.grads == Tier::device) {
     uint64_t largest_block = 0;

@@ -157,6 +157,7 @@ struct DeviceScratchSizes {
   uint64_t embed_grads_bytes = 0;   // grads: device — from the head to opt.embed
   uint64_t ln_f_grads_bytes = 0;    // grads: device — from the head to opt.ln_f
   uint64_t param_gather_bytes = 0;  // ZeRO stage 3: the two gather buffers (gather_buffer_bytes)
+  uint64_t lora_scratch_bytes = 0;  // LoRA: the adapter op's scratch (kernels/lora/lora.h)
   uint64_t total() const;
 };
 // `run` (optional) adds stage 3's gather buffers when its P is partitioned.

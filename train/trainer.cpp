@@ -22,7 +22,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/mix.h"
 #include "common/size.h"
+#include "kernels/lora/lora.h"
 #include "data/token_stream.h"
 #include "train/train_batches.h"
 #include "models/hf/hf.h"
@@ -115,8 +117,9 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     const Unit& unit = layout.units()[u];
     const UnitIds& ids = run.units[u];
     const uint64_t n = unit.element_count;
-    if (init) {
-      // check_init_file ran first; bf16 / fp16 widen in place.
+    if (init && unit.adapter_block < 0) {
+      // check_init_file ran first; bf16 / fp16 widen in place. (Adapters start fresh: the
+      // checkpoint is the base's.)
       for (const UnitTensor& tensor : unit.tensors)
         STRATA_RETURN_IF_ERROR(init->read_fp32(hf::tensor_spec(config.model, tensor.name, tensor.shape),
                                                master + tensor.offset_elements));
@@ -140,7 +143,8 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
       const float* share = master + ids.params_range.begin_elements;
       const uint64_t share_n = ids.params_range.element_count;
       const int64_t share_shape[] = {static_cast<int64_t>(share_n)};
-      if (config.precision == DType::f32) {
+      const bool fp32 = unit.frozen ? config.model.adapter.base_dtype == BaseDType::fp32 : config.precision == DType::f32;
+      if (fp32) {
         STRATA_RETURN_IF_ERROR(write_tensor(store, params, DType::f32, share_shape, share, share_n * 4));
       } else {
         kernels::cast_fp32_to_bf16(std::span<const float>(share, share_n), std::span<uint16_t>(staging_bits, share_n));
@@ -231,7 +235,16 @@ class Run {
   Status open_device();
   Status open_memory();
   Status compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t step);
-  Result<const float*> widen(const void* params, uint64_t element_count, float* scratch);
+  // Unit `unit`'s compute copy `params` as fp32: as it is when it is fp32, else widened into
+  // `scratch` (bf16; a frozen base's bf16 — or dequantised, int8/nf4).
+  Result<const float*> widen(size_t unit, const void* params, float* scratch);
+  // LoRA: block `block_unit`'s adapters for the kernels — their P (widened into `scratch` when
+  // bf16), their gradients when `with_grads`, and the dropout key of (step, micro-batch, block);
+  // nullopt without adapters. `train`: dropout on (forward and backward of a training step).
+  Result<std::optional<kernels::lora::BlockAdapters>> adapters_for(size_t block_unit, const TrainPlan& plan,
+                                                                   const sch::StepBuffers& buffers, float* scratch,
+                                                                   bool with_grads, bool train, uint64_t step,
+                                                                   uint32_t micro_batch);
   float* grads_of(size_t unit, const sch::StepBuffers& buffers);
   // ZeRO (train/zero/zero.h): the stream is drained, then the collectives run on this thread.
   Status reduce_across_ranks(size_t unit, float* grads);
@@ -274,6 +287,7 @@ class Run {
   // backend_: freed before them.
   std::optional<ParamGather> gather_;
   device::DeviceBuffer weights_fp32_;
+  device::DeviceBuffer lora_scratch_;  // LoRA: the adapter op's scratch (kernels/lora/lora.h)
   // grads: device — the gradients, which then never leave the device (train_plan.h).
   device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
   std::unique_ptr<sch::NvmeBacking> backing_;
@@ -487,10 +501,43 @@ Status Run::create_scheduler(const TrainPlan& plan) {
   return Status();
 }
 
-Result<const float*> Run::widen(const void* params, uint64_t element_count, float* scratch) {
-  if (config_.precision == DType::f32) return static_cast<const float*>(params);
-  STRATA_RETURN_IF_ERROR(backend_->cast_bf16_to_fp32(static_cast<const uint16_t*>(params), scratch, element_count));
+Result<const float*> Run::widen(size_t unit_index, const void* params, float* scratch) {
+  const Unit& unit = layout_.units()[unit_index];
+  DType dtype = config_.precision;
+  if (unit.frozen) {
+    switch (config_.model.adapter.base_dtype) {
+      case BaseDType::fp32: dtype = DType::f32; break;
+      case BaseDType::bf16: dtype = DType::bf16; break;
+      case BaseDType::int8:
+      case BaseDType::nf4:
+        return make_error(ErrorKind::unsupported, "a quantised base needs kernels/quant");
+    }
+  }
+  if (dtype == DType::f32) return static_cast<const float*>(params);
+  STRATA_RETURN_IF_ERROR(
+      backend_->cast_bf16_to_fp32(static_cast<const uint16_t*>(params), scratch, unit.element_count));
   return static_cast<const float*>(scratch);
+}
+
+Result<std::optional<kernels::lora::BlockAdapters>> Run::adapters_for(size_t block_unit, const TrainPlan& plan,
+                                                                      const sch::StepBuffers& buffers, float* scratch,
+                                                                      bool with_grads, bool train, uint64_t step,
+                                                                      uint32_t micro_batch) {
+  if (!layout_.has_adapters()) return std::optional<kernels::lora::BlockAdapters>();
+  const int64_t block = layout_.units()[block_unit].block_index;
+  const size_t unit_index = layout_.adapter_unit(block);
+  const UnitIds& ids = plan.units[unit_index];
+  STRATA_ASSIGN_OR_RETURN(const float* weights, widen(unit_index, buffers.device_data(ids.params), scratch));
+  float* grads = with_grads ? grads_of(unit_index, buffers) : nullptr;
+  // PEFT's dropout is nn.Dropout: on in training, off in evaluation and generation. One key per
+  // (seed, update, micro-batch, block): the backward's recompute draws the forward's mask.
+  const float dropout = train ? static_cast<float>(config_.model.adapter.dropout) : 0.0f;
+  const uint64_t mask_key = splitmix64(splitmix64(splitmix64(config_.model.seed ^ 0x4c6f5241ull) ^ step) ^
+                                       (uint64_t{micro_batch} << 32 | static_cast<uint64_t>(block)));
+  const kernels::lora::BlockAdapters adapters = layout_.bind_adapters(
+      block, weights, grads, dropout, mask_key,
+      gk::Workspace{static_cast<float*>(lora_scratch_.data()), lora_scratch_.size_bytes()});
+  return std::optional<kernels::lora::BlockAdapters>(adapters);
 }
 
 // Enqueues the ops of one plan step on the backend's stream; nothing here waits for them.
@@ -506,49 +553,62 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
 
   switch (info.kind) {
     case StepKind::fwd_embed: {
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(info.unit, params_of(info.unit, 0, buffers), scratch));
       return model.embedding_forward(backend, shape_, embed, f32(run_.activations[0]));
     }
     case StepKind::fwd_block: {
-      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(info.unit, params_of(info.unit, 0, buffers), scratch));
+      // The adapters' widened copy goes right after the block's (device_scratch sizes both).
+      STRATA_ASSIGN_OR_RETURN(std::optional<kernels::lora::BlockAdapters> adapters,
+                              adapters_for(info.unit, run_, buffers, scratch == nullptr ? nullptr : scratch + unit.element_count,
+                                           /*with_grads=*/false, /*train=*/true, step, info.micro_batch));
       auto i = static_cast<size_t>(unit.block_index);
       return model.block_forward(backend, shape_, weights, f32(run_.activations[i]),
-                                   f32(run_.activations[i + 1]), workspace);
+                                 f32(run_.activations[i + 1]), workspace, adapters ? &*adapters : nullptr);
     }
     case StepKind::head: {
       const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
-      STRATA_ASSIGN_OR_RETURN(const float* ln_f, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* ln_f, widen(info.unit, params_of(info.unit, 0, buffers), scratch));
       // An fp32 run has no widening scratch (widen hands back the parameters as they are), and
       // an offset from a null pointer is undefined even when nothing reads through it.
       float* const embed_scratch = scratch == nullptr ? nullptr : scratch + unit.element_count;
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params_of(layout_.embed_unit(), 1, buffers),
-                                                        embed_unit.element_count, embed_scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(layout_.embed_unit(), params_of(layout_.embed_unit(), 1, buffers),
+                                                        embed_scratch));
+      // A frozen head and embedding (LoRA) take no gradient: the head gives grad.x alone.
       float* ln_f_grads = grads_of(info.unit, buffers);
       float* embed_grads = grads_of(layout_.embed_unit(), buffers);
       // Micro-batches after the first add to the gradients the ones before left.
-      if (info.micro_batch == 0) {
+      if (info.micro_batch == 0 && ln_f_grads != nullptr) {
         STRATA_RETURN_IF_ERROR(backend.zero(ln_f_grads, unit.element_count));
         STRATA_RETURN_IF_ERROR(backend.zero(embed_grads, embed_unit.element_count));
       }
       STRATA_RETURN_IF_ERROR(model.head_forward_backward(backend, shape_, ln_f, embed,
                                                          f32(run_.activations[static_cast<size_t>(model.n_layer())]),
                                                          f32(run_.d_x), ln_f_grads, embed_grads, workspace));
+      if (ln_f_grads == nullptr) return Status();
       if (!last_micro_batch(info)) return Status();  // the norm is the accumulated gradient's
       if (zero_ != nullptr) return reduce_across_ranks(info.unit, ln_f_grads);
       return backend.sum_squares(ln_f_grads, unit.element_count);
     }
     case StepKind::bwd_block: {
-      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params_of(info.unit, 0, buffers), unit.element_count, scratch));
-      float* grads = grads_of(info.unit, buffers);
-      if (info.micro_batch == 0) STRATA_RETURN_IF_ERROR(backend.zero(grads, unit.element_count));
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(info.unit, params_of(info.unit, 0, buffers), scratch));
+      STRATA_ASSIGN_OR_RETURN(std::optional<kernels::lora::BlockAdapters> adapters,
+                              adapters_for(info.unit, run_, buffers, scratch == nullptr ? nullptr : scratch + unit.element_count,
+                                           /*with_grads=*/true, /*train=*/true, step, info.micro_batch));
+      // LoRA: the frozen block takes no gradient; its adapters' unit does.
+      const size_t trained = adapters ? layout_.adapter_unit(unit.block_index) : info.unit;
+      const uint64_t trained_elements = layout_.units()[trained].element_count;
+      float* block_grads = adapters ? nullptr : grads_of(info.unit, buffers);
+      float* grads = grads_of(trained, buffers);
+      if (info.micro_batch == 0) STRATA_RETURN_IF_ERROR(backend.zero(grads, trained_elements));
       auto i = static_cast<size_t>(unit.block_index);
       float* d_x = f32(run_.d_x);
-      STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape_, weights, f32(run_.activations[i]),
-                                                  d_x, d_x, grads, workspace,
-                                                    /*recompute=*/true));
+      STRATA_RETURN_IF_ERROR(model.block_backward(backend, shape_, weights, f32(run_.activations[i]), d_x, d_x,
+                                                  block_grads, workspace, /*recompute=*/true,
+                                                  adapters ? &*adapters : nullptr));
       if (!last_micro_batch(info)) return Status();
-      if (zero_ != nullptr) return reduce_across_ranks(info.unit, grads);
-      return backend.sum_squares(grads, unit.element_count);
+      if (zero_ != nullptr) return reduce_across_ranks(trained, grads);
+      return backend.sum_squares(grads, trained_elements);
     }
     case StepKind::bwd_embed: {
       float* grads = grads_of(info.unit, buffers);
@@ -743,6 +803,7 @@ const void* Run::params_of(size_t unit, size_t position, const sch::StepBuffers&
 }
 
 float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
+  if (run_.units[unit].frozen) return nullptr;
   const sch::TensorId id = run_.units[unit].grads;
   if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
   if (unit == layout_.embed_unit()) return static_cast<float*>(embed_grads_.data());
@@ -1059,21 +1120,24 @@ Status Run::compute_eval(size_t step_index, const sch::StepBuffers& buffers) {
   gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
   switch (info.kind) {
     case StepKind::fwd_embed: {
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(params(info.unit), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(info.unit, params(info.unit), scratch));
       return model.embedding_forward(*backend_, shape_, embed, f32(eval_run_.activations[0]));
     }
     case StepKind::fwd_block: {
-      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(params(info.unit), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(info.unit, params(info.unit), scratch));
+      STRATA_ASSIGN_OR_RETURN(std::optional<kernels::lora::BlockAdapters> adapters,
+                              adapters_for(info.unit, eval_run_, buffers,
+                                           scratch == nullptr ? nullptr : scratch + unit.element_count,
+                                           /*with_grads=*/false, /*train=*/false, 0, 0));
       const auto i = static_cast<size_t>(unit.block_index);
       return model.block_forward(*backend_, shape_, weights, f32(eval_run_.activations[i]),
-                                 f32(eval_run_.activations[i + 1]), workspace);
+                                 f32(eval_run_.activations[i + 1]), workspace, adapters ? &*adapters : nullptr);
     }
     case StepKind::head: {
       const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
-      STRATA_ASSIGN_OR_RETURN(const float* final_weights, widen(params(info.unit), unit.element_count, scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* final_weights, widen(info.unit, params(info.unit), scratch));
       float* const embed_scratch = scratch == nullptr ? nullptr : scratch + unit.element_count;
-      STRATA_ASSIGN_OR_RETURN(const float* embed,
-                              widen(params(layout_.embed_unit()), embed_unit.element_count, embed_scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(layout_.embed_unit(), params(layout_.embed_unit()), embed_scratch));
       return model.head_loss(*backend_, shape_, final_weights, embed,
                              f32(eval_run_.activations[static_cast<size_t>(model.n_layer())]), workspace);
     }
@@ -1222,6 +1286,9 @@ Status Run::open_memory() {
   STRATA_ASSIGN_OR_RETURN(workspace_, device_->allocate(layout_.definition().workspace_size_bytes(*backend_, shape_)));
   if (scratch.weights_fp32_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(weights_fp32_, device_->allocate(scratch.weights_fp32_bytes));
+  }
+  if (scratch.lora_scratch_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(lora_scratch_, device_->allocate(scratch.lora_scratch_bytes));
   }
   return Status();
 }

@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/mix.h"
 #include "kernels/gpt2/gpt2.h"
 
 #ifdef __CUDACC__
@@ -94,13 +95,7 @@ inline constexpr int count = 4;
 }  // namespace gpt2_target
 
 // --- The dropout mask (shared, bit for bit, by the CPU and CUDA) ---
-// SplitMix64's step: add the golden gamma, then its finalizer (Steele, Lea, Flood 2014).
-STRATA_LORA_HOST_DEVICE inline uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// SplitMix64 (common/mix.h, host and device) keys every draw.
 // The hash of one row of one target: splitmix64(splitmix64(splitmix64(mask_key) + target) + row).
 // The key is mixed before the target joins it, so keys that differ by one (a caller numbering
 // blocks base + i) draw unrelated masks for every target. A row's elements then cost one

@@ -16,7 +16,8 @@ namespace strata {
 ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_elements, const optim::StateLayout& state,
                                    int ranks) {
   uint64_t total = 0;
-  for (const Unit& unit : layout.units()) total += unit.element_count;
+  for (const Unit& unit : layout.units())
+    if (!unit.frozen) total += unit.element_count;  // the units that have optimizer chunks
   ChunkOwners owners;
   uint64_t before = 0;  // elements of the chunks before this one, in model order
   for (const Unit& unit : layout.units()) {
