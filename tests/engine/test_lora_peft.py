@@ -8,8 +8,8 @@
 #    PEFT's keys and values (fan_in_fan_out true for GPT-2's Conv1D only) and
 #    adapter_model.safetensors with PEFT's names (`base_model.model.` + the HF module path, GPT-2's
 #    with `transformer.`), fp32, [r, in] and [out, r], equal bit for bit to what went in; a new run
-#    from that export exports the same bytes again. Without adapter.init, B is zero and A lies in
-#    Kaiming-uniform's ±1/√in.
+#    from that export exports the same bytes again; BF16 and F16 folders widen exactly. Without
+#    adapter.init, B is zero and A lies in Kaiming-uniform's ±1/√in.
 #  (merged) `--export-merged` equals W + scale·B·A computed by torch in fp32 from the base folder
 #    and the adapter folder (GPT-2: (B·A)ᵀ on its [in, out] weights), to 1e-6 relative; every
 #    other tensor equals the base bit for bit. With adapter.base_dtype bf16 the base is the
@@ -115,11 +115,14 @@ def read_safetensors(torch, path):
     return out
 
 
-def write_safetensors(torch, path, tensors):
+def write_safetensors(torch, path, tensors, dtype="F32"):
     header, blobs, offset = {}, [], 0
     for name, value in tensors.items():
-        raw = value.contiguous().float().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(value.shape), "data_offsets": [offset, offset + len(raw)]}
+        if dtype == "F32":
+            raw = value.contiguous().float().numpy().tobytes()
+        else:  # BF16 / F16: the 16-bit patterns, little-endian
+            raw = value.contiguous().to(torch.bfloat16 if dtype == "BF16" else torch.float16).view(torch.int16).numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(value.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
     header["__metadata__"] = {"format": "pt"}
@@ -157,7 +160,8 @@ def peft_config(arch, r, alpha, changes=None):
     return cfg
 
 
-def write_peft_folder(torch, folder, arch, model, r, alpha, seed, std=0.3, config_changes=None, tensors_edit=None):
+def write_peft_folder(torch, folder, arch, model, r, alpha, seed, std=0.3, config_changes=None, tensors_edit=None,
+                      dtype="F32"):
     torch.manual_seed(seed)
     tensors = {}
     for path, fin, fout, _ in linears(arch, model):
@@ -168,7 +172,10 @@ def write_peft_folder(torch, folder, arch, model, r, alpha, seed, std=0.3, confi
     os.makedirs(folder)
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
         json.dump(peft_config(arch, r, alpha, config_changes), f, indent=2)
-    write_safetensors(torch, os.path.join(folder, "adapter_model.safetensors"), tensors)
+    write_safetensors(torch, os.path.join(folder, "adapter_model.safetensors"), tensors, dtype)
+    if dtype != "F32":  # what a reader must get: the 16-bit values widened exactly
+        tensors = {name: value.to(torch.bfloat16 if dtype == "BF16" else torch.float16).float()
+                   for name, value in tensors.items()}
     return tensors
 
 
@@ -237,6 +244,15 @@ def case_export(folder):
             with open(os.path.join(out, name), "rb") as a, open(os.path.join(out2, name), "rb") as b:
                 if a.read() != b.read():
                     fail(f"{arch}: {name} of a run started from {out} differs from it")
+        # A folder saved from a 16-bit model: BF16 and F16 adapters widen exactly.
+        for dtype in ("BF16", "F16"):
+            peft16 = os.path.join(folder, f"{arch}-peft-{dtype}")
+            expected16 = write_peft_folder(torch, peft16, arch, model, r, alpha, seed=12, dtype=dtype)
+            cfg16, _ = config(folder, {**model, "init": base}, adapter_block(arch, r, alpha, init=peft16),
+                              name=f"{arch}-{dtype}.yaml")
+            out16 = os.path.join(folder, f"{arch}-peft-{dtype}-out")
+            strata("train", cfg16, "--steps", "0", "--export", out16)
+            check_peft_export(torch, out16, arch, model, r, alpha, base, expected16)
         # No adapter.init: A Kaiming-uniform (a = √5: U(±1/√in)), B zero.
         cfg3, _ = config(folder, model, adapter_block(arch, r, alpha), name=f"{arch}-c.yaml")
         out3 = os.path.join(folder, f"{arch}-peft-fresh")
