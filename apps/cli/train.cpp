@@ -78,6 +78,14 @@ void add_train_command(CLI::App& app, CliState& state) {
       return;
     }
     if (failed(config, state)) return;
+    if (!options->export_merged.empty() && !config->model.adapter.enabled) {
+      // Said before any work: a merged export needs adapters to merge.
+      state.exit_code = report_error(make_error(
+          ErrorKind::invalid_argument, fmt::format("--export-merged: {} has no adapter: section, so there are no "
+                                                   "adapters to merge; --export writes its weights",
+                                                   options->config_path)));
+      return;
+    }
     // The server binds before any training work, so a port in use stops the run at once. In a
     // ZeRO job rank 0 publishes (labelled rank="0"); the others run without one.
     const std::string serve = options->serve.empty() ? config->monitor_serve : options->serve;

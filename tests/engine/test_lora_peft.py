@@ -24,8 +24,9 @@
 #  (refusals) adapter.init folders with use_dora true, another r, a missing, an extra or a
 #    wrong-shaped tensor, bias "all", a non-empty rank_pattern, an unknown key, other
 #    target_modules: exit 2, one line naming the file and the key or tensor, nothing in the NVMe
-#    path; `--export x.safetensors` of an adapter store and `store export --merged` of a store
-#    without adapters: exit 2, one line, nothing written.
+#    path; `--export x.safetensors` of an adapter store, `store export --merged` of a store
+#    without adapters, `train --export-merged` without adapter: (before any step): exit 2, one
+#    line, nothing written.
 #
 # Usage: test_lora_peft.py STRATA_BINARY CASE
 import json
@@ -528,6 +529,13 @@ def case_refusals(folder):
                  f"{result.stderr}")
         if any(name.startswith(("a.safetensors", "merged")) for name in os.listdir(run)):
             fail(f"{what}: the refused export left {os.listdir(run)}")
+    # --export-merged of a run without adapters: refused before any work.
+    result = strata("train", plain, "--steps", "1", "--export-merged", os.path.join(run, "merged"), expect_ok=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    print(f"train --export-merged without adapters: exit {result.returncode}: {lines[-1] if lines else ''}")
+    if result.returncode != 2 or len(lines) != 1 or "--export-merged" not in lines[0]:
+        fail(f"train --export-merged without adapters: expected exit 2 and one line, got exit {result.returncode}:\n"
+             f"{result.stderr}")
 
 
 CASES = {"export": case_export, "merged": case_merged, "generate": case_generate, "refusals": case_refusals,
