@@ -74,7 +74,8 @@ struct TensorSpec {
 // names) as `model`'s checkpoints store it: the one place a checkpoint layout is decided.
 TensorSpec tensor_spec(const ModelConfig& model, const std::string& name, const std::vector<int64_t>& shape);
 
-// The tensors `model` needs (arch gpt2 or llama), in Hugging Face's order.
+// The tensors `model` needs (arch gpt2 or llama), in Hugging Face's order: the base's alone with an
+// adapter (LoRA adapters are never in a model checkpoint; a PEFT folder holds them, peft.h).
 std::vector<TensorSpec> model_tensors(const ModelConfig& model);
 
 // config.json → ModelConfig (arch, shape; init stays "random", seq_len is the model's context:
