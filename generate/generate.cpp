@@ -18,6 +18,7 @@
 #include "common/pages.h"
 #include "common/size.h"
 #include "models/hf/hf.h"
+#include "models/lora_fold.h"
 #include "models/model_layout.h"
 #include "run/train_plan.h"
 #include "run/budgets.h"
@@ -54,6 +55,115 @@ uint64_t peak_rss_bytes() {
 
 // Whole DeviceBuffers round up to the device's alignment; the scratch is a handful of them.
 uint64_t device_bytes(uint64_t size_bytes) { return align_up(std::max<uint64_t>(size_bytes, 1), device::kDeviceAlignmentBytes); }
+
+// LoRA (an adapter store, docs/lora.md): the adapters are folded into the base at load — each
+// block's weights, as the read of them from the store completes, become W + scale·B·A by the
+// same fold as the merged export (models/lora_fold.h), so a pass computes on merged weights with
+// the base's ops and gives the merged export's tokens by construction. The fold runs on the
+// scheduler's I/O thread inside wait(), before the scheduler marks the block resident: every
+// copy of a block the passes see is folded, once per read (a block that stays in the pool is
+// folded once; one that streams, once per pass). bf16 weights are widened a linear at a time
+// into `widen` (the largest adapted linear's elements), folded and rounded back to nearest even —
+// what staging the merged export in bf16 does to the same fp32 values.
+class AdapterFoldingBacking final : public sch::NvmeBacking {
+ public:
+  AdapterFoldingBacking(std::unique_ptr<sch::NvmeBacking> inner, const ModelLayout& adapter_layout,
+                        const AdapterConfig& adapter, std::vector<int64_t> block_of_tensor,
+                        std::vector<float> adapter_weights, std::vector<uint64_t> adapter_offsets, bool bf16)
+      : inner_(std::move(inner)), adapter_(adapter), block_of_tensor_(std::move(block_of_tensor)),
+        adapter_weights_(std::move(adapter_weights)), adapter_offsets_(std::move(adapter_offsets)), bf16_(bf16),
+        pending_(block_of_tensor_.size()) {
+    linears_ = models::adapted_linears(adapter_layout, 0);  // every block's are at the same offsets
+    uint64_t largest = 0;
+    for (const models::AdaptedLinear& entry : linears_)
+      largest = std::max<uint64_t>(largest, uint64_t(entry.linear.in_features) * uint64_t(entry.linear.out_features));
+    if (bf16_) widen_.resize(largest);
+  }
+
+  Result<uint64_t> submit_read(sch::TensorId tensor, const sch::PlanTensor& spec, void* host_dst) override {
+    STRATA_ASSIGN_OR_RETURN(const uint64_t ticket, inner_->submit_read(tensor, spec, host_dst));
+    if (block_of_tensor_[tensor] >= 0) pending_[tensor] = Pending{ticket, host_dst, true};
+    return ticket;
+  }
+  Result<uint64_t> submit_write(sch::TensorId tensor, const sch::PlanTensor& spec, const void* host_src) override {
+    return inner_->submit_write(tensor, spec, host_src);
+  }
+  bool wait_some(uint64_t ticket) override { return inner_->wait_some(ticket); }
+  Status wait(uint64_t ticket) override {
+    STRATA_RETURN_IF_ERROR(inner_->wait(ticket));
+    // A handful of tensors (L + 2), at most one read of each in flight: a scan finds the block.
+    for (size_t t = 0; t < pending_.size(); ++t) {
+      Pending& pending = pending_[t];
+      if (!pending.active || pending.ticket != ticket) continue;
+      pending.active = false;
+      fold(block_of_tensor_[t], pending.host_dst);
+      break;
+    }
+    return Status();
+  }
+  Status register_host(memory::HostArena& arena) override { return inner_->register_host(arena); }
+
+ private:
+  struct Pending {
+    uint64_t ticket = 0;
+    void* host_dst = nullptr;
+    bool active = false;
+  };
+
+  void fold(int64_t block, void* weights) {
+    const float* adapter = adapter_weights_.data() + adapter_offsets_[static_cast<size_t>(block)];
+    for (const models::AdaptedLinear& entry : linears_) {
+      const float* a = adapter + entry.a_offset_elements;
+      const float* b = adapter + entry.b_offset_elements;
+      if (!bf16_) {
+        models::fold_lora(entry.linear, adapter_.rank, adapter_.scale(), a, b,
+                          static_cast<float*>(weights) + entry.weight_offset_elements);
+        continue;
+      }
+      const uint64_t n = uint64_t(entry.linear.in_features) * uint64_t(entry.linear.out_features);
+      uint16_t* bits = static_cast<uint16_t*>(weights) + entry.weight_offset_elements;
+      kernels::cast_bf16_to_fp32(std::span<const uint16_t>(bits, n), std::span<float>(widen_.data(), n));
+      models::fold_lora(entry.linear, adapter_.rank, adapter_.scale(), a, b, widen_.data());
+      kernels::cast_fp32_to_bf16(std::span<const float>(widen_.data(), n), std::span<uint16_t>(bits, n));
+    }
+  }
+
+  std::unique_ptr<sch::NvmeBacking> inner_;
+  AdapterConfig adapter_;
+  std::vector<int64_t> block_of_tensor_;  // per plan tensor: its block, or -1
+  std::vector<float> adapter_weights_;    // every adapter unit's fp32 master, back to back
+  std::vector<uint64_t> adapter_offsets_; // per block: where its adapter unit starts in adapter_weights_
+  bool bf16_ = false;
+  std::vector<Pending> pending_;          // per plan tensor
+  std::vector<models::AdaptedLinear> linears_;
+  std::vector<float> widen_;              // bf16: one adapted linear widened
+};
+
+// The adapters of an adapter store (their fp32 masters, every adapter unit back to back) and
+// where each block's starts, read through a read-only handle of their own: the generation
+// store's engine belongs to the scheduler's I/O thread (scheduler.h).
+struct StoreAdapters {
+  std::vector<float> weights;
+  std::vector<uint64_t> offsets;  // per block
+};
+Result<StoreAdapters> read_store_adapters(const std::string& dir, const ModelLayout& layout) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set({dir}));
+  const StoreMetadata& metadata = stores.front().committed_metadata();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(metadata, dir));
+  STRATA_ASSIGN_OR_RETURN(const optim::StateLayout state, optim_state_of(metadata, dir));
+  StoreAdapters out;
+  uint64_t total = 0;
+  for (int64_t block = 0; block < layout.n_layer(); ++block) {
+    out.offsets.push_back(total);
+    total += layout.units()[layout.adapter_unit(block)].element_count;
+  }
+  out.weights.resize(total);
+  std::vector<std::byte> staging;
+  for (int64_t block = 0; block < layout.n_layer(); ++block)
+    STRATA_RETURN_IF_ERROR(read_master(stores, state, layout.units()[layout.adapter_unit(block)], chunk_elements,
+                                       out.weights.data() + out.offsets[size_t(block)], staging));
+  return out;
+}
 
 // The embedding rows a pass needs, read from the store extent by extent, for a model whose
 // head does not reuse the table (an untied Llama): decoding one token then reads one extent
@@ -301,9 +411,29 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                 : parse_dtype(precision_entry->second);
   if (!precision.ok() || *precision == DType::f16)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'precision' is not fp32 or bf16", dir));
+  // An adapter store (LoRA): the passes run over the frozen base, stored in adapter.base_dtype,
+  // with the adapters folded in at load (AdapterFoldingBacking).
+  const bool adapters = model.adapter.enabled;
+  if (adapters) {
+    if (model.adapter.base_dtype != BaseDType::fp32 && model.adapter.base_dtype != BaseDType::bf16)
+      return make_error(ErrorKind::unsupported,
+                        fmt::format("store {}: generating from a {} base is not yet supported (fp32 and bf16 are)", dir,
+                                    base_dtype_name(model.adapter.base_dtype)));
+    precision = model.adapter.base_dtype == BaseDType::fp32 ? DType::f32 : DType::bf16;
+  }
   const uint64_t element_bytes = dtype_size_bytes(*precision);
-  // The definition drives the pass (its units, its decode ops): GPT-2 and Llama share it.
-  const ModelLayout layout(model);
+  ModelConfig base_model = model;
+  base_model.adapter.enabled = false;
+  // The definition drives the pass (its units, its decode ops): GPT-2 and Llama share it. With
+  // adapters, the base's units alone (the same names and shapes; the adapters are folded in).
+  const ModelLayout layout(base_model);
+  std::optional<ModelLayout> adapter_layout;
+  StoreAdapters store_adapters;
+  if (adapters) {
+    adapter_layout.emplace(model);
+    STRATA_ASSIGN_OR_RETURN(store_adapters, read_store_adapters(dir, *adapter_layout));
+  }
+  const uint64_t adapter_host_bytes = store_adapters.weights.size() * 4;
   // A ZeRO stage-3 rank's store holds only its share of the compute copies (train/zero/zero.h):
   // generation reads whole units from one store, so the set is exported first.
   for (const Unit& unit : layout.units())
@@ -372,8 +502,17 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t row_bytes = uint64_t(c) * element_bytes;
   const uint64_t embed_rows_bytes = embed_by_rows ? uint64_t(max_rows) * row_bytes : 0;
   const std::string embed_tensor = params_name(layout.units()[layout.embed_unit()]);
+  // Host memory beside the scheduler's blocks, out of the pool: the embedding-rows reader's
+  // buffers, and an adapter store's adapters with the fold's bf16 widening buffer (one linear).
+  uint64_t fold_widen_bytes = 0;
+  if (adapters && *precision == DType::bf16)
+    for (const BlockLinear& linear : layout.definition().block_linears())
+      if (models::adapter_targets_linear(model.adapter.targets, linear))
+        fold_widen_bytes = std::max<uint64_t>(fold_widen_bytes, uint64_t(linear.in_features) * uint64_t(linear.out_features) * 4);
   const uint64_t embed_reader_bytes =
-      embed_by_rows ? EmbeddingRows::buffer_bytes(store, embed_tensor) + align_up(embed_rows_bytes, kHugePageBytes) : 0;
+      (embed_by_rows ? EmbeddingRows::buffer_bytes(store, embed_tensor) + align_up(embed_rows_bytes, kHugePageBytes)
+                     : 0) +
+      adapter_host_bytes + fold_widen_bytes;
   const uint64_t scratch_bytes = fixed_scratch_bytes + (embed_by_rows ? device_bytes(embed_rows_bytes) : 0);
 
   // The plan: one pass = embed (unless read by rows), blocks 0 … L−1, head; it repeats per pass.
@@ -417,16 +556,22 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                                   format_size(budget_bytes), format_size(budget_scratch_bytes),
                                   format_size(kv_bytes), format_size(widen_bytes),
                                   widen_bytes > 0 ? " (the weights are bf16; fp32 weights need none)" : "",
-                                  embed_by_rows ? ", embedding rows" : "", format_size(largest_step_bytes)));
+                                  fmt::format("{}{}", embed_by_rows ? ", embedding rows" : "",
+                                              adapters ? ", the adapters to fold" : ""),
+                                  format_size(largest_step_bytes)));
   if (!one_pool && pools.pool_bytes < largest_step_bytes + embed_reader_bytes)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: host.memory = {} cannot stage generation's largest step ({}) from NVMe{}",
                                   config.source_path, format_size(config.host_memory_bytes),
                                   format_size(largest_step_bytes),
-                                  embed_by_rows ? fmt::format(" beside the embedding rows' buffers ({})",
-                                                              format_size(embed_reader_bytes))
-                                                : std::string()));
-  // The checks above leave the pool room for the reader's buffers.
+                                  embed_reader_bytes > 0
+                                      ? fmt::format(" beside the {} ({})",
+                                                    embed_by_rows && adapters ? "embedding rows' buffers and the adapters"
+                                                    : embed_by_rows           ? "embedding rows' buffers"
+                                                                              : "adapters to fold",
+                                                    format_size(embed_reader_bytes))
+                                      : std::string()));
+  // The checks above leave the pool room for the reader's buffers and the adapters.
   const uint64_t pool_bytes = pools.pool_bytes - embed_reader_bytes;
 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, pools.device_region_bytes));
@@ -476,6 +621,13 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   arena_options.capacity_bytes = pool_bytes;
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::NvmeBacking> backing, sch::make_store_backing(store, plan));
+  if (adapters) {
+    std::vector<int64_t> block_of_tensor(plan.tensors().size(), -1);
+    for (int64_t i = 0; i < n_layer; ++i) block_of_tensor[ids[layout.block_unit(i)]] = i;
+    backing = std::make_unique<AdapterFoldingBacking>(std::move(backing), *adapter_layout, model.adapter,
+                                                      std::move(block_of_tensor), std::move(store_adapters.weights),
+                                                      std::move(store_adapters.offsets), *precision == DType::bf16);
+  }
   sch::SchedulerOptions scheduler_options;
   scheduler_options.host_budget_bytes = pool_bytes;
   scheduler_options.compute_in_place = one_pool;  // the CPU device computes on the host blocks

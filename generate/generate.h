@@ -22,6 +22,12 @@
 // allocated once at start; nothing grows per token. A config whose budgets cannot hold the
 // scratch and the largest step is refused naming both.
 //
+// An adapter store (LoRA, docs/lora.md): the passes run over the frozen base's units, in
+// adapter.base_dtype, with every block's adapters folded in at load (W + scale·B·A by the merged
+// export's fold, models/lora_fold.h, as each block's read completes) — so its tokens are those of
+// its --export-merged folder staged in the base's dtype. The adapters' fp32 masters are read once
+// at start and held in host memory out of the pool, as the embedding-rows buffers are.
+//
 // Sampling: greedy at temperature 0; otherwise softmax(logits / T), cut to the smallest set of
 // most likely tokens whose probability reaches top_p (1: all), drawn with a std::mt19937_64
 // seeded by `seed` — the same seed gives the same tokens.

@@ -11,7 +11,10 @@
 #include <spdlog/spdlog.h>
 
 #include "common/size.h"
+#include "kernels/optim/cast.h"
 #include "models/hf/hf.h"
+#include "models/hf/peft.h"
+#include "models/lora_fold.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 
@@ -73,6 +76,8 @@ StoreMetadata commit_metadata(const TrainConfig& config, uint64_t step, int rank
   config.optimizer.state().record(metadata);  // optim_state and its kind's keys (optim/state.h)
   // The run's tokenizer, for an exported Hugging Face folder to carry (export_store_weights).
   if (const std::string tokenizer = tokenizer_path_for(config); !tokenizer.empty()) metadata["tokenizer"] = tokenizer;
+  // An adapter's base, for an exported PEFT folder's base_model_name_or_path (export_store_weights).
+  if (config.model.adapter.enabled && config.model.init != "random") metadata["adapter.base_model"] = config.model.init;
   return metadata;
 }
 
@@ -138,11 +143,42 @@ Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>
   return stores;
 }
 
+// A frozen unit's weights (LoRA's base): its P tensor, in the dtype the store records for it —
+// fp32 copied, bf16 widened. A quantised base (int8, NF4) is not read here yet.
+Status read_frozen(std::vector<memory::Store>& stores, const Unit& unit, float* master) {
+  const std::string name = params_name(unit);
+  memory::Store* holder = nullptr;
+  std::optional<memory::TensorRecord> record;
+  for (memory::Store& store : stores)
+    if (auto found = store.find(name); found.has_value()) {
+      holder = &store;
+      record = std::move(found);
+    }
+  if (holder == nullptr)
+    return make_error(ErrorKind::corrupt, fmt::format("store {} has no tensor '{}' (the frozen base's weights)",
+                                                      stores.front().dir(), name));
+  const uint64_t n = unit.element_count;
+  if (record->dtype == DType::f32 && record->size_bytes == n * 4) return read_tensor(*holder, name, master, n * 4);
+  if (record->dtype == DType::bf16 && record->size_bytes == n * 2) {
+    // The 16-bit values land in the upper half of `master`, then widen front to back (float i
+    // is written after the bits it overlaps have been read).
+    auto* bits = reinterpret_cast<uint16_t*>(master + n) - n;
+    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, bits, n * 2));
+    for (uint64_t i = 0; i < n; ++i) master[i] = kernels::bf16_bits_to_fp32(bits[i]);
+    return Status();
+  }
+  return make_error(ErrorKind::unsupported,
+                    fmt::format("store {}: tensor '{}' is {} bytes for {} elements, a quantised base (int8 or NF4): "
+                                "reading one is not yet supported",
+                                holder->dir(), name, record->size_bytes, n));
+}
+
 // Reads the fp32 master weights of one unit — where the state layout keeps them in each
 // optimizer chunk — into `master` (the unit's element count of floats). A ZeRO job's chunks are
 // spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
 Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state, const Unit& unit,
                    uint64_t chunk_elements, float* master, std::vector<std::byte>& staging) {
+  if (unit.frozen) return read_frozen(stores, unit, master);  // no optimizer chunks: P is the weights
   const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements, state);
   const std::vector<optim::TensorSpan> spans = optim_spans(unit);
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -160,23 +196,32 @@ Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout&
   return Status();
 }
 
-Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {
-  return export_store_weights(std::vector<std::string>{store_dir}, out_path, shard_size_bytes);
+namespace {
+
+// The tokenizer the run's metadata names, if it still exists (said on the log when it is gone).
+std::optional<std::string> run_tokenizer(const memory::Store& store, const std::string& out_path) {
+  auto tokenizer = store.committed_metadata().find("tokenizer");
+  if (tokenizer == store.committed_metadata().end()) return std::nullopt;
+  if (std::error_code error; std::filesystem::exists(tokenizer->second, error)) return tokenizer->second;
+  spdlog::warn("the run's tokenizer {} is gone; {} is exported without one", tokenizer->second, out_path);
+  return std::nullopt;
 }
 
-Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
-                            uint64_t shard_size_bytes) {
-  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set(store_dirs));
+// The base's weights under their Hugging Face names (a file or a folder); `merged`: each block's
+// adapters folded in (models/lora_fold.h).
+Status export_hf(std::vector<memory::Store>& stores, const std::string& store_dir, const ModelConfig& model,
+                 const std::string& out_path, uint64_t shard_size_bytes, bool merged) {
   memory::Store& store = stores.front();
-  const std::string& store_dir = store_dirs.front();
-  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(store.committed_metadata(), store_dir));
   ModelLayout layout(model);
-  // The tensors in the layout's order, which is the order they are read from the store.
+  // The base's tensors in the layout's order, which is the order they are read from the store
+  // (an adapter store's adapter units follow the base's and are not exported here).
   std::vector<hf::TensorSpec> tensors;
   for (const Unit& unit : layout.units())
-    for (const UnitTensor& tensor : unit.tensors) tensors.push_back(hf::tensor_spec(model, tensor.name, tensor.shape));
+    if (unit.adapter_block < 0)
+      for (const UnitTensor& tensor : unit.tensors) tensors.push_back(hf::tensor_spec(model, tensor.name, tensor.shape));
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"strata_step", std::to_string(store.committed_step())}};
+  if (merged) metadata["strata_merged_adapter"] = fmt::format("lora r={} scale={}", model.adapter.rank, model.adapter.scale());
   // A path ending in .safetensors is one file, as before; any other is a Hugging Face folder.
   const bool one_file = out_path.size() >= 12 && out_path.compare(out_path.size() - 12, 12, ".safetensors") == 0;
   std::optional<SafetensorsWriter> file_writer;
@@ -194,29 +239,98 @@ Status export_store_weights(const std::vector<std::string>& store_dirs, const st
   STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
   STRATA_ASSIGN_OR_RETURN(const optim::StateLayout state, optim_state_of(store.committed_metadata(), store_dir));
   std::vector<float> master(layout.largest_unit_elements());
+  std::vector<float> adapter(merged ? layout.largest_unit_elements() : 0);
   std::vector<std::byte> staging;
   for (const Unit& unit : layout.units()) {
+    if (unit.adapter_block >= 0) continue;
     STRATA_RETURN_IF_ERROR(read_master(stores, state, unit, chunk_elements, master.data(), staging));
+    if (merged && unit.block_index >= 0) {
+      const Unit& adapter_unit = layout.units()[layout.adapter_unit(unit.block_index)];
+      STRATA_RETURN_IF_ERROR(read_master(stores, state, adapter_unit, chunk_elements, adapter.data(), staging));
+      models::fold_block_adapters(layout, model.adapter, unit.block_index, adapter.data(), master.data());
+    }
     for (const UnitTensor& tensor : unit.tensors) {
       const float* values = master.data() + tensor.offset_elements;
       if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->write_next(values, tensor.element_count * 4));
       else STRATA_RETURN_IF_ERROR(folder_writer->write_next(values));
     }
   }
-  if (auto tokenizer = store.committed_metadata().find("tokenizer");
-      folder_writer && tokenizer != store.committed_metadata().end()) {
-    if (std::error_code error; std::filesystem::exists(tokenizer->second, error))
-      STRATA_RETURN_IF_ERROR(folder_writer->copy_tokenizer(tokenizer->second));
-    else
-      spdlog::warn("the run's tokenizer {} is gone; {} is exported without one", tokenizer->second, out_path);
-  }
+  if (folder_writer)
+    if (std::optional<std::string> tokenizer = run_tokenizer(store, out_path))
+      STRATA_RETURN_IF_ERROR(folder_writer->copy_tokenizer(*tokenizer));
   if (file_writer) STRATA_RETURN_IF_ERROR(file_writer->finish());
   else STRATA_RETURN_IF_ERROR(folder_writer->finish());
-  spdlog::info("exported {} tensors of step {} to {}{}", tensors.size(), store.committed_step(), out_path,
+  spdlog::info("exported {} tensors of step {}{} to {}{}", tensors.size(), store.committed_step(),
+               merged ? " with the adapters merged" : "", out_path,
                folder_writer ? fmt::format(" (a Hugging Face folder, {} shard{})", folder_writer->shard_count(),
                                            folder_writer->shard_count() == 1 ? "" : "s")
                              : std::string());
   return Status();
+}
+
+// An adapter store's adapters as a PEFT folder (models/hf/peft.h).
+Status export_peft(std::vector<memory::Store>& stores, const std::string& store_dir, const ModelConfig& model,
+                   const std::string& out_path) {
+  memory::Store& store = stores.front();
+  if (out_path.ends_with(".safetensors"))
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("{}: an adapter store exports a PEFT adapter folder (adapter_config.json and "
+                                  "adapter_model.safetensors): give a folder path; --export-merged writes the base "
+                                  "with the adapters folded in",
+                                  out_path));
+  ModelLayout layout(model);
+  std::vector<hf::PeftFolderWriter::Tensor> tensors;
+  for (const Unit& unit : layout.units())
+    if (unit.adapter_block >= 0)
+      for (const UnitTensor& tensor : unit.tensors) tensors.push_back({tensor.name, tensor.shape});
+  auto base = store.committed_metadata().find("adapter.base_model");
+  const std::string base_model = base == store.committed_metadata().end() ? std::string() : base->second;
+  STRATA_ASSIGN_OR_RETURN(hf::PeftFolderWriter writer,
+                          hf::PeftFolderWriter::create(out_path, model, base_model, tensors,
+                                                       {{"strata_step", std::to_string(store.committed_step())}}));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t chunk_elements, optim_chunk_elements_of(store.committed_metadata(), store_dir));
+  STRATA_ASSIGN_OR_RETURN(const optim::StateLayout state, optim_state_of(store.committed_metadata(), store_dir));
+  std::vector<float> master(layout.largest_unit_elements());
+  std::vector<std::byte> staging;
+  for (const Unit& unit : layout.units()) {
+    if (unit.adapter_block < 0) continue;
+    // The adapters' fp32 master weights (the optimizer's), not their compute copies.
+    STRATA_RETURN_IF_ERROR(read_master(stores, state, unit, chunk_elements, master.data(), staging));
+    for (const UnitTensor& tensor : unit.tensors)
+      STRATA_RETURN_IF_ERROR(writer.write_next(master.data() + tensor.offset_elements, tensor.element_count));
+  }
+  if (std::optional<std::string> tokenizer = run_tokenizer(store, out_path))
+    STRATA_RETURN_IF_ERROR(writer.copy_tokenizer(*tokenizer));
+  STRATA_RETURN_IF_ERROR(writer.finish());
+  spdlog::info("exported the LoRA adapters of step {} ({} tensors) to {} (a PEFT adapter folder)",
+               store.committed_step(), tensors.size(), out_path);
+  return Status();
+}
+
+}  // namespace
+
+Status export_store_weights(const std::string& store_dir, const std::string& out_path, uint64_t shard_size_bytes) {
+  return export_store_weights(std::vector<std::string>{store_dir}, out_path, shard_size_bytes);
+}
+
+Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
+                            uint64_t shard_size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set(store_dirs));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(stores.front().committed_metadata(), store_dirs.front()));
+  if (model.adapter.enabled) return export_peft(stores, store_dirs.front(), model, out_path);
+  return export_hf(stores, store_dirs.front(), model, out_path, shard_size_bytes, /*merged=*/false);
+}
+
+Status export_merged_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
+                             uint64_t shard_size_bytes) {
+  STRATA_ASSIGN_OR_RETURN(std::vector<memory::Store> stores, open_store_set(store_dirs));
+  STRATA_ASSIGN_OR_RETURN(ModelConfig model, model_from_metadata(stores.front().committed_metadata(), store_dirs.front()));
+  if (!model.adapter.enabled)
+    return make_error(ErrorKind::invalid_argument,
+                      fmt::format("store {} has no adapters to merge (no adapter: in its run); --export writes its "
+                                  "weights",
+                                  store_dirs.front()));
+  return export_hf(stores, store_dirs.front(), model, out_path, shard_size_bytes, /*merged=*/true);
 }
 
 }  // namespace strata

@@ -13,7 +13,8 @@
 // only: compute copies, no optimizer state — `strata train` refuses such a store), `step`,
 // `parallel.ranks` (how the optimizer chunks are split, train/zero/zero.h), `precision`,
 // `optim_chunk_elements`, `optim_state` (optim/state.h) and, when the run has one, `tokenizer`
-// (the path an exported Hugging Face folder copies its tokenizer from).
+// (the path an exported Hugging Face folder copies its tokenizer from); an adapter run over a
+// checkpoint also `adapter.base_model` (its model.init, a PEFT export's base_model_name_or_path).
 //
 // Metadata read back from a manifest is untrusted input: every reader here parses numbers whole,
 // bounds them, and names the key and the store folder when one is bad.
@@ -81,7 +82,9 @@ StoreMetadata commit_metadata(const TrainConfig& config, uint64_t step, int rank
 // commit is global: docs/parallel.md).
 [[nodiscard]] Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>& dirs);
 // Reads the fp32 master weights of one unit — where the state layout keeps them in each
-// optimizer chunk — into `master` (the unit's element count of floats). A ZeRO job's chunks are
+// optimizer chunk — into `master` (the unit's element count of floats). A frozen unit (LoRA's
+// base) has no optimizer chunks: its weights are its P tensor, fp32 or bf16 as the store
+// records it (widened); a quantised base is refused as not yet supported. A ZeRO job's chunks are
 // spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
 // `staging` grows to the largest chunk's bytes.
 [[nodiscard]] Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state,
@@ -93,10 +96,19 @@ StoreMetadata commit_metadata(const TrainConfig& config, uint64_t step, int rank
 // when tied): a path ending in `.safetensors` is one file; any other path a new Hugging Face
 // folder (config.json and model.safetensors, or shards of at most `shard_size_bytes` and their
 // index; models/hf/hf.h), with the run's tokenizer when its metadata names one that exists.
+// An adapter store (LoRA, docs/lora.md) exports its adapters instead, as a new PEFT adapter
+// folder (models/hf/peft.h: adapter_config.json, adapter_model.safetensors from the adapters'
+// fp32 masters, the tokenizer; base_model_name_or_path the run's model.init, metadata
+// `adapter.base_model`); a `.safetensors` path is refused for it.
 [[nodiscard]] Status export_store_weights(const std::string& store_dir, const std::string& out_path,
                                           uint64_t shard_size_bytes = 5'000'000'000);
 // The same from the stores of every rank of a ZeRO job (each optimizer chunk is in one of them).
 [[nodiscard]] Status export_store_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
                                           uint64_t shard_size_bytes = 5'000'000'000);
+// An adapter store's base with every block's adapters folded in (W + scale·B·A in fp32,
+// models/lora_fold.h), written as export_store_weights writes a base: a Hugging Face folder or
+// one .safetensors file. A store without adapters is refused.
+[[nodiscard]] Status export_merged_weights(const std::vector<std::string>& store_dirs, const std::string& out_path,
+                                           uint64_t shard_size_bytes = 5'000'000'000);
 
 }  // namespace strata

@@ -28,6 +28,7 @@
 #include "data/token_stream.h"
 #include "train/train_batches.h"
 #include "models/hf/hf.h"
+#include "models/hf/peft.h"
 #include "train/lr_schedule.h"
 #include "models/model_layout.h"
 #include "apps/monitor/monitor.h"
@@ -69,16 +70,27 @@ uint64_t peak_rss_bytes() {
   return 0;
 }
 
+// adapter.init: a PEFT folder that describes this run's adapters, checked whole before any work
+// (models/hf/peft.h), so a refusal leaves no store behind.
+Status check_adapter_init(const TrainConfig& config) {
+  if (!config.model.adapter.enabled || config.model.adapter.init.empty()) return Status();
+  Result<hf::AdapterFolder> folder = hf::AdapterFolder::open(config.model.adapter.init, config.model);
+  if (!folder.ok())
+    return make_error(folder.error().kind,
+                      fmt::format("{}: key 'adapter.init': {}", config.source_path, folder.error().message));
+  return Status();
+}
+
 // Every tensor of the model, present with its shape, before anything is created: a wrong
 // init file or folder is refused up front, not halfway through writing the store.
 Status check_init_file(const TrainConfig& config) {
-  if (config.model.init == "random") return Status();
+  if (config.model.init == "random") return check_adapter_init(config);
   STRATA_ASSIGN_OR_RETURN(hf::Checkpoint checkpoint, hf::Checkpoint::open(config.model.init));
   Status checked = checkpoint.check(hf::model_tensors(config.model));
   if (!checked.ok())
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: key 'model.init': {}", config.source_path, checked.error().message));
-  return Status();
+  return check_adapter_init(config);
 }
 
 // --- fresh state ----------------------------------------------------------------------------
@@ -95,6 +107,19 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     STRATA_ASSIGN_OR_RETURN(hf::Checkpoint checkpoint, hf::Checkpoint::open(config.model.init));
     init = std::make_unique<hf::Checkpoint>(std::move(checkpoint));
   }
+  // LoRA: the adapters start from adapter.init's PEFT folder when it names one (checked by
+  // check_adapter_init), else Kaiming-uniform A and zero B; the frozen base is written in
+  // adapter.base_dtype.
+  const AdapterConfig& adapter = config.model.adapter;
+  std::unique_ptr<hf::AdapterFolder> adapter_init;
+  if (adapter.enabled && !adapter.init.empty()) {
+    STRATA_ASSIGN_OR_RETURN(hf::AdapterFolder folder, hf::AdapterFolder::open(adapter.init, config.model));
+    adapter_init = std::make_unique<hf::AdapterFolder>(std::move(folder));
+  }
+  if (adapter.enabled && adapter.base_dtype != BaseDType::fp32 && adapter.base_dtype != BaseDType::bf16)
+    return make_error(ErrorKind::unsupported,
+                      fmt::format("{}: key 'adapter.base_dtype': {} is not yet supported (fp32 and bf16 are)",
+                                  config.source_path, base_dtype_name(adapter.base_dtype)));
   const uint64_t largest = layout.largest_unit_elements();
   const optim::StateLayout state = config.optimizer.state();
   std::vector<std::vector<optim::TensorSpan>> spans;
@@ -117,9 +142,12 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     const Unit& unit = layout.units()[u];
     const UnitIds& ids = run.units[u];
     const uint64_t n = unit.element_count;
-    if (init && unit.adapter_block < 0) {
-      // check_init_file ran first; bf16 / fp16 widen in place. (Adapters start fresh: the
-      // checkpoint is the base's.)
+    if (unit.adapter_block >= 0 && adapter_init) {
+      for (const UnitTensor& tensor : unit.tensors)
+        STRATA_RETURN_IF_ERROR(adapter_init->read_fp32(tensor.name, master + tensor.offset_elements));
+    } else if (init && unit.adapter_block < 0) {
+      // check_init_file ran first; bf16 / fp16 widen in place. Adapters are never in a model
+      // checkpoint: the base is.
       for (const UnitTensor& tensor : unit.tensors)
         STRATA_RETURN_IF_ERROR(init->read_fp32(hf::tensor_spec(config.model, tensor.name, tensor.shape),
                                                master + tensor.offset_elements));
@@ -143,8 +171,11 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
       const float* share = master + ids.params_range.begin_elements;
       const uint64_t share_n = ids.params_range.element_count;
       const int64_t share_shape[] = {static_cast<int64_t>(share_n)};
-      const bool fp32 = unit.frozen ? config.model.adapter.base_dtype == BaseDType::fp32 : config.precision == DType::f32;
-      if (fp32) {
+      // A frozen base unit is stored in adapter.base_dtype; every other P in the run's precision.
+      const DType params_dtype = !unit.frozen                          ? config.precision
+                                 : adapter.base_dtype == BaseDType::fp32 ? DType::f32
+                                                                         : DType::bf16;
+      if (params_dtype == DType::f32) {
         STRATA_RETURN_IF_ERROR(write_tensor(store, params, DType::f32, share_shape, share, share_n * 4));
       } else {
         kernels::cast_fp32_to_bf16(std::span<const float>(share, share_n), std::span<uint16_t>(staging_bits, share_n));

@@ -390,9 +390,12 @@ void add_store_command(CLI::App& app, CliState& state) {
 
   auto export_args = std::make_shared<std::vector<std::string>>();
   auto export_shard_size = std::make_shared<std::string>("5000000000");
+  auto export_merged = std::make_shared<bool>(false);
   CLI::App* export_command = store->add_subcommand(
       "export", "write the committed fp32 weights of a `strata train` store with Hugging Face names: one "
-                ".safetensors file, or a Hugging Face folder (config.json + safetensors, sharded above --shard-size)");
+                ".safetensors file, or a Hugging Face folder (config.json + safetensors, sharded above --shard-size); "
+                "an adapter store's LoRA adapters as a PEFT adapter folder, or with --merged its base with them "
+                "folded in");
   // DIR… PATH: a ZeRO job's stores (docs/parallel.md) are given together, each chunk read from
   // the store that holds it.
   export_command->add_option("DIR... PATH", *export_args,
@@ -403,7 +406,10 @@ void add_store_command(CLI::App& app, CliState& state) {
   export_command->add_option("--shard-size", *export_shard_size,
                              "a folder's largest shard (bytes or binary units; save_pretrained's 5 GB by default)")
       ->capture_default_str();
-  export_command->callback([export_args, export_shard_size, &state] {
+  export_command->add_flag("--merged", *export_merged,
+                           "an adapter store: write the base with the adapters folded in (W + scale·B·A) instead of "
+                           "the PEFT adapter folder");
+  export_command->callback([export_args, export_shard_size, export_merged, &state] {
     Result<uint64_t> shard_size = parse_size(*export_shard_size);
     if (!shard_size.ok()) {
       state.exit_code = report_error(make_error(ErrorKind::invalid_argument,
@@ -411,7 +417,8 @@ void add_store_command(CLI::App& app, CliState& state) {
       return;
     }
     std::vector<std::string> dirs(export_args->begin(), export_args->end() - 1);
-    Status status = export_store_weights(dirs, export_args->back(), *shard_size);
+    Status status = *export_merged ? export_merged_weights(dirs, export_args->back(), *shard_size)
+                                   : export_store_weights(dirs, export_args->back(), *shard_size);
     if (!status.ok()) state.exit_code = report_error(status.error());
   });
 

@@ -1,4 +1,5 @@
 // `strata train`: the main job (`strata generate` is in cli/generate.cpp).
+#include <algorithm>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -34,6 +35,7 @@ void add_train_command(CLI::App& app, CliState& state) {
   struct Options {
     std::string config_path;
     std::string serve;  // overrides the config's monitor.serve
+    std::string export_merged;  // an adapter run's base with its adapters folded in
     TrainOptions train;
   };
   auto options = std::make_shared<Options>();
@@ -51,6 +53,9 @@ void add_train_command(CLI::App& app, CliState& state) {
   train->add_option("--metrics", options->train.metrics_path, "write per-step figures and the summary as JSON");
   train->add_option("--export", options->train.export_path,
                     "write the final fp32 weights: FILE.safetensors, or any other path a Hugging Face folder");
+  train->add_option("--export-merged", options->export_merged,
+                    "an adapter run (adapter:): write the base with the adapters folded in (W + scale·B·A), as "
+                    "--export writes weights: FILE.safetensors, or any other path a Hugging Face folder");
   auto shard_size = std::make_shared<std::string>("5000000000");
   train->add_option("--shard-size", *shard_size, "an exported folder's largest shard (bytes or binary units)")
       ->capture_default_str();
@@ -73,6 +78,14 @@ void add_train_command(CLI::App& app, CliState& state) {
       return;
     }
     if (failed(config, state)) return;
+    if (!options->export_merged.empty() && !config->model.adapter.enabled) {
+      // Said before any work: a merged export needs adapters to merge.
+      state.exit_code = report_error(make_error(
+          ErrorKind::invalid_argument, fmt::format("--export-merged: {} has no adapter: section, so there are no "
+                                                   "adapters to merge; --export writes its weights",
+                                                   options->config_path)));
+      return;
+    }
     // The server binds before any training work, so a port in use stops the run at once. In a
     // ZeRO job rank 0 publishes (labelled rank="0"); the others run without one.
     const std::string serve = options->serve.empty() ? config->monitor_serve : options->serve;
@@ -93,6 +106,16 @@ void add_train_command(CLI::App& app, CliState& state) {
     if (failed(summary, state)) return;
     const TrainSummary& s = *summary;
     if (s.rank != 0) return;  // rank 0 speaks for a ZeRO job
+    if (!options->export_merged.empty()) {
+      // After the run's last commit (and its --export), from every rank's store.
+      std::vector<std::string> dirs;
+      for (int r = 0; r < std::max(s.ranks, 1); ++r) dirs.push_back(store_dir_for(*config, r));
+      Status merged = export_merged_weights(dirs, options->export_merged, options->train.export_shard_size_bytes);
+      if (!merged.ok()) {
+        state.exit_code = report_error(merged.error());
+        return;
+      }
+    }
     if (options->train.json) {
       nlohmann::ordered_json json = summary_json(s);
       fmt::print("{}\n", json.dump());

@@ -35,7 +35,7 @@ Error refuse(const std::string& path, const std::string& what) {
   return make_error(ErrorKind::invalid_argument, fmt::format("{}: {}", path, what));
 }
 
-Result<std::string> read_text_file(const std::string& path) {
+Result<std::string> read_text_file_bounded(const std::string& path) {
   std::error_code error;
   const uint64_t size_bytes = fs::file_size(path, error);
   if (error) return make_errno_error(error.value(), "open", path);
@@ -322,8 +322,12 @@ TensorSpec tensor_spec(const ModelConfig& model, const std::string& name, const 
 
 std::vector<TensorSpec> model_tensors(const ModelConfig& model) {
   // The definition's list (models/model.h): one authority for every architecture.
+  // The base's tensors alone: LoRA's adapters are never in a model checkpoint (a PEFT folder
+  // holds them: models/hf/peft.h).
   std::vector<TensorSpec> out;
-  const ModelLayout layout(model);
+  ModelConfig base = model;
+  base.adapter.enabled = false;
+  const ModelLayout layout(base);
   for (const Unit& unit : layout.units())
     for (const UnitTensor& tensor : unit.tensors) out.push_back(tensor_spec(model, tensor.name, tensor.shape));
   return out;
@@ -347,7 +351,7 @@ Result<ModelConfig> read_config(const std::string& folder) {
   std::error_code error;
   if (!fs::is_regular_file(path, error))
     return refuse(folder, fmt::format("holds no {} (not a Hugging Face model folder)", kConfigName));
-  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file_bounded(path));
   return parse_config_json(text, path);
 }
 
@@ -469,7 +473,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& path) {
   std::error_code error;
   const fs::path index_path = folder / kIndexName;
   if (fs::exists(index_path, error)) {
-    STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path.string()));
+    STRATA_ASSIGN_OR_RETURN(std::string text, read_text_file_bounded(index_path.string()));
     STRATA_ASSIGN_OR_RETURN(auto weight_map, parse_index_json(text, index_path.string()));
     std::map<std::string, size_t> reader_of_file;
     for (const auto& [name, file] : weight_map) {
@@ -702,7 +706,9 @@ Status FolderWriter::write_output(const float* values) {
   return Status();
 }
 
-static Status write_small_file(const fs::path& path, const std::string& text) {
+Result<std::string> read_small_text_file(const std::string& path) { return read_text_file_bounded(path); }
+
+Status write_small_file(const fs::path& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_errno_error(errno, "create", path.string());
   const char* cursor = text.data();
@@ -727,7 +733,7 @@ static Status write_small_file(const fs::path& path, const std::string& text) {
   return Status();
 }
 
-Status FolderWriter::copy_tokenizer(const std::string& path) {
+Status copy_tokenizer_files(const std::string& path, const std::string& into_folder, const std::string& final_folder) {
   std::error_code error;
   std::vector<std::pair<fs::path, std::string>> files;  // source, name in the folder
   if (fs::is_directory(path, error)) {
@@ -737,13 +743,15 @@ Status FolderWriter::copy_tokenizer(const std::string& path) {
     files.emplace_back(path, fs::path(path).extension() == ".json" ? "tokenizer.json" : "tokenizer.model");
   }
   for (const auto& [source, name] : files) {
-    fs::copy_file(source, fs::path(temp_folder_) / name, fs::copy_options::overwrite_existing, error);
+    fs::copy_file(source, fs::path(into_folder) / name, fs::copy_options::overwrite_existing, error);
     if (error)
-      return make_error(ErrorKind::io, fmt::format("copying the tokenizer {} into {}: {}", source.string(), folder_,
+      return make_error(ErrorKind::io, fmt::format("copying the tokenizer {} into {}: {}", source.string(), final_folder,
                                                    error.message()));
   }
   return Status();
 }
+
+Status FolderWriter::copy_tokenizer(const std::string& path) { return copy_tokenizer_files(path, temp_folder_, folder_); }
 
 Status FolderWriter::finish() {
   STRATA_RETURN_IF_ERROR(writer_->finish());

@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,7 +74,8 @@ struct TensorSpec {
 // names) as `model`'s checkpoints store it: the one place a checkpoint layout is decided.
 TensorSpec tensor_spec(const ModelConfig& model, const std::string& name, const std::vector<int64_t>& shape);
 
-// The tensors `model` needs (arch gpt2 or llama), in Hugging Face's order.
+// The tensors `model` needs (arch gpt2 or llama), in Hugging Face's order: the base's alone with an
+// adapter (LoRA adapters are never in a model checkpoint; a PEFT folder holds them, peft.h).
 std::vector<TensorSpec> model_tensors(const ModelConfig& model);
 
 // config.json → ModelConfig (arch, shape; init stays "random", seq_len is the model's context:
@@ -88,6 +90,15 @@ std::string config_json(const ModelConfig& model);
 // not `.` or `..`, ending in .safetensors); Checkpoint::open also resolves symlinks.
 [[nodiscard]] Result<std::map<std::string, std::string>> parse_index_json(std::string_view text,
                                                                           const std::string& path);
+
+// Small-file helpers shared with the PEFT adapter folder (models/hf/peft.h): a JSON file read
+// whole (at most 64 MiB, else refused naming it); a file written and fsynced; a tokenizer (a
+// file, or a folder's tokenizer files, as FolderWriter::copy_tokenizer says) copied into
+// `into_folder`, errors naming `final_folder` (the name the user asked for).
+[[nodiscard]] Result<std::string> read_small_text_file(const std::string& path);
+[[nodiscard]] Status write_small_file(const std::filesystem::path& path, const std::string& text);
+[[nodiscard]] Status copy_tokenizer_files(const std::string& path, const std::string& into_folder,
+                                         const std::string& final_folder);
 
 // Whether `path` is a folder (an HF model folder, as `model.init` may name) rather than a file.
 bool is_folder(const std::string& path);
