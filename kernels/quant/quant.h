@@ -36,8 +36,9 @@
 //   is quantised is the caller's choice per tensor (`TensorPlan::quantize`: QLoRA quantises
 //   the 2-D linear weights, keeps norms, biases and embeddings as they are).
 // - Memory and alignment: `out`/`in` are `size_bytes` long and 64-byte aligned (asserted);
-//   `unit_fp32` holds the unit's `element_count` floats (4-byte aligned). The caller owns all;
-//   nothing here allocates after make_unit_layout.
+//   `unit_fp32` holds the unit's `element_count` floats (4-byte aligned). The caller owns all.
+//   dequantize_unit allocates nothing (its work split is fixed by make_unit_layout);
+//   quantize_unit, init-time work, keeps one float per block while double-quantising.
 // - Errors: shapes are programmer errors and assert. A corrupt or short buffer is the caller's
 //   (the store verifies every extent's checksum before it reaches here); no code value can
 //   index outside a table, so a corrupt buffer gives wrong numbers, never a crash. Non-finite
