@@ -192,6 +192,8 @@ uint64_t quantized_tensor_bytes(Kind kind, uint64_t element_count, bool double_q
 }
 
 UnitLayout make_unit_layout(Kind kind, const std::vector<TensorPlan>& tensors, bool double_quant) {
+  assert(kind == Kind::nf4 || kind == Kind::int8);
+  assert(tensors.size() <= UINT32_MAX && "Chunk::tensor_index is 32 bits");
   UnitLayout layout;
   layout.kind = kind;
   layout.double_quant = double_quant;
