@@ -1,7 +1,8 @@
 // The CUDA twin of quant.h's dequantiser (quant_cuda.h): one grid-stride kernel per quantised
 // tensor — a thread per code byte for NF4 (two elements), per code for int8 — reading its
 // block's absmax (or rebuilding it from the double-quantised trio) as the CPU does, with the
-// same per-element functions (quant_element.h), so the bits match.
+// same per-element functions (quant_element.h), so the bits match. Each thread block first puts
+// the 16 NF4 levels and (double quant) the 256-entry map in shared memory.
 #include <string>
 
 #include "kernels/optim/adamw8bit.h"
@@ -34,30 +35,51 @@ struct AbsmaxArgs {
   float code_values[256];  // the signed dynamic map
 };
 
-__device__ inline float read_absmax(const AbsmaxArgs& a, uint64_t block) {
+// The tables a block's threads index by data-dependent codes, in shared memory: indexed
+// kernel-argument or constant memory would serialise divergent lookups, a per-thread array would
+// live in local memory.
+struct SharedTables {
+  float nf4[16];
+  float map[256];
+};
+
+// quant.h's levels, as device constants (read once per thread block into shared memory).
+__constant__ detail::Nf4Table kDeviceNf4 = detail::nf4_table();
+
+__device__ inline void load_tables(const AbsmaxArgs& a, SharedTables& tables) {
+  for (unsigned i = threadIdx.x; i < 16; i += blockDim.x) tables.nf4[i] = kDeviceNf4.levels[i];
+  if (a.plain == nullptr)
+    for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) tables.map[i] = a.code_values[i];
+  __syncthreads();
+}
+
+__device__ inline float read_absmax(const AbsmaxArgs& a, const SharedTables& tables, uint64_t block) {
   if (a.plain != nullptr) return a.plain[block];
-  return detail::double_quant_absmax(a.code_values[a.codes[block]], a.absmax2[block / kAbsmaxBlockElements], *a.mean);
+  return detail::double_quant_absmax(tables.map[a.codes[block]], a.absmax2[block / kAbsmaxBlockElements], *a.mean);
 }
 
 __global__ void dequantize_nf4_kernel(AbsmaxArgs absmax, const uint8_t* __restrict__ codes, uint64_t element_count,
                                       float* __restrict__ out) {
-  constexpr detail::Nf4Table table = detail::nf4_table();
+  __shared__ SharedTables tables;
+  load_tables(absmax, tables);
   const uint64_t bytes = (element_count + 1) / 2;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t byte = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; byte < bytes; byte += stride) {
     const uint64_t element = 2 * byte;
-    const float scale = read_absmax(absmax, element / kBlockElements);  // both elements share the block
+    const float scale = read_absmax(absmax, tables, element / kBlockElements);  // both elements share the block
     const uint8_t code = codes[byte];
-    out[element] = detail::mul_rn(table.levels[code >> 4], scale);
-    if (element + 1 < element_count) out[element + 1] = detail::mul_rn(table.levels[code & 0xF], scale);
+    out[element] = detail::mul_rn(tables.nf4[code >> 4], scale);
+    if (element + 1 < element_count) out[element + 1] = detail::mul_rn(tables.nf4[code & 0xF], scale);
   }
 }
 
 __global__ void dequantize_int8_kernel(AbsmaxArgs absmax, const int8_t* __restrict__ codes, uint64_t element_count,
                                        float* __restrict__ out) {
+  __shared__ SharedTables tables;
+  load_tables(absmax, tables);
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < element_count; i += stride) {
-    const float scale = detail::int8_scale(read_absmax(absmax, i / kBlockElements));
+    const float scale = detail::int8_scale(read_absmax(absmax, tables, i / kBlockElements));
     out[i] = detail::mul_rn(static_cast<float>(codes[i]), scale);
   }
 }

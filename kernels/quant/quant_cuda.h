@@ -7,9 +7,10 @@
 //   * Memory: `src` (the quantised unit, 64-byte aligned) and `dst` (the unit's fp32 array) are
 //     device memory the caller owns and keeps alive until the stream has run the work; nothing
 //     is allocated (the signed dynamic map travels as a kernel argument).
-//   * Streams: one launch per quantised tensor, one cudaMemcpyAsync per raw one, all enqueued on
-//     `stream`; the call returns without waiting. The Status reports a failed launch; faults
-//     while running surface at the next synchronisation. Any host thread may call.
+//   * Streams: one launch per quantised tensor (its code tables in shared memory), one
+//     cudaMemcpyAsync per raw one, all enqueued on `stream`; the call returns without waiting.
+//     The Status reports a failed launch; faults while running surface at the next
+//     synchronisation. Any host thread may call.
 #pragma once
 
 #include <cuda_runtime_api.h>
