@@ -44,11 +44,12 @@
 //   The dropout mask is lora.h's hash on every backend: the same mask, bit for bit.
 // - Models: GPT-2's ops (gpt2.h) and Llama's (llama.h, the `llama_` ops); a model definition
 //   (models/model.h) picks its own, so callers above it never name a model.
-// - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama and kernels/optim (adamw.h,
-//   adamw8bit.h, cast.h) — bit-identical to calling them directly (tests/backend/test_backend_cpu.cpp). The
-//   CUDA backend is gpt2_cuda.h and optim_cuda.h: AdamW and the casts give the CPU's bits; the
-//   GPT-2 ops and the sum of squares agree to fp32 rounding (tests/backend/test_backend_ops.cpp
-//   states each op's tolerance).
+// - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama, kernels/optim
+//   (adamw.h, adamw8bit.h, cast.h) and kernels/quant (quant.h) — bit-identical to calling them
+//   directly (tests/backend/test_backend_cpu.cpp, tests/quant). The CUDA backend is
+//   gpt2_cuda.h, optim_cuda.h and quant_cuda.h: AdamW, the casts and the dequantisation give
+//   the CPU's bits; the GPT-2 ops and the sum of squares agree to fp32 rounding
+//   (tests/backend/test_backend_ops.cpp states each op's tolerance).
 // - Errors: a failed launch comes back as a Status from the op that launched it; a fault while
 //   running surfaces at `end_step` / `synchronize`. Bad shapes and short workspaces are
 //   programmer errors and assert.
@@ -66,6 +67,7 @@
 #include "kernels/llama/llama.h"
 #include "kernels/lora/lora.h"
 #include "kernels/optim/elementwise.h"
+#include "kernels/quant/quant.h"
 #include "device/device.h"
 
 namespace strata::kernels {
@@ -277,6 +279,15 @@ class ComputeBackend {
   // kept on the stream for the next `adamw` calls with use_clip_scale.
   [[nodiscard]] virtual Status clip_coefficient(double max_norm) = 0;
   [[nodiscard]] virtual Status adamw(const AdamWChunk& chunk) = 0;
+
+  // --- the quantised frozen base (kernels/quant/quant.h) ---
+  // The fp32 unit (`layout.element_count` floats at `dst`) from its quantised buffer `src`
+  // (`layout.size_bytes`, 64-byte aligned, as quant::quantize_unit wrote it), both memory of
+  // this backend: NF4 or int8 blocks, double-quantised absmax or not, raw tensors copied. The
+  // CPU backend is quant::dequantize_unit itself; CUDA launches one kernel per tensor on the
+  // stream (kernels/quant/quant_cuda.h) with the same bits. `layout` is read during the call
+  // only (CUDA takes what it needs as kernel arguments).
+  [[nodiscard]] virtual Status dequantize_unit(const quant::UnitLayout& layout, const void* src, float* dst) = 0;
 
  protected:
   ComputeBackend() = default;

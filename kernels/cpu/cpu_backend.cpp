@@ -16,6 +16,7 @@
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/adamw8bit.h"
 #include "kernels/optim/cast.h"
+#include "kernels/quant/quant.h"
 
 namespace strata::kernels {
 namespace {
@@ -258,6 +259,11 @@ class CpuBackend final : public ComputeBackend {
   Status clip_coefficient(double max_norm) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
     clip_scale_ = kernels::clip_coefficient(std::sqrt(scalars_.grad_sum_squares), max_norm);
+    return Status();
+  }
+  Status dequantize_unit(const quant::UnitLayout& layout, const void* src, float* dst) override {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
+    quant::dequantize_unit(layout, static_cast<const std::byte*>(src), dst);
     return Status();
   }
   Status adamw(const AdamWChunk& chunk) override {

@@ -14,6 +14,7 @@
 #include "kernels/gpt2/gpt2_cuda.h"
 #include "kernels/llama/llama_cuda.h"
 #include "kernels/optim/optim_cuda.h"
+#include "kernels/quant/quant_cuda.h"
 
 namespace strata::kernels {
 namespace {
@@ -234,6 +235,9 @@ class CudaBackend final : public ComputeBackend {
   }
   Status clip_coefficient(double max_norm) override {
     return cuda::clip_coefficient(&slots_->grad_sum_squares, max_norm, &slots_->clip_scale, stream());
+  }
+  Status dequantize_unit(const quant::UnitLayout& layout, const void* src, float* dst) override {
+    return quant::cuda::dequantize_unit(layout, src, dst, stream());
   }
   Status adamw(const AdamWChunk& c) override {
     if (c.block_elements > 0)  // 8-bit block-wise moments (adamw8bit.h, adamw8bit.cu)

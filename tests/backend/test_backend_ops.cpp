@@ -5,11 +5,13 @@
 // bf16 weights), a prompt pass then single-token passes, logits and KV cache. The packed_ and
 // llama_packed_ scenarios run the embedding and block ops on a packed batch (StepBatch's
 // positions and segments: per-example positions, block-diagonal attention), so CUDA's packed
-// kernels are held to the CPU's. Exits 77 (skip) when no CUDA device is visible — as on
-// any machine without a GPU, or a build without nvcc.
+// kernels are held to the CPU's. The NF4/int8 dequantisation (kernels/quant) must give the
+// CPU's bits. Exits 77 (skip) when no CUDA device is visible — as on any machine without a GPU,
+// or a build without nvcc.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -153,6 +155,39 @@ TEST(CrossEntropy, CudaRefusesTargetsOutsideTheVocabulary) {
       ASSERT_FALSE(status.ok()) << "target " << bad << " accepted";
       EXPECT_NE(status.error().message.find("target token id " + std::to_string(bad)), std::string::npos)
           << status.error().message;
+    }
+  }
+}
+
+// Proves the CUDA dequantisation (kernels/quant/quant_cuda.h) gives the CPU's bits for NF4 and
+// int8, with and without double quantisation, on a unit with raw tensors, odd sizes, a block of
+// zeros and more than one absmax group.
+TEST(Dequantize, CudaMatchesCpuBitForBit) {
+  namespace q = kernels::quant;
+  const std::vector<q::TensorPlan> plans = {{96, false}, {64 * 700 + 5, true}, {33, false}, {64 * 257 * 3, true}};
+  for (const q::Kind kind : {q::Kind::nf4, q::Kind::int8}) {
+    for (const bool double_quant : {false, true}) {
+      const q::UnitLayout layout = q::make_unit_layout(kind, plans, double_quant);
+      std::vector<float> unit = random_floats(layout.element_count, 0.05f, 41);
+      std::fill(unit.begin() + 96 + 128, unit.begin() + 96 + 192, 0.0f);  // a block of zeros
+      // quantise into 64-byte aligned host memory, then hand the same bytes to both backends
+      std::vector<std::byte> storage(layout.size_bytes + q::kPieceAlignmentBytes);
+      std::byte* aligned = storage.data() + (q::kPieceAlignmentBytes - reinterpret_cast<uintptr_t>(storage.data()) %
+                                                                            q::kPieceAlignmentBytes) %
+                                                q::kPieceAlignmentBytes;
+      q::quantize_unit(layout, unit.data(), aligned);
+      const std::vector<std::byte> bytes(aligned, aligned + layout.size_bytes);
+      std::vector<std::vector<float>> results;
+      for (const device::Kind device_kind : {device::Kind::cpu, device::Kind::cuda}) {
+        auto env = BackendEnv::create(device_kind);
+        ASSERT_NE(env, nullptr);
+        const std::byte* src = env->upload(bytes);
+        float* dst = env->zeros<float>(layout.element_count);
+        ASSERT_TRUE(env->backend().dequantize_unit(layout, src, dst).ok());
+        results.push_back(env->download(dst, layout.element_count));
+      }
+      ASSERT_EQ(std::memcmp(results[0].data(), results[1].data(), layout.element_count * sizeof(float)), 0)
+          << q::kind_name(kind) << (double_quant ? " +dq" : "") << ": CUDA differs from the CPU";
     }
   }
 }
