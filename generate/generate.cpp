@@ -417,8 +417,10 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   if (adapters) {
     if (model.adapter.base_dtype != BaseDType::fp32 && model.adapter.base_dtype != BaseDType::bf16)
       return make_error(ErrorKind::unsupported,
-                        fmt::format("store {}: generating from a {} base is not yet supported (fp32 and bf16 are)", dir,
-                                    base_dtype_name(model.adapter.base_dtype)));
+                        fmt::format("store {}: generating from an {} base is not supported yet (fp32 and bf16 are): "
+                                    "export it merged (`strata store export --merged {} OUT_DIR`) and generate from "
+                                    "that folder",
+                                    dir, base_dtype_name(model.adapter.base_dtype), dir));
     precision = model.adapter.base_dtype == BaseDType::fp32 ? DType::f32 : DType::bf16;
   }
   const uint64_t element_bytes = dtype_size_bytes(*precision);

@@ -31,8 +31,19 @@ float normal_at(uint64_t key, uint64_t index) {
 ModelLayout::ModelLayout(const ModelConfig& model)
     : definition_(models::make_model_definition(model)), units_(definition_->units()) {
   const AdapterConfig& adapter = model.adapter;
+  quant_layouts_.resize(units_.size());
   if (!adapter.enabled) return;
   for (Unit& unit : units_) unit.frozen = true;
+  if (adapter.base_dtype == BaseDType::int8 || adapter.base_dtype == BaseDType::nf4) {
+    const auto kind = adapter.base_dtype == BaseDType::nf4 ? kernels::quant::Kind::nf4 : kernels::quant::Kind::int8;
+    for (int64_t block = 0; block < definition_->n_layer(); ++block) {
+      const size_t u = definition_->block_unit(block);
+      std::vector<kernels::quant::TensorPlan> plans;
+      for (const UnitTensor& tensor : units_[u].tensors)
+        plans.push_back({tensor.element_count, tensor.shape.size() == 2});
+      quant_layouts_[u] = kernels::quant::make_unit_layout(kind, plans, adapter.double_quant);
+    }
+  }
   const auto rank = static_cast<int64_t>(adapter.rank);
   for (int64_t block = 0; block < definition_->n_layer(); ++block) {
     const Unit& base = units_[definition_->block_unit(block)];
@@ -88,6 +99,16 @@ kernels::lora::BlockAdapters ModelLayout::bind_adapters(int64_t block_index, con
     if (grads != nullptr) (is_a ? adapters.grads[linear].d_a : adapters.grads[linear].d_b) = grads + tensor.offset_elements;
   }
   return adapters;
+}
+
+const kernels::quant::UnitLayout* ModelLayout::quant_layout(size_t unit) const {
+  return unit < quant_layouts_.size() && quant_layouts_[unit] ? &*quant_layouts_[unit] : nullptr;
+}
+
+uint64_t ModelLayout::frozen_params_bytes(size_t unit) const {
+  if (const kernels::quant::UnitLayout* layout = quant_layout(unit)) return layout->size_bytes;
+  const bool fp32 = definition_->config().adapter.base_dtype == BaseDType::fp32;
+  return units_[unit].element_count * (fp32 ? 4 : 2);
 }
 
 uint64_t ModelLayout::trainable_parameter_count() const {

@@ -19,10 +19,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/lora/lora.h"
+#include "kernels/quant/quant.h"
 #include "models/model.h"
 #include "run/train_config.h"
 
@@ -40,6 +42,14 @@ class ModelLayout {
   size_t adapter_unit(int64_t block_index) const { return adapter_units_[static_cast<size_t>(block_index)]; }
   // Elements of the units that train (all of them without adapters).
   uint64_t trainable_parameter_count() const;
+  // A frozen unit's compute copy in the store and in memory (adapter.base_dtype): fp32 or bf16
+  // as it says; int8 / nf4 quantise each block's 2-D linear weights (kernels/quant/quant.h —
+  // QLoRA's choice; norms and biases stay fp32 inside the quantised buffer), while the
+  // embedding and final units stay bf16, the compute dtype QLoRA keeps them in.
+  // quant_layout: that unit's quantised layout, or null when it is not quantised.
+  const kernels::quant::UnitLayout* quant_layout(size_t unit) const;
+  // The bytes of a frozen unit's compute copy, as above.
+  uint64_t frozen_params_bytes(size_t unit) const;
   // Block `block_index`'s adapters as the kernels take them (kernels/lora/lora.h), over its
   // adapter unit's packed fp32 weights and, for a backward, its gradients (else null): rank and
   // scale from the config, `dropout` (the config's in training, 0 in evaluation) keyed by
@@ -62,6 +72,7 @@ class ModelLayout {
   std::shared_ptr<const models::ModelDefinition> definition_;
   std::vector<Unit> units_;
   std::vector<size_t> adapter_units_;  // per block
+  std::vector<std::optional<kernels::quant::UnitLayout>> quant_layouts_;  // per unit; int8 / nf4 blocks only
 };
 
 }  // namespace strata

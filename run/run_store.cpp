@@ -145,7 +145,8 @@ Result<std::vector<memory::Store>> open_store_set(const std::vector<std::string>
 
 // A frozen unit's weights (LoRA's base): its P tensor, in the dtype the store records for it —
 // fp32 copied, bf16 widened. A quantised base (int8, NF4) is not read here yet.
-Status read_frozen(std::vector<memory::Store>& stores, const Unit& unit, float* master) {
+Status read_frozen(std::vector<memory::Store>& stores, const Unit& unit, float* master,
+                   const kernels::quant::UnitLayout* quantized, std::vector<std::byte>& staging) {
   const std::string name = params_name(unit);
   memory::Store* holder = nullptr;
   std::optional<memory::TensorRecord> record;
@@ -158,6 +159,14 @@ Status read_frozen(std::vector<memory::Store>& stores, const Unit& unit, float* 
     return make_error(ErrorKind::corrupt, fmt::format("store {} has no tensor '{}' (the frozen base's weights)",
                                                       stores.front().dir(), name));
   const uint64_t n = unit.element_count;
+  if (quantized != nullptr && record->size_bytes == quantized->size_bytes) {
+    // 64-byte aligned for the dequantiser: a std::vector<std::byte> is only new's alignment.
+    staging.resize(quantized->size_bytes + 64);
+    auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(staging.data()) + 63) & ~uintptr_t{63});
+    STRATA_RETURN_IF_ERROR(read_tensor(*holder, name, aligned, quantized->size_bytes));
+    kernels::quant::dequantize_unit(*quantized, aligned, master);
+    return Status();
+  }
   if (record->dtype == DType::f32 && record->size_bytes == n * 4) return read_tensor(*holder, name, master, n * 4);
   if (record->dtype == DType::bf16 && record->size_bytes == n * 2) {
     // The 16-bit values land in the upper half of `master`, then widen front to back (float i
@@ -167,9 +176,9 @@ Status read_frozen(std::vector<memory::Store>& stores, const Unit& unit, float* 
     for (uint64_t i = 0; i < n; ++i) master[i] = kernels::bf16_bits_to_fp32(bits[i]);
     return Status();
   }
-  return make_error(ErrorKind::unsupported,
-                    fmt::format("store {}: tensor '{}' is {} bytes for {} elements, a quantised base (int8 or NF4): "
-                                "reading one is not yet supported",
+  return make_error(ErrorKind::corrupt,
+                    fmt::format("store {}: tensor '{}' is {} bytes for {} elements, which is neither fp32, bf16 nor the "
+                                "quantised layout the store's adapter.base_dtype gives",
                                 holder->dir(), name, record->size_bytes, n));
 }
 
@@ -177,8 +186,9 @@ Status read_frozen(std::vector<memory::Store>& stores, const Unit& unit, float* 
 // optimizer chunk — into `master` (the unit's element count of floats). A ZeRO job's chunks are
 // spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
 Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state, const Unit& unit,
-                   uint64_t chunk_elements, float* master, std::vector<std::byte>& staging) {
-  if (unit.frozen) return read_frozen(stores, unit, master);  // no optimizer chunks: P is the weights
+                   uint64_t chunk_elements, float* master, std::vector<std::byte>& staging,
+                   const kernels::quant::UnitLayout* quantized) {
+  if (unit.frozen) return read_frozen(stores, unit, master, quantized, staging);  // no optimizer chunks: P is the weights
   const std::vector<ElementRange> chunks = optim_chunks(unit, chunk_elements, state);
   const std::vector<optim::TensorSpan> spans = optim_spans(unit);
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -241,9 +251,11 @@ Status export_hf(std::vector<memory::Store>& stores, const std::string& store_di
   std::vector<float> master(layout.largest_unit_elements());
   std::vector<float> adapter(merged ? layout.largest_unit_elements() : 0);
   std::vector<std::byte> staging;
-  for (const Unit& unit : layout.units()) {
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Unit& unit = layout.units()[u];
     if (unit.adapter_block >= 0) continue;
-    STRATA_RETURN_IF_ERROR(read_master(stores, state, unit, chunk_elements, master.data(), staging));
+    STRATA_RETURN_IF_ERROR(
+        read_master(stores, state, unit, chunk_elements, master.data(), staging, layout.quant_layout(u)));
     if (merged && unit.block_index >= 0) {
       const Unit& adapter_unit = layout.units()[layout.adapter_unit(unit.block_index)];
       STRATA_RETURN_IF_ERROR(read_master(stores, state, adapter_unit, chunk_elements, adapter.data(), staging));

@@ -32,6 +32,7 @@
 
 #include "common/status.h"
 #include "memory/store.h"
+#include "kernels/quant/quant.h"
 #include "models/model_layout.h"
 #include "optim/state.h"
 #include "run/train_config.h"
@@ -84,12 +85,13 @@ StoreMetadata commit_metadata(const TrainConfig& config, uint64_t step, int rank
 // Reads the fp32 master weights of one unit — where the state layout keeps them in each
 // optimizer chunk — into `master` (the unit's element count of floats). A frozen unit (LoRA's
 // base) has no optimizer chunks: its weights are its P tensor, fp32 or bf16 as the store
-// records it (widened); a quantised base is refused as not yet supported. A ZeRO job's chunks are
-// spread over its ranks' stores (train/zero/zero.h): each is read from whichever store holds it.
-// `staging` grows to the largest chunk's bytes.
+// records it (widened), or quantised (`quantized`: ModelLayout::quant_layout of the unit) and
+// dequantised here. A ZeRO job's chunks are spread over its ranks' stores (train/zero/zero.h):
+// each is read from whichever store holds it. `staging` grows to the largest chunk's bytes.
 [[nodiscard]] Status read_master(std::vector<memory::Store>& stores, const optim::StateLayout& state,
                                  const Unit& unit, uint64_t chunk_elements, float* master,
-                                 std::vector<std::byte>& staging);
+                                 std::vector<std::byte>& staging,
+                                 const kernels::quant::UnitLayout* quantized = nullptr);
 
 // Writes the committed fp32 master weights of the store in `store_dir` under the definition's
 // Hugging Face names (GPT-2: without `transformer.`; Llama: HF's exactly, no `lm_head.weight`

@@ -83,6 +83,8 @@ std::vector<double> step_compute_seconds(const TrainConfig& config, const ModelL
   // A unit is widened when its compute copy is not fp32: the precision's, or a frozen base's dtype.
   auto widen_s = [&](size_t unit) {
     const Unit& u = layout.units()[unit];
+    if (layout.quant_layout(unit) != nullptr)
+      return rates.dequant_ns_per_element * 1e-9 * static_cast<double>(u.element_count);
     const bool widens = u.frozen ? config.model.adapter.base_dtype != BaseDType::fp32 : config.precision != DType::f32;
     return widens ? rates.widen_ns_per_element * 1e-9 * static_cast<double>(u.element_count) : 0.0;
   };
@@ -223,6 +225,16 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
       STRATA_RETURN_IF_ERROR(init_unit(adapter_unit, adapter_weights));
       adapters = layout.bind_adapters(0, adapter_weights, trained_grads, static_cast<float>(config.model.adapter.dropout),
                                       1, gk::Workspace{lora_scratch, sizes.lora_scratch_bytes});
+    }
+    if (const kernels::quant::UnitLayout* quantized = layout.quant_layout(layout.block_unit(0))) {
+      // The quantised base's widening is its dequantisation (into the weights, from a quantised
+      // copy of them in the gradient buffer's bytes, before the timed passes).
+      STRATA_ASSIGN_OR_RETURN(float* packed, allocate_floats(device, backend, held, quantized->size_bytes / 4 + 16));
+      STRATA_ASSIGN_OR_RETURN(double seconds, timed(backend, [&] {
+        return backend.dequantize_unit(*quantized, packed, weights);
+      }));
+      rates.dequant_ns_per_element = seconds * 1e9 / static_cast<double>(n);
+      STRATA_RETURN_IF_ERROR(init_unit(layout.block_unit(0), weights));
     }
     rates.fwd_block_s = std::numeric_limits<double>::max();
     rates.bwd_block_s = std::numeric_limits<double>::max();

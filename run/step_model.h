@@ -52,6 +52,7 @@ struct ComputeRates {
   double head_s = 0;
   double adamw_ns_per_element = 0;
   double widen_ns_per_element = 0;          // bf16 → fp32 of a compute copy (0 with fp32)
+  double dequant_ns_per_element = 0;        // a quantised base block → fp32 (LoRA, int8 / nf4)
   double copy_ns_per_byte = 0;              // memcpy between two large buffers
   double hash_ns_per_byte = 0;              // the store's XXH3 checksum
   double measure_seconds = 0;               // how long measuring took

@@ -81,7 +81,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
       // The frozen base (LoRA): P alone, in the base's dtype, read by the steps and never written.
       ids.frozen = true;
       ids.params_range = ElementRange{0, unit.element_count};
-      ids.params = run.plan.add_tensor(params_name(unit), params_size_bytes(config, unit),
+      ids.params = run.plan.add_tensor(params_name(unit), params_size_bytes(config, layout, unit_index),
                                        home_of(config.placement.params));
       run.units.push_back(std::move(ids));
       continue;
@@ -267,13 +267,11 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
 
 TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout) {
   TrainPlan run;
-  const uint32_t param_bytes = dtype_size_bytes(config.precision);
   for (const Unit& unit : layout.units()) {
     UnitIds ids;
     ids.frozen = unit.frozen;
     ids.params_range = ElementRange{0, unit.element_count};
-    ids.params = run.plan.add_tensor(params_name(unit), unit.frozen ? params_size_bytes(config, unit)
-                                                                    : unit.element_count * param_bytes,
+    ids.params = run.plan.add_tensor(params_name(unit), params_size_bytes(config, layout, run.units.size()),
                                      home_of(config.placement.params));
     run.units.push_back(std::move(ids));
   }
@@ -405,16 +403,9 @@ bool is_rewritten(const TrainPlan& run, sch::TensorId id) {
   return false;
 }
 
-uint64_t params_size_bytes(const TrainConfig& config, const Unit& unit) {
-  if (!unit.frozen) return unit.element_count * dtype_size_bytes(config.precision);
-  switch (config.model.adapter.base_dtype) {
-    case BaseDType::fp32: return unit.element_count * 4;
-    case BaseDType::bf16: return unit.element_count * 2;
-    case BaseDType::int8:
-    case BaseDType::nf4: break;
-  }
-  assert(false && "quantised bases are sized by kernels/quant");
-  return unit.element_count * 4;
+uint64_t params_size_bytes(const TrainConfig& config, const ModelLayout& layout, size_t unit) {
+  if (layout.units()[unit].frozen) return layout.frozen_params_bytes(unit);
+  return layout.units()[unit].element_count * dtype_size_bytes(config.precision);
 }
 
 bool is_store_tensor(const TrainPlan& run, sch::TensorId id) {

@@ -187,7 +187,8 @@ bool is_persistent(const TrainPlan& run, scheduler::TensorId id);
 // What the steps rewrite among those: all but a frozen base's P, which a commit leaves as the
 // store has it.
 bool is_rewritten(const TrainPlan& run, scheduler::TensorId id);
-// The bytes of a unit's compute copy: precision's dtype, or a frozen base's adapter.base_dtype.
-uint64_t params_size_bytes(const TrainConfig& config, const Unit& unit);
+// The bytes of a unit's compute copy: precision's dtype, or a frozen base's
+// (ModelLayout::frozen_params_bytes).
+uint64_t params_size_bytes(const TrainConfig& config, const ModelLayout& layout, size_t unit);
 
 }  // namespace strata

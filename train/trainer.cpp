@@ -116,10 +116,6 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
     STRATA_ASSIGN_OR_RETURN(hf::AdapterFolder folder, hf::AdapterFolder::open(adapter.init, config.model));
     adapter_init = std::make_unique<hf::AdapterFolder>(std::move(folder));
   }
-  if (adapter.enabled && adapter.base_dtype != BaseDType::fp32 && adapter.base_dtype != BaseDType::bf16)
-    return make_error(ErrorKind::unsupported,
-                      fmt::format("{}: key 'adapter.base_dtype': {} is not yet supported (fp32 and bf16 are)",
-                                  config.source_path, base_dtype_name(adapter.base_dtype)));
   const uint64_t largest = layout.largest_unit_elements();
   const optim::StateLayout state = config.optimizer.state();
   std::vector<std::vector<optim::TensorSpan>> spans;
@@ -131,10 +127,14 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
           largest_chunk_bytes, state.chunk_bytes(spans[u], chunk.range.begin_elements, chunk.range.element_count));
   }
   STRATA_ASSIGN_OR_RETURN(memory::HostBuffer master_buffer, memory::HostBuffer::allocate(arena, largest * 4));
-  // Staging: a 16-bit init tensor or compute copy (2 B/element), zero gradients (4 B), or one
-  // optimizer chunk (its state layout's bytes).
-  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging_buffer,
-                          memory::HostBuffer::allocate(arena, std::max(largest * 4, largest_chunk_bytes)));
+  // Staging: a 16-bit init tensor or compute copy (2 B/element), zero gradients (4 B), one
+  // optimizer chunk (its state layout's bytes) or a quantised base unit (its layout's bytes: raw
+  // tensors as fp32 plus each piece's padding, so possibly a little over 4 B/element).
+  uint64_t staging_bytes = std::max(largest * 4, largest_chunk_bytes);
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    if (const kernels::quant::UnitLayout* quantized = layout.quant_layout(u))
+      staging_bytes = std::max(staging_bytes, quantized->size_bytes);
+  STRATA_ASSIGN_OR_RETURN(memory::HostBuffer staging_buffer, memory::HostBuffer::allocate(arena, staging_bytes));
   auto* master = reinterpret_cast<float*>(master_buffer.data());
   auto* staging = reinterpret_cast<float*>(staging_buffer.data());
   auto* staging_bits = reinterpret_cast<uint16_t*>(staging_buffer.data());
@@ -171,11 +171,18 @@ Status initialize_store(const TrainConfig& config, const ModelLayout& layout, co
       const float* share = master + ids.params_range.begin_elements;
       const uint64_t share_n = ids.params_range.element_count;
       const int64_t share_shape[] = {static_cast<int64_t>(share_n)};
-      // A frozen base unit is stored in adapter.base_dtype; every other P in the run's precision.
+      // A frozen base unit is stored in adapter.base_dtype (ModelLayout::frozen_params_bytes:
+      // int8 / nf4 blocks quantised once, here); every other P in the run's precision.
       const DType params_dtype = !unit.frozen                          ? config.precision
                                  : adapter.base_dtype == BaseDType::fp32 ? DType::f32
                                                                          : DType::bf16;
-      if (params_dtype == DType::f32) {
+      if (const kernels::quant::UnitLayout* quantized = layout.quant_layout(u)) {
+        kernels::quant::quantize_unit(*quantized, master, reinterpret_cast<std::byte*>(staging_buffer.data()));
+        const int64_t byte_shape[] = {static_cast<int64_t>(quantized->size_bytes / 2)};
+        // Stored as 16-bit words (the store's dtypes have no byte type); the bytes are the format's.
+        STRATA_RETURN_IF_ERROR(write_tensor(store, params, DType::bf16, byte_shape, staging_buffer.data(),
+                                            quantized->size_bytes));
+      } else if (params_dtype == DType::f32) {
         STRATA_RETURN_IF_ERROR(write_tensor(store, params, DType::f32, share_shape, share, share_n * 4));
       } else {
         kernels::cast_fp32_to_bf16(std::span<const float>(share, share_n), std::span<uint16_t>(staging_bits, share_n));
@@ -536,13 +543,11 @@ Result<const float*> Run::widen(size_t unit_index, const void* params, float* sc
   const Unit& unit = layout_.units()[unit_index];
   DType dtype = config_.precision;
   if (unit.frozen) {
-    switch (config_.model.adapter.base_dtype) {
-      case BaseDType::fp32: dtype = DType::f32; break;
-      case BaseDType::bf16: dtype = DType::bf16; break;
-      case BaseDType::int8:
-      case BaseDType::nf4:
-        return make_error(ErrorKind::unsupported, "a quantised base needs kernels/quant");
+    if (const kernels::quant::UnitLayout* quantized = layout_.quant_layout(unit_index)) {
+      STRATA_RETURN_IF_ERROR(backend_->dequantize_unit(*quantized, params, scratch));
+      return static_cast<const float*>(scratch);
     }
+    dtype = config_.model.adapter.base_dtype == BaseDType::fp32 ? DType::f32 : DType::bf16;
   }
   if (dtype == DType::f32) return static_cast<const float*>(params);
   STRATA_RETURN_IF_ERROR(
@@ -1165,7 +1170,6 @@ Status Run::compute_eval(size_t step_index, const sch::StepBuffers& buffers) {
                                  f32(eval_run_.activations[i + 1]), workspace, adapters ? &*adapters : nullptr);
     }
     case StepKind::head: {
-      const Unit& embed_unit = layout_.units()[layout_.embed_unit()];
       STRATA_ASSIGN_OR_RETURN(const float* final_weights, widen(info.unit, params(info.unit), scratch));
       float* const embed_scratch = scratch == nullptr ? nullptr : scratch + unit.element_count;
       STRATA_ASSIGN_OR_RETURN(const float* embed, widen(layout_.embed_unit(), params(layout_.embed_unit()), embed_scratch));
