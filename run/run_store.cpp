@@ -47,10 +47,16 @@ memory::StoreOptions store_options_for(const TrainConfig& config) {
 }
 
 uint64_t training_store_capacity_bytes(const TrainPlan& run) {
-  uint64_t store_bytes = 0;
-  for (scheduler::TensorId id = 0; id < run.plan.tensors().size(); ++id)
-    if (is_store_tensor(run, id)) store_bytes += align_up(run.plan.tensors()[id].size_bytes, 64 * kKiB);
-  return 2 * store_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
+  // Two versions of what a commit rewrites (the new one is written beside the committed one);
+  // a frozen base (LoRA) is written once, at init, and never again: one version of it.
+  uint64_t rewritten_bytes = 0, written_once_bytes = 0;
+  for (scheduler::TensorId id = 0; id < run.plan.tensors().size(); ++id) {
+    if (!is_store_tensor(run, id)) continue;
+    const uint64_t bytes = align_up(run.plan.tensors()[id].size_bytes, 64 * kKiB);
+    (is_persistent(run, id) && !is_rewritten(run, id) ? written_once_bytes : rewritten_bytes) += bytes;
+  }
+  const uint64_t store_bytes = rewritten_bytes + written_once_bytes;
+  return 2 * rewritten_bytes + written_once_bytes + std::max<uint64_t>(64 * kMiB, store_bytes / 50);
 }
 
 // Removes what a run that never committed left behind (a store directory without a committed

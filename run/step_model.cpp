@@ -1,5 +1,7 @@
 #include "run/step_model.h"
 
+#include "run/run_store.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -404,7 +406,7 @@ std::vector<KindBytes> kinds_of(const TrainConfig& config, const ModelLayout& la
   uint64_t params = 0, grads = 0, optim = 0;
   for (size_t u = 0; u < run.units.size(); ++u) {
     if (run.units[u].params != kNoTensor) params += run.plan.tensors()[run.units[u].params].size_bytes;
-    grads += layout.units()[u].element_count * 4;
+    if (!run.units[u].frozen) grads += layout.units()[u].element_count * 4;  // a frozen base has none
     for (const OptimChunk& chunk : run.units[u].optim)
       if (chunk.tensor != kNoTensor) optim += run.plan.tensors()[chunk.tensor].size_bytes;
   }
@@ -468,8 +470,8 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
     append_line(out, "  host    {:>10} budget: {} homed there, the rest stages NVMe traffic",
                 format_size(config.host_memory_bytes), format_size(host_homed));
   }
-  append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions: {})", format_size(nvme_homed),
-       format_size(2 * nvme_homed));
+  append_line(out, "  nvme    {:>10} of state in the store (which reserves two versions of what a commit rewrites: {})",
+              format_size(nvme_homed), format_size(training_store_capacity_bytes(run)));
   append_line(out, "");
   append_line(out, "bytes moved per step (the scheduler's own policy replayed on a simulated clock):");
   if (!p.replay_error.empty()) append_line(out, "  the replay could not run the plan: {}", p.replay_error);
