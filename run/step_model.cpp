@@ -483,8 +483,12 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "compute, each kernel timed alone at this shape (measuring took {:.1f} s):", rates.measure_seconds);
   append_line(out, "  block forward {:.3f} s, backward with recompute {:.3f} s (× {}), head {:.3f} s, embeddings {:.3f} s,",
        rates.fwd_block_s, rates.bwd_block_s, config.model.n_layer, rates.head_s, rates.fwd_embed_s + rates.bwd_embed_s);
-  append_line(out, "  AdamW {:.2f} ns/parameter, bf16 widening {:.2f} ns/element", rates.adamw_ns_per_element,
-       rates.widen_ns_per_element);
+  append_line(out, "  AdamW {:.2f} ns/parameter, bf16 widening {:.2f} ns/element{}", rates.adamw_ns_per_element,
+       rates.widen_ns_per_element,
+       rates.dequant_ns_per_element > 0
+           ? fmt::format(", {} dequantisation {:.2f} ns/element", base_dtype_name(config.model.adapter.base_dtype),
+                         rates.dequant_ns_per_element)
+           : std::string());
   append_line(out, "  compute-only step        {:8.2f} s", p.compute_s);
   append_line(out, "  + copies and checksums   {:8.2f} s of CPU time (memcpy {:.2f} GB/s, xxh3 {:.2f} GB/s of {}), shared by {} cores",
        p.copy_cpu_s + p.hash_cpu_s, rates.copy_ns_per_byte > 0 ? 1.0 / rates.copy_ns_per_byte : 0.0,
