@@ -489,9 +489,14 @@ Status Run::open_store(uint64_t& start_step) {
   STRATA_ASSIGN_OR_RETURN(memory::Store store,
                           memory::Store::create(dir, data_paths, capacity_bytes, store_options_for(config_)));
   store_ = std::make_unique<memory::Store>(std::move(store));
-  spdlog::info("initializing {} parameters ({}) in {}", layout_.parameter_count(),
+  const std::string trainable =
+      layout_.has_adapters()
+          ? fmt::format(", {} of them LoRA adapters that train over a frozen {} base", layout_.trainable_parameter_count(),
+                        base_dtype_name(config_.model.adapter.base_dtype))
+          : std::string();
+  spdlog::info("initializing {} parameters ({}{}) in {}", layout_.parameter_count(),
                config_.model.init == "random" ? "random, seed " + std::to_string(config_.model.seed) : config_.model.init,
-               dir);
+               trainable, dir);
   STRATA_RETURN_IF_ERROR(initialize_store(config_, layout_, run_, *store_, *host_arena_));
   STRATA_RETURN_IF_ERROR(store_->commit(0, commit_metadata(config_, 0, zero_ != nullptr ? zero_->ranks() : 1)));
   // Reopened so that its engine is fresh: an engine binds to the first thread that submits,

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include "apps/cli/commands.h"
 #include "run/budgets.h"
 #include "run/step_model.h"
@@ -52,8 +54,16 @@ void add_plan_command(CLI::App& app, CliState& state) {
     const device::Kind kind = *config_kind == device::Kind::cuda && device::cuda_device_count() == 0
                                   ? device::Kind::cpu
                                   : *config_kind;
-    Result<std::unique_ptr<device::Device>> device =
-        device::make_device(kind, run_budgets(*config, layout).timing_device_bytes);
+    // Timing in place of a GPU this box lacks: the CPU device would lock the GPU's whole budget in
+    // host memory (an 80 GB budget on a 24 GiB box is an OOM kill). The timing itself needs a
+    // unit or two; half of this machine's memory is the most it may take.
+    uint64_t timing_bytes = run_budgets(*config, layout).timing_device_bytes;
+    if (kind != *config_kind) {
+      const auto physical_bytes =
+          static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+      timing_bytes = std::min(timing_bytes, physical_bytes / 2);
+    }
+    Result<std::unique_ptr<device::Device>> device = device::make_device(kind, timing_bytes);
     if (failed(device, state)) return;
     Result<std::unique_ptr<kernels::ComputeBackend>> backend =
         kernels::make_backend(**device, kernels::gpt2::BatchShape{config->batch_size, config->model.seq_len});
