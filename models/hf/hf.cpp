@@ -708,6 +708,16 @@ Status FolderWriter::write_output(const float* values) {
 
 Result<std::string> read_small_text_file(const std::string& path) { return read_text_file_bounded(path); }
 
+Status publish_folder(const std::string& temp_folder, const std::string& folder) {
+  const int dir_fd = ::open(temp_folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  if (::rename(temp_folder.c_str(), folder.c_str()) != 0) return make_errno_error(errno, "rename", folder);
+  return Status();
+}
+
 Status write_small_file(const fs::path& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_errno_error(errno, "create", path.string());
@@ -771,12 +781,7 @@ Status FolderWriter::finish() {
     STRATA_RETURN_IF_ERROR(write_small_file(temp / kIndexName, index.dump(2) + "\n"));
   }
   STRATA_RETURN_IF_ERROR(write_small_file(temp / kConfigName, config_json(model_)));
-  const int dir_fd = ::open(temp_folder_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-  if (::rename(temp_folder_.c_str(), folder_.c_str()) != 0) return make_errno_error(errno, "rename", folder_);
+  STRATA_RETURN_IF_ERROR(publish_folder(temp_folder_, folder_));
   finished_ = true;
   return Status();
 }

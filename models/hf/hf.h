@@ -97,6 +97,10 @@ std::string config_json(const ModelConfig& model);
 // `into_folder`, errors naming `final_folder` (the name the user asked for).
 [[nodiscard]] Result<std::string> read_small_text_file(const std::string& path);
 [[nodiscard]] Status write_small_file(const std::filesystem::path& path, const std::string& text);
+// Makes a folder written under a temporary name durable and visible at once: fsyncs it, then
+// renames it to `folder` (the HF and PEFT writers' last step; a crash leaves the old state or
+// the whole new folder, never half of one).
+[[nodiscard]] Status publish_folder(const std::string& temp_folder, const std::string& folder);
 [[nodiscard]] Status copy_tokenizer_files(const std::string& path, const std::string& into_folder,
                                          const std::string& final_folder);
 

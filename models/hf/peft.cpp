@@ -305,12 +305,7 @@ Status PeftFolderWriter::finish() {
   STRATA_RETURN_IF_ERROR(writer_->finish());
   writer_.reset();
   STRATA_RETURN_IF_ERROR(write_small_file(fs::path(temp_folder_) / kAdapterConfigName, config_text_));
-  const int dir_fd = ::open(temp_folder_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-  if (::rename(temp_folder_.c_str(), folder_.c_str()) != 0) return make_errno_error(errno, "rename", folder_);
+  STRATA_RETURN_IF_ERROR(publish_folder(temp_folder_, folder_));
   finished_ = true;
   return Status();
 }
