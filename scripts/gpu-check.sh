@@ -5,7 +5,8 @@
 # and all of them inside a 380 s budget (≤ 7 minutes with the comparisons, on 16 cores, one GPU):
 #   a. the CUDA suites (GPT-2 and Llama kernels, the optimizer, the CUDA device, op parity of
 #      every op against the CPU backend, a real NCCL all-reduce on one GPU);
-#   b. the same training on cpu and on cuda, exported weights compared per tensor, and greedy
+#   b. the same training on cpu and on cuda (GPT-2 demo, fp32, chat fine-tuning, QLoRA adapters
+#      over an NF4 base), exported weights compared per tensor, and greedy
 #      generation from one trained store on both, tokens compared with a near-tie rule;
 #   c. ZeRO-Offload's placements (optimizer state on the host, updated by the CPU AdamW), cpu
 #      against cuda the same way;
@@ -200,6 +201,8 @@ if kind == "weights":
     # weights WORK NAME TOLERANCE: NAME-cpu / NAME-cuda exports and metrics.
     work, run, tol = args[0], args[1], float(args[2])
     cpu_path, cuda_path = f"{work}/{run}-cpu.safetensors", f"{work}/{run}-cuda.safetensors"
+    if not os.path.exists(cpu_path):  # an adapter run's export: a PEFT folder
+        cpu_path, cuda_path = f"{work}/{run}-cpu/adapter_model.safetensors", f"{work}/{run}-cuda/adapter_model.safetensors"
     if not (os.path.exists(cpu_path) and os.path.exists(cuda_path)):
         r.update(status="fail", why="a run did not export its weights")
     else:
@@ -353,12 +356,19 @@ for kind in cpu cuda; do
   make_config chat "$kind" "$configs/chat-finetune.yaml" -e "s|path: chat/arithmetic.jsonl|path: $configs/chat/arithmetic.jsonl|" \
     -e "s|tokenizer: chat,|tokenizer: $configs/chat,|" -e 's/precision: bf16/precision: fp32/' \
     -e 's/\(device: {kind: [a-z]*, memory: \)32MiB/\1128MiB/'
+  # lora: QLoRA (issue 31) — the chat run over a frozen NF4 base (double-quantised, dequantised
+  # by each backend before a block's GEMMs) with rank-8 adapters on every linear and dropout
+  # 0.05 (its mask is the same integer hash on both backends); the PEFT folders compared.
+  make_config lora "$kind" "$configs/chat-finetune.yaml" -e "s|path: chat/arithmetic.jsonl|path: $configs/chat/arithmetic.jsonl|" \
+    -e "s|tokenizer: chat,|tokenizer: $configs/chat,|" -e 's/precision: bf16/precision: fp32/' \
+    -e 's/\(device: {kind: [a-z]*, memory: \)32MiB/\1128MiB/' \
+    -e '$a adapter: {kind: lora, rank: 8, alpha: 16, dropout: 0.05, base_dtype: nf4, double_quant: true, targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}'
 done
-train_pair() {  # train_pair NAME LIMIT: cpu and cuda side by side (the cpu run takes 8 cores)
-  local name=$1 limit=$2 kind
+train_pair() {  # train_pair NAME LIMIT [EXPORT_SUFFIX]: cpu and cuda side by side (the cpu run takes 8 cores)
+  local name=$1 limit=$2 suffix=${3:-.safetensors} kind
   for kind in cpu cuda; do
     STRATA_THREADS=8 run_stage "train_${name}_$kind" "$limit" "$strata" train "$work/configs/$name-$kind.yaml" \
-      --steps 20 --export "$work/$name-$kind.safetensors" --metrics "$work/$name-$kind.metrics.json" &
+      --steps 20 --export "$work/$name-$kind$suffix" --metrics "$work/$name-$kind.metrics.json" &
   done
   wait
 }
@@ -368,6 +378,8 @@ train_pair small 75
 analyse compare_small weights "$work" small 1e-3
 train_pair chat 75
 analyse compare_chat weights "$work" chat 1e-3
+train_pair lora 75 ""  # an adapter store exports a PEFT folder
+analyse compare_lora weights "$work" lora 1e-3
 
 # Greedy generation from the SAME trained store (demo: bf16, small: fp32) on cpu and on cuda:
 # the cuda config is the cpu one with only device.kind changed, so both read run-NAME-cpu.
