@@ -26,6 +26,7 @@
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/optim/cast.h"
+#include "kernels/quant/quant.h"
 #include "device/device.h"
 #include "memory/host_arena.h"
 #include "memory/store.h"
@@ -62,26 +63,49 @@ uint64_t device_bytes(uint64_t size_bytes) { return align_up(std::max<uint64_t>(
 // the base's ops and gives the merged export's tokens by construction. The fold runs on the
 // scheduler's I/O thread inside wait(), before the scheduler marks the block resident: every
 // copy of a block the passes see is folded, once per read (a block that stays in the pool is
-// folded once; one that streams, once per pass). bf16 weights are widened a linear at a time
-// into `widen` (the largest adapted linear's elements), folded and rounded back to nearest even —
-// what staging the merged export in bf16 does to the same fp32 values.
+// folded once; one that streams, once per pass). The base as stored:
+// - fp32: folded in place.
+// - bf16: widened a linear at a time into `widen_` (the largest adapted linear's elements),
+//   folded and rounded back to nearest even — what staging the merged export in bf16 does to the
+//   same fp32 values.
+// - int8 / nf4 (a block's quant layout is set): the store's quantised block is read into the
+//   front of the block's buffer (the plan sizes it for the larger of the quantised and the bf16
+//   bytes; `store_specs_` holds the store's own sizes, which the reads use), dequantised whole into
+//   `widen_` (the largest block's fp32 elements; kernels/quant, the merged export's dequantiser),
+//   folded, and rounded to bf16 over the buffer — the merged export staged in bf16, bit for bit.
+//   The passes then run the bf16 decode ops, the precision QLoRA computes in.
 class AdapterFoldingBacking final : public sch::NvmeBacking {
  public:
-  AdapterFoldingBacking(std::unique_ptr<sch::NvmeBacking> inner, const ModelLayout& adapter_layout,
-                        const AdapterConfig& adapter, std::vector<int64_t> block_of_tensor,
-                        std::vector<float> adapter_weights, std::vector<uint64_t> adapter_offsets, bool bf16)
-      : inner_(std::move(inner)), adapter_(adapter), block_of_tensor_(std::move(block_of_tensor)),
-        adapter_weights_(std::move(adapter_weights)), adapter_offsets_(std::move(adapter_offsets)), bf16_(bf16),
-        pending_(block_of_tensor_.size()) {
+  AdapterFoldingBacking(std::unique_ptr<sch::NvmeBacking> inner, std::vector<sch::PlanTensor> store_specs,
+                        const ModelLayout& adapter_layout, const AdapterConfig& adapter,
+                        std::vector<int64_t> block_of_tensor, std::vector<float> adapter_weights,
+                        std::vector<uint64_t> adapter_offsets, bool bf16)
+      : inner_(std::move(inner)), store_specs_(std::move(store_specs)), adapter_(adapter),
+        block_of_tensor_(std::move(block_of_tensor)), adapter_weights_(std::move(adapter_weights)),
+        adapter_offsets_(std::move(adapter_offsets)), bf16_(bf16), pending_(block_of_tensor_.size()) {
     linears_ = models::adapted_linears(adapter_layout, 0);  // every block's are at the same offsets
+    quantized_.resize(static_cast<size_t>(adapter_layout.n_layer()));
+    for (int64_t block = 0; block < adapter_layout.n_layer(); ++block)
+      if (const kernels::quant::UnitLayout* quantized = adapter_layout.quant_layout(adapter_layout.block_unit(block)))
+        quantized_[static_cast<size_t>(block)] = *quantized;
+    widen_.resize(buffer_bytes(adapter_layout, bf16_) / 4);  // allocated here, once: never per read
+  }
+
+  // Host bytes the fold holds beside the pool (its widening buffer), for the budget.
+  static uint64_t buffer_bytes(const ModelLayout& adapter_layout, bool bf16) {
+    if (!bf16) return 0;
     uint64_t largest = 0;
-    for (const models::AdaptedLinear& entry : linears_)
+    for (const models::AdaptedLinear& entry : models::adapted_linears(adapter_layout, 0))
       largest = std::max<uint64_t>(largest, uint64_t(entry.linear.in_features) * uint64_t(entry.linear.out_features));
-    if (bf16_) widen_.resize(largest);
+    for (int64_t block = 0; block < adapter_layout.n_layer(); ++block)
+      if (const kernels::quant::UnitLayout* quantized = adapter_layout.quant_layout(adapter_layout.block_unit(block)))
+        largest = std::max(largest, quantized->element_count);
+    return largest * 4;
   }
 
   Result<uint64_t> submit_read(sch::TensorId tensor, const sch::PlanTensor& spec, void* host_dst) override {
-    STRATA_ASSIGN_OR_RETURN(const uint64_t ticket, inner_->submit_read(tensor, spec, host_dst));
+    (void)spec;  // the plan's size may exceed the store's (a quantised block): read what is stored
+    STRATA_ASSIGN_OR_RETURN(const uint64_t ticket, inner_->submit_read(tensor, store_specs_[tensor], host_dst));
     if (block_of_tensor_[tensor] >= 0) pending_[tensor] = Pending{ticket, host_dst, true};
     return ticket;
   }
@@ -112,6 +136,17 @@ class AdapterFoldingBacking final : public sch::NvmeBacking {
 
   void fold(int64_t block, void* weights) {
     const float* adapter = adapter_weights_.data() + adapter_offsets_[static_cast<size_t>(block)];
+    if (const std::optional<kernels::quant::UnitLayout>& quantized = quantized_[static_cast<size_t>(block)]) {
+      const uint64_t n = quantized->element_count;
+      kernels::quant::dequantize_unit(*quantized, static_cast<const std::byte*>(weights), widen_.data());
+      for (const models::AdaptedLinear& entry : linears_)
+        models::fold_lora(entry.linear, adapter_.rank, adapter_.scale(), adapter + entry.a_offset_elements,
+                          adapter + entry.b_offset_elements, widen_.data() + entry.weight_offset_elements);
+      // The quantised bytes were all read above: the bf16 block may overwrite them.
+      kernels::cast_fp32_to_bf16(std::span<const float>(widen_.data(), n),
+                                 std::span<uint16_t>(static_cast<uint16_t*>(weights), n));
+      return;
+    }
     for (const models::AdaptedLinear& entry : linears_) {
       const float* a = adapter + entry.a_offset_elements;
       const float* b = adapter + entry.b_offset_elements;
@@ -129,6 +164,7 @@ class AdapterFoldingBacking final : public sch::NvmeBacking {
   }
 
   std::unique_ptr<sch::NvmeBacking> inner_;
+  std::vector<sch::PlanTensor> store_specs_;  // per plan tensor: its name and size as the store holds it
   AdapterConfig adapter_;
   std::vector<int64_t> block_of_tensor_;  // per plan tensor: its block, or -1
   std::vector<float> adapter_weights_;    // every adapter unit's fp32 master, back to back
@@ -136,7 +172,8 @@ class AdapterFoldingBacking final : public sch::NvmeBacking {
   bool bf16_ = false;
   std::vector<Pending> pending_;          // per plan tensor
   std::vector<models::AdaptedLinear> linears_;
-  std::vector<float> widen_;              // bf16: one adapted linear widened
+  std::vector<std::optional<kernels::quant::UnitLayout>> quantized_;  // per block; int8 / nf4 bases only
+  std::vector<float> widen_;  // bf16: one adapted linear widened; int8 / nf4: one block dequantised
 };
 
 // The adapters of an adapter store (their fp32 masters, every adapter unit back to back) and
@@ -413,16 +450,10 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'precision' is not fp32 or bf16", dir));
   // An adapter store (LoRA): the passes run over the frozen base, stored in adapter.base_dtype,
   // with the adapters folded in at load (AdapterFoldingBacking).
+  // An int8 / NF4 base generates at bf16 (QLoRA's compute dtype): its embedding and final units
+  // are stored bf16, and each block is dequantised and rounded to bf16 as its read completes.
   const bool adapters = model.adapter.enabled;
-  if (adapters) {
-    if (model.adapter.base_dtype != BaseDType::fp32 && model.adapter.base_dtype != BaseDType::bf16)
-      return make_error(ErrorKind::unsupported,
-                        fmt::format("store {}: generating from an {} base is not supported yet (fp32 and bf16 are): "
-                                    "export it merged (`strata store export --merged {} OUT_DIR`) and generate from "
-                                    "that folder",
-                                    dir, base_dtype_name(model.adapter.base_dtype), dir));
-    precision = model.adapter.base_dtype == BaseDType::fp32 ? DType::f32 : DType::bf16;
-  }
+  if (adapters) precision = model.adapter.base_dtype == BaseDType::fp32 ? DType::f32 : DType::bf16;
   const uint64_t element_bytes = dtype_size_bytes(*precision);
   ModelConfig base_model = model;
   base_model.adapter.enabled = false;
@@ -435,6 +466,14 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
     adapter_layout.emplace(model);
     STRATA_ASSIGN_OR_RETURN(store_adapters, read_store_adapters(dir, *adapter_layout));
   }
+  // A unit's bytes in the store, and in the pool: a quantised block is read as stored (fewer
+  // bytes than bf16, and what the I/O floor counts) into a buffer that then holds it as bf16.
+  auto stored_bytes = [&](size_t u) {
+    return adapters ? adapter_layout->frozen_params_bytes(u) : layout.units()[u].element_count * element_bytes;
+  };
+  auto pool_unit_bytes = [&](size_t u) {
+    return std::max(stored_bytes(u), layout.units()[u].element_count * element_bytes);
+  };
   const uint64_t adapter_host_bytes = store_adapters.weights.size() * 4;
   // A ZeRO stage-3 rank's store holds only its share of the compute copies (train/zero/zero.h):
   // generation reads whole units from one store, so the set is exported first.
@@ -493,7 +532,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t pool_before_rows_bytes =
       memory_pools(kind, config.device_memory_bytes, config.host_memory_bytes, fixed_scratch_bytes).pool_bytes;
   uint64_t weights_in_pool_bytes = 0;  // as the scheduler places them
-  for (const Unit& unit : layout.units()) weights_in_pool_bytes += align_up(unit.element_count * element_bytes, 4096);
+  for (size_t u = 0; u < layout.units().size(); ++u) weights_in_pool_bytes += align_up(pool_unit_bytes(u), 4096);
   // An untied table is needed only at the pass's new tokens' rows: when the weights do not all
   // fit the pool, read those (EmbeddingRows) instead of streaming the table through it. When
   // they fit, the table stays in the pool and nothing is read per token. A tied table is the
@@ -505,12 +544,10 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t embed_rows_bytes = embed_by_rows ? uint64_t(max_rows) * row_bytes : 0;
   const std::string embed_tensor = params_name(layout.units()[layout.embed_unit()]);
   // Host memory beside the scheduler's blocks, out of the pool: the embedding-rows reader's
-  // buffers, and an adapter store's adapters with the fold's bf16 widening buffer (one linear).
-  uint64_t fold_widen_bytes = 0;
-  if (adapters && *precision == DType::bf16)
-    for (const BlockLinear& linear : layout.definition().block_linears())
-      if (models::adapter_targets_linear(model.adapter.targets, linear))
-        fold_widen_bytes = std::max<uint64_t>(fold_widen_bytes, uint64_t(linear.in_features) * uint64_t(linear.out_features) * 4);
+  // buffers, and an adapter store's adapters with the fold's buffer (a bf16 base: one linear
+  // widened; an int8 / NF4 base: one block dequantised to fp32).
+  const uint64_t fold_widen_bytes =
+      adapters ? AdapterFoldingBacking::buffer_bytes(*adapter_layout, *precision == DType::bf16) : 0;
   const uint64_t embed_reader_bytes =
       (embed_by_rows ? EmbeddingRows::buffer_bytes(store, embed_tensor) + align_up(embed_rows_bytes, kHugePageBytes)
                      : 0) +
@@ -518,15 +555,21 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t scratch_bytes = fixed_scratch_bytes + (embed_by_rows ? device_bytes(embed_rows_bytes) : 0);
 
   // The plan: one pass = embed (unless read by rows), blocks 0 … L−1, head; it repeats per pass.
+  // `store_plan` holds the same tensors at the sizes the store holds them, for the store backing
+  // (which reads exactly those); the scheduler's `plan` sizes their buffers (pool_unit_bytes).
   sch::AccessPlan plan;
+  sch::AccessPlan store_plan;
   std::vector<sch::TensorId> ids;
   uint64_t weight_bytes = 0;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const Unit& unit = layout.units()[u];
-    weight_bytes += unit.element_count * element_bytes;
-    ids.push_back(embed_by_rows && u == layout.embed_unit()
-                      ? kNoTensor
-                      : plan.add_tensor(params_name(unit), unit.element_count * element_bytes));
+    weight_bytes += stored_bytes(u);
+    if (embed_by_rows && u == layout.embed_unit()) {
+      ids.push_back(kNoTensor);
+      continue;
+    }
+    ids.push_back(plan.add_tensor(params_name(unit), pool_unit_bytes(u)));
+    store_plan.add_tensor(params_name(unit), stored_bytes(u));
   }
   if (!embed_by_rows) plan.add_step("embed", {ids[layout.embed_unit()]});
   for (int64_t i = 0; i < n_layer; ++i)
@@ -622,12 +665,13 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   arena_options.try_cuda = kind == device::Kind::cuda;  // pinned by CUDA only for a CUDA run
   arena_options.capacity_bytes = pool_bytes;
   STRATA_ASSIGN_OR_RETURN(memory::HostArena arena, memory::HostArena::create(arena_options));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::NvmeBacking> backing, sch::make_store_backing(store, plan));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<sch::NvmeBacking> backing, sch::make_store_backing(store, store_plan));
   if (adapters) {
     std::vector<int64_t> block_of_tensor(plan.tensors().size(), -1);
     for (int64_t i = 0; i < n_layer; ++i) block_of_tensor[ids[layout.block_unit(i)]] = i;
-    backing = std::make_unique<AdapterFoldingBacking>(std::move(backing), *adapter_layout, model.adapter,
-                                                      std::move(block_of_tensor), std::move(store_adapters.weights),
+    backing = std::make_unique<AdapterFoldingBacking>(std::move(backing), store_plan.tensors(), *adapter_layout,
+                                                      model.adapter, std::move(block_of_tensor),
+                                                      std::move(store_adapters.weights),
                                                       std::move(store_adapters.offsets), *precision == DType::bf16);
   }
   sch::SchedulerOptions scheduler_options;
@@ -764,16 +808,22 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   summary.tokens_per_s = summary.decode_seconds > 0 ? static_cast<double>(passes) / summary.decode_seconds : 0.0;
   const sch::SchedulerStats stats = scheduler->stats();
   const sch::TransferStats& reads = stats.transfers[static_cast<size_t>(sch::TierPair::nvme_to_host)];
-  summary.nvme_read_bytes = reads.bytes + (embedding_rows ? embedding_rows->read_bytes() : 0);
+  scheduler.reset();  // before the store, the arena and the device it uses
+  // The bytes the store read (its handle is the scheduler's alone): the scheduler counts its
+  // plan's sizes, which exceed the store's for a quantised block (read smaller, held as bf16).
+  const memory::StoreStats store_stats = store.stats();  // the scheduler's I/O thread is gone
+  summary.nvme_read_bytes = store_stats.bytes_read + (embedding_rows ? embedding_rows->read_bytes() : 0);
+  summary.nvme_read_trusted_bytes = store_stats.bytes_read_trusted;
   summary.read_busy_seconds = static_cast<double>(reads.busy_ns) * 1e-9;
   summary.stall_seconds = static_cast<double>(stats.stall_ns) * 1e-9;
   summary.host_high_water_bytes = stats.host_high_water_bytes;
   summary.tuned = config.io.read.measured_MBps.has_value();
   // Untuned: this run's own NVMe read rate while reads were running stands in for the tuned one.
-  summary.read_MBps = summary.tuned ? *config.io.read.measured_MBps : reads.gb_per_s() * 1e3;
+  summary.read_MBps = summary.tuned       ? *config.io.read.measured_MBps
+                      : reads.busy_ns == 0 ? 0.0
+                                           : static_cast<double>(store_stats.bytes_read) * 1e3 /
+                                                 static_cast<double>(reads.busy_ns);
   summary.io_floor_tokens_per_s = summary.read_MBps > 0 ? summary.read_MBps * 1e6 / static_cast<double>(weight_bytes) : 0.0;
-  scheduler.reset();  // before the store, the arena and the device it uses
-  summary.nvme_read_trusted_bytes = store.stats().bytes_read_trusted;  // the scheduler's I/O thread is gone
   summary.peak_rss_bytes = peak_rss_bytes();
   return summary;
 }

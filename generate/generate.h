@@ -26,7 +26,10 @@
 // adapter.base_dtype, with every block's adapters folded in at load (W + scale·B·A by the merged
 // export's fold, models/lora_fold.h, as each block's read completes) — so its tokens are those of
 // its --export-merged folder staged in the base's dtype. The adapters' fp32 masters are read once
-// at start and held in host memory out of the pool, as the embedding-rows buffers are.
+// at start and held in host memory out of the pool, as the embedding-rows buffers are. An int8 /
+// NF4 base generates at bf16: each block is read quantised, dequantised into a start-up fp32
+// buffer (one block, also out of the pool), folded and rounded to bf16 in its pool buffer (which
+// the plan sizes for the bf16 block) — the merged export staged at bf16, bit for bit.
 //
 // Sampling: greedy at temperature 0; otherwise softmax(logits / T), cut to the smallest set of
 // most likely tokens whose probability reaches top_p (1: all), drawn with a std::mt19937_64

@@ -18,9 +18,12 @@
 #    PEFT's names and merge into the fused folder (torch's W + scale·B·A, the fused tensors the
 #    base's); q_proj adapters train but their PEFT export is refused in one line (not yet).
 #  (generate) `strata generate` on the adapter store (greedy) gives the same tokens and the same
-#    top-2 margins as `strata generate --model` on the merged export, for fp32 and bf16 bases, and
-#    not those of the base alone (the adapters act); also with budgets that make every pass read
-#    the blocks again (each read folded afresh).
+#    top-2 margins as `strata generate --model` on the merged export (staged in the base's dtype;
+#    bf16 for an int8 or NF4 base, which generates at bf16), for fp32, bf16, int8 and
+#    double-quantised NF4 bases, and not those of the base alone (the adapters act); with the
+#    weights in the pool each unit is read once as stored (a quantised base: fewer bytes than
+#    bf16's); also with budgets that make every pass read the blocks again (each read dequantised
+#    and folded afresh).
 #  (refusals) adapter.init folders with use_dora true, another r, a missing, an extra or a
 #    wrong-shaped tensor, bias "all", a non-empty rank_pattern, an unknown key, other
 #    target_modules: exit 2, one line naming the file and the key or tensor, nothing in the NVMe
@@ -412,59 +415,79 @@ def generate_json(*args, figures=None):
     return out["tokens"], out["top2_margins"]
 
 
+# The bases generation reads: (tag, adapter block keys, the dtype its merged export is staged in).
+GENERATE_BASES = (("fp32", {"base_dtype": "fp32"}, "fp32"), ("bf16", {"base_dtype": "bf16"}, "bf16"),
+                  ("int8", {"base_dtype": "int8"}, "bf16"),
+                  ("nf4-dq", {"base_dtype": "nf4", "double_quant": True}, "bf16"))
+
+
 def case_generate(folder):
     torch = import_torch()
     for arch, model in (("gpt2", GPT2), ("llama", LLAMA)):
         base = base_folder(folder, arch, model)
-        for base_dtype in ("fp32", "bf16"):
-            tag = f"{arch}-{base_dtype}"
+        read_bytes = {}
+        for base_tag, base_keys, staged in GENERATE_BASES:
+            tag = f"{arch}-{base_tag}"
             r, alpha = 4, 8
             peft_in = os.path.join(folder, f"{tag}-peft")
             write_peft_folder(torch, peft_in, arch, model, r, alpha, seed=9, std=0.4)
-            precision = "bf16" if base_dtype == "bf16" else "fp32"
-            cfg, _ = config(folder, {**model, "init": base},
-                            adapter_block(arch, r, alpha, init=peft_in, base_dtype=base_dtype), precision=precision,
-                            name=f"{tag}.yaml")
+            cfg, _ = config(folder, {**model, "init": base}, adapter_block(arch, r, alpha, init=peft_in, **base_keys),
+                            precision="fp32" if base_tag == "fp32" else "bf16", name=f"{tag}.yaml")
             merged = os.path.join(folder, f"{tag}-merged")
             strata("train", cfg, "--steps", "0", "--export-merged", merged)
-            on_store = generate_json(cfg)
+            figures = {}
+            on_store = generate_json(cfg, figures=figures)
             on_merged = generate_json("--model", merged, "--nvme", os.path.join(folder, f"{tag}-gen-merged"),
-                                      "--precision", precision)
+                                      "--precision", staged)
             on_base = generate_json("--model", base, "--nvme", os.path.join(folder, f"{tag}-gen-base"),
-                                    "--precision", precision)
+                                    "--precision", staged)
             if on_store != on_merged:
                 fail(f"{tag}: generate on the adapter store {on_store[0]} differs from the merged export's "
                      f"{on_merged[0]} (margins {on_store[1][:4]} vs {on_merged[1][:4]})")
             if on_store == on_base:
                 fail(f"{tag}: generate on the adapter store equals the base alone's: the adapters were not folded")
+            # The weights fit the pool: each unit is read once, as the store holds it.
+            if figures["nvme_read_bytes"] != figures["weight_bytes"]:
+                fail(f"{tag}: read {figures['nvme_read_bytes']} bytes for {figures['weight_bytes']} of weights held "
+                     f"in the pool (each unit once)")
+            read_bytes[base_tag] = figures["nvme_read_bytes"]
             print(f"{tag}: adapter store and merged export sample the same {len(on_store[0])} tokens and margins; "
-                  f"the base alone differs")
+                  f"the base alone differs; read {figures['nvme_read_bytes']} bytes")
+        # A quantised block is read as stored, not at bf16's size.
+        for base_tag in ("int8", "nf4-dq"):
+            if read_bytes[base_tag] >= read_bytes["bf16"]:
+                fail(f"{arch}-{base_tag}: read {read_bytes[base_tag]} bytes, not fewer than the bf16 base's "
+                     f"{read_bytes['bf16']}: the quantised blocks were not read as stored")
     # Streamed: budgets too small for the weights, so every pass reads each block again and the
-    # fold runs on every read, never on a block already folded.
+    # fold (and a quantised block's dequantisation) runs on every read, never on a block already
+    # folded.
     model = {**GPT2, "n_embd": 128, "n_layer": 4}
     base = base_folder(folder, "gpt2-wide", model)
     peft_in = os.path.join(folder, "streamed-peft")
     write_peft_folder(torch, peft_in, "gpt2", model, 4, 8, seed=9, std=0.4)
-    cfg, _ = config(folder, {**model, "init": base},
-                    adapter_block("gpt2", 4, 8, init=peft_in, base_dtype="bf16"), precision="bf16",
-                    name="streamed.yaml")
-    merged = os.path.join(folder, "streamed-merged")
-    strata("train", cfg, "--steps", "0", "--export-merged", merged)
-    with open(cfg) as f:
-        small = json.load(f)
-    small["device"]["memory"], small["host"]["memory"] = "1MiB", "2MiB"
-    with open(cfg, "w") as f:
-        json.dump(small, f)
-    figures = {}
-    on_store = generate_json(cfg, figures=figures)
-    on_merged = generate_json("--model", merged, "--nvme", os.path.join(folder, "streamed-gen"), "--precision", "bf16")
-    if figures["nvme_read_bytes"] < 4 * figures["weight_bytes"]:
-        fail(f"streamed: read {figures['nvme_read_bytes']} bytes for {figures['weight_bytes']} of weights: the "
-             f"blocks did not stream, so the fold on every read went untested")
-    if on_store != on_merged:
-        fail(f"streamed: generate on the adapter store {on_store[0]} differs from the merged export's {on_merged[0]}")
-    print(f"streamed (read {figures['nvme_read_bytes'] / figures['weight_bytes']:.1f}x the weights): the same "
-          f"{len(on_store[0])} tokens and margins as the merged export")
+    for base_tag, base_keys, staged in GENERATE_BASES[1:]:
+        tag = f"streamed-{base_tag}"
+        cfg, _ = config(folder, {**model, "init": base}, adapter_block("gpt2", 4, 8, init=peft_in, **base_keys),
+                        precision="bf16", name=f"{tag}.yaml")
+        merged = os.path.join(folder, f"{tag}-merged")
+        strata("train", cfg, "--steps", "0", "--export-merged", merged)
+        with open(cfg) as f:
+            small = json.load(f)
+        small["device"]["memory"], small["host"]["memory"] = "1MiB", "2MiB"
+        with open(cfg, "w") as f:
+            json.dump(small, f)
+        figures = {}
+        on_store = generate_json(cfg, figures=figures)
+        on_merged = generate_json("--model", merged, "--nvme", os.path.join(folder, f"{tag}-gen"),
+                                  "--precision", staged)
+        if figures["nvme_read_bytes"] < 4 * figures["weight_bytes"]:
+            fail(f"{tag}: read {figures['nvme_read_bytes']} bytes for {figures['weight_bytes']} of weights: the "
+                 f"blocks did not stream, so the fold on every read went untested")
+        if on_store != on_merged:
+            fail(f"{tag}: generate on the adapter store {on_store[0]} differs from the merged export's "
+                 f"{on_merged[0]}")
+        print(f"{tag} (read {figures['nvme_read_bytes'] / figures['weight_bytes']:.1f}x the weights of "
+              f"{figures['weight_bytes']} bytes): the same {len(on_store[0])} tokens and margins as the merged export")
 
 
 def case_refusals(folder):
