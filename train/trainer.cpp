@@ -571,13 +571,18 @@ Result<std::optional<kernels::lora::BlockAdapters>> Run::adapters_for(size_t blo
   STRATA_ASSIGN_OR_RETURN(const float* weights, widen(unit_index, buffers.device_data(ids.params), scratch));
   float* grads = with_grads ? grads_of(unit_index, buffers) : nullptr;
   // PEFT's dropout is nn.Dropout: on in training, off in evaluation and generation. One key per
-  // (seed, update, micro-batch, block): the backward's recompute draws the forward's mask.
+  // (seed, update, block): the backward's recompute draws the forward's mask. The mask's rows
+  // are the update's global batch rows (micro-batch k, rank r: rows (k·ranks + r)·batch_size …,
+  // TrainBatches::fill's order), so K micro-batches and ZeRO ranks draw the one-process mask.
   const float dropout = train ? static_cast<float>(config_.model.adapter.dropout) : 0.0f;
   const uint64_t mask_key = splitmix64(splitmix64(splitmix64(config_.model.seed ^ 0x4c6f5241ull) ^ step) ^
-                                       (uint64_t{micro_batch} << 32 | static_cast<uint64_t>(block)));
-  const kernels::lora::BlockAdapters adapters = layout_.bind_adapters(
+                                       static_cast<uint64_t>(block));
+  kernels::lora::BlockAdapters adapters = layout_.bind_adapters(
       block, weights, grads, dropout, mask_key,
       gk::Workspace{static_cast<float*>(lora_scratch_.data()), lora_scratch_.size_bytes()});
+  const uint64_t ranks = zero_ != nullptr ? static_cast<uint64_t>(zero_->ranks()) : 1;
+  const uint64_t rank = zero_ != nullptr ? static_cast<uint64_t>(zero_->rank()) : 0;
+  adapters.spec.mask_first_row = static_cast<int64_t>((uint64_t{micro_batch} * ranks + rank) * shape_.rows());
   return std::optional<kernels::lora::BlockAdapters>(adapters);
 }
 
