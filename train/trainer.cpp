@@ -1662,7 +1662,8 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   summary->comm_received_bytes = stats.received_bytes + gpu_stats.received_bytes;
   summary->comm_seconds = static_cast<double>(stats.wait_ns + gpu_stats.wait_ns) * 1e-9;
   summary->comm_formula_bytes_per_step =
-      zero_formula_bytes(ModelLayout(mine.model).parameter_count(), mine.precision, std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
+      zero_formula_bytes(ModelLayout(mine.model).trainable_parameter_count(), mine.precision,
+                         std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
           .total();
   STRATA_RETURN_IF_ERROR(world->barrier());  // every rank's final commit is in
   if (rank == 0 && !options.export_path.empty()) {
