@@ -17,7 +17,8 @@
 #    last evaluation bit for bit, best/ holds the lowest eval loss's adapters, and K=2 of batch b
 #    equals one step of batch 2b (dropout 0 and 0.1) within test_train_loss.py's 1e-5 relative L2.
 #  (zero) stages 1 and 2 on 2 MPI ranks export the one-process adapters within test_zero.py's
-#    1e-6 relative L2 (dropout 0 and 0.1); stage 3 is refused in one line.
+#    1e-6 relative L2 (dropout 0 and 0.1); the run's ZeRO formula and `strata plan --ranks 2`
+#    count the adapters as Ψ (the base is neither reduced nor gathered); stage 3 is refused in one line.
 #  (plan) `strata plan --json` on an adapter config: P bytes = base elements × base dtype +
 #    adapter elements × precision, gradients = adapter elements × 4, optimizer = adapter
 #    elements × 12 (fp32 master, m, v) — nothing for the base — and a positive step prediction.
@@ -358,6 +359,22 @@ def case_zero(folder):
                   f"last loss rel {loss:.1e}")
             if got["ranks"] != 2:
                 tt.fail(f"the summary says {got['ranks']} ranks")
+            # ZeRO's formula over what trains (Ψ = the adapters; fp32 compute copies, N = 2):
+            # gradients 2·(N−1)/N·4Ψ at stage 1, (N−1)/N·4Ψ at 2, plus the (N−1)/N·4Ψ gathered.
+            psi = adapter_elements(model, TARGETS["gpt2"])
+            formula = (4 * psi if stage == 1 else 2 * psi) + 2 * psi
+            sent = got["comm_sent_bytes"] / (got["last_step"] - got["first_step"])
+            print(f"  formula {got['comm_formula_bytes_per_step']} B/step (Ψ = {psi}), rank 0 sent {sent:.0f} B/step")
+            if got["comm_formula_bytes_per_step"] != formula:
+                tt.fail(f"stage {stage}: the ZeRO formula says {got['comm_formula_bytes_per_step']} B/step, over the "
+                        f"adapters' {psi} elements it is {formula}")
+            plan = json.loads(tt.strata("--log-level", "warn", "plan", zero_config(name, stage, dropout, 2), "--json",
+                                        "--ranks", "2").stdout)["zero"]
+            base = sum(math.prod(shape) for shape in lt.base_shapes(model).values())
+            if plan["sent_bytes_per_step"] != formula or any(r["params_bytes"] != 4 * (base + psi)
+                                                             for r in plan["per_rank"]):
+                tt.fail(f"stage {stage}: strata plan --ranks 2 says {plan}; expected {formula} B/step and "
+                        f"{4 * (base + psi)} B of compute copy a rank")
             if not error <= 1e-6 or not loss <= 1e-6:
                 tt.fail(f"dropout {dropout}: stage {stage} on 2 ranks is not the one-process run within 1e-6")
     refused = run_strata(tt.STRATA, 0, "train", zero_config("s3", 3, 0.0, 2), expect_ok=False)
