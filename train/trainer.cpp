@@ -572,8 +572,9 @@ Result<std::optional<kernels::lora::BlockAdapters>> Run::adapters_for(size_t blo
   float* grads = with_grads ? grads_of(unit_index, buffers) : nullptr;
   // PEFT's dropout is nn.Dropout: on in training, off in evaluation and generation. One key per
   // (seed, update, block): the backward's recompute draws the forward's mask. The mask's rows
-  // are the update's global batch rows (micro-batch k, rank r: rows (k·ranks + r)·batch_size …,
-  // TrainBatches::fill's order), so K micro-batches and ZeRO ranks draw the one-process mask.
+  // are token rows of the update's global batch (micro-batch k on rank r starts at row
+  // (k·ranks + r)·batch_size·seq_len: TrainBatches::fill's order), so K micro-batches and ZeRO
+  // ranks draw the mask one process training the whole batch draws.
   const float dropout = train ? static_cast<float>(config_.model.adapter.dropout) : 0.0f;
   const uint64_t mask_key = splitmix64(splitmix64(splitmix64(config_.model.seed ^ 0x4c6f5241ull) ^ step) ^
                                        static_cast<uint64_t>(block));
