@@ -277,7 +277,8 @@ class Run {
   // `scratch` (bf16; a frozen base's bf16 — or dequantised, int8/nf4).
   Result<const float*> widen(size_t unit, const void* params, float* scratch);
   // LoRA: block `block_unit`'s adapters for the kernels — their P (widened into `scratch` when
-  // bf16), their gradients when `with_grads`, and the dropout key of (step, micro-batch, block);
+  // bf16), their gradients when `with_grads`, the dropout key of (step, block) and the first
+  // token row of this micro-batch on this rank in the update's whole batch;
   // nullopt without adapters. `train`: dropout on (forward and backward of a training step).
   Result<std::optional<kernels::lora::BlockAdapters>> adapters_for(size_t block_unit, const TrainPlan& plan,
                                                                    const sch::StepBuffers& buffers, float* scratch,
