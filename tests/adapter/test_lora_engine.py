@@ -21,7 +21,8 @@
 #    count the adapters as Ψ (the base is neither reduced nor gathered); stage 3 is refused in one line.
 #  (plan) `strata plan --json` on an adapter config: P bytes = base elements × base dtype +
 #    adapter elements × precision, gradients = adapter elements × 4, optimizer = adapter
-#    elements × 12 (fp32 master, m, v) — nothing for the base — and a positive step prediction.
+#    elements × 12 (fp32 master, m, v) — nothing for the base —, interleaved clipped updates,
+#    and a positive step prediction.
 #
 # Usage: test_lora_engine.py STRATA_BINARY CASE
 import json
@@ -406,6 +407,10 @@ def case_plan(folder):
             if plan["parameters"] != base_elements + lora_elements:
                 tt.fail(f"{arch} {precision}: the plan counts {plan['parameters']} parameters, "
                         f"expected {base_elements} + {lora_elements}")
+            # The placements case's interleave on/off comparison means something only if the
+            # adapters' clipped updates really are deferred to the next step.
+            if not plan["interleaved_updates"]:
+                tt.fail(f"{arch} {precision}: clipped adapter updates are not interleaved: {plan}")
             if not plan["predicted_step_s"] > 0 or not plan["compute_s"] > 0:
                 tt.fail(f"{arch} {precision}: no step prediction: {plan}")
             text = tt.strata("--log-level", "warn", "plan", cfg_path).stdout
