@@ -621,6 +621,9 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
 std::optional<std::string> first_shape_difference(const ModelConfig& a, const ModelConfig& b) {
   // model.arch first: every other key means something else across architectures.
   if (a.arch != b.arch) return std::string("model.arch");
+  // Then whether there are adapters at all: without it, a LoRA store resumed by a config
+  // without `adapter:` would be named by whichever adapter.* key sorts first.
+  if (a.adapter.enabled != b.adapter.enabled) return std::string("adapter.kind");
   const auto keys_a = store_metadata(a);
   const auto keys_b = store_metadata(b);
   for (const auto& [key, value] : keys_a) {

@@ -277,7 +277,8 @@ class Run {
   // `scratch` (bf16; a frozen base's bf16 — or dequantised, int8/nf4).
   Result<const float*> widen(size_t unit, const void* params, float* scratch);
   // LoRA: block `block_unit`'s adapters for the kernels — their P (widened into `scratch` when
-  // bf16), their gradients when `with_grads`, and the dropout key of (step, micro-batch, block);
+  // bf16), their gradients when `with_grads`, the dropout key of (step, block) and the first
+  // token row of this micro-batch on this rank in the update's whole batch;
   // nullopt without adapters. `train`: dropout on (forward and backward of a training step).
   Result<std::optional<kernels::lora::BlockAdapters>> adapters_for(size_t block_unit, const TrainPlan& plan,
                                                                    const sch::StepBuffers& buffers, float* scratch,
@@ -571,13 +572,19 @@ Result<std::optional<kernels::lora::BlockAdapters>> Run::adapters_for(size_t blo
   STRATA_ASSIGN_OR_RETURN(const float* weights, widen(unit_index, buffers.device_data(ids.params), scratch));
   float* grads = with_grads ? grads_of(unit_index, buffers) : nullptr;
   // PEFT's dropout is nn.Dropout: on in training, off in evaluation and generation. One key per
-  // (seed, update, micro-batch, block): the backward's recompute draws the forward's mask.
+  // (seed, update, block): the backward's recompute draws the forward's mask. The mask's rows
+  // are token rows of the update's global batch (micro-batch k on rank r starts at row
+  // (k·ranks + r)·batch_size·seq_len: TrainBatches::fill's order), so K micro-batches and ZeRO
+  // ranks draw the mask one process training the whole batch draws.
   const float dropout = train ? static_cast<float>(config_.model.adapter.dropout) : 0.0f;
   const uint64_t mask_key = splitmix64(splitmix64(splitmix64(config_.model.seed ^ 0x4c6f5241ull) ^ step) ^
-                                       (uint64_t{micro_batch} << 32 | static_cast<uint64_t>(block)));
-  const kernels::lora::BlockAdapters adapters = layout_.bind_adapters(
+                                       static_cast<uint64_t>(block));
+  kernels::lora::BlockAdapters adapters = layout_.bind_adapters(
       block, weights, grads, dropout, mask_key,
       gk::Workspace{static_cast<float*>(lora_scratch_.data()), lora_scratch_.size_bytes()});
+  const uint64_t ranks = zero_ != nullptr ? static_cast<uint64_t>(zero_->ranks()) : 1;
+  const uint64_t rank = zero_ != nullptr ? static_cast<uint64_t>(zero_->rank()) : 0;
+  adapters.spec.mask_first_row = static_cast<int64_t>((uint64_t{micro_batch} * ranks + rank) * shape_.rows());
   return std::optional<kernels::lora::BlockAdapters>(adapters);
 }
 
@@ -1657,7 +1664,8 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   summary->comm_received_bytes = stats.received_bytes + gpu_stats.received_bytes;
   summary->comm_seconds = static_cast<double>(stats.wait_ns + gpu_stats.wait_ns) * 1e-9;
   summary->comm_formula_bytes_per_step =
-      zero_formula_bytes(ModelLayout(mine.model).parameter_count(), mine.precision, std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
+      zero_formula_bytes(ModelLayout(mine.model).trainable_parameter_count(), mine.precision,
+                         std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
           .total();
   STRATA_RETURN_IF_ERROR(world->barrier());  // every rank's final commit is in
   if (rank == 0 && !options.export_path.empty()) {

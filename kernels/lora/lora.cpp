@@ -48,7 +48,7 @@ void apply_dropout(const Spec& spec, uint64_t mask_key, int target, const float*
   const uint32_t threshold = drop_threshold(spec.dropout);
   const float factor = inverse_keep(spec.dropout);
   for_rows(rows, kRowGrain, [&](int64_t r) {
-    const uint64_t hash = row_hash(mask_key, target, r);
+    const uint64_t hash = row_hash(mask_key, target, spec.mask_first_row + r);
     const float* x_row = x + r * in;
     float* d_row = dst + r * in;
     for (int64_t j = 0; j < in; ++j) d_row[j] = keep_element(hash, j, threshold) ? x_row[j] * factor : 0.0f;
@@ -131,7 +131,7 @@ void backward_input(const Spec& spec, uint64_t mask_key, int target, int64_t row
   const uint32_t threshold = drop_threshold(spec.dropout);
   const float factor = inverse_keep(spec.dropout);
   for_rows(rows, kRowGrain, [&](int64_t r) {
-    const uint64_t hash = row_hash(mask_key, target, r);
+    const uint64_t hash = row_hash(mask_key, target, spec.mask_first_row + r);
     const float* g_row = layout.dropped + r * in;
     float* dx_row = dx + r * in;
     for (int64_t j = 0; j < in; ++j)

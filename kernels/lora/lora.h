@@ -15,7 +15,8 @@
 //   at all — bit for bit the op without dropout. The mask is not random state: `keep` derives it
 //   from (mask_key, target, row, col) with integer arithmetic alone (a SplitMix64 chain, below),
 //   so a forward, the backward's recompute of it, the CPU and CUDA all draw the same mask, and a
-//   test can rebuild it in Python. The caller picks mask_key per (step, micro-batch, block).
+//   test can rebuild it in Python; `row` is Spec::mask_first_row + the call's row. The caller
+//   picks mask_key per (step, block) and mask_first_row as the call's place in the update's batch.
 // - Gradients: d_A and d_B are ACCUMULATED (+=), as every weight gradient (gpt2.h); the input
 //   gradient is added into dx (the base linear's own dx is the caller's, written first or after:
 //   see backward_params / backward_input). With u = drop(x)·Aᵀ:
@@ -57,6 +58,11 @@ struct Spec {
   int64_t rank = 0;
   float scale = 0.0f;
   float dropout = 0.0f;  // p in [0, 1)
+  // The dropout mask's row of this call's row 0: a call's rows are rows mask_first_row … of the
+  // whole update's batch (every micro-batch, every rank), so the mask an input row gets does not
+  // depend on how gradient accumulation or ZeRO split the batch (K × b rows = one batch of K·b,
+  // N ranks = one process). 0 for a caller that is the whole batch.
+  int64_t mask_first_row = 0;
 };
 // One target's tensors: A [rank, in], B [out, rank]. Null `a`: this linear is not targeted.
 struct Adapter {
@@ -77,8 +83,8 @@ inline constexpr int kMaxTargets = 8;
 // Memory of the backend the block op runs on (host on the CPU backend, device on CUDA).
 struct BlockAdapters {
   Spec spec;
-  uint64_t mask_key = 0;  // dropout key of this (step, micro-batch, block): a forward and the
-                          // backward's recompute pass the same key and get the same mask
+  uint64_t mask_key = 0;  // dropout key of this (step, block): a forward and the backward's
+                          // recompute pass the same key (and spec) and get the same mask
   std::array<Adapter, kMaxTargets> adapters{};
   std::array<AdapterGrads, kMaxTargets> grads{};  // backward only
   Workspace scratch;  // the backend's memory, >= scratch_size_bytes(...) for the block

@@ -20,22 +20,22 @@ using gpt2::cuda::kThreads;
 
 // dst[r, j] = keep(r, j) ? x[r, j] · factor : 0 — one thread per element; the hash is lora.h's.
 __global__ void dropout_kernel(const float* x, int64_t rows, int64_t in, uint64_t mask_key, int target,
-                               uint32_t threshold, float factor, float* dst) {
+                               int64_t first_row, uint32_t threshold, float factor, float* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * in) return;
   const int64_t r = i / in;
   const int64_t j = i % in;
-  dst[i] = keep_element(row_hash(mask_key, target, r), j, threshold) ? x[i] * factor : 0.0f;
+  dst[i] = keep_element(row_hash(mask_key, target, first_row + r), j, threshold) ? x[i] * factor : 0.0f;
 }
 
 // dx[r, j] += keep(r, j) ? g[r, j] · factor : 0.
 __global__ void masked_accumulate_kernel(const float* g, int64_t rows, int64_t in, uint64_t mask_key, int target,
-                                         uint32_t threshold, float factor, float* dx) {
+                                         int64_t first_row, uint32_t threshold, float factor, float* dx) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * in) return;
   const int64_t r = i / in;
   const int64_t j = i % in;
-  if (keep_element(row_hash(mask_key, target, r), j, threshold)) dx[i] += g[i] * factor;
+  if (keep_element(row_hash(mask_key, target, first_row + r), j, threshold)) dx[i] += g[i] * factor;
 }
 
 ScratchLayout checked_layout(const Spec& spec, int64_t rows, int64_t in, const Workspace& scratch) {
@@ -53,7 +53,8 @@ Result<const float*> adapter_input(const Context& ctx, const Spec& spec, uint64_
                                    const float* x, int64_t rows, int64_t in, const ScratchLayout& layout) {
   if (spec.dropout == 0.0f) return x;
   dropout_kernel<<<blocks_for(rows * in), kThreads, 0, ctx.stream()>>>(
-      x, rows, in, mask_key, target, drop_threshold(spec.dropout), inverse_keep(spec.dropout), layout.dropped);
+      x, rows, in, mask_key, target, spec.mask_first_row, drop_threshold(spec.dropout), inverse_keep(spec.dropout),
+      layout.dropped);
   STRATA_RETURN_IF_ERROR(check_launch("lora dropout_kernel"));
   return static_cast<const float*>(layout.dropped);
 }
@@ -105,7 +106,8 @@ Status backward_input(const Context& ctx, const Spec& spec, uint64_t mask_key, i
   STRATA_RETURN_IF_ERROR(
       gemm_scaled(ctx, false, false, rows, in, rank, 1.0f, du, rank, adapter.a, in, 0.0f, layout.dropped, in));
   masked_accumulate_kernel<<<blocks_for(rows * in), kThreads, 0, ctx.stream()>>>(
-      layout.dropped, rows, in, mask_key, target, drop_threshold(spec.dropout), inverse_keep(spec.dropout), dx);
+      layout.dropped, rows, in, mask_key, target, spec.mask_first_row, drop_threshold(spec.dropout),
+      inverse_keep(spec.dropout), dx);
   return check_launch("lora masked_accumulate_kernel");
 }
 

@@ -106,9 +106,11 @@ nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayo
   const uint32_t stage = std::max<uint32_t>(config.parallel.zero_stage, 1);
   const uint64_t param_bytes = dtype_size_bytes(config.precision);
   std::vector<uint64_t> chunks(static_cast<size_t>(ranks)), optimizer_bytes(static_cast<size_t>(ranks));
-  // The compute copy each rank keeps: the whole model at stages 1 and 2, its chunks' share at 3.
-  std::vector<uint64_t> params_bytes(static_cast<size_t>(ranks),
-                                     stage >= 3 && ranks > 1 ? 0 : layout.parameter_count() * param_bytes);
+  // The compute copy each rank keeps: the whole model at stages 1 and 2 (a LoRA base in its own
+  // dtype: params_size_bytes), its chunks' share at 3.
+  uint64_t model_params_bytes = 0;
+  for (size_t u = 0; u < layout.units().size(); ++u) model_params_bytes += params_size_bytes(config, layout, u);
+  std::vector<uint64_t> params_bytes(static_cast<size_t>(ranks), stage >= 3 && ranks > 1 ? 0 : model_params_bytes);
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const std::vector<ElementRange> ranges = optim_chunks(layout.units()[u], config.optimizer.chunk_elements, state);
     const std::vector<optim::TensorSpan> spans = optim_spans(layout.units()[u]);
@@ -121,7 +123,8 @@ nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayo
   }
   // Stage 3: two gather buffers per rank, allocated at start-up and counted in device.memory.
   const uint64_t gather_bytes = stage >= 3 && ranks > 1 ? 2 * gather_buffer_bytes(config, layout) : 0;
-  const ZeroTraffic traffic = zero_formula_bytes(layout.parameter_count(), config.precision, stage, ranks);
+  // Ψ is what trains: a LoRA base is frozen, so neither reduced nor re-gathered.
+  const ZeroTraffic traffic = zero_formula_bytes(layout.trainable_parameter_count(), config.precision, stage, ranks);
   nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
   for (int r = 0; r < ranks; ++r)
     per_rank.push_back({{"rank", r}, {"optimizer_chunks", chunks[static_cast<size_t>(r)]},
