@@ -233,27 +233,10 @@ void linear_backward(const float* x, const float* weight, const float* dy, int64
   if (dx != nullptr) sgemm(false, true, rows, in, out, dy, out, weight, out, 0.0f, dx, in);
 }
 
-// The adapter of `target` (lora.h) on one linear, when `adapters` targets it: its forward
-// term into y, and its backward in lora.h's two halves around the base's dx product (which
-// overwrites x's buffer here).
-void adapter_forward(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
-                     int64_t out, float* y) {
-  if (!lora::targeted(adapters, target)) return;
-  lora::forward(adapters->spec, adapters->mask_key, target, x, rows, in, out,
-                adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
-}
-void adapter_backward_params(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows,
-                             int64_t in, int64_t out, const float* dy) {
-  if (!lora::targeted(adapters, target)) return;
-  const auto t = static_cast<size_t>(target);
-  lora::backward_params(adapters->spec, adapters->mask_key, target, x, rows, in, out, adapters->adapters[t], dy,
-                        adapters->grads[t], adapters->scratch, 0);
-}
-void adapter_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx) {
-  if (!lora::targeted(adapters, target)) return;
-  lora::backward_input(adapters->spec, adapters->mask_key, target, rows, in,
-                       adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, 0);
-}
+// Each targeted linear's adapter (lora.h's block entry points; nothing for an untargeted one).
+using lora::adapter_backward_input;
+using lora::adapter_backward_params;
+using lora::adapter_forward;
 
 // y = (x - mean)·rstd·w + b per row; statistics in double, biased variance, eps 1e-5.
 // x rows are x_stride floats apart (so the head can pick the last position of each sequence).

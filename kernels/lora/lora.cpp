@@ -145,4 +145,25 @@ void backward(const Spec& spec, uint64_t mask_key, int target, const float* x, i
   backward_input(spec, mask_key, target, rows, in, adapter, dx, scratch, 0);
 }
 
+void adapter_forward(const BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in, int64_t out,
+                     float* y) {
+  if (!targeted(adapters, target)) return;
+  forward(adapters->spec, adapters->mask_key, target, x, rows, in, out, adapters->adapters[static_cast<size_t>(target)],
+          y, adapters->scratch);
+}
+
+void adapter_backward_params(const BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
+                             int64_t out, const float* dy, int slot) {
+  if (!targeted(adapters, target)) return;
+  const auto t = static_cast<size_t>(target);
+  backward_params(adapters->spec, adapters->mask_key, target, x, rows, in, out, adapters->adapters[t], dy,
+                  adapters->grads[t], adapters->scratch, slot);
+}
+
+void adapter_backward_input(const BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx, int slot) {
+  if (!targeted(adapters, target)) return;
+  backward_input(adapters->spec, adapters->mask_key, target, rows, in, adapters->adapters[static_cast<size_t>(target)],
+                 dx, adapters->scratch, slot);
+}
+
 }  // namespace strata::kernels::lora

@@ -161,4 +161,15 @@ inline bool targeted(const BlockAdapters* adapters, int target) {
   return adapters != nullptr && adapters->adapters[static_cast<size_t>(target)].a != nullptr;
 }
 
+// The block kernels' call sites (both models' CPU blocks): the op of `target` with the block's
+// spec, key and scratch — nothing when `adapters` is null or does not target it. The backward
+// in its two halves around the base's dx product, which overwrites x's buffer in the kernels;
+// targets that share an input (Llama's q, k, v; gate, up) keep their du in slots 0, 1, 2.
+void adapter_forward(const BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in, int64_t out,
+                     float* y);
+void adapter_backward_params(const BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
+                             int64_t out, const float* dy, int slot = 0);
+void adapter_backward_input(const BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx,
+                            int slot = 0);
+
 }  // namespace strata::kernels::lora
