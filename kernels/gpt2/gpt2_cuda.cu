@@ -177,27 +177,10 @@ Status layernorm_backward(const Context& ctx, const float* dy, const float* x, c
   return Status();
 }
 
-// The adapter of `target` (lora_cuda.h) on one linear, when `adapters` targets it: its forward
-// term into y, and its backward's two halves around the base's dx product (as gpt2.cpp).
-Status adapter_forward(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
-                       int64_t rows, int64_t in, int64_t out, float* y) {
-  if (!lora::targeted(adapters, target)) return Status();
-  return lora::cuda::forward(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
-                             adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
-}
-Status adapter_backward_params(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
-                               int64_t rows, int64_t in, int64_t out, const float* dy) {
-  if (!lora::targeted(adapters, target)) return Status();
-  const auto t = static_cast<size_t>(target);
-  return lora::cuda::backward_params(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
-                                     adapters->adapters[t], dy, adapters->grads[t], adapters->scratch, 0);
-}
-Status adapter_backward_input(const Context& ctx, const lora::BlockAdapters* adapters, int target, int64_t rows,
-                              int64_t in, float* dx) {
-  if (!lora::targeted(adapters, target)) return Status();
-  return lora::cuda::backward_input(ctx, adapters->spec, adapters->mask_key, target, rows, in,
-                                    adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, 0);
-}
+// Each targeted linear's adapter (lora_cuda.h's block entry points; nothing for an untargeted one).
+using lora::cuda::adapter_backward_input;
+using lora::cuda::adapter_backward_params;
+using lora::cuda::adapter_forward;
 
 struct BlockLayout {
   float* ln1_out;

@@ -213,27 +213,10 @@ Status grad_gemm(const Context& ctx, bool trans_a, bool trans_b, int64_t m, int6
   return gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, 1.0f, grad, ldc);
 }
 
-// The adapter of `target` (lora_cuda.h) on one projection, when `adapters` targets it (as
-// llama.cpp: the backward's two halves straddle the base's dx product; q, k, v use slots 0-2).
-Status adapter_forward(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
-                       int64_t rows, int64_t in, int64_t out, float* y) {
-  if (!lora::targeted(adapters, target)) return Status();
-  return lora::cuda::forward(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
-                             adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
-}
-Status adapter_backward_params(const Context& ctx, const lora::BlockAdapters* adapters, int target, const float* x,
-                               int64_t rows, int64_t in, int64_t out, const float* dy, int slot) {
-  if (!lora::targeted(adapters, target)) return Status();
-  const auto t = static_cast<size_t>(target);
-  return lora::cuda::backward_params(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
-                                     adapters->adapters[t], dy, adapters->grads[t], adapters->scratch, slot);
-}
-Status adapter_backward_input(const Context& ctx, const lora::BlockAdapters* adapters, int target, int64_t rows,
-                              int64_t in, float* dx, int slot) {
-  if (!lora::targeted(adapters, target)) return Status();
-  return lora::cuda::backward_input(ctx, adapters->spec, adapters->mask_key, target, rows, in,
-                                    adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, slot);
-}
+// Each targeted linear's adapter (lora_cuda.h's block entry points; nothing for an untargeted one).
+using lora::cuda::adapter_backward_input;
+using lora::cuda::adapter_backward_params;
+using lora::cuda::adapter_forward;
 
 Status add_bias(const Context& ctx, float* y, const float* bias, int64_t rows, int64_t cols) {
   STRATA_CUDA_LAUNCH(add_bias_kernel, blocks_for(rows * cols), kThreads, ctx.stream(), y, bias, rows, cols);

@@ -111,4 +111,26 @@ Status backward_input(const Context& ctx, const Spec& spec, uint64_t mask_key, i
   return check_launch("lora masked_accumulate_kernel");
 }
 
+Status adapter_forward(const Context& ctx, const BlockAdapters* adapters, int target, const float* x, int64_t rows,
+                       int64_t in, int64_t out, float* y) {
+  if (!targeted(adapters, target)) return Status();
+  return forward(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out,
+                 adapters->adapters[static_cast<size_t>(target)], y, adapters->scratch);
+}
+
+Status adapter_backward_params(const Context& ctx, const BlockAdapters* adapters, int target, const float* x,
+                               int64_t rows, int64_t in, int64_t out, const float* dy, int slot) {
+  if (!targeted(adapters, target)) return Status();
+  const auto t = static_cast<size_t>(target);
+  return backward_params(ctx, adapters->spec, adapters->mask_key, target, x, rows, in, out, adapters->adapters[t], dy,
+                         adapters->grads[t], adapters->scratch, slot);
+}
+
+Status adapter_backward_input(const Context& ctx, const BlockAdapters* adapters, int target, int64_t rows, int64_t in,
+                              float* dx, int slot) {
+  if (!targeted(adapters, target)) return Status();
+  return backward_input(ctx, adapters->spec, adapters->mask_key, target, rows, in,
+                        adapters->adapters[static_cast<size_t>(target)], dx, adapters->scratch, slot);
+}
+
 }  // namespace strata::kernels::lora::cuda

@@ -32,4 +32,15 @@ using gpt2::cuda::Context;
 [[nodiscard]] Status backward_input(const Context& ctx, const Spec& spec, uint64_t mask_key, int target, int64_t rows,
                                     int64_t in, Adapter adapter, float* dx, const Workspace& scratch, int slot);
 
+
+// The block kernels' call sites (gpt2_cuda.cu, llama_cuda.cu), as lora.h's CPU ones: the op of
+// `target` with the block's spec, key and scratch — nothing when `adapters` does not target it.
+[[nodiscard]] Status adapter_forward(const Context& ctx, const BlockAdapters* adapters, int target, const float* x,
+                                     int64_t rows, int64_t in, int64_t out, float* y);
+[[nodiscard]] Status adapter_backward_params(const Context& ctx, const BlockAdapters* adapters, int target,
+                                             const float* x, int64_t rows, int64_t in, int64_t out, const float* dy,
+                                             int slot = 0);
+[[nodiscard]] Status adapter_backward_input(const Context& ctx, const BlockAdapters* adapters, int target,
+                                            int64_t rows, int64_t in, float* dx, int slot = 0);
+
 }  // namespace strata::kernels::lora::cuda
