@@ -467,6 +467,11 @@ void add_adapter_keys(const AdapterConfig& a, std::map<std::string, std::string>
   keys["adapter.double_quant"] = a.double_quant ? "1" : "0";
 }
 
+// The base model's shape keys (an adapter's left out), and their reader.
+std::map<std::string, std::string> store_shape_metadata(const ModelConfig& m);
+Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::string>& metadata,
+                                              const std::string& dir);
+
 }  // namespace
 
 std::map<std::string, std::string> store_metadata(const ModelConfig& m) {
@@ -474,6 +479,8 @@ std::map<std::string, std::string> store_metadata(const ModelConfig& m) {
   add_adapter_keys(m.adapter, keys);
   return keys;
 }
+
+namespace {
 
 std::map<std::string, std::string> store_shape_metadata(const ModelConfig& m) {
   std::map<std::string, std::string> keys = {{"model.arch", m.arch},
@@ -504,6 +511,8 @@ std::map<std::string, std::string> store_shape_metadata(const ModelConfig& m) {
   }
   return keys;
 }
+
+}  // namespace
 
 Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::string>& metadata,
                                               const std::string& dir) {
@@ -548,6 +557,8 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'adapter.base_dtype' is '{}'", dir, base_name));
   return model;
 }
+
+namespace {
 
 Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::string>& metadata,
                                               const std::string& dir) {
@@ -617,6 +628,8 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
   }
   return model;
 }
+
+}  // namespace
 
 std::optional<std::string> first_shape_difference(const ModelConfig& a, const ModelConfig& b) {
   // model.arch first: every other key means something else across architectures.

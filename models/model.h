@@ -230,11 +230,7 @@ std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& 
 // existed are GPT-2.
 // With an adapter, its keys too ("adapter.rank", …; docs/lora.md).
 std::map<std::string, std::string> store_metadata(const ModelConfig& model);
-// The shape keys alone (the base model's; an adapter's keys left out), and its reader.
-std::map<std::string, std::string> store_shape_metadata(const ModelConfig& model);
 [[nodiscard]] Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::string>& metadata,
-                                                            const std::string& dir);
-[[nodiscard]] Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::string>& metadata,
                                                             const std::string& dir);
 // A whole number in [min, max] under `key` of untrusted store metadata; missing, malformed or out
 // of range is an error naming the key and `dir`.
