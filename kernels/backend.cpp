@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace strata::kernels {
 
@@ -194,6 +195,14 @@ size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config) 
 }
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config) {
   return runs_cpu_kernels(kind) ? llama::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
+}
+
+size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64_t n_head, int64_t head_dim) {
+#if STRATA_HAVE_CUDA
+  if (!runs_cpu_kernels(kind)) return cuda_attention_scratch_bytes(shape, n_head, head_dim);
+#endif
+  (void)kind;
+  return cpu_ops::attention_scratch_bytes(shape, n_head, head_dim);
 }
 
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape) {

@@ -66,6 +66,7 @@
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
 #include "kernels/lora/lora.h"
+#include "kernels/ops.h"
 #include "kernels/optim/elementwise.h"
 #include "kernels/quant/quant.h"
 #include "device/device.h"
@@ -159,6 +160,39 @@ class ComputeBackend {
   // global norm for updates that run on the host (run/train_plan.h, OptimizerSite::host)
   // with clipping — a second wait in such a step, after the last backward, before any update.
   [[nodiscard]] virtual Result<double> grad_sum_squares_now() = 0;
+
+  // --- the operations (kernels/ops.h; what a model definition composes) ---
+  // Scratch one attention call needs (ops::Attention::scratch) for `shape` and `n_head` query
+  // heads of `head_dim`.
+  virtual size_t attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim) const = 0;
+  [[nodiscard]] virtual Status gemm(const ops::Gemm& op) = 0;
+  [[nodiscard]] virtual Status rows_init(const ops::RowsInit& op) = 0;
+  [[nodiscard]] virtual Status add_bias(const ops::AddBias& op) = 0;
+  [[nodiscard]] virtual Status column_sums(const ops::ColumnSums& op) = 0;
+  [[nodiscard]] virtual Status norm_forward(const ops::NormForward& op) = 0;
+  [[nodiscard]] virtual Status norm_backward(const ops::NormBackward& op) = 0;
+  [[nodiscard]] virtual Status rope_tables(const ops::RopeTables& op) = 0;
+  [[nodiscard]] virtual Status rope(const ops::Rope& op) = 0;
+  [[nodiscard]] virtual Status attention_forward(const ops::Attention& op) = 0;
+  [[nodiscard]] virtual Status attention_backward(const ops::AttentionBackward& op) = 0;
+  [[nodiscard]] virtual Status gelu_forward(const ops::Gelu& op) = 0;
+  [[nodiscard]] virtual Status gelu_backward(const ops::GeluBackward& op) = 0;
+  [[nodiscard]] virtual Status gated_forward(const ops::Gated& op) = 0;
+  [[nodiscard]] virtual Status gated_backward(const ops::GatedBackward& op) = 0;
+  [[nodiscard]] virtual Status embedding_lookup(const ops::Embedding& op) = 0;
+  [[nodiscard]] virtual Status embedding_lookup_backward(const ops::EmbeddingBackward& op) = 0;
+  [[nodiscard]] virtual Status cross_entropy(const ops::CrossEntropy& op) = 0;
+  // LoRA on one targeted linear of a block (lora.h's semantics; nothing when `adapters` is
+  // null or does not target `target`): the forward adds its term into y; the backward in two
+  // halves around the base's dx product (backward_params reads x and dy and leaves du in
+  // `slot`; backward_input adds the adapter's share into dx).
+  [[nodiscard]] virtual Status lora_forward(const lora::BlockAdapters* adapters, int target, const float* x,
+                                            int64_t rows, int64_t in, int64_t out, float* y) = 0;
+  [[nodiscard]] virtual Status lora_backward_params(const lora::BlockAdapters* adapters, int target, const float* x,
+                                                    int64_t rows, int64_t in, int64_t out, const float* dy,
+                                                    int slot) = 0;
+  [[nodiscard]] virtual Status lora_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows,
+                                                   int64_t in, float* dx, int slot) = 0;
 
   // --- the model (gpt2.h's semantics; tokens and targets from begin_step) ---
   [[nodiscard]] virtual Status embedding_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,
@@ -304,6 +338,8 @@ class ComputeBackend {
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
 size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
+// ComputeBackend::attention_scratch_bytes on a device kind, before any backend exists.
+size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64_t n_head, int64_t head_dim);
 // The decode ops' workspace on a device kind (ComputeBackend::decode_workspace_size_bytes and
 // its Llama twin), for sizing generation's scratch before the device exists.
 size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,

@@ -13,6 +13,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_math.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/adamw8bit.h"
 #include "kernels/optim/cast.h"
@@ -45,6 +47,7 @@ class CpuBackend final : public ComputeBackend {
                                   ? batch.loss_normalizer_tokens
                                   : gk::count_trained_targets(batch.targets, batch.rows);
     packed_ = gk::PackedRows{batch.positions, batch.segments};
+    loss_sum_ = 0.0;
     scalars_ = StepScalars{};  // not clip_scale_: interleaved updates use the previous step's
     return Status();
   }
@@ -60,6 +63,15 @@ class CpuBackend final : public ComputeBackend {
   // See the top of this file. Not on the CPU device: nothing an op must wait for is ever
   // enqueued there, and a wait per op would cost each of them a round trip to the worker.
   Status in_stream_order() { return device_.memory_is_host() ? Status() : device_.synchronize(stream_); }
+  // An op's loops on the calling thread, in stream order (BLAS pinned to one thread first:
+  // the fixed tiles must not fan out again inside OpenBLAS).
+  template <typename Body>
+  Status run(const Body& body) {
+    STRATA_RETURN_IF_ERROR(in_stream_order());
+    cpu_math::pin_blas_to_one_thread();
+    body();
+    return Status();
+  }
   // The step's packing, checked against the op's shape (free when unpacked).
   Status check_packed(const gk::BatchShape& shape) const {
     if (packed_.positions == nullptr && packed_.segments == nullptr) return Status();
@@ -68,6 +80,64 @@ class CpuBackend final : public ComputeBackend {
 
  public:
   Result<double> grad_sum_squares_now() override { return scalars_.grad_sum_squares; }
+
+  // --- the operations (cpu_ops.h, after the stream-order wait) ---
+  size_t attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim) const override {
+    return cpu_ops::attention_scratch_bytes(shape, n_head, head_dim);
+  }
+  Status gemm(const ops::Gemm& op) override { return run([&] { cpu_ops::gemm(op); }); }
+  Status rows_init(const ops::RowsInit& op) override { return run([&] { cpu_ops::rows_init(op); }); }
+  Status add_bias(const ops::AddBias& op) override { return run([&] { cpu_ops::add_bias(op); }); }
+  Status column_sums(const ops::ColumnSums& op) override { return run([&] { cpu_ops::column_sums(op); }); }
+  Status norm_forward(const ops::NormForward& op) override { return run([&] { cpu_ops::norm_forward(op); }); }
+  Status norm_backward(const ops::NormBackward& op) override { return run([&] { cpu_ops::norm_backward(op); }); }
+  Status rope_tables(const ops::RopeTables& op) override { return run([&] { cpu_ops::rope_tables(op); }); }
+  Status rope(const ops::Rope& op) override {
+    if (op.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
+    return run([&] { cpu_ops::rope(op, packed_.positions); });
+  }
+  Status attention_forward(const ops::Attention& op) override {
+    if (op.use_step_segments) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
+    return run([&] { cpu_ops::attention_forward(op, packed_.segments); });
+  }
+  Status attention_backward(const ops::AttentionBackward& op) override {
+    if (op.forward.use_step_segments) STRATA_RETURN_IF_ERROR(check_packed(op.forward.shape));
+    return run([&] { cpu_ops::attention_backward(op, packed_.segments); });
+  }
+  Status gelu_forward(const ops::Gelu& op) override { return run([&] { cpu_ops::gelu_forward(op); }); }
+  Status gelu_backward(const ops::GeluBackward& op) override { return run([&] { cpu_ops::gelu_backward(op); }); }
+  Status gated_forward(const ops::Gated& op) override { return run([&] { cpu_ops::gated_forward(op); }); }
+  Status gated_backward(const ops::GatedBackward& op) override { return run([&] { cpu_ops::gated_backward(op); }); }
+  Status embedding_lookup(const ops::Embedding& op) override {
+    if (op.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
+    return run([&] { cpu_ops::embedding(op, tokens_, packed_.positions); });
+  }
+  Status embedding_lookup_backward(const ops::EmbeddingBackward& op) override {
+    if (op.forward.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.forward.shape));
+    return run([&] { cpu_ops::embedding_backward(op, tokens_, packed_.positions); });
+  }
+  // The step's loss is kept current after every call: the running sum over N, as the head's
+  // one loop over its chunks always returned it.
+  Status cross_entropy(const ops::CrossEntropy& op) override {
+    STRATA_RETURN_IF_ERROR(check_targets(targets_, op.first_row + op.rows, op.vocab));
+    const int64_t n = loss_normalizer_tokens_;
+    const float inv_normalizer = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
+    STRATA_RETURN_IF_ERROR(run([&] { cpu_ops::cross_entropy(op, targets_, inv_normalizer, &loss_sum_); }));
+    scalars_.loss = n > 0 ? static_cast<float>(loss_sum_ / static_cast<double>(n)) : 0.0f;
+    return Status();
+  }
+  Status lora_forward(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
+                      int64_t out, float* y) override {
+    return run([&] { lora::adapter_forward(adapters, target, x, rows, in, out, y); });
+  }
+  Status lora_backward_params(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows,
+                              int64_t in, int64_t out, const float* dy, int slot) override {
+    return run([&] { lora::adapter_backward_params(adapters, target, x, rows, in, out, dy, slot); });
+  }
+  Status lora_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx,
+                             int slot) override {
+    return run([&] { lora::adapter_backward_input(adapters, target, rows, in, dx, slot); });
+  }
 
   Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte,
                            const float* wpe, float* x0) override {
@@ -296,6 +366,7 @@ class CpuBackend final : public ComputeBackend {
   int64_t loss_normalizer_tokens_ = 0;  // N, resolved at begin_step (StepBatch)
   gk::PackedRows packed_{};  // begin_step's positions and segments (host memory)
   StepScalars scalars_;
+  double loss_sum_ = 0.0;  // the cross_entropy ops' running sum this step, in row order
   float clip_scale_ = 1.0f;
 };
 

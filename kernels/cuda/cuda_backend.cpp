@@ -160,6 +160,37 @@ class CudaBackend final : public ComputeBackend {
     STRATA_RETURN_IF_ERROR(check_packed(shape));
     return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
   }
+  // TRANSITION (branch ops only): the operations land in kernels/cuda/cuda_ops.cu.
+  size_t attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim) const override {
+    return cuda_attention_scratch_bytes(shape, n_head, head_dim);
+  }
+  Status gemm(const ops::Gemm&) override { return todo(); }
+  Status rows_init(const ops::RowsInit&) override { return todo(); }
+  Status add_bias(const ops::AddBias&) override { return todo(); }
+  Status column_sums(const ops::ColumnSums&) override { return todo(); }
+  Status norm_forward(const ops::NormForward&) override { return todo(); }
+  Status norm_backward(const ops::NormBackward&) override { return todo(); }
+  Status rope_tables(const ops::RopeTables&) override { return todo(); }
+  Status rope(const ops::Rope&) override { return todo(); }
+  Status attention_forward(const ops::Attention&) override { return todo(); }
+  Status attention_backward(const ops::AttentionBackward&) override { return todo(); }
+  Status gelu_forward(const ops::Gelu&) override { return todo(); }
+  Status gelu_backward(const ops::GeluBackward&) override { return todo(); }
+  Status gated_forward(const ops::Gated&) override { return todo(); }
+  Status gated_backward(const ops::GatedBackward&) override { return todo(); }
+  Status embedding_lookup(const ops::Embedding&) override { return todo(); }
+  Status embedding_lookup_backward(const ops::EmbeddingBackward&) override { return todo(); }
+  Status cross_entropy(const ops::CrossEntropy&) override { return todo(); }
+  Status lora_forward(const lora::BlockAdapters*, int, const float*, int64_t, int64_t, int64_t, float*) override {
+    return todo();
+  }
+  Status lora_backward_params(const lora::BlockAdapters*, int, const float*, int64_t, int64_t, int64_t, const float*,
+                              int) override {
+    return todo();
+  }
+  Status lora_backward_input(const lora::BlockAdapters*, int, int64_t, int64_t, float*, int) override { return todo(); }
+  static Status todo() { return make_error(ErrorKind::unsupported, "cuda: operation not built yet (branch ops)"); }
+
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                        const float* x_in, float* x_out, const gk::Workspace& workspace,
                        const lora::BlockAdapters* adapters) override {
@@ -278,6 +309,11 @@ class CudaBackend final : public ComputeBackend {
 };
 
 }  // namespace
+
+// The attention's [B, H, T, T] probabilities and their gradient (kept from forward to backward).
+size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t /*head_dim*/) {
+  return 2 * static_cast<size_t>(shape.batch * n_head * shape.seq_len * shape.seq_len) * sizeof(float);
+}
 
 size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
   return gk::cuda::workspace_size_bytes(config, max_shape);

@@ -56,6 +56,8 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/ops.h"
+
 namespace strata::kernels::lora {
 struct BlockAdapters;  // kernels/lora/lora.h
 }  // namespace strata::kernels::lora
@@ -72,12 +74,9 @@ struct Config {
   int64_t head_dim() const { return n_embd / n_head; }
 };
 
-// Activation shape of one call: batch rows of seq_len tokens each (seq_len <= n_ctx).
-struct BatchShape {
-  int64_t batch = 0;
-  int64_t seq_len = 0;
-  int64_t rows() const { return batch * seq_len; }
-};
+// Activation shape of one call (seq_len <= n_ctx) and caller-allocated scratch: kernels/ops.h's.
+using kernels::BatchShape;
+using kernels::Workspace;
 
 // One parameter tensor as the store and trainer lay it out.
 struct ParamSpec {
@@ -159,11 +158,6 @@ struct PackedRows {
   const int32_t* segments = nullptr;
 };
 
-// Caller-allocated scratch (64-byte aligned, at least the size the sizing function asked for).
-struct Workspace {
-  float* data = nullptr;
-  size_t size_bytes = 0;
-};
 
 // Rows of [rows, vocab] logits the head materializes at once. The head works through the
 // B·T rows in chunks of this many, so its logits scratch is head_chunk_rows × vocab floats

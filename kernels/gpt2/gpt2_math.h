@@ -8,39 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define STRATA_HOST_DEVICE __host__ __device__
-#else
-#define STRATA_HOST_DEVICE
-#endif
+#include "kernels/op_math.h"  // STRATA_HOST_DEVICE and the scalar math, shared with every op
 
 namespace strata::kernels::gpt2 {
 
 inline constexpr float kLayerNormEps = 1e-5f;
-inline constexpr float kGeluSqrt2OverPi = 0.7978845608028654f;  // sqrt(2/pi)
-inline constexpr float kGeluCubic = 0.044715f;
-
-// tanh(u) = 1 − 2/(e^{2u} + 1): one expf instead of glibc's tanhf (an expm1f and more), which
-// profiled at a tenth of a CPU block. Near u = 0 the result carries an absolute (not relative)
-// error of about 1e-7; GELU only ever uses 1 ± t and 1 − t², where that is below fp32 rounding.
-// Saturates cleanly: e^{2u} = inf gives 1, e^{2u} = 0 gives −1.
-STRATA_HOST_DEVICE inline float gelu_tanh_of(float u) {
-  return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
-}
-
-// HF "gelu_new": 0.5·x·(1 + tanh(sqrt(2/pi)·(x + 0.044715·x³))).
-STRATA_HOST_DEVICE inline float gelu_tanh(float x) {
-  const float inner = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + gelu_tanh_of(inner));
-}
-
-// d gelu_tanh / dx = 0.5·(1 + t) + 0.5·x·(1 − t²)·sqrt(2/pi)·(1 + 3·0.044715·x²), t = tanh(inner).
-STRATA_HOST_DEVICE inline float gelu_tanh_derivative(float x) {
-  const float inner = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float t = gelu_tanh_of(inner);
-  const float d_inner = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * d_inner;
-}
+using op_math::gelu_tanh;
+using op_math::gelu_tanh_derivative;
+using op_math::gelu_tanh_of;
 
 // Hands out 64-byte aligned slices of a workspace (only offsets when base is null), so a
 // sizing function and the entry point that carves the workspace share one layout description.

@@ -10,24 +10,19 @@
 
 namespace strata::kernels::llama {
 
-// RoPE's inverse frequency of pair i: theta^(−2i/D), with Hugging Face's llama3 rope_scaling
-// (_compute_llama3_parameters) when config.rope_factor > 0. In double.
+// RoPE's parameters of `config` (ops.h) and the inverse frequency of pair i (op_math.h).
+STRATA_HOST_DEVICE inline ops::RopeSpec rope_spec(const Config& config) {
+  ops::RopeSpec spec;
+  spec.head_dim = config.head_dim;
+  spec.theta = config.rope_theta;
+  spec.factor = config.rope_factor;
+  spec.low_freq_factor = config.rope_low_freq_factor;
+  spec.high_freq_factor = config.rope_high_freq_factor;
+  spec.original_max_positions = config.rope_original_max_positions;
+  return spec;
+}
 STRATA_HOST_DEVICE inline double rope_inverse_frequency(const Config& config, int64_t i) {
-  double f = 1.0 / pow(config.rope_theta, static_cast<double>(2 * i) / static_cast<double>(config.head_dim));
-  if (config.rope_factor > 0.0) {
-    const double old_len = config.rope_original_max_positions;
-    const double low_wavelen = old_len / config.rope_low_freq_factor;
-    const double high_wavelen = old_len / config.rope_high_freq_factor;
-    const double wavelen = 2.0 * 3.14159265358979323846 / f;
-    if (wavelen > low_wavelen) {
-      f /= config.rope_factor;
-    } else if (wavelen >= high_wavelen) {
-      const double smooth =
-          (old_len / wavelen - config.rope_low_freq_factor) / (config.rope_high_freq_factor - config.rope_low_freq_factor);
-      f = (1.0 - smooth) * f / config.rope_factor + smooth * f;
-    }
-  }
-  return f;
+  return op_math::rope_inverse_frequency(rope_spec(config), i);
 }
 
 // The k/v head that query head h reads (Hugging Face's repeat_kv: n_head / n_kv_head query
@@ -36,24 +31,8 @@ STRATA_HOST_DEVICE inline int64_t kv_head_of(const Config& config, int64_t h) {
   return h / (config.n_head / config.n_kv_head);
 }
 
-// The cos and sin of pair i's angle at absolute position `position`: position·inv_freq in
-// double, then rounded — so a decode step at position p rotates exactly as a full forward does
-// at row p.
-STRATA_HOST_DEVICE inline void rope_cos_sin(double inv_freq, int64_t position, float* cos_a, float* sin_a) {
-  const double angle = static_cast<double>(position) * inv_freq;
-  *cos_a = static_cast<float>(cos(angle));
-  *sin_a = static_cast<float>(sin(angle));
-}
-
-// rotate_half on one head vector: the pair (i, i + D/2) rotated by the angle (sin negated: its
-// transpose, the backward).
-STRATA_HOST_DEVICE inline void rope_rotate_pair(float* head, int64_t i, int64_t half, float cos_a, float sin_a) {
-  const float a = head[i];
-  const float b = head[i + half];
-  head[i] = a * cos_a - b * sin_a;
-  head[i + half] = b * cos_a + a * sin_a;
-}
-
-STRATA_HOST_DEVICE inline float silu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+using op_math::rope_cos_sin;
+using op_math::rope_rotate_pair;
+using op_math::silu_sigmoid;
 
 }  // namespace strata::kernels::llama
