@@ -1,0 +1,23 @@
+// strata/models/definitions.h — the model definitions behind make_model_definition (model.h),
+// one file each, and what they share. Internal to models/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/gpt2/gpt2.h"
+#include "models/model.h"
+
+namespace strata::models {
+
+// GPT-2 (models/gpt2.cpp) and Llama with its variants — Qwen 2, Phi-3 (models/llama.cpp).
+std::unique_ptr<const ModelDefinition> make_gpt2_definition(const ModelConfig& config);
+std::unique_ptr<const ModelDefinition> make_llama_definition(const ModelConfig& config);
+
+// A parameter's shape as a vector (1-D or 2-D).
+inline std::vector<int64_t> shape_of(const kernels::gpt2::ParamSpec& spec) {
+  return spec.rank == 1 ? std::vector<int64_t>{spec.shape[0]} : std::vector<int64_t>{spec.shape[0], spec.shape[1]};
+}
+
+}  // namespace strata::models

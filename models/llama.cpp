@@ -1,0 +1,182 @@
+// models/llama.cpp — the Llama definition (model.h) and its variants (Qwen 2, Phi-3): units, init and ops.
+#include "models/definitions.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/gpt2/gpt2.h"
+#include "kernels/llama/llama.h"
+#include "models/definitions.h"
+
+namespace strata::models {
+namespace {
+
+namespace gk = kernels::gpt2;
+namespace lk = kernels::llama;
+
+// --- Llama ---------------------------------------------------------------------------------
+// Units embed (model.embed_tokens), layers.{i}, norm (model.norm, and lm_head when untied).
+// Init as Hugging Face's LlamaPreTrainedModel: every Linear and the embedding normal(0,
+// init_std = initializer_range), RMSNorm weights 1.
+class Llama final : public ModelDefinition {
+ public:
+  explicit Llama(const ModelConfig& model) : ModelDefinition(model) {
+    kc_.n_layer = model.n_layer;
+    kc_.n_head = model.n_head;
+    kc_.n_kv_head = model.kv_heads();
+    kc_.head_dim = model.head_size();
+    kc_.n_embd = model.n_embd;
+    kc_.intermediate_size = model.intermediate_size;
+    kc_.vocab_size = model.vocab_size;
+    kc_.n_ctx = model.seq_len;
+    kc_.rope_theta = model.rope_theta;
+    if (model.rope_scaling.type == "llama3") {
+      kc_.rope_factor = model.rope_scaling.factor;
+      kc_.rope_low_freq_factor = model.rope_scaling.low_freq_factor;
+      kc_.rope_high_freq_factor = model.rope_scaling.high_freq_factor;
+      kc_.rope_original_max_positions = model.rope_scaling.original_max_position_embeddings;
+    }
+    kc_.norm_eps = model.norm_eps;
+    kc_.tie_word_embeddings = model.tie_word_embeddings;
+    kc_.qkv_bias = model.qkv_bias;
+    kc_.o_bias = model.o_proj_bias;
+    const int64_t vocab = model.vocab_size;
+    const int64_t c = model.n_embd;
+    Unit embed{"embed", -1, {}, 0};
+    add_tensor(embed, "model.embed_tokens.weight", {vocab, c}, true, model.init_std, 0.0f);
+    embed.tensors.back().token_embedding = true;
+    units_.push_back(std::move(embed));
+    const auto specs = lk::block_param_specs(kc_);
+    for (int64_t layer = 0; layer < kc_.n_layer; ++layer) {
+      Unit block{"layers." + std::to_string(layer), layer, {}, 0};
+      for (const auto& spec : specs) {
+        // RMSNorm weights start at 1, biases at 0 (neither decays: spec.weight_decay), matrices
+        // normal(0, init_std).
+        const bool is_norm = spec.name_suffix.ends_with("layernorm.weight");
+        const bool is_bias = spec.name_suffix.ends_with(".bias");
+        add_tensor(block, lk::block_param_name(layer, spec.name_suffix), shape_of(spec), spec.weight_decay,
+                   is_norm || is_bias ? 0.0 : model.init_std, is_norm ? 1.0f : 0.0f);
+      }
+      units_.push_back(std::move(block));
+    }
+    Unit norm{"norm", -1, {}, 0};
+    add_tensor(norm, "model.norm.weight", {c}, false, 0.0, 1.0f);
+    if (!model.tie_word_embeddings) add_tensor(norm, "lm_head.weight", {vocab, c}, true, model.init_std, 0.0f);
+    units_.push_back(std::move(norm));
+    find_linears({"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                  "mlp.up_proj", "mlp.down_proj"},
+                 /*conv1d=*/false);
+  }
+
+  const char* arch() const override { return "llama"; }
+  size_t workspace_size_bytes(const kernels::ComputeBackend& backend, const BatchShape& shape) const override {
+    return backend.llama_workspace_size_bytes(kc_, shape);
+  }
+  size_t workspace_size_bytes(device::Kind kind, const BatchShape& shape) const override {
+    return kernels::workspace_size_bytes(kind, kc_, shape);
+  }
+  Status embedding_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* embed,
+                           float* x0) const override {
+    return backend.llama_embedding_forward(kc_, shape, embed, x0);
+  }
+  Status embedding_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* d_x0,
+                            float* grads) const override {
+    return backend.llama_embedding_backward(kc_, shape, d_x0, grads);
+  }
+  Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
+                       const float* x_in, float* x_out, const Workspace& workspace,
+                       const kernels::lora::BlockAdapters* adapters) const override {
+    return backend.llama_block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace, adapters);
+  }
+  Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
+                        const float* x_in, const float* d_out, float* d_in, float* grads, const Workspace& workspace,
+                        bool recompute, const kernels::lora::BlockAdapters* adapters) const override {
+    const lk::BlockGrads bound = grads == nullptr ? lk::BlockGrads{} : lk::bind_block(kc_, grads);  // null: frozen
+    return backend.llama_block_backward(kc_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in, bound, workspace,
+                                        recompute, adapters);
+  }
+  Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* norm,
+                               const float* embed, const float* x_final, float* d_x_final, float* norm_grads,
+                               float* embed_grads, const Workspace& workspace) const override {
+    return backend.llama_head_forward_backward(kc_, shape, head_weights(norm, embed), x_final, d_x_final,
+                                               head_weights(norm_grads, embed_grads), workspace);
+  }
+  int64_t kv_cache_width() const override { return kc_.kv_width(); }
+  int64_t learned_positions() const override { return 0; }
+  uint64_t final_norm_elements() const override { return uint64_t(kc_.n_embd); }
+  bool head_tied() const override { return kc_.tie_word_embeddings; }
+  size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const override {
+    return kernels::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
+  }
+  Status embedding_decode(kernels::ComputeBackend& backend, int64_t /*past*/, int64_t rows, const int32_t* tokens,
+                          const float* token_table, int64_t table_rows, const float* /*positions*/,
+                          float* x0) const override {
+    lk::Config piece = kc_;
+    piece.vocab_size = table_rows;
+    return backend.llama_embedding_decode(piece, rows, tokens, token_table, x0);
+  }
+  Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
+                      const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                      const Workspace& workspace) const override {
+    return backend.llama_block_decode(kc_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache, workspace);
+  }
+  Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* norm, const float* projection,
+                     int64_t projection_rows, const float* x_final, float* logits,
+                     const Workspace& workspace) const override {
+    lk::Config piece = kc_;
+    piece.vocab_size = projection_rows;
+    return backend.llama_head_logits(piece, rows, lk::HeadWeights{norm, projection}, x_final, logits, workspace);
+  }
+  size_t decode_bf16_scratch_bytes(device::Kind kind) const override {
+    return kernels::decode_bf16_scratch_bytes(kind, kc_);
+  }
+  Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
+                           const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                           const Workspace& workspace, const Workspace& scratch) const override {
+    return backend.llama_block_decode_bf16(kc_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache, workspace,
+                                           scratch);
+  }
+  Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows, const uint16_t* norm,
+                          const uint16_t* projection, const float* x_final, float* logits, const Workspace& workspace,
+                          const Workspace& scratch) const override {
+    return backend.llama_head_logits_bf16(kc_, rows, lk::HeadWeightsBf16{norm, projection}, x_final, logits,
+                                          workspace, scratch);
+  }
+  size_t host_workspace_size_bytes(const BatchShape& shape) const override {
+    return lk::workspace_size_bytes(kc_, shape);
+  }
+  void host_embedding_forward(const BatchShape& shape, const int32_t* tokens, const float* embed,
+                              float* x0) const override {
+    lk::embedding_forward(kc_, shape, tokens, embed, x0);
+  }
+  void host_block_forward(const BatchShape& shape, const float* block, const float* x_in, float* x_out,
+                          const Workspace& workspace) const override {
+    lk::block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace);
+  }
+  void host_head_forward(const BatchShape& shape, const float* norm, const float* embed, const float* x_final,
+                         float* logits, const Workspace& workspace) const override {
+    lk::head_forward(kc_, shape, head_weights(norm, embed), x_final, logits, workspace);
+  }
+
+ private:
+  // The norm weight, then the output projection: lm_head after it in the unit, or the
+  // embedding when tied. The same for gradients.
+  lk::HeadWeights head_weights(const float* norm, const float* embed) const {
+    return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
+  }
+  lk::HeadGrads head_weights(float* norm, float* embed) const {
+    if (norm == nullptr) return {};  // the loss only (no gradients)
+    return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
+  }
+  lk::Config kc_;
+};
+
+}  // namespace
+
+std::unique_ptr<const ModelDefinition> make_llama_definition(const ModelConfig& config) {
+  return std::make_unique<Llama>(config);
+}
+
+}  // namespace strata::models
