@@ -197,6 +197,22 @@ size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config)
   return runs_cpu_kernels(kind) ? llama::decode_bf16_scratch_bytes(config) : default_bf16_scratch_bytes(config);
 }
 
+size_t attention_decode_scratch_bytes(device::Kind kind, int64_t max_rows, int64_t n_head, int64_t max_positions) {
+#if STRATA_HAVE_CUDA
+  if (!runs_cpu_kernels(kind)) return cuda_attention_decode_scratch_bytes(max_rows, n_head, max_positions);
+#endif
+  (void)kind;
+  return cpu_ops::attention_decode_scratch_bytes(max_rows, n_head, max_positions);
+}
+
+size_t matmul_bf16_scratch_bytes(device::Kind kind, int64_t max_in, int64_t max_out) {
+#if STRATA_HAVE_CUDA
+  if (!runs_cpu_kernels(kind)) return cuda_matmul_bf16_scratch_bytes(max_in, max_out);
+#endif
+  (void)kind;
+  return cpu_ops::matmul_bf16_scratch_bytes(max_in, max_out);
+}
+
 size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64_t n_head, int64_t head_dim) {
 #if STRATA_HAVE_CUDA
   if (!runs_cpu_kernels(kind)) return cuda_attention_scratch_bytes(shape, n_head, head_dim);

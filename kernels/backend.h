@@ -182,6 +182,12 @@ class ComputeBackend {
   [[nodiscard]] virtual Status embedding_lookup(const ops::Embedding& op) = 0;
   [[nodiscard]] virtual Status embedding_lookup_backward(const ops::EmbeddingBackward& op) = 0;
   [[nodiscard]] virtual Status cross_entropy(const ops::CrossEntropy& op) = 0;
+  // Decoding (ops.h "decoding with a KV cache"); the bf16 product also serves any bf16 weight.
+  virtual size_t attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions) const = 0;
+  virtual size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) const = 0;
+  [[nodiscard]] virtual Status copy_rows(const ops::CopyRows& op) = 0;
+  [[nodiscard]] virtual Status attention_decode(const ops::AttentionDecode& op) = 0;
+  [[nodiscard]] virtual Status matmul_bf16(const ops::MatmulBf16& op) = 0;
   // LoRA on one targeted linear of a block (lora.h's semantics; nothing when `adapters` is
   // null or does not target `target`): the forward adds its term into y; the backward in two
   // halves around the base's dx product (backward_params reads x and dy and leaves du in
@@ -338,8 +344,11 @@ class ComputeBackend {
 size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
 size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
-// ComputeBackend::attention_scratch_bytes on a device kind, before any backend exists.
+// ComputeBackend::attention_scratch_bytes, attention_decode_scratch_bytes and
+// matmul_bf16_scratch_bytes on a device kind, before any backend exists.
 size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64_t n_head, int64_t head_dim);
+size_t attention_decode_scratch_bytes(device::Kind kind, int64_t max_rows, int64_t n_head, int64_t max_positions);
+size_t matmul_bf16_scratch_bytes(device::Kind kind, int64_t max_in, int64_t max_out);
 // The decode ops' workspace on a device kind (ComputeBackend::decode_workspace_size_bytes and
 // its Llama twin), for sizing generation's scratch before the device exists.
 size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,

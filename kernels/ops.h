@@ -232,6 +232,9 @@ struct GatedBackward {
 // x[r, :] = scale·table[token_r, :] (+ positions[pos_r, :], pos_r the row's position, or the
 // step's packed one when use_step_positions; scale must then be 1). scale 1 multiplies nothing;
 // Gemma's √C is rounded to fp32 first, as Hugging Face's normalizer in the hidden dtype.
+// Decoding passes its own tokens: `tokens` (HOST memory, shape.rows() of them; the backend copies
+// them where it must) instead of the step's, and `first_position` (the cache's length): row r's
+// learned position is first_position + r % seq_len.
 struct Embedding {
   BatchShape shape;
   int64_t width = 0;
@@ -241,6 +244,8 @@ struct Embedding {
   bool use_step_positions = false;
   float scale = 1.0f;
   float* x = nullptr;
+  const int32_t* tokens = nullptr;  // null: the step's
+  int64_t first_position = 0;
 };
 // d_table[token_r, :] += scale·d_x[r, :] and d_positions[pos_r, :] += d_x[r, :], every row in
 // row order (repeated tokens summed in a fixed order). Either gradient null: skipped.
@@ -265,6 +270,56 @@ struct CrossEntropy {
   int64_t first_row = 0;
   bool gradient = false;
   float* row_loss = nullptr;
+};
+
+// --- decoding with a KV cache ---
+// dst rows (dst_stride apart) = src rows (src_stride apart), `cols` floats each: a new
+// position's k and v into a block's cache.
+struct CopyRows {
+  float* dst = nullptr;
+  int64_t dst_stride = 0;
+  const float* src = nullptr;
+  int64_t src_stride = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+// Attention of `rows` new positions past..past + rows − 1 over a cache whose rows 0..past + rows − 1
+// already hold k and v (kv_stride floats per position; k/v head g at column g·head_dim): new row
+// r, query head h (k/v head h / (n_head / n_kv_head)) attends to cache rows 0..past + r — what
+// the full forward computes for those rows. `scratch`: attention_decode_scratch_bytes.
+struct AttentionDecode {
+  int64_t past = 0;
+  int64_t rows = 0;
+  int64_t max_positions = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* keys = nullptr;
+  const float* values = nullptr;
+  int64_t kv_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  Workspace scratch;
+};
+// y[rows, out] (+)= x[rows, in]·W for W as bf16 bit patterns, stored [in, out] (x·W) or, with
+// w_out_major, [out, in] (x·Wᵀ: nn.Linear, a head): the store's bf16 compute copy multiplied as
+// it is. The CPU reads W once (cpu_math::matmul_bf16: a register-widening GEMV for a decoded
+// token, L2-sized widened pieces otherwise); CUDA widens bounded pieces into `scratch` and runs
+// its fp32 GEMM. Equal to widening W and the fp32 GEMM up to fp32 summation order.
+// `scratch`: matmul_bf16_scratch_bytes for the largest (in, out) the caller multiplies.
+struct MatmulBf16 {
+  bool w_out_major = false;
+  int64_t rows = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+  const float* x = nullptr;
+  const uint16_t* w = nullptr;
+  bool accumulate = false;
+  float* y = nullptr;
+  Workspace scratch;
 };
 
 }  // namespace ops

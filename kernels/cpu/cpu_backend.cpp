@@ -126,6 +126,17 @@ class CpuBackend final : public ComputeBackend {
     scalars_.loss = n > 0 ? static_cast<float>(loss_sum_ / static_cast<double>(n)) : 0.0f;
     return Status();
   }
+  size_t attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions) const override {
+    return cpu_ops::attention_decode_scratch_bytes(max_rows, n_head, max_positions);
+  }
+  size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) const override {
+    return cpu_ops::matmul_bf16_scratch_bytes(max_in, max_out);
+  }
+  Status copy_rows(const ops::CopyRows& op) override { return run([&] { cpu_ops::copy_rows(op); }); }
+  Status attention_decode(const ops::AttentionDecode& op) override {
+    return run([&] { cpu_ops::attention_decode(op); });
+  }
+  Status matmul_bf16(const ops::MatmulBf16& op) override { return run([&] { cpu_ops::matmul_bf16(op); }); }
   Status lora_forward(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
                       int64_t out, float* y) override {
     return run([&] { lora::adapter_forward(adapters, target, x, rows, in, out, y); });

@@ -338,8 +338,8 @@ void gated_backward(const ops::GatedBackward& op) {
 
 namespace {
 // The learned-position row of token r: its position within its example when packed, else within its row.
-int64_t position_of(const int32_t* positions, const BatchShape& shape, int64_t r) {
-  if (positions == nullptr) return r % shape.seq_len;
+int64_t position_of(const int32_t* positions, const BatchShape& shape, int64_t first_position, int64_t r) {
+  if (positions == nullptr) return first_position + r % shape.seq_len;
   assert(positions[r] >= 0 && positions[r] < shape.seq_len);
   return positions[r];
 }
@@ -348,14 +348,15 @@ int64_t position_of(const int32_t* positions, const BatchShape& shape, int64_t r
 void embedding(const ops::Embedding& op, const int32_t* tokens, const int32_t* positions) {
   const int64_t c = op.width;
   const int32_t* packed = op.use_step_positions ? positions : nullptr;
+  const int32_t* ids = op.tokens != nullptr ? op.tokens : tokens;
   for_rows(op.shape.rows(), kRowGrain, [&](int64_t r) {
-    const int32_t token = tokens[r];
+    const int32_t token = ids[r];
     assert(token >= 0 && token < op.vocab);
     const float* tok_row = op.table + static_cast<int64_t>(token) * c;
     float* out = op.x + r * c;
     if (op.positions != nullptr) {
       assert(op.scale == 1.0f);
-      const float* pos_row = op.positions + position_of(packed, op.shape, r) * c;
+      const float* pos_row = op.positions + position_of(packed, op.shape, op.first_position, r) * c;
       for (int64_t j = 0; j < c; ++j) out[j] = tok_row[j] + pos_row[j];
     } else if (op.scale != 1.0f) {
       for (int64_t j = 0; j < c; ++j) out[j] = tok_row[j] * op.scale;
@@ -389,7 +390,7 @@ void embedding_backward(const ops::EmbeddingBackward& grad, const int32_t* token
         }
       }
       if (grad.d_positions != nullptr) {
-        float* pos_row = grad.d_positions + position_of(packed, op.shape, r) * c + c0;
+        float* pos_row = grad.d_positions + position_of(packed, op.shape, op.first_position, r) * c + c0;
         for (int64_t j = 0; j < width; ++j) pos_row[j] += g[j];
       }
     }
@@ -405,6 +406,50 @@ void cross_entropy(const ops::CrossEntropy& op, const int32_t* targets, float in
                                 : gpt2::cross_entropy_row(logits, op.vocab, target, op.gradient, inv_normalizer);
   });
   for (int64_t r = 0; r < op.rows; ++r) *loss_sum += op.row_loss[r];
+}
+
+void copy_rows(const ops::CopyRows& op) {
+  for (int64_t r = 0; r < op.rows; ++r)
+    std::memcpy(op.dst + r * op.dst_stride, op.src + r * op.src_stride, static_cast<size_t>(op.cols) * sizeof(float));
+}
+
+size_t attention_decode_scratch_bytes(int64_t /*max_rows*/, int64_t n_head, int64_t max_positions) {
+  return static_cast<size_t>(n_head * max_positions) * sizeof(float);
+}
+
+void attention_decode(const ops::AttentionDecode& op) {
+  assert(op.past >= 0 && op.rows > 0 && op.past + op.rows <= op.max_positions);
+  assert(op.scratch.size_bytes >= attention_decode_scratch_bytes(op.rows, op.n_head, op.max_positions));
+  const int64_t d = op.head_dim;
+  const int64_t group = op.n_head / op.n_kv_head;
+  // One task per query head: its score row is its own, and each output element is one head's.
+  for_rows(op.n_head, 1, [&](int64_t h) {
+    const int64_t kv = h / group;
+    float* p = op.scratch.data + h * op.max_positions;
+    for (int64_t r = 0; r < op.rows; ++r) {
+      const int64_t count = op.past + r + 1;
+      const float* q = op.q + r * op.q_stride + h * d;
+      for (int64_t j = 0; j < count; ++j) {
+        const float* k = op.keys + j * op.kv_stride + kv * d;
+        float dot = 0.0f;
+        for (int64_t e = 0; e < d; ++e) dot += q[e] * k[e];
+        p[j] = dot;
+      }
+      gpt2::softmax_scaled_inplace(p, count, op.scale);
+      float* out = op.out + r * op.out_stride + h * d;
+      std::fill(out, out + d, 0.0f);
+      for (int64_t j = 0; j < count; ++j) gpt2::axpy(p[j], op.values + j * op.kv_stride + kv * d, out, d);
+    }
+  });
+}
+
+size_t matmul_bf16_scratch_bytes(int64_t /*max_in*/, int64_t /*max_out*/) {
+  return static_cast<size_t>(cpu_math::kBf16PiecesFloats) * sizeof(float);
+}
+
+void matmul_bf16(const ops::MatmulBf16& op) {
+  assert(op.scratch.size_bytes >= matmul_bf16_scratch_bytes(op.in, op.out));
+  cpu_math::matmul_bf16(op.w_out_major, op.rows, op.in, op.out, op.x, op.w, op.accumulate, op.y, op.scratch.data);
 }
 
 }  // namespace strata::kernels::cpu_ops

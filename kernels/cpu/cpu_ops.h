@@ -45,4 +45,12 @@ void embedding_backward(const ops::EmbeddingBackward& op, const int32_t* tokens,
 // by `inv_normalizer` (1/N, 0 when nothing is trained).
 void cross_entropy(const ops::CrossEntropy& op, const int32_t* targets, float inv_normalizer, double* loss_sum);
 
+// Decoding. The scratch sizes: attention_decode a score row of max_positions per head;
+// matmul_bf16 cpu_math's widened pieces (kBf16PiecesFloats), whatever the matrix.
+void copy_rows(const ops::CopyRows& op);
+size_t attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions);
+void attention_decode(const ops::AttentionDecode& op);
+size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out);
+void matmul_bf16(const ops::MatmulBf16& op);
+
 }  // namespace strata::kernels::cpu_ops

@@ -2,6 +2,7 @@
 // compute stream of a CUDA device. Nothing here waits for the device except end_step and
 // synchronize; the loss, the gradient sum of squares and the clip coefficient stay in one small
 // device block until end_step brings the first two back.
+#include <algorithm>
 #include <cassert>
 #include <cstddef>
 
@@ -189,6 +190,15 @@ class CudaBackend final : public ComputeBackend {
     return todo();
   }
   Status lora_backward_input(const lora::BlockAdapters*, int, int64_t, int64_t, float*, int) override { return todo(); }
+  size_t attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions) const override {
+    return cuda_attention_decode_scratch_bytes(max_rows, n_head, max_positions);
+  }
+  size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) const override {
+    return cuda_matmul_bf16_scratch_bytes(max_in, max_out);
+  }
+  Status copy_rows(const ops::CopyRows&) override { return todo(); }
+  Status attention_decode(const ops::AttentionDecode&) override { return todo(); }
+  Status matmul_bf16(const ops::MatmulBf16&) override { return todo(); }
   static Status todo() { return make_error(ErrorKind::unsupported, "cuda: operation not built yet (branch ops)"); }
 
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
@@ -313,6 +323,18 @@ class CudaBackend final : public ComputeBackend {
 // The attention's [B, H, T, T] probabilities and their gradient (kept from forward to backward).
 size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t /*head_dim*/) {
   return 2 * static_cast<size_t>(shape.batch * n_head * shape.seq_len * shape.seq_len) * sizeof(float);
+}
+
+// The scores of every new row and head over the cache (the old decode kernels' layout).
+size_t cuda_attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions) {
+  return static_cast<size_t>(max_rows * n_head * max_positions) * sizeof(float);
+}
+
+// A widened piece of the matrix: at most kDecodeHeadPieceRows slices along its longer side,
+// each as long as its shorter side (a 128k-vocabulary head: 4096 rows of C at a time).
+size_t cuda_matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) {
+  const int64_t piece_rows = std::min<int64_t>(kDecodeHeadPieceRows, std::max(max_in, max_out));
+  return static_cast<size_t>(piece_rows * std::min(max_in, max_out)) * sizeof(float);
 }
 
 size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
