@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <oneapi/tbb/global_control.h>
 
 #include "kernels/backend.h"
 #include "kernels/lora/lora.h"
@@ -552,7 +553,7 @@ struct AttentionLayout {
 // The first key row token i of batch row b may see: the start of its example when the segments
 // apply, else 0.
 int64_t first_key(const std::vector<int32_t>& segments, bool use, int64_t b, int64_t i) {
-  if (!use) return 0;
+  if (!use || segments.empty()) return 0;  // no segments in the step: one example per row
   int64_t first = i;
   while (first > 0 && segments[count(b * kSeq + first - 1)] == segments[count(b * kSeq + i)]) --first;
   return first;
@@ -748,7 +749,7 @@ OpCase gated_case(std::string name, ops::GateKind kind) {
 }
 
 // --- embedding (the step's tokens: vocabulary 5 over 16 rows, so tokens repeat) ---
-OpCase embedding_case(std::string name, bool learned_positions, bool packed, bool scaled) {
+OpCase embedding_case(std::string name, bool learned_positions, bool packed, bool scaled, bool use_step_positions) {
   return {std::move(name), "embedding_lookup/_backward", [=](BackendEnv& env, CaseRun& run) {
             if (packed) run.pack();
             begin(env, run);
@@ -763,7 +764,7 @@ OpCase embedding_case(std::string name, bool learned_positions, bool packed, boo
             Doubles want_x(count(kRows * c)), want_d_table = widen(d_table0), want_d_positions = widen(d_positions0);
             for (int64_t r = 0; r < kRows; ++r) {
               const int64_t token = run.tokens[count(r)];
-              const int64_t position = packed ? run.positions[count(r)] : r % kSeq;
+              const int64_t position = packed && use_step_positions ? run.positions[count(r)] : r % kSeq;
               for (int64_t j = 0; j < c; ++j) {
                 const size_t at = count(r * c + j);
                 want_x[at] = static_cast<double>(scale) * table[count(token * c + j)] +
@@ -777,7 +778,7 @@ OpCase embedding_case(std::string name, bool learned_positions, bool packed, boo
                                          .vocab = vocab,
                                          .table = env.upload(table),
                                          .positions = learned_positions ? env.upload(positions) : nullptr,
-                                         .use_step_positions = packed,
+                                         .use_step_positions = use_step_positions,
                                          .scale = scale,
                                          .x = env.upload(Floats(count(kRows * c), kNaN))};
             expect_ok(env.backend().embedding_lookup(forward));
@@ -978,18 +979,23 @@ std::vector<OpCase> all_cases() {
   cases.push_back(rope_case("rope_llama3_from3", true, 3, false, false));
   cases.push_back(rope_case("rope_packed_positions", false, 0, true, true));
   cases.push_back(rope_case("rope_packed_step_unused", false, 0, true, false));  // row order in a packed step
+  cases.push_back(rope_case("rope_step_positions_unpacked_step", false, 0, false, true));  // none: row order
   cases.push_back(attention_case("attention_mha_strided", {4, 4, 8, false, 3, false, false}));
   cases.push_back(attention_case("attention_gqa_strided", {6, 2, 8, false, 2, false, false}));
   cases.push_back(attention_case("attention_gpt2_fused_qkv", {4, 4, 8, true, 0, false, false}));
   cases.push_back(attention_case("attention_gqa_packed_segments", {4, 2, 8, false, 0, true, true}));
   cases.push_back(attention_case("attention_packed_step_unused", {4, 2, 8, false, 0, true, false}));
+  // use_step_segments on a step without segments: one example per row.
+  cases.push_back(attention_case("attention_segments_unpacked_step", {4, 2, 8, false, 0, false, true}));
   cases.push_back(gelu_case());
   cases.push_back(gated_case("gated_silu", ops::GateKind::silu));
   cases.push_back(gated_case("gated_gelu_tanh", ops::GateKind::gelu_tanh));
-  cases.push_back(embedding_case("embedding_learned_positions", true, false, false));
-  cases.push_back(embedding_case("embedding_packed_positions", true, true, false));
-  cases.push_back(embedding_case("embedding_scaled_sqrt_c", false, false, true));
-  cases.push_back(embedding_case("embedding_plain", false, false, false));
+  cases.push_back(embedding_case("embedding_learned_positions", true, false, false, false));
+  cases.push_back(embedding_case("embedding_packed_positions", true, true, false, true));
+  cases.push_back(embedding_case("embedding_packed_step_unused", true, true, false, false));
+  cases.push_back(embedding_case("embedding_step_positions_unpacked_step", true, false, false, true));
+  cases.push_back(embedding_case("embedding_scaled_sqrt_c", false, false, true, false));
+  cases.push_back(embedding_case("embedding_plain", false, false, false, false));
   cases.push_back(cross_entropy_case("cross_entropy_masked_two_chunks", Masks::some, 0, true, 6));
   cases.push_back(cross_entropy_case("cross_entropy_normalizer_two_chunks", Masks::some, 40, true, 9));
   cases.push_back(cross_entropy_case("cross_entropy_no_gradient_two_chunks", Masks::some, 0, false, 6));
@@ -1000,6 +1006,19 @@ std::vector<OpCase> all_cases() {
   cases.push_back(lora_case("lora_null_adapters", 0.0f, LoraAdapters::null_adapters));
   cases.push_back(lora_case("lora_other_target", 0.0f, LoraAdapters::other_target));
   return cases;
+}
+
+// Every tensor (and the step's loss) of `got` the bits of `want`'s.
+void expect_bit_identical(const std::string& case_name, const CaseRun& got, const CaseRun& want, const char* what) {
+  ASSERT_EQ(got.tensors.size(), want.tensors.size()) << case_name;
+  for (size_t i = 0; i < want.tensors.size(); ++i) {
+    const Floats& a = got.tensors[i].got;
+    const Floats& b = want.tensors[i].got;
+    ASSERT_EQ(a.size(), b.size()) << case_name << ": " << want.tensors[i].name;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), b.size() * sizeof(float)), 0)
+        << case_name << ": " << want.tensors[i].name << " differs (" << what << ")";
+  }
+  EXPECT_EQ(std::memcmp(&got.loss, &want.loss, sizeof(double)), 0) << case_name << ": loss (" << what << ")";
 }
 
 // Whether the cuda cases run: a visible device. An error other than "no GPU / no driver" fails.
@@ -1025,15 +1044,20 @@ TEST_P(Ops, EmulatedBitIdenticalToCpu) {
   const CaseRun cpu = run_case(GetParam(), device::Kind::cpu);
   const CaseRun emulated = run_case(GetParam(), device::Kind::emulated);
   check_against_reference(GetParam(), emulated, "emulated", true);
-  ASSERT_EQ(emulated.tensors.size(), cpu.tensors.size());
-  for (size_t i = 0; i < cpu.tensors.size(); ++i) {
-    const Floats& want = cpu.tensors[i].got;
-    const Floats& got = emulated.tensors[i].got;
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
-        << GetParam().name << ": " << cpu.tensors[i].name << " differs between emulated and cpu";
+  expect_bit_identical(GetParam().name, emulated, cpu, "emulated vs cpu");
+}
+
+// ops.h: every op gives the same bits whatever its thread count. The cpu backend with TBB held
+// to one thread must give the bits it gives with every core (on a one-core machine this proves
+// only run-to-run determinism).
+TEST_P(Ops, CpuSameBitsOnOneThread) {
+  const CaseRun every_core = run_case(GetParam(), device::Kind::cpu);
+  CaseRun one_thread;
+  {
+    const tbb::global_control single(tbb::global_control::max_allowed_parallelism, 1);
+    one_thread = run_case(GetParam(), device::Kind::cpu);
   }
-  EXPECT_EQ(std::memcmp(&emulated.loss, &cpu.loss, sizeof(double)), 0) << GetParam().name << ": loss";
+  expect_bit_identical(GetParam().name, one_thread, every_core, "one thread vs every core");
 }
 
 // CUDA: the reference's tolerance against the float64 reference, and the same bound against the
