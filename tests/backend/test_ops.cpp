@@ -6,7 +6,9 @@
 // max|got − ref| / max|ref| within the tolerance stated with the case, or exact where the op is
 // elementwise-exact. No packed comparison: a small tensor (a bias gradient, a statistic) is
 // never hidden behind a large one. cpu and emulated must be bit-identical (the same loops on the
-// same bits; only the memory differs), cuda must agree with cpu within each tensor's tolerance.
+// same bits; only the memory differs), cuda must agree with cpu within each tensor's tolerance;
+// the cpu backend gives the same bits on one thread as on every core. The ops that read the
+// step's targets and packing must refuse out-of-range values on every backend.
 // Without a CUDA device the cuda cases are skipped; the cpu and emulated ones still run.
 #include <algorithm>
 #include <cmath>
@@ -1083,6 +1085,96 @@ TEST_P(Ops, CudaMatchesCpuAndReference) {
   if (cpu.has_loss) {
     EXPECT_LE(std::fabs(cuda.loss - cpu.loss), kFewRoundings * std::max(std::fabs(cpu.loss), 1e-30))
         << GetParam().name << ": loss cuda vs cpu";
+  }
+}
+
+// The backends present: cpu and emulated always, cuda when a device is visible.
+std::vector<device::Kind> present_kinds() {
+  std::vector<device::Kind> kinds = {device::Kind::cpu, device::Kind::emulated};
+  if (cuda_visible()) kinds.push_back(device::Kind::cuda);
+  return kinds;
+}
+
+// backend.h: the ops that read the step's targets or packing refuse values a kernel would index
+// past its tables by — invalid_argument before any kernel runs — on every backend. A target at
+// the vocabulary's size in the chunk's rows (a chunk that ends before it passes); a packed
+// position at seq_len; a segment id smaller than the one before it in its row.
+TEST(OpsRefuse, OutOfRangeStepValues) {
+  for (const device::Kind kind : present_kinds()) {
+    SCOPED_TRACE(device::kind_name(kind));
+    auto env = BackendEnv::create(kind);
+    ASSERT_NE(env, nullptr);
+    kernels::ComputeBackend& b = env->backend();
+    constexpr int64_t vocab = 11, c = 8;
+    auto expect_invalid = [](const Status& status, const char* what) {
+      ASSERT_FALSE(status.ok()) << what << " accepted";
+      EXPECT_EQ(status.error().kind, ErrorKind::invalid_argument) << what << ": " << status.to_string();
+    };
+    {
+      CaseRun run;
+      run.targets[count(kRows - 1)] = static_cast<int32_t>(vocab);
+      begin(*env, run);
+      float* logits = env->upload(random_floats(count(kRows * vocab), 1.0f, 331));
+      float* row_loss = env->zeros<float>(count(kRows));
+      const ops::CrossEntropy head{.logits = logits, .rows = 6, .vocab = vocab, .first_row = 0, .gradient = true, .row_loss = row_loss};
+      expect_ok(b.cross_entropy(head));  // rows 0..5: the bad target is not among them
+      ops::CrossEntropy tail = head;
+      tail.logits = logits + 6 * vocab;
+      tail.rows = kRows - 6;
+      tail.first_row = 6;
+      expect_invalid(b.cross_entropy(tail), "a target at the vocabulary size");
+      (void)b.end_step();
+    }
+    {
+      CaseRun run;
+      run.pack();
+      run.positions[3] = static_cast<int32_t>(kSeq);
+      begin(*env, run);
+      const ops::Embedding embedding{.shape = {kBatch, kSeq},
+                                     .width = c,
+                                     .vocab = 5,
+                                     .table = env->upload(random_floats(count(5 * c), 1.0f, 332)),
+                                     .positions = env->upload(random_floats(count(kSeq * c), 1.0f, 333)),
+                                     .use_step_positions = true,
+                                     .x = env->zeros<float>(count(kRows * c))};
+      expect_invalid(b.embedding_lookup(embedding), "packed position seq_len (embedding)");
+      const ops::RopeSpec spec = rope_spec(false);
+      const int64_t n = rope_table_size(kSeq, spec.head_dim);
+      const ops::Rope rope{.spec = spec,
+                           .x = env->zeros<float>(count(kRows * spec.head_dim)),
+                           .shape = {kBatch, kSeq},
+                           .heads = 1,
+                           .use_step_positions = true,
+                           .cos = env->zeros<float>(count(n)),
+                           .sin = env->zeros<float>(count(n))};
+      expect_invalid(b.rope(rope), "packed position seq_len (rope)");
+      (void)b.end_step();
+    }
+    {
+      CaseRun run;
+      run.pack();
+      run.segments[count(kSeq + 4)] = 0;  // row 1 runs 1, 4, 4, 4, then 0
+      begin(*env, run);
+      const kernels::BatchShape shape{kBatch, kSeq};
+      const size_t scratch_bytes = b.attention_scratch_bytes(shape, 2, 4);
+      const float* qkv = env->upload(random_floats(count(kRows * 8), 1.0f, 334));
+      const ops::Attention attention{.shape = shape,
+                                     .n_head = 2,
+                                     .n_kv_head = 2,
+                                     .head_dim = 4,
+                                     .scale = 0.5f,
+                                     .q = qkv,
+                                     .q_stride = 8,
+                                     .k = qkv,
+                                     .v = qkv,
+                                     .kv_stride = 8,
+                                     .out = env->zeros<float>(count(kRows * 8)),
+                                     .out_stride = 8,
+                                     .use_step_segments = true,
+                                     .scratch = {env->zeros<float>(scratch_bytes / sizeof(float) + 1), scratch_bytes}};
+      expect_invalid(b.attention_forward(attention), "a decreasing segment id");
+      (void)b.end_step();
+    }
   }
 }
 
