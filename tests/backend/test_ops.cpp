@@ -68,8 +68,8 @@ constexpr double kFp32Sum = 1e-5;
 constexpr double kCancelling = 1e-5;
 // GELU's derivative: tanh near ±1 carries an absolute error of ~1e-7 (fp32's spacing at 1, and
 // op_math's one-expf tanh on top), which 1 + t and 1 − t² keep absolute and the derivative then
-// multiplies by 0.5·x·√(2/π)·(1 + 3·0.044715·x²) — about 15 at |x| = 5. Measured over every fp32
-// x in [−6, 6]: at most 2.0e-6 absolute (x ≈ −4.96; 5.6e-7 with tanhf), of a largest
+// multiplies by 0.5·x·√(2/π)·(1 + 3·0.044715·x²) — about 15 at |x| = 5. Measured on a 1e-5 grid
+// over [−6, 6]: at most 2.0e-6 absolute (x ≈ −4.96; 5.6e-7 with tanhf), of a largest
 // derivative ≈ 1.13, so ~1.8e-6 relative.
 constexpr double kGeluDerivative = 3e-6;
 
@@ -228,7 +228,8 @@ OpCase gemm_case(std::string name, bool trans_a, bool trans_b, float beta, int64
                   const double b_pj = trans_b ? b[count(j * ldb + p)] : b[count(p * ldb + j)];
                   sum += a_ip * b_pj;
                 }
-                want[count(i * n + j)] = sum + (beta != 0.0f ? beta * static_cast<double>(c0[count(i * ldc + j)]) : 0.0);
+                want[count(i * n + j)] =
+                    sum + (beta != 0.0f ? beta * static_cast<double>(c0[count(i * ldc + j)]) : 0.0);
               }
             float* c = env.upload(c0);
             expect_ok(env.backend().gemm(ops::Gemm{.trans_a = trans_a,
@@ -280,19 +281,20 @@ OpCase rows_init_case(std::string name, bool with_bias, bool with_residual, bool
 }
 
 OpCase add_bias_case() {
-  return {"add_bias", "add_bias", [](BackendEnv& env, CaseRun& run) {
-            begin(env, run);
-            constexpr int64_t rows = 13, cols = 70;
-            const Floats bias = random_floats(count(cols), 1.0f, 221);
-            const Floats y0 = random_floats(count(rows * cols), 1.0f, 222);
-            Doubles want(count(rows * cols));
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t j = 0; j < cols; ++j)
-                want[count(r * cols + j)] = static_cast<double>(y0[count(r * cols + j)]) + bias[count(j)];
-            float* y = env.upload(y0);
-            expect_ok(env.backend().add_bias(ops::AddBias{.y = y, .bias = env.upload(bias), .rows = rows, .cols = cols}));
-            run.add("y", env.download(y, count(rows * cols)), want, kExact);
-          }};
+  return {
+      "add_bias", "add_bias", [](BackendEnv& env, CaseRun& run) {
+        begin(env, run);
+        constexpr int64_t rows = 13, cols = 70;
+        const Floats bias = random_floats(count(cols), 1.0f, 221);
+        const Floats y0 = random_floats(count(rows * cols), 1.0f, 222);
+        Doubles want(count(rows * cols));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < cols; ++j)
+            want[count(r * cols + j)] = static_cast<double>(y0[count(r * cols + j)]) + bias[count(j)];
+        float* y = env.upload(y0);
+        expect_ok(env.backend().add_bias(ops::AddBias{.y = y, .bias = env.upload(bias), .rows = rows, .cols = cols}));
+        run.add("y", env.download(y, count(rows * cols)), want, kExact);
+      }};
 }
 
 OpCase column_sums_case() {
@@ -430,8 +432,8 @@ OpCase norm_backward_case(std::string name, ops::NormKind kind, float weight_off
                                                                     .d_weight = d_weight,
                                                                     .d_bias = d_bias}));
             run.add("dx", env.download(dx, count(rows * c)), want_dx, kCancelling);
-            if (d_weight != nullptr) run.add("d_weight", env.download(d_weight, count(c)), want_dw, kFewRoundings);
             // d_weight: double sums over the rows of dy·x̂ with x̂ rounded to fp32; d_bias: of dy alone.
+            if (d_weight != nullptr) run.add("d_weight", env.download(d_weight, count(c)), want_dw, kFewRoundings);
             if (d_bias != nullptr) run.add("d_bias", env.download(d_bias, count(c)), want_db, kDoubleSum);
           }};
 }
@@ -487,8 +489,8 @@ OpCase rope_tables_case(std::string name, bool llama3, int64_t first_position) {
               }
             float* cos = env.upload(Floats(count(n), kNaN));
             float* sin = env.upload(Floats(count(n), kNaN));
-            expect_ok(env.backend().rope_tables(
-                ops::RopeTables{.spec = spec, .first_position = first_position, .t_len = kSeq, .cos = cos, .sin = sin}));
+            expect_ok(env.backend().rope_tables(ops::RopeTables{
+                .spec = spec, .first_position = first_position, .t_len = kSeq, .cos = cos, .sin = sin}));
             // cos and sin of a double angle, each rounded once to fp32 (the angle's last double bit
             // may differ from ours, so equality is not promised): one fp32 rounding of values ≤ 1.
             run.add("cos", env.download(cos, count(n)), want_cos, 2e-7, /*cpu_backend_only=*/true);
@@ -521,8 +523,8 @@ OpCase rope_case(std::string name, bool llama3, int64_t first_position, bool pac
             const int64_t n = rope_table_size(kSeq, d);
             float* cos = env.upload(Floats(count(n), kNaN));
             float* sin = env.upload(Floats(count(n), kNaN));
-            expect_ok(env.backend().rope_tables(
-                ops::RopeTables{.spec = spec, .first_position = first_position, .t_len = kSeq, .cos = cos, .sin = sin}));
+            expect_ok(env.backend().rope_tables(ops::RopeTables{
+                .spec = spec, .first_position = first_position, .t_len = kSeq, .cos = cos, .sin = sin}));
             float* x = env.upload(x0);
             ops::Rope rope{.spec = spec,
                            .x = x,
@@ -578,7 +580,9 @@ OpCase attention_case(std::string name, AttentionLayout layout) {
             const Floats kv_host = layout.fused_qkv ? q_host : random_floats(count(kRows * kv_stride), 1.0f, 272);
             const Floats v_host = layout.fused_qkv ? q_host : random_floats(count(kRows * kv_stride), 1.0f, 273);
             const Floats d_out_host = random_floats(count(kRows * out_stride), 0.1f, 274);
-            auto q_at = [&](int64_t row, int64_t h, int64_t j) { return static_cast<double>(q_host[count(row * q_stride + h * d + j)]); };
+            auto q_at = [&](int64_t row, int64_t h, int64_t j) {
+              return static_cast<double>(q_host[count(row * q_stride + h * d + j)]);
+            };
             auto k_at = [&](int64_t row, int64_t kv, int64_t j) {
               return static_cast<double>(kv_host[count(row * kv_stride + k_offset + kv * d + j)]);
             };
@@ -653,8 +657,8 @@ OpCase attention_case(std::string name, AttentionLayout layout) {
             float* dq = env.upload(Floats(count(kRows * q_stride), kNaN));
             float* dk = layout.fused_qkv ? dq + k_offset : env.upload(Floats(count(kRows * kv_stride), kNaN));
             float* dv = layout.fused_qkv ? dq + v_offset : env.upload(Floats(count(kRows * kv_stride), kNaN));
-            expect_ok(env.backend().attention_backward(
-                ops::AttentionBackward{.forward = forward, .d_out = env.upload(d_out_host), .dq = dq, .dk = dk, .dv = dv}));
+            expect_ok(env.backend().attention_backward(ops::AttentionBackward{
+                .forward = forward, .d_out = env.upload(d_out_host), .dq = dq, .dk = dk, .dv = dv}));
             const Floats out_all = env.download(out, count(kRows * out_stride));
             const Floats dq_all = env.download(dq, count(kRows * q_stride));
             const Floats dk_all = layout.fused_qkv ? dq_all : env.download(dk, count(kRows * kv_stride));
@@ -664,7 +668,8 @@ OpCase attention_case(std::string name, AttentionLayout layout) {
               const auto at = [](const Floats& all, int64_t begin_at, int64_t n) {
                 return Floats(all.begin() + begin_at, all.begin() + begin_at + n);
               };
-              const Floats o = at(out_all, row * out_stride, c), gap = at(out_all, row * out_stride + c, out_stride - c);
+              const Floats o = at(out_all, row * out_stride, c),
+                           gap = at(out_all, row * out_stride + c, out_stride - c);
               const Floats g_q = at(dq_all, row * q_stride, c);
               const Floats g_k = at(dk_all, row * kv_stride + k_offset, kv_width);
               const Floats g_v = at(dv_all, row * kv_stride + v_offset, kv_width);
@@ -740,7 +745,8 @@ OpCase gated_case(std::string name, ops::GateKind kind) {
             float* gate = env.upload(gate0);
             float* up = env.upload(up0);
             float* act = env.upload(Floats(count(kElements), kNaN));
-            expect_ok(env.backend().gated_forward(ops::Gated{.kind = kind, .gate = gate, .up = up, .act = act, .n = kElements}));
+            expect_ok(env.backend().gated_forward(
+                ops::Gated{.kind = kind, .gate = gate, .up = up, .act = act, .n = kElements}));
             run.add("act", env.download(act, count(kElements)), want_act, kFewRoundings);
             expect_ok(env.backend().gated_backward(
                 ops::GatedBackward{.kind = kind, .d_act = env.upload(d_act), .gate = gate, .up = up, .n = kElements}));
@@ -799,61 +805,63 @@ OpCase embedding_case(std::string name, bool learned_positions, bool packed, boo
 // --- cross-entropy: the step's targets (vocabulary 11), in chunks of rows ---
 enum class Masks { none, some, all };
 OpCase cross_entropy_case(std::string name, Masks masks, int64_t normalizer, bool gradient, int64_t split_row) {
-  return {std::move(name), "cross_entropy", [=](BackendEnv& env, CaseRun& run) {
-            constexpr int64_t vocab = 11;
-            for (int64_t r = 0; r < kRows; ++r) {  // any negative target is a mask
-              if (masks == Masks::all || (masks == Masks::some && r % 3 == 0)) run.targets[count(r)] = -1;
-              if (masks == Masks::some && r == 5) run.targets[count(r)] = -7;
-            }
-            run.loss_normalizer_tokens = normalizer;
-            begin(env, run);
-            int64_t n = normalizer;  // StepBatch: 0 means the batch's own count of trained targets
-            if (n == 0)
-              for (const int32_t t : run.targets) n += t >= 0;
-            const Floats logits0 = random_floats(count(kRows * vocab), 3.0f, 311);
-            Doubles want(count(kRows * vocab), 0.0);
-            double loss_sum = 0.0;
-            std::vector<bool> masked_row(count(kRows));
-            for (int64_t r = 0; r < kRows; ++r) {
-              const int32_t target = run.targets[count(r)];
-              masked_row[count(r)] = target < 0;
-              const float* row = logits0.data() + r * vocab;
-              if (target < 0) continue;  // no loss, a zero gradient row
-              const double max_logit = *std::max_element(row, row + vocab);
-              double total = 0.0;
-              for (int64_t j = 0; j < vocab; ++j) total += std::exp(row[j] - max_logit);
-              loss_sum += max_logit + std::log(total) - row[target];
-              for (int64_t j = 0; j < vocab; ++j)
-                want[count(r * vocab + j)] =
-                    (std::exp(row[j] - max_logit) / total - (j == target ? 1.0 : 0.0)) / static_cast<double>(n);
-            }
-            float* logits = env.upload(logits0);
-            float* row_loss = env.zeros<float>(count(kRows));
-            for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, split_row}, {split_row, kRows - split_row}})
-              if (rows > 0)
-                expect_ok(env.backend().cross_entropy(ops::CrossEntropy{.logits = logits + first * vocab,
-                                                                        .rows = rows,
-                                                                        .vocab = vocab,
-                                                                        .first_row = first,
-                                                                        .gradient = gradient,
-                                                                        .row_loss = row_loss}));
-            const Floats got = env.download(logits, count(kRows * vocab));
-            if (gradient) {
-              // The softmax from expf over a double sum, one division by N: a few roundings.
-              run.add("d_logits", got, want, kFewRoundings);
-              Floats masked_got;
-              for (int64_t r = 0; r < kRows; ++r)
-                if (masked_row[count(r)]) masked_got.insert(masked_got.end(), got.begin() + r * vocab, got.begin() + (r + 1) * vocab);
-              if (!masked_got.empty()) run.add("masked_rows", masked_got, Doubles(masked_got.size(), 0.0), kExact);
-            } else {
-              run.add("logits_untouched", got, widen(logits0), kExact);  // no gradient: nothing written
-            }
-            run.has_loss = true;
-            run.want_loss = n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
-            // Each row's loss rounded to fp32 from a double log-sum-exp, summed in double, the
-            // mean rounded to fp32.
-            run.loss_tolerance = kFewRoundings;
-          }};
+  return {
+      std::move(name), "cross_entropy", [=](BackendEnv& env, CaseRun& run) {
+        constexpr int64_t vocab = 11;
+        for (int64_t r = 0; r < kRows; ++r) {  // any negative target is a mask
+          if (masks == Masks::all || (masks == Masks::some && r % 3 == 0)) run.targets[count(r)] = -1;
+          if (masks == Masks::some && r == 5) run.targets[count(r)] = -7;
+        }
+        run.loss_normalizer_tokens = normalizer;
+        begin(env, run);
+        int64_t n = normalizer;  // StepBatch: 0 means the batch's own count of trained targets
+        if (n == 0)
+          for (const int32_t t : run.targets) n += t >= 0;
+        const Floats logits0 = random_floats(count(kRows * vocab), 3.0f, 311);
+        Doubles want(count(kRows * vocab), 0.0);
+        double loss_sum = 0.0;
+        std::vector<bool> masked_row(count(kRows));
+        for (int64_t r = 0; r < kRows; ++r) {
+          const int32_t target = run.targets[count(r)];
+          masked_row[count(r)] = target < 0;
+          const float* row = logits0.data() + r * vocab;
+          if (target < 0) continue;  // no loss, a zero gradient row
+          const double max_logit = *std::max_element(row, row + vocab);
+          double total = 0.0;
+          for (int64_t j = 0; j < vocab; ++j) total += std::exp(row[j] - max_logit);
+          loss_sum += max_logit + std::log(total) - row[target];
+          for (int64_t j = 0; j < vocab; ++j)
+            want[count(r * vocab + j)] =
+                (std::exp(row[j] - max_logit) / total - (j == target ? 1.0 : 0.0)) / static_cast<double>(n);
+        }
+        float* logits = env.upload(logits0);
+        float* row_loss = env.zeros<float>(count(kRows));
+        for (const auto& [first, rows] : {std::pair<int64_t, int64_t>{0, split_row}, {split_row, kRows - split_row}})
+          if (rows > 0)
+            expect_ok(env.backend().cross_entropy(ops::CrossEntropy{.logits = logits + first * vocab,
+                                                                    .rows = rows,
+                                                                    .vocab = vocab,
+                                                                    .first_row = first,
+                                                                    .gradient = gradient,
+                                                                    .row_loss = row_loss}));
+        const Floats got = env.download(logits, count(kRows * vocab));
+        if (gradient) {
+          // The softmax from expf over a double sum, one division by N: a few roundings.
+          run.add("d_logits", got, want, kFewRoundings);
+          Floats masked_got;
+          for (int64_t r = 0; r < kRows; ++r)
+            if (masked_row[count(r)])
+              masked_got.insert(masked_got.end(), got.begin() + r * vocab, got.begin() + (r + 1) * vocab);
+          if (!masked_got.empty()) run.add("masked_rows", masked_got, Doubles(masked_got.size(), 0.0), kExact);
+        } else {
+          run.add("logits_untouched", got, widen(logits0), kExact);  // no gradient: nothing written
+        }
+        run.has_loss = true;
+        run.want_loss = n > 0 ? loss_sum / static_cast<double>(n) : 0.0;
+        // Each row's loss rounded to fp32 from a double log-sum-exp, summed in double, the
+        // mean rounded to fp32.
+        run.loss_tolerance = kFewRoundings;
+      }};
 }
 
 // --- LoRA: y += scale·drop(x)·Aᵀ·Bᵀ and its backward in two halves (lora.h) ---
@@ -867,9 +875,8 @@ uint64_t splitmix64_reference(uint64_t z) {
   return z ^ (z >> 31);
 }
 bool keep_reference(uint64_t key, int target, int64_t row, int64_t col, float dropout) {
-  const uint64_t row_hash =
-      splitmix64_reference(splitmix64_reference(splitmix64_reference(key) + static_cast<uint64_t>(target)) +
-                           static_cast<uint64_t>(row));
+  const uint64_t row_hash = splitmix64_reference(
+      splitmix64_reference(splitmix64_reference(key) + static_cast<uint64_t>(target)) + static_cast<uint64_t>(row));
   const auto threshold = static_cast<uint64_t>(std::ceil(static_cast<double>(dropout) * 16777216.0));
   return (splitmix64_reference(row_hash + static_cast<uint64_t>(col)) >> 40) >= threshold;
 }
@@ -904,7 +911,8 @@ OpCase lora_case(std::string name, float dropout, LoraAdapters which) {
             Doubles u(count(rows * rank), 0.0), du(count(rows * rank), 0.0);
             for (int64_t r = 0; r < rows; ++r)
               for (int64_t q = 0; q < rank; ++q)
-                for (int64_t j = 0; j < in; ++j) u[count(r * rank + q)] += dropped[count(r * in + j)] * a[count(q * in + j)];
+                for (int64_t j = 0; j < in; ++j)
+                  u[count(r * rank + q)] += dropped[count(r * in + j)] * a[count(q * in + j)];
             Doubles want_y = widen(y0), want_d_b = widen(d_b0), want_d_a = widen(d_a0), want_dx = widen(dx0);
             if (active) {
               for (int64_t r = 0; r < rows; ++r)
@@ -918,7 +926,8 @@ OpCase lora_case(std::string name, float dropout, LoraAdapters which) {
                 for (int64_t q = 0; q < rank; ++q)
                   for (int64_t j = 0; j < in; ++j) {
                     want_d_a[count(q * in + j)] += du[count(r * rank + q)] * dropped[count(r * in + j)];
-                    want_dx[count(r * in + j)] += du[count(r * rank + q)] * a[count(q * in + j)] * keep_factor[count(r * in + j)];
+                    want_dx[count(r * in + j)] +=
+                        du[count(r * rank + q)] * a[count(q * in + j)] * keep_factor[count(r * in + j)];
                   }
             }
             float* d_a = env.upload(d_a0);
@@ -954,9 +963,9 @@ std::vector<OpCase> all_cases() {
   for (const bool trans_a : {false, true})
     for (const bool trans_b : {false, true})
       for (const float beta : {0.0f, 1.0f})
-        cases.push_back(gemm_case(std::string("gemm_") + (trans_a ? "t" : "n") + (trans_b ? "t" : "n") +
-                                      (beta == 0.0f ? "_beta0" : "_beta1"),
-                                  trans_a, trans_b, beta, 37, 29, 53));
+        cases.push_back(gemm_case(
+            std::string("gemm_") + (trans_a ? "t" : "n") + (trans_b ? "t" : "n") + (beta == 0.0f ? "_beta0" : "_beta1"),
+            trans_a, trans_b, beta, 37, 29, 53));
   cases.push_back(gemm_case("gemm_nn_beta1_past_tiles", false, false, 1.0f, 300, 530, 24));
   cases.push_back(gemm_case("gemm_tt_beta0_past_tiles", true, true, 0.0f, 260, 515, 19));
   cases.push_back(rows_init_case("rows_init_bias_residual", true, true, false));
@@ -980,7 +989,7 @@ std::vector<OpCase> all_cases() {
   cases.push_back(rope_case("rope_forward_inverse", false, 0, false, false));
   cases.push_back(rope_case("rope_llama3_from3", true, 3, false, false));
   cases.push_back(rope_case("rope_packed_positions", false, 0, true, true));
-  cases.push_back(rope_case("rope_packed_step_unused", false, 0, true, false));  // row order in a packed step
+  cases.push_back(rope_case("rope_packed_step_unused", false, 0, true, false));            // row order in a packed step
   cases.push_back(rope_case("rope_step_positions_unpacked_step", false, 0, false, true));  // none: row order
   cases.push_back(attention_case("attention_mha_strided", {4, 4, 8, false, 3, false, false}));
   cases.push_back(attention_case("attention_gqa_strided", {6, 2, 8, false, 2, false, false}));
@@ -1116,7 +1125,8 @@ TEST(OpsRefuse, OutOfRangeStepValues) {
       begin(*env, run);
       float* logits = env->upload(random_floats(count(kRows * vocab), 1.0f, 331));
       float* row_loss = env->zeros<float>(count(kRows));
-      const ops::CrossEntropy head{.logits = logits, .rows = 6, .vocab = vocab, .first_row = 0, .gradient = true, .row_loss = row_loss};
+      const ops::CrossEntropy head{
+          .logits = logits, .rows = 6, .vocab = vocab, .first_row = 0, .gradient = true, .row_loss = row_loss};
       expect_ok(b.cross_entropy(head));  // rows 0..5: the bad target is not among them
       ops::CrossEntropy tail = head;
       tail.logits = logits + 6 * vocab;
