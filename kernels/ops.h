@@ -138,9 +138,9 @@ struct RopeSpec {
 };
 // The inverse frequency of pair i: op_math.h's rope_inverse_frequency (host and device).
 // The tables a backend may use for positions first_position..first_position + t_len − 1: cos
-// and sin [t_len, D/2] each. rope_table_floats says how big; a backend that computes angles in
+// and sin [t_len, D/2] each (rope_table_floats floats each); a backend that computes angles in
 // its kernel (CUDA) leaves them untouched.
-int64_t rope_table_floats(int64_t t_len, int64_t head_dim);
+inline int64_t rope_table_floats(int64_t t_len, int64_t head_dim) { return t_len * (head_dim / 2); }
 struct RopeTables {
   RopeSpec spec;
   int64_t first_position = 0;
@@ -149,7 +149,8 @@ struct RopeTables {
   float* sin = nullptr;
 };
 // Rotates every head of x [shape.rows(), heads·D] in place: row r at position first_position +
-// r % seq_len, or the step's packed position when use_step_positions (and the step has them);
+// r % seq_len, or the step's packed position when use_step_positions (and the step has them;
+// packing is training's, so first_position is then 0);
 // `inverse` applies the transpose (the backward). The tables must be rope_tables' for
 // (first_position, shape.seq_len).
 struct Rope {
