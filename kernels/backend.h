@@ -13,7 +13,8 @@
 //   on the CPU backend of the emulated device, which stands for one (device/device.h). The caller owns every
 //   buffer and keeps it alive and untouched until the stream has reached the op (ordering below).
 //   Ops allocate nothing. `make_backend` takes its few fixed buffers (CUDA: tokens, targets, a
-//   packed batch's positions and segments, the step scalars and the sum-of-squares scratch,
+//   packed batch's positions and segments, the step's row losses, the step scalars and the
+//   sum-of-squares scratch,
 //   `fixed_device_bytes`) from the device once.
 // - Ordering: ops are enqueued on `compute_stream()` and return without waiting; ops of one
 //   backend run in the order they were called. They are ordered with the scheduler's copies by

@@ -263,7 +263,8 @@ struct EmbeddingBackward {
 // loss sum, in row order, in double; with `gradient`, overwrites the logits with dLoss/dlogits
 // divided by the step's normaliser N (backend.h StepBatch). The step's loss (end_step) is that
 // sum over N, rounded to fp32.
-// `row_loss` is [rows] scratch the backend may use to sum the rows in order.
+// `row_loss` is [rows] scratch the backend may use to sum the rows in order (the CPU does; CUDA
+// keeps a buffer of the whole step's row losses of its own and leaves it untouched).
 struct CrossEntropy {
   float* logits = nullptr;
   int64_t rows = 0;

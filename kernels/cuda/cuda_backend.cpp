@@ -1,7 +1,8 @@
-// The CUDA backend (backend.h): gpt2_cuda.h, llama_cuda.h and optim_cuda.h launched on the backend's own
-// compute stream of a CUDA device. Nothing here waits for the device except end_step and
-// synchronize; the loss, the gradient sum of squares and the clip coefficient stay in one small
-// device block until end_step brings the first two back.
+// The CUDA backend (backend.h): the operations (cuda_ops.h), gpt2_cuda.h, llama_cuda.h and
+// optim_cuda.h launched on the backend's own compute stream of a CUDA device. Nothing here
+// waits for the device except end_step and synchronize; the loss, the gradient sum of squares
+// and the clip coefficient stay in one small device block until end_step brings the first two
+// back.
 #include <algorithm>
 #include <cassert>
 #include <cstddef>
@@ -12,8 +13,10 @@
 #include "common/size.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/gpt2/gpt2_cuda.h"
 #include "kernels/llama/llama_cuda.h"
+#include "kernels/lora/lora_cuda.h"
 #include "kernels/optim/optim_cuda.h"
 #include "kernels/quant/quant_cuda.h"
 
@@ -27,6 +30,8 @@ namespace gk = gpt2;
 //   [256, +4 KiB)  the sum-of-squares scratch (one double per block of the fixed grid)
 //   then           tokens, targets, positions, segments (int32, max_shape.rows() each,
 //                  256-byte aligned; the last two hold a packed batch's StepBatch arrays)
+//   then           the step's row losses (float, max_shape.rows(), 256-byte aligned): the
+//                  cross_entropy op's, so its chunks add up to one mean over the step
 struct StepSlots {
   double grad_sum_squares;
   float loss;
@@ -40,6 +45,10 @@ constexpr uint64_t kTokensOffset = kSumSquaresOffset + align_up(cuda::kCudaSumSq
 uint64_t token_bytes(const gk::BatchShape& shape) {
   return align_up(static_cast<uint64_t>(shape.rows()) * sizeof(int32_t), 256);
 }
+uint64_t row_loss_bytes(const gk::BatchShape& shape) {
+  return align_up(static_cast<uint64_t>(shape.rows()) * sizeof(float), 256);
+}
+constexpr int kStepIntArrays = 4;  // tokens, targets, positions, segments
 
 Status cuda_status(cudaError_t code, const char* op) {
   if (code == cudaSuccess) return Status();
@@ -59,6 +68,7 @@ class CudaBackend final : public ComputeBackend {
     targets_ = reinterpret_cast<int32_t*>(base + kTokensOffset + token_bytes(max_shape));
     positions_ = reinterpret_cast<int32_t*>(base + kTokensOffset + 2 * token_bytes(max_shape));
     segments_ = reinterpret_cast<int32_t*>(base + kTokensOffset + 3 * token_bytes(max_shape));
+    row_loss_ = reinterpret_cast<float*>(base + kTokensOffset + kStepIntArrays * token_bytes(max_shape));
   }
   ~CudaBackend() override { (void)device_.synchronize(stream_); }
 
@@ -89,6 +99,10 @@ class CudaBackend final : public ComputeBackend {
       STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, positions_, batch.positions, bytes));
     if (batch.segments != nullptr)
       STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, segments_, batch.segments, bytes));
+    // The cross_entropy op's row losses start at 0, so no row of an earlier step is ever in the
+    // step's mean (the heads' chunks cover every row; this keeps a partial one honest too).
+    STRATA_RETURN_IF_ERROR(cuda_status(
+        cudaMemsetAsync(row_loss_, 0, static_cast<size_t>(batch.rows) * sizeof(float), stream()), "cudaMemsetAsync"));
     // The loss and the sum, not the clip scale: interleaved updates (run/train_plan.h) apply
     // the previous step's in this one; none reads it before a clip_coefficient has written it
     // (a pass with no pending gradients does no update). clip_scale is the last member.
@@ -161,41 +175,71 @@ class CudaBackend final : public ComputeBackend {
     STRATA_RETURN_IF_ERROR(check_packed(shape));
     return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
   }
-  // TRANSITION (branch ops only): the operations land in kernels/cuda/cuda_ops.cu.
+  // --- the operations (cuda_ops.h, with the step's device arrays) ---
   size_t attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim) const override {
-    return cuda_attention_scratch_bytes(shape, n_head, head_dim);
+    return cuda_ops::attention_scratch_bytes(shape, n_head, head_dim);
   }
-  Status gemm(const ops::Gemm&) override { return todo(); }
-  Status rows_init(const ops::RowsInit&) override { return todo(); }
-  Status add_bias(const ops::AddBias&) override { return todo(); }
-  Status column_sums(const ops::ColumnSums&) override { return todo(); }
-  Status norm_forward(const ops::NormForward&) override { return todo(); }
-  Status norm_backward(const ops::NormBackward&) override { return todo(); }
-  Status rope_tables(const ops::RopeTables&) override { return todo(); }
-  Status rope(const ops::Rope&) override { return todo(); }
-  Status attention_forward(const ops::Attention&) override { return todo(); }
-  Status attention_backward(const ops::AttentionBackward&) override { return todo(); }
-  Status gelu_forward(const ops::Gelu&) override { return todo(); }
-  Status gelu_backward(const ops::GeluBackward&) override { return todo(); }
-  Status gated_forward(const ops::Gated&) override { return todo(); }
-  Status gated_backward(const ops::GatedBackward&) override { return todo(); }
-  Status embedding_lookup(const ops::Embedding&) override { return todo(); }
-  Status embedding_lookup_backward(const ops::EmbeddingBackward&) override { return todo(); }
-  Status cross_entropy(const ops::CrossEntropy&) override { return todo(); }
-  Status lora_forward(const lora::BlockAdapters*, int, const float*, int64_t, int64_t, int64_t, float*) override {
-    return todo();
+  Status gemm(const ops::Gemm& op) override { return cuda_ops::gemm(context_, op); }
+  Status rows_init(const ops::RowsInit& op) override { return cuda_ops::rows_init(context_, op); }
+  Status add_bias(const ops::AddBias& op) override { return cuda_ops::add_bias(context_, op); }
+  Status column_sums(const ops::ColumnSums& op) override { return cuda_ops::column_sums(context_, op); }
+  Status norm_forward(const ops::NormForward& op) override { return cuda_ops::norm_forward(context_, op); }
+  Status norm_backward(const ops::NormBackward& op) override { return cuda_ops::norm_backward(context_, op); }
+  // CUDA computes each pair's angle in the rope kernel (op_math.h, in double): no tables.
+  Status rope_tables(const ops::RopeTables&) override { return Status(); }
+  Status rope(const ops::Rope& op) override {
+    if (op.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
+    return cuda_ops::rope(context_, op, packed_.positions);
   }
-  Status lora_backward_params(const lora::BlockAdapters*, int, const float*, int64_t, int64_t, int64_t, const float*,
-                              int) override {
-    return todo();
+  Status attention_forward(const ops::Attention& op) override {
+    if (op.use_step_segments) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
+    return cuda_ops::attention_forward(context_, op, packed_.segments);
   }
-  Status lora_backward_input(const lora::BlockAdapters*, int, int64_t, int64_t, float*, int) override { return todo(); }
+  Status attention_backward(const ops::AttentionBackward& op) override {
+    if (op.forward.use_step_segments) STRATA_RETURN_IF_ERROR(check_packed(op.forward.shape));
+    return cuda_ops::attention_backward(context_, op, packed_.segments);
+  }
+  Status gelu_forward(const ops::Gelu& op) override { return cuda_ops::gelu_forward(context_, op); }
+  Status gelu_backward(const ops::GeluBackward& op) override { return cuda_ops::gelu_backward(context_, op); }
+  Status gated_forward(const ops::Gated& op) override { return cuda_ops::gated_forward(context_, op); }
+  Status gated_backward(const ops::GatedBackward& op) override { return cuda_ops::gated_backward(context_, op); }
+  Status embedding_lookup(const ops::Embedding& op) override {
+    if (op.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
+    return cuda_ops::embedding(context_, op, tokens_, packed_.positions);
+  }
+  Status embedding_lookup_backward(const ops::EmbeddingBackward& op) override {
+    if (op.forward.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.forward.shape));
+    return cuda_ops::embedding_backward(context_, op, tokens_, packed_.positions);
+  }
+  // The step's loss slot holds the mean over N of every row so far after each call — after the
+  // last chunk exactly what the per-model heads left there (cuda_ops.h). Targets are checked on
+  // the host copy, as the heads did, before a kernel indexes a row by them.
+  Status cross_entropy(const ops::CrossEntropy& op) override {
+    assert(op.first_row >= 0 && op.first_row + op.rows <= max_shape_.rows());
+    STRATA_RETURN_IF_ERROR(check_targets(host_targets_, op.first_row + op.rows, op.vocab));
+    const int64_t n = loss_normalizer_tokens_;
+    const float grad_scale = n > 0 ? 1.0f / static_cast<float>(n) : 0.0f;
+    return cuda_ops::cross_entropy(context_, op, targets_, grad_scale, n, row_loss_, &slots_->loss);
+  }
+  Status lora_forward(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,
+                      int64_t out, float* y) override {
+    return lora::cuda::adapter_forward(context_, adapters, target, x, rows, in, out, y);
+  }
+  Status lora_backward_params(const lora::BlockAdapters* adapters, int target, const float* x, int64_t rows,
+                              int64_t in, int64_t out, const float* dy, int slot) override {
+    return lora::cuda::adapter_backward_params(context_, adapters, target, x, rows, in, out, dy, slot);
+  }
+  Status lora_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx,
+                             int slot) override {
+    return lora::cuda::adapter_backward_input(context_, adapters, target, rows, in, dx, slot);
+  }
   size_t attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions) const override {
     return cuda_attention_decode_scratch_bytes(max_rows, n_head, max_positions);
   }
   size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) const override {
     return cuda_matmul_bf16_scratch_bytes(max_in, max_out);
   }
+  // TRANSITION (branch ops only): helper C2's decode operations replace these.
   Status copy_rows(const ops::CopyRows&) override { return todo(); }
   Status attention_decode(const ops::AttentionDecode&) override { return todo(); }
   Status matmul_bf16(const ops::MatmulBf16&) override { return todo(); }
@@ -316,13 +360,15 @@ class CudaBackend final : public ComputeBackend {
   const int32_t* host_positions_ = nullptr;  // begin_step's, for check_packing
   const int32_t* host_segments_ = nullptr;
   gk::PackedRows packed_{};  // device pointers, null where the batch has none
+  float* row_loss_ = nullptr;  // the cross_entropy op's per-row losses of the step (device)
 };
 
 }  // namespace
 
-// The attention's [B, H, T, T] probabilities and their gradient (kept from forward to backward).
-size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t /*head_dim*/) {
-  return 2 * static_cast<size_t>(shape.batch * n_head * shape.seq_len * shape.seq_len) * sizeof(float);
+// The attention's [B, H, T, T] probabilities and their gradient (kept from forward to backward):
+// cuda_ops.h's size, the one the op asserts.
+size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim) {
+  return cuda_ops::attention_scratch_bytes(shape, n_head, head_dim);
 }
 
 // The scores of every new row and head over the cache (the old decode kernels' layout).
@@ -354,7 +400,7 @@ size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max
 }
 
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
-  return kTokensOffset + 4 * token_bytes(max_shape);
+  return kTokensOffset + kStepIntArrays * token_bytes(max_shape) + row_loss_bytes(max_shape);
 }
 
 Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const gk::BatchShape& max_shape) {

@@ -1,8 +1,8 @@
-// strata/kernels/cuda/cuda_common.cuh — the CUDA building blocks GPT-2's and Llama's twins share
-// (gpt2_cuda.cu, llama_cuda.cu; include from .cu files only): error values, the launch check,
-// fixed-order warp and block reductions, the causal softmax and its backward over [rows, T]
-// scores, the cross-entropy row and the loss mean, row-major cuBLAS sgemm (plain and strided
-// batched, pedantic fp32) and column sums. Everything here is in an unnamed namespace: each
+// strata/kernels/cuda/cuda_common.cuh — the CUDA building blocks the operations and GPT-2's and
+// Llama's twins share (cuda_ops.cu, gpt2_cuda.cu, llama_cuda.cu; include from .cu files only):
+// error values, the launch check, fixed-order warp and block reductions, the causal softmax and
+// its backward over [rows, T] scores, the cross-entropy row and the loss mean, row-major cuBLAS
+// sgemm (plain and strided batched, pedantic fp32) and column sums. Everything here is in an unnamed namespace: each
 // .cu file compiles its own copy, so no relocatable device code is needed.
 //
 // Determinism as gpt2_cuda.h says: no atomics; sums in a fixed order.

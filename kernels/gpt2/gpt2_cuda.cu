@@ -1,5 +1,6 @@
-// kernels/gpt2/gpt2_cuda.cu — the CUDA GPT-2: cuBLAS for the products, small kernels for
-// the rest. Mirrors gpt2.cpp step for step; reductions are fixed-order (see gpt2_cuda.h).
+// kernels/gpt2/gpt2_cuda.cu — the CUDA GPT-2: cuBLAS for the products, the operations' small
+// kernels (op_kernels.cuh) for the rest. Mirrors gpt2.cpp step for step; reductions are
+// fixed-order (see gpt2_cuda.h).
 #include "kernels/gpt2/gpt2_cuda.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "common/narrow.h"
 #include "kernels/cuda/cublas_loader.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/op_kernels.cuh"
 #include "kernels/gpt2/gpt2_math.h"
 #include "kernels/lora/lora_cuda.h"
 
@@ -20,135 +22,20 @@ namespace strata::kernels::gpt2::cuda {
 
 namespace {
 
-// y[r, j] = bias[j] (+ residual[r, j]).
-__global__ void fill_rows_kernel(float* y, const float* bias, const float* residual, int64_t rows,
-                                 int64_t cols) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * cols) return;
-  const float b = bias[i % cols];
-  y[i] = residual == nullptr ? b : residual[i] + b;
-}
+// The kernels are op_kernels.cuh's, the CUDA operations' own (cuda_ops.cu): one copy each.
+using op_kernels::embedding_backward_positions_kernel;
+using op_kernels::embedding_backward_positions_packed_kernel;
+using op_kernels::embedding_backward_table_kernel;
+using op_kernels::embedding_forward_kernel;
+using op_kernels::fill_rows_kernel;
+using op_kernels::gelu_backward_kernel;
+using op_kernels::gelu_forward_kernel;
+using op_kernels::layernorm_backward_dx_kernel;
+using op_kernels::layernorm_backward_params_kernel;
+using op_kernels::layernorm_forward_kernel;
 
-// One warp per row; statistics in double as on the CPU.
-__global__ void layernorm_forward_kernel(const float* x, int64_t x_stride, const float* w,
-                                         const float* b, int64_t rows, int64_t c, float* y,
-                                         float* mean, float* rstd) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* x_row = x + row * x_stride;
-  double sum = 0.0;
-  for (int64_t j = lane; j < c; j += 32) sum += x_row[j];
-  const double mu = warp_sum(sum) / static_cast<double>(c);
-  double sq = 0.0;
-  for (int64_t j = lane; j < c; j += 32) {
-    const double d = x_row[j] - mu;
-    sq += d * d;
-  }
-  const double var = warp_sum(sq) / static_cast<double>(c);
-  const float m = static_cast<float>(mu);
-  const float rs = static_cast<float>(1.0 / sqrt(var + kLayerNormEps));
-  float* y_row = y + row * c;
-  for (int64_t j = lane; j < c; j += 32) y_row[j] = (x_row[j] - m) * rs * w[j] + b[j];
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = rs;
-  }
-}
-
-// dx (+)= rstd·(dy·w − mean(dy·w) − x̂·mean(dy·w·x̂)); one warp per row.
-__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const float* mean,
-                                             const float* rstd, const float* w, int64_t rows,
-                                             int64_t c, float* dx, bool accumulate) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* dy_row = dy + row * c;
-  const float* x_row = x + row * c;
-  const float mu = mean[row];
-  const float rs = rstd[row];
-  double s1 = 0.0;
-  double s2 = 0.0;
-  for (int64_t j = lane; j < c; j += 32) {
-    const float dxhat = dy_row[j] * w[j];
-    const float xhat = (x_row[j] - mu) * rs;
-    s1 += dxhat;
-    s2 += static_cast<double>(dxhat) * xhat;
-  }
-  const float m1 = static_cast<float>(warp_sum(s1) / static_cast<double>(c));
-  const float m2 = static_cast<float>(warp_sum(s2) / static_cast<double>(c));
-  float* dx_row = dx + row * c;
-  for (int64_t j = lane; j < c; j += 32) {
-    const float xhat = (x_row[j] - mu) * rs;
-    const float g = rs * (dy_row[j] * w[j] - m1 - xhat * m2);
-    dx_row[j] = accumulate ? dx_row[j] + g : g;
-  }
-}
-
-// dw[j] += Σ_r dy·x̂, db[j] += Σ_r dy; one thread per column walking the rows in order.
-__global__ void layernorm_backward_params_kernel(const float* dy, const float* x,
-                                                 const float* mean, const float* rstd,
-                                                 int64_t rows, int64_t c, float* dw, float* db) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  double acc_w = 0.0;
-  double acc_b = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float g = dy[r * c + j];
-    acc_w += static_cast<double>(g) * ((x[r * c + j] - mean[r]) * rstd[r]);
-    acc_b += g;
-  }
-  dw[j] += static_cast<float>(acc_w);
-  db[j] += static_cast<float>(acc_b);
-}
-
-__global__ void gelu_forward_kernel(const float* in, float* out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = gelu_tanh(in[i]);
-}
-
-__global__ void gelu_backward_kernel(float* d, const float* pre, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) d[i] *= gelu_tanh_derivative(pre[i]);
-}
-
-// wpe row of token r: positions[r] for packed rows (gpt2::PackedRows), else r % t_len.
-__global__ void embedding_forward_kernel(const int32_t* tokens, const int32_t* positions, const float* wte,
-                                         const float* wpe, int64_t rows, int64_t t_len, int64_t c, float* x0) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * c) return;
-  const int64_t r = i / c;
-  const int64_t j = i % c;
-  const int64_t position = positions == nullptr ? r % t_len : positions[r];
-  x0[i] = wte[static_cast<int64_t>(tokens[r]) * c + j] + wpe[position * c + j];
-}
-
-// d_wte: one thread per column walks the rows in order (repeated tokens add in (b,t) order).
-__global__ void embedding_backward_wte_kernel(const int32_t* tokens, const float* d_x0,
-                                              int64_t rows, int64_t c, float* d_wte) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  for (int64_t r = 0; r < rows; ++r) d_wte[static_cast<int64_t>(tokens[r]) * c + j] += d_x0[r * c + j];
-}
-
-// Packed rows: d_wpe[positions[r], j] += d_x0[r, j], one thread per column walking the rows in
-// order (positions repeat within a row, so the unpacked kernel's one thread per (t, j) would race).
-__global__ void embedding_backward_wpe_packed_kernel(const int32_t* positions, const float* d_x0, int64_t rows,
-                                                     int64_t c, float* d_wpe) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  for (int64_t r = 0; r < rows; ++r) d_wpe[static_cast<int64_t>(positions[r]) * c + j] += d_x0[r * c + j];
-}
-
-// d_wpe[t, j] += Σ_b d_x0[b, t, j] in b order.
-__global__ void embedding_backward_wpe_kernel(const float* d_x0, int64_t batch, int64_t t_len,
-                                              int64_t c, float* d_wpe) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= t_len * c) return;
-  float acc = d_wpe[i];
-  for (int64_t b = 0; b < batch; ++b) acc += d_x0[b * t_len * c + i];
-  d_wpe[i] = acc;
-}
+// GPT-2's LayerNorm has no weight offset (ops::NormForward::weight_offset 0: w itself).
+constexpr float kNoWeightOffset = 0.0f;
 
 Status linear_forward(const Context& ctx, const float* x, const float* w, const float* bias,
                       const float* residual, int64_t rows, int64_t in, int64_t out, float* y) {
@@ -161,7 +48,8 @@ Status layernorm_forward(const Context& ctx, const float* x, int64_t x_stride, c
                          const float* b, int64_t rows, int64_t c, float* y, float* mean,
                          float* rstd) {
   STRATA_CUDA_LAUNCH(layernorm_forward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
-                     ctx.stream(), x, x_stride, w, b, rows, c, y, mean, rstd);
+                     ctx.stream(), x, x_stride, w, kNoWeightOffset, b, rows, c, static_cast<double>(kLayerNormEps), y,
+                     mean, rstd);
   return Status();
 }
 
@@ -169,7 +57,7 @@ Status layernorm_backward(const Context& ctx, const float* dy, const float* x, c
                           const float* rstd, const float* w, int64_t rows, int64_t c, float* dx,
                           bool accumulate, float* dw, float* db) {
   STRATA_CUDA_LAUNCH(layernorm_backward_dx_kernel, blocks_for(rows, kWarpsPerBlock), kThreads,
-                     ctx.stream(), dy, x, mean, rstd, w, rows, c, dx, accumulate);
+                     ctx.stream(), dy, x, mean, rstd, w, kNoWeightOffset, rows, c, dx, accumulate);
   assert((dw == nullptr) == (db == nullptr));
   if (dw == nullptr) return Status();  // frozen
   STRATA_CUDA_LAUNCH(layernorm_backward_params_kernel, blocks_for(c), kThreads, ctx.stream(), dy,
@@ -450,7 +338,8 @@ Status embedding_forward(const Context& ctx, const Config& config, const BatchSh
   check_call(config, shape, nullptr, 0);
   const int64_t c = config.n_embd;
   STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(shape.rows() * c), kThreads,
-                     ctx.stream(), tokens, packed.positions, wte, wpe, shape.rows(), shape.seq_len, c, x0);
+                     ctx.stream(), tokens, packed.positions, wte, wpe, 1.0f, shape.rows(), shape.seq_len, c,
+                     x0);
   return Status();
 }
 
@@ -459,14 +348,14 @@ Status embedding_backward(const Context& ctx, const Config& config, const BatchS
                           const PackedRows& packed) {
   check_call(config, shape, nullptr, 0);
   const int64_t c = config.n_embd;
-  STRATA_CUDA_LAUNCH(embedding_backward_wte_kernel, blocks_for(c), kThreads, ctx.stream(),
-                     tokens, d_x0, shape.rows(), c, d_wte);
+  STRATA_CUDA_LAUNCH(embedding_backward_table_kernel, blocks_for(c), kThreads, ctx.stream(),
+                     tokens, d_x0, shape.rows(), c, 1.0f, d_wte);
   if (packed.positions != nullptr) {
-    STRATA_CUDA_LAUNCH(embedding_backward_wpe_packed_kernel, blocks_for(c), kThreads, ctx.stream(),
+    STRATA_CUDA_LAUNCH(embedding_backward_positions_packed_kernel, blocks_for(c), kThreads, ctx.stream(),
                        packed.positions, d_x0, shape.rows(), c, d_wpe);
     return Status();
   }
-  STRATA_CUDA_LAUNCH(embedding_backward_wpe_kernel, blocks_for(shape.seq_len * c), kThreads,
+  STRATA_CUDA_LAUNCH(embedding_backward_positions_kernel, blocks_for(shape.seq_len * c), kThreads,
                      ctx.stream(), d_x0, shape.batch, shape.seq_len, c, d_wpe);
   return Status();
 }

@@ -1,6 +1,6 @@
 // kernels/llama/llama_cuda.cu — the CUDA Llama: cuBLAS for the products (cuda_common.cuh's
-// sgemm, shared with GPT-2's twin), small kernels for RMSNorm, RoPE, SwiGLU and the embedding.
-// Mirrors llama.cpp step for step and buffer for buffer.
+// sgemm, shared with GPT-2's twin), the operations' small kernels (op_kernels.cuh) for RMSNorm,
+// RoPE, SwiGLU and the embedding. Mirrors llama.cpp step for step and buffer for buffer.
 #include "kernels/llama/llama_cuda.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/op_kernels.cuh"
 #include "kernels/llama/llama_math.h"
 #include "kernels/lora/lora_cuda.h"
 
@@ -26,104 +27,19 @@ using gpt2::cuda::kThreads;
 using gpt2::cuda::kWarpsPerBlock;
 using gpt2::cuda::warp_sum;
 
-__global__ void embedding_forward_kernel(const int32_t* tokens, const float* embed, int64_t rows, int64_t c,
-                                         float* x0) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * c) return;
-  x0[i] = embed[static_cast<int64_t>(tokens[i / c]) * c + i % c];
-}
+// The kernels are op_kernels.cuh's, the CUDA operations' own (cuda_ops.cu): one copy each.
+using op_kernels::add_bias_kernel;
+using op_kernels::embedding_backward_table_kernel;
+using op_kernels::embedding_forward_kernel;
+using op_kernels::rmsnorm_backward_dx_kernel;
+using op_kernels::rmsnorm_backward_w_kernel;
+using op_kernels::rmsnorm_forward_kernel;
+using op_kernels::rope_kernel;
+using op_kernels::swiglu_backward_kernel;
+using op_kernels::swiglu_forward_kernel;
 
-// One thread per column walks the rows in order (repeated tokens add in row order).
-__global__ void embedding_backward_kernel(const int32_t* tokens, const float* d_x0, int64_t rows, int64_t c,
-                                          float* d_embed) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  for (int64_t r = 0; r < rows; ++r) d_embed[static_cast<int64_t>(tokens[r]) * c + j] += d_x0[r * c + j];
-}
-
-// One warp per row: y = w·x·rstd, the sum of squares in double.
-__global__ void rmsnorm_forward_kernel(const float* x, int64_t x_stride, const float* w, int64_t rows, int64_t c,
-                                       double eps, float* y, float* rstd) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* x_row = x + row * x_stride;
-  double sq = 0.0;
-  for (int64_t j = lane; j < c; j += 32) sq += static_cast<double>(x_row[j]) * x_row[j];
-  const auto rs = static_cast<float>(1.0 / sqrt(warp_sum(sq) / static_cast<double>(c) + eps));
-  float* y_row = y + row * c;
-  for (int64_t j = lane; j < c; j += 32) y_row[j] = w[j] * (x_row[j] * rs);
-  if (lane == 0) rstd[row] = rs;
-}
-
-// dx (+)= rstd·(dy·w) − x·rstd³·mean(dy·w·x); one warp per row.
-__global__ void rmsnorm_backward_dx_kernel(const float* dy, const float* x, const float* rstd, const float* w,
-                                           int64_t rows, int64_t c, float* dx, bool accumulate) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const float* dy_row = dy + row * c;
-  const float* x_row = x + row * c;
-  const float rs = rstd[row];
-  double dot = 0.0;
-  for (int64_t j = lane; j < c; j += 32) dot += static_cast<double>(dy_row[j] * w[j]) * x_row[j];
-  const auto coef = static_cast<float>(warp_sum(dot) / static_cast<double>(c) * rs * rs * rs);
-  float* dx_row = dx + row * c;
-  for (int64_t j = lane; j < c; j += 32) {
-    const float g = rs * (dy_row[j] * w[j]) - x_row[j] * coef;
-    dx_row[j] = accumulate ? dx_row[j] + g : g;
-  }
-}
-
-// dw[j] += Σ_r dy·x·rstd; one thread per column walking the rows in order.
-__global__ void rmsnorm_backward_w_kernel(const float* dy, const float* x, const float* rstd, int64_t rows, int64_t c,
-                                          float* dw) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  double acc = 0.0;
-  for (int64_t r = 0; r < rows; ++r) acc += static_cast<double>(dy[r * c + j]) * (x[r * c + j] * rstd[r]);
-  dw[j] += static_cast<float>(acc);
-}
-
-// rotate_half RoPE of every head of [rows, heads·D] in place, one thread per pair; row r at
-// position first_position + r % t_len, or positions[r] for packed rows (gpt2::PackedRows);
-// `sign` −1 applies the transpose (the backward).
-__global__ void rope_kernel(Config config, float* x, int64_t rows, int64_t t_len, int64_t first_position,
-                            int64_t heads, float sign, const int32_t* positions) {
-  const int64_t half = config.head_dim / 2;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * heads * half) return;
-  const int64_t pair = i % half;
-  const int64_t row_head = i / half;
-  const int64_t row = row_head / heads;
-  const int64_t position = positions == nullptr ? first_position + row % t_len : positions[row];
-  float c = 0.0f;
-  float s = 0.0f;
-  rope_cos_sin(rope_inverse_frequency(config, pair), position, &c, &s);
-  rope_rotate_pair(x + row_head * config.head_dim, pair, half, c, sign * s);
-}
-
-// y[r, j] += bias[j]: nn.Linear's bias after the product (llama.cpp's add_bias).
-__global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t cols) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < rows * cols) y[i] += bias[i % cols];
-}
-
-__global__ void swiglu_forward_kernel(const float* gate, const float* up, float* act, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) act[i] = gate[i] * silu_sigmoid(gate[i]) * up[i];
-}
-
-// gate and up become their gradients in place.
-__global__ void swiglu_backward_kernel(const float* d_act, float* gate, float* up, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float x = gate[i];
-  const float s = silu_sigmoid(x);
-  const float da = d_act[i];
-  gate[i] = da * up[i] * (s * (1.0f + x * (1.0f - s)));
-  up[i] = da * x * s;
-}
+// Llama's RMSNorm multiplies by w itself (ops::NormForward::weight_offset 0).
+constexpr float kNoWeightOffset = 0.0f;
 
 struct BlockLayout {
   float *n1, *rstd1, *q, *k, *v, *att, *h, *n2, *rstd2, *gate, *up, *act, *dq, *dk, *dv;
@@ -226,7 +142,7 @@ Status add_bias(const Context& ctx, float* y, const float* bias, int64_t rows, i
 Status rmsnorm_forward(const Context& ctx, const Config& config, const float* x, int64_t x_stride, const float* w,
                        int64_t rows, float* y, float* rstd) {
   STRATA_CUDA_LAUNCH(rmsnorm_forward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(), x, x_stride,
-                     w, rows, config.n_embd, config.norm_eps, y, rstd);
+                     w, kNoWeightOffset, rows, config.n_embd, config.norm_eps, y, rstd);
   return Status();
 }
 
@@ -234,7 +150,7 @@ Status rmsnorm_backward(const Context& ctx, const Config& config, const float* d
                         const float* w, int64_t rows, float* dx, bool accumulate, float* dw) {
   const int64_t c = config.n_embd;
   STRATA_CUDA_LAUNCH(rmsnorm_backward_dx_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(), dy, x,
-                     rstd, w, rows, c, dx, accumulate);
+                     rstd, w, kNoWeightOffset, rows, c, dx, accumulate);
   if (dw == nullptr) return Status();  // frozen
   STRATA_CUDA_LAUNCH(rmsnorm_backward_w_kernel, blocks_for(c), kThreads, ctx.stream(), dy, x, rstd, rows, c, dw);
   return Status();
@@ -243,8 +159,8 @@ Status rmsnorm_backward(const Context& ctx, const Config& config, const float* d
 Status rope(const Context& ctx, const Config& config, const BatchShape& shape, float* x, int64_t heads, bool inverse,
             const int32_t* positions) {
   const int64_t count = shape.rows() * heads * (config.head_dim / 2);
-  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(count), kThreads, ctx.stream(), config, x, shape.rows(), shape.seq_len,
-                     int64_t{0}, heads, inverse ? -1.0f : 1.0f, positions);
+  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(count), kThreads, ctx.stream(), rope_spec(config), x, shape.rows(),
+                     shape.seq_len, int64_t{0}, heads, inverse ? -1.0f : 1.0f, positions);
   return Status();
 }
 
@@ -367,16 +283,17 @@ size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape) {
 Status embedding_forward(const Context& ctx, const Config& config, const BatchShape& shape, const int32_t* tokens,
                          const float* embed, float* x0) {
   check_call(config, shape, nullptr, 0);
+  // No learned positions, scale 1: x0 is the token's row.
   STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(shape.rows() * config.n_embd), kThreads, ctx.stream(),
-                     tokens, embed, shape.rows(), config.n_embd, x0);
+                     tokens, nullptr, embed, nullptr, 1.0f, shape.rows(), shape.seq_len, config.n_embd, x0);
   return Status();
 }
 
 Status embedding_backward(const Context& ctx, const Config& config, const BatchShape& shape, const int32_t* tokens,
                           const float* d_x0, float* d_embed) {
   check_call(config, shape, nullptr, 0);
-  STRATA_CUDA_LAUNCH(embedding_backward_kernel, blocks_for(config.n_embd), kThreads, ctx.stream(), tokens, d_x0,
-                     shape.rows(), config.n_embd, d_embed);
+  STRATA_CUDA_LAUNCH(embedding_backward_table_kernel, blocks_for(config.n_embd), kThreads, ctx.stream(), tokens, d_x0,
+                     shape.rows(), config.n_embd, 1.0f, d_embed);
   return Status();
 }
 
@@ -558,7 +475,7 @@ size_t decode_workspace_size_bytes(const Config& config, int64_t max_rows, int64
 Status embedding_decode(const Context& ctx, const Config& config, int64_t rows, const int32_t* tokens,
                         const float* embed, float* x0) {
   STRATA_CUDA_LAUNCH(embedding_forward_kernel, blocks_for(rows * config.n_embd), kThreads, ctx.stream(), tokens,
-                     embed, rows, config.n_embd, x0);
+                     nullptr, embed, nullptr, 1.0f, rows, rows, config.n_embd, x0);
   return Status();
 }
 
@@ -581,10 +498,10 @@ Status block_decode(const Context& ctx, const Config& config, int64_t past, int6
   if (config.qkv_bias) STRATA_RETURN_IF_ERROR(add_bias(ctx, ws.v, w.v_proj_bias, rows, kvw));
   // RoPE at the absolute positions past…past+rows−1 (row r of t_len = rows is position past + r).
   const int64_t half = config.head_dim / 2;
-  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_head * half), kThreads, ctx.stream(), config, ws.q, rows,
-                     rows, past, config.n_head, 1.0f, nullptr);
-  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_kv_head * half), kThreads, ctx.stream(), config, ws.k,
-                     rows, rows, past, config.n_kv_head, 1.0f, nullptr);
+  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_head * half), kThreads, ctx.stream(), rope_spec(config),
+                     ws.q, rows, rows, past, config.n_head, 1.0f, nullptr);
+  STRATA_CUDA_LAUNCH(rope_kernel, blocks_for(rows * config.n_kv_head * half), kThreads, ctx.stream(),
+                     rope_spec(config), ws.k, rows, rows, past, config.n_kv_head, 1.0f, nullptr);
   const size_t kv_bytes = static_cast<size_t>(rows * kvw) * sizeof(float);
   cudaError_t code = cudaMemcpyAsync(cache.keys + past * kvw, ws.k, kv_bytes, cudaMemcpyDeviceToDevice, ctx.stream());
   if (code != cudaSuccess) return cuda_error("memcpy k into the cache", code);
