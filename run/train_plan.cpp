@@ -189,12 +189,18 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   };
 
   // Stage 3: the units each gathering step computes on, in step order; each such step also
-  // reads the next one's shares (its gather starts while this step computes). None across
-  // iterations: fwd.embed's share is rewritten by opt.embed after the last backward.
-  std::vector<std::vector<size_t>> gathers = {{embed}};
-  for (uint32_t i = 0; i < n_layer; ++i) gathers.push_back({layout.block_unit(i)});
-  gathers.push_back({ln_f, embed});
-  for (uint32_t i = n_layer; i-- > 0;) gathers.push_back({layout.block_unit(i)});
+  // reads the next one's shares (its gather starts while this step computes). With K
+  // micro-batches every pass gathers again, so the order is one pass's K times over, and the
+  // last backward of pass k reads the embeddings' share for pass k+1's fwd.embed: no update
+  // runs between passes, so that share is the one pass k+1 computes on. None across
+  // iterations: fwd.embed's share is rewritten by opt.embed after the last pass's backward.
+  std::vector<std::vector<size_t>> gathers;
+  for (uint32_t k = 0; k < config.gradient_accumulation_steps; ++k) {
+    gathers.push_back({embed});
+    for (uint32_t i = 0; i < n_layer; ++i) gathers.push_back({layout.block_unit(i)});
+    gathers.push_back({ln_f, embed});
+    for (uint32_t i = n_layer; i-- > 0;) gathers.push_back({layout.block_unit(i)});
+  }
   size_t gather_index = 0;
   auto with_next_shares = [&](std::vector<sch::TensorId> reads) {
     if (!run.params_gathered) return reads;

@@ -1376,14 +1376,8 @@ Result<EvalFigures> Run::evaluate_committed(const std::string& eval_path) {
 
 Result<TrainSummary> Run::execute() {
   // ZeRO with accumulation: each rank sums its micro-batches' gradients in its whole G and
-  // the reduction runs once, after the last micro-batch's backward. Stage 3 gathers each
-  // unit's compute copy ahead of the next step of one pass; the K passes of an update would
-  // need their own gather order — not built yet: refused before any work, not wrong.
-  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1 && config_.parallel.zero_stage == 3)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with "
-                                  "parallel.zero_stage 3 on {} ranks yet; use stage 1 or 2, or 1 micro-batch",
-                                  config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
+  // the reduction runs once, after the last micro-batch's backward. At stage 3 every pass
+  // gathers its units again, in the order build_train_plan lays out K times over.
   run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
                          : build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());

@@ -18,8 +18,10 @@
 # run that never stopped, bit for bit).
 # `emulated` — stages 1-3 on 2 emulated ranks (device.kind: emulated: the discrete device-tensor
 # path on the CPU) equal the same run on 2 cpu ranks bit for bit.
-# `accumulate` — gradient_accumulation_steps: 2 at stages 1 and 2 on 2 and 3 ranks equals one
-# process training the K·B-row batch (relative L2 ≤ 1e-5); stage 3 with K > 1 is refused (`bad`).
+# `accumulate` — gradient_accumulation_steps: 2 at stages 1, 2 and 3 on 2 and 3 ranks equals one
+# process training the K·B-row batch (relative L2 ≤ 1e-5); stage 3 equals stage 2 of the same N
+# bit for bit, 2 emulated ranks equal 2 cpu ranks bit for bit, and a stage-3 run stopped after
+# step 3 and resumed ends with the bits of one that never stopped.
 # `examples` — masked completion examples on 2 ranks (stages 1, 2, emulated, K = 2) equal one
 # process training the whole batch: the global trained-token count, summed ranks.
 # Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume | kill3 | emulated |
@@ -113,7 +115,10 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         cfg = config(tmp, "one12", batch=12)
         reference = os.path.join(tmp, "one12.safetensors")
         ref_summary = summary_of(run(0, "train", cfg, "--json", "--export", reference), "one12")
-        for stage in (1, 2):
+        # Stage 3 (parameters gathered per unit, every pass of the update gathering again) is held
+        # to the same 1e-5, and to stage 2's bits on the same N: the gathered copies are the
+        # broadcast ones, so the arithmetic is the same.
+        for stage in (1, 2, 3):
             for ranks in (2, 3):
                 name = f"k2s{stage}n{ranks}"
                 cfg = config(tmp, name, stage=stage, gradient_accumulation_steps=2)
@@ -125,6 +130,19 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                       f"of 12 rows, last loss rel {loss_diff:.1e}")
                 if not diff <= 1e-5 or not loss_diff <= 1e-5:
                     fail(f"K=2 at stage {stage} on {ranks} ranks is not one batch of 12 rows within 1e-5")
+                if stage == 3:
+                    if not same_bytes(out, os.path.join(tmp, f"k2s2n{ranks}.safetensors")):
+                        fail(f"K=2 at stage 3 on {ranks} ranks differs from K=2 at stage 2 on {ranks} ranks")
+                    print(f"K=2, stage 3, {ranks} ranks = K=2, stage 2, {ranks} ranks, bit for bit")
+        # Stage 3 with K=2 stopped after step 3 (a commit: checkpoint_every 2 and --steps 3) and
+        # resumed ends with the bits of the run that never stopped.
+        cfg = config(tmp, "k2s3stopped", stage=3, gradient_accumulation_steps=2)
+        run(2, "train", cfg, "--steps", "3")
+        out = os.path.join(tmp, "k2s3stopped.safetensors")
+        run(2, "train", cfg, "--resume", "--export", out)
+        if not same_bytes(os.path.join(tmp, "k2s3n2.safetensors"), out):
+            fail("K=2 at stage 3: a run stopped after step 3 and resumed differs from one that never stopped")
+        print("K=2, stage 3, 2 ranks: stopped after step 3 and resumed = never stopped, bit for bit")
         # Emulated ranks: the device-tensor path (gradients left as sums, device_grad_scale).
         cfg = config(tmp, "k2emulated", stage=2, gradient_accumulation_steps=2,
                      device={"kind": "emulated", "memory": "64MiB"})
@@ -134,6 +152,16 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         print(f"K=2, stage 2, 2 emulated ranks: relative L2 weight difference {diff:.2e}")
         if not diff <= 1e-5:
             fail("K=2 on 2 emulated ranks is not one batch of 12 rows within 1e-5")
+        # Stage 3 on emulated ranks: the gathers into device buffers, K passes each; the kernels
+        # are the CPU's, so it equals the cpu ranks' K=2 stage-3 run bit for bit.
+        cfg = config(tmp, "k2s3emulated", stage=3, gradient_accumulation_steps=2,
+                     device={"kind": "emulated", "memory": "64MiB"})
+        out = os.path.join(tmp, "k2s3emulated.safetensors")
+        run(2, "train", cfg, "--export", out)
+        if not same_bytes(out, os.path.join(tmp, "k2s3n2.safetensors")):
+            diff, worst = relative_difference(os.path.join(tmp, "k2s3n2.safetensors"), out)
+            fail(f"K=2, stage 3: 2 emulated ranks differ from 2 cpu ranks (relative L2 {diff:.2e}, largest {worst:.1e})")
+        print("K=2, stage 3, 2 emulated ranks = 2 cpu ranks, bit for bit")
     elif CASE == "examples":
         # Masked completion examples (different trained-token counts per rank): the ranks divide by
         # the global count and sum (ZeroStep::set_sum_over_ranks), so 2 ranks at stages 1 and 2, 2
@@ -198,9 +226,6 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                 fail(f"expected an error naming {what!r}, got exit {result.returncode}:\n{result.stderr[-2000:]}")
         one_line(run(2, "train", config(tmp, "shared", per_rank=False), expect_ok=False), "nvme.paths")
         one_line(run(2, "train", config(tmp, "odd", batch=5), expect_ok=False), "batch_size")
-        # Gradient accumulation is not built for stage 3 yet (docs/train.md): refused, not wrong.
-        one_line(run(2, "train", config(tmp, "accumulate", stage=3, gradient_accumulation_steps=2),
-                     expect_ok=False), "gradient_accumulation_steps")
         cfg = config(tmp, "stage4", stage=4)
         one_line(run(0, "train", cfg, expect_ok=False), "zero_stage")
         # A config error every rank meets is said once, by rank 0.
