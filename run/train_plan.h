@@ -111,7 +111,9 @@ struct TrainPlan {
   // ZeRO stage 3 on N > 1 ranks: P is partitioned (UnitIds::params_range) and each forward,
   // head and backward step computes on the unit's whole compute copy all-gathered into one of
   // two start-up buffers (train/zero/zero.h). Each such step also reads the shares of the next
-  // gathering step's units, so they are resident when that gather starts during this compute.
+  // gathering step's units, so they are resident when that gather starts during this compute —
+  // with K micro-batches, through all K passes (the last backward of one pass reads the
+  // embeddings' share for the next pass's fwd.embed).
   bool params_gathered = false;
   // Step k's updates run in pass k+1, before each unit's forward (see the top of this file).
   bool interleaved_updates = false;
@@ -143,11 +145,15 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
 
 // The evaluation pass (`eval:`, train/trainer.h): the forward steps alone —
 //   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head
-// over each unit's P (the same store tensors and homes as training's, whole units: ZeRO stage 3's
-// shares are refused by the trainer) and the activations; no gradients, no optimizer state,
-// so an evaluation reads P and writes nothing to the store. Every step's tensors are a subset of
-// the training step of the same name, so budgets that fit training fit it.
-TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout);
+// over each unit's P (the same store tensors and homes as training's) and the activations; no
+// gradients, no optimizer state, so an evaluation reads P and writes nothing to the store. With
+// `owners` at ZeRO stage 3 (as build_train_plan), P is this rank's share (`params_gathered`) and
+// each step computes on the whole copy gathered from every rank's share, with the same
+// lookahead as training: each step also reads the next step's shares. Every step's tensors are
+// a subset of the training step of the same name (of the first micro-batch's, `<step>.mb0`, with
+// accumulation), so budgets that fit training fit it.
+TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout,
+                          const std::vector<std::vector<int>>& owners = {}, int rank = 0);
 
 // Device memory the trainer holds outside the plan for the whole run.
 struct DeviceScratchSizes {

@@ -3,8 +3,9 @@
 // optimizer chunks that rank owns, and together they are the model once (a replicated P fails) —
 // for GPT-2 and for a Llama with Qwen 2's q/k/v biases (units of 1-D and 2-D tensors mixed);
 // every gathering step reads the next gathering step's shares (the lookahead the gather of unit
-// i+1 during unit i's compute needs; with K micro-batches across all K passes) and owner-only updates write the share; the two gather
-// buffers are counted in the device scratch at stage 3 only; ZeRO's stage-3 formula.
+// i+1 during unit i's compute needs; with K micro-batches across all K passes) and owner-only
+// updates write the share; the two gather buffers are counted in the device scratch at stage 3 only; the evaluation plan holds the same
+// shares with the same lookahead; ZeRO's stage-3 formula (with K micro-batches too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -153,6 +154,45 @@ TEST(ZeroStage3Plan, EachGatheringStepReadsTheNextOnesShares) {
     for (double grad_clip : {1.0, 0.0}) check_gather_lookahead(micro_batches, grad_clip);
 }
 
+// The evaluation plan at stage 3 (build_eval_plan with owners): the same share tensors as the
+// training plan (names and sizes: the store holds only those), and each forward step reads the
+// next forward step's shares, the head's being ln_f's and the embeddings'.
+TEST(ZeroStage3Plan, EvalPlanGathersTheTrainingShares) {
+  const TrainConfig config = small_config(3);
+  const ModelLayout layout(config.model);
+  const ChunkOwners owners = optimizer_chunk_owners(layout, config.optimizer.chunk_elements, config.optimizer.state(), 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const TrainPlan train = build_train_plan(config, layout, owners, rank);
+    const TrainPlan eval = build_eval_plan(config, layout, owners, rank);
+    ASSERT_TRUE(eval.plan.validate().ok());
+    ASSERT_TRUE(eval.params_gathered);
+    for (size_t u = 0; u < layout.units().size(); ++u) {
+      ASSERT_EQ(eval.units[u].params == kNoTensor, train.units[u].params == kNoTensor) << layout.units()[u].name;
+      EXPECT_EQ(eval.units[u].params_range.begin_elements, train.units[u].params_range.begin_elements);
+      EXPECT_EQ(eval.units[u].params_range.element_count, train.units[u].params_range.element_count);
+      if (eval.units[u].params == kNoTensor) continue;
+      EXPECT_EQ(eval.plan.tensors()[eval.units[u].params].name, train.plan.tensors()[train.units[u].params].name);
+      EXPECT_EQ(eval.plan.tensors()[eval.units[u].params].size_bytes,
+                train.plan.tensors()[train.units[u].params].size_bytes);
+    }
+    ASSERT_EQ(eval.steps.size(), static_cast<size_t>(layout.n_layer() + 2));  // fwd.embed, fwd.h.*, head
+    for (size_t s = 0; s + 1 < eval.steps.size(); ++s) {
+      const StepInfo& next = eval.steps[s + 1];
+      std::vector<size_t> units = {next.unit};
+      if (next.kind == StepKind::head) units.push_back(layout.embed_unit());
+      for (size_t unit : units)
+        if (eval.units[unit].params != kNoTensor)
+          EXPECT_TRUE(step_reads(eval, s, eval.units[unit].params))
+              << eval.plan.steps()[s].name << " does not read the share of " << layout.units()[unit].name;
+    }
+  }
+  // Without owners (one process, stages 1–2): whole units, nothing gathered.
+  const TrainPlan whole = build_eval_plan(config, layout);
+  EXPECT_FALSE(whole.params_gathered);
+  EXPECT_EQ(whole.plan.tensors()[whole.units[layout.block_unit(0)].params].size_bytes,
+            layout.units()[layout.block_unit(0)].element_count * 4);
+}
+
 TEST(ZeroStage3Plan, GatherBuffersCountedOnlyAtStage3) {
   const ModelLayout layout(small_config(3).model);
   const ChunkOwners owners = optimizer_chunk_owners(layout, 20000, optim::StateLayout(), 2);
@@ -181,6 +221,11 @@ TEST(ZeroStage3Plan, Formula) {
   EXPECT_EQ(three.gradient_bytes, psi * 4 * 2 / 3);
   EXPECT_EQ(three.parameter_bytes, 2 * (psi * 2 * 2 / 3));
   EXPECT_EQ(zero_formula_bytes(psi, DType::f32, 3, 1).total(), 0u);
+  // K micro-batches: stage 3 gathers in every pass, the gradients are reduced once an update.
+  const ZeroTraffic accumulated = zero_formula_bytes(psi, DType::f32, 3, 2, 4);
+  EXPECT_EQ(accumulated.gradient_bytes, two.gradient_bytes);
+  EXPECT_EQ(accumulated.parameter_bytes, 4 * two.parameter_bytes);
+  EXPECT_EQ(zero_formula_bytes(psi, DType::f32, 2, 2, 4).total(), zero_formula_bytes(psi, DType::f32, 2, 2).total());
 }
 
 }  // namespace
