@@ -394,14 +394,35 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
         shape.rows(), max_in, max_out, config.model.adapter.rank, static_cast<float>(config.model.adapter.dropout));
   }
   if (config.placement.grads == Tier::device) {
-    uint64_t largest_block = 0;
+    // K = 1: one unit's at a time, the largest block's (a LoRA adapter's are smaller). K > 1:
+    // every trained unit's side by side, to the end of the last one.
+    const std::vector<uint64_t> offsets = device_grads_offsets(config, layout);
     for (int64_t i = 0; i < layout.n_layer(); ++i)
-      largest_block = std::max(largest_block, layout.units()[layout.block_unit(i)].element_count);
-    sizes.block_grads_bytes = largest_block * 4;
+      sizes.block_grads_bytes =
+          std::max(sizes.block_grads_bytes, layout.units()[layout.block_unit(i)].element_count * 4);
+    if (config.gradient_accumulation_steps > 1) {
+      sizes.block_grads_bytes = 0;
+      for (size_t u = 0; u < layout.units().size(); ++u)
+        if (u != layout.embed_unit() && u != layout.ln_f_unit() && !layout.units()[u].frozen)
+          sizes.block_grads_bytes = std::max(sizes.block_grads_bytes, offsets[u] + layout.units()[u].element_count * 4);
+    }
     sizes.embed_grads_bytes = layout.units()[layout.embed_unit()].element_count * 4;
     sizes.ln_f_grads_bytes = ln_f_elements * 4;
   }
   return sizes;
+}
+
+std::vector<uint64_t> device_grads_offsets(const TrainConfig& config, const ModelLayout& layout) {
+  std::vector<uint64_t> offsets(layout.units().size(), 0);
+  if (config.gradient_accumulation_steps == 1) return offsets;
+  uint64_t next_bytes = 0;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    if (u == layout.embed_unit() || u == layout.ln_f_unit() || layout.units()[u].frozen) continue;
+    offsets[u] = next_bytes;
+    // Each unit's gradients start on the device's allocation alignment, as a buffer of its own would.
+    next_bytes = align_up(next_bytes + layout.units()[u].element_count * 4, device::kDeviceAlignmentBytes);
+  }
+  return offsets;
 }
 
 uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {

@@ -327,8 +327,10 @@ class Run {
   std::optional<ParamGather> gather_;
   device::DeviceBuffer weights_fp32_;
   device::DeviceBuffer lora_scratch_;  // LoRA: the adapter op's scratch (kernels/lora/lora.h)
-  // grads: device — the gradients, which then never leave the device (train_plan.h).
+  // grads: device — the gradients, which then never leave the device (train_plan.h): one
+  // block's at a time, or with accumulation every unit's, at device_grads_offsets_.
   device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
+  std::vector<uint64_t> device_grads_offsets_;
   std::unique_ptr<sch::NvmeBacking> backing_;
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
@@ -856,7 +858,8 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
   if (unit == layout_.embed_unit()) return static_cast<float*>(embed_grads_.data());
   if (unit == layout_.ln_f_unit()) return static_cast<float*>(ln_f_grads_.data());
-  return static_cast<float*>(block_grads_.data());
+  // One block's at a time, or with accumulation each unit's own place (device_grads_offsets).
+  return reinterpret_cast<float*>(static_cast<std::byte*>(block_grads_.data()) + device_grads_offsets_[unit]);
 }
 
 // One training step: every plan step's ops are enqueued on the backend's stream and its
@@ -1417,6 +1420,7 @@ Result<TrainSummary> Run::execute() {
     gather_.emplace(std::move(gather));
   }
   if (config_.placement.grads == Tier::device) {
+    device_grads_offsets_ = device_grads_offsets(config_, layout_);
     STRATA_ASSIGN_OR_RETURN(block_grads_, device_->allocate(scratch.block_grads_bytes));
     STRATA_ASSIGN_OR_RETURN(embed_grads_, device_->allocate(scratch.embed_grads_bytes));
     STRATA_ASSIGN_OR_RETURN(ln_f_grads_, device_->allocate(scratch.ln_f_grads_bytes));

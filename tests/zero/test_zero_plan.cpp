@@ -4,8 +4,9 @@
 // for GPT-2 and for a Llama with Qwen 2's q/k/v biases (units of 1-D and 2-D tensors mixed);
 // every gathering step reads the next gathering step's shares (the lookahead the gather of unit
 // i+1 during unit i's compute needs; with K micro-batches across all K passes) and owner-only
-// updates write the share; the two gather buffers are counted in the device scratch at stage 3 only; the evaluation plan holds the same
-// shares with the same lookahead; ZeRO's stage-3 formula (with K micro-batches too).
+// updates write the share; the two gather buffers are counted in the device scratch at stage 3
+// only; the evaluation plan holds the same shares with the same lookahead; ZeRO's stage-3
+// formula (with K micro-batches too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
