@@ -1683,6 +1683,15 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
 
 
 Result<EvalFigures> evaluate(const TrainConfig& config, const std::string& eval_path) {
+  // One process reads one store; a ZeRO job's are one per rank (at stage 3 each holds a share of
+  // P), which only the job's own ranks read together — its `eval:` does, at every stage.
+  for (const std::string& path : config.nvme_paths)
+    if (path.find("{rank}") != std::string::npos)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: key 'nvme.paths': '{}' names one store per ZeRO rank and `strata eval` reads "
+                                    "one process's store; evaluate inside the job (eval:), or export the rank stores "
+                                    "with `strata store export` to an HF folder",
+                                    config.source_path, path));
   TrainOptions options;
   options.resume = true;  // opens the committed run with a resume's checks; evaluation writes nothing
   options.progress = false;

@@ -25,7 +25,8 @@
 # `examples` — masked completion examples on 2 ranks (stages 1, 2, 3, emulated at stages 2 and 3,
 # K = 2 at stages 1 and 3) equal one process training the whole batch: the global trained-token
 # count, summed ranks; their evaluations (at stage 3 gathering each step's weights from the
-# ranks' shares) equal the one process's within 1e-5.
+# ranks' shares) equal the one process's within 1e-5; `strata eval` on the rank stores refuses
+# in one line.
 # Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume | kill3 | emulated |
 # accumulate | examples).
 import json
@@ -210,6 +211,14 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
             if [o[:2] for o in ours] != [r[:2] for r in ref] or any(
                     abs(o[2] - r[2]) > 1e-5 * abs(r[2]) for o, r in zip(ours, ref)):
                 fail(f"the evaluations on {name} are not the 1-process run's within 1e-5")
+        # `strata eval` is one process: on the rank stores of a ZeRO job it refuses in one line
+        # naming the key (exit 2) instead of failing to open a store.
+        result = run(0, "eval", os.path.join(tmp, "ex-s3n2.yaml"), expect_ok=False)
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        if result.returncode != 2 or len(lines) != 1 or "nvme.paths" not in lines[0]:
+            fail(f"strata eval on stage-3 rank stores: exit {result.returncode}, expected 2 and one line naming "
+                 f"nvme.paths:\n{result.stderr}")
+        print("strata eval on rank stores: " + lines[0])
         # K = 2 micro-batches of 4 rows on 2 ranks = one process training batches of 8 rows.
         cfg = config(tmp, "ex-one8", batch=8, **examples)
         reference8 = os.path.join(tmp, "ex-one8.safetensors")
