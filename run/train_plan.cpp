@@ -396,11 +396,11 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
   if (config.placement.grads == Tier::device) {
     // K = 1: one unit's at a time, the largest block's (a LoRA adapter's are smaller). K > 1:
     // every trained unit's side by side, to the end of the last one.
-    const std::vector<uint64_t> offsets = device_grads_offsets(config, layout);
     for (int64_t i = 0; i < layout.n_layer(); ++i)
       sizes.block_grads_bytes =
           std::max(sizes.block_grads_bytes, layout.units()[layout.block_unit(i)].element_count * 4);
     if (config.gradient_accumulation_steps > 1) {
+      const std::vector<uint64_t> offsets = device_grads_offsets(config, layout);
       sizes.block_grads_bytes = 0;
       for (size_t u = 0; u < layout.units().size(); ++u)
         if (u != layout.embed_unit() && u != layout.ln_f_unit() && !layout.units()[u].frozen)

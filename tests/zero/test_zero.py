@@ -20,8 +20,9 @@
 # path on the CPU) equal the same run on 2 cpu ranks bit for bit.
 # `accumulate` — gradient_accumulation_steps: 2 at stages 1, 2 and 3 on 2 and 3 ranks equals one
 # process training the K·B-row batch (relative L2 ≤ 1e-5); stage 3 equals stage 2 of the same N
-# bit for bit, 2 emulated ranks equal 2 cpu ranks bit for bit, and a stage-3 run stopped after
-# step 3 and resumed ends with the bits of one that never stopped.
+# bit for bit, 2 emulated ranks equal 2 cpu ranks bit for bit, a stage-3 run stopped after step 3
+# and resumed ends with the bits of one that never stopped, and grads: device trains grads:
+# host's bits at stages 2 and 3 (K = 2, grad_clip 0).
 # `examples` — masked completion examples on 2 ranks (stages 1, 2, 3, emulated at stages 2 and 3,
 # K = 2 at stages 1 and 3) equal one process training the whole batch: the global trained-token
 # count, summed ranks; their evaluations (at stage 3 gathering each step's weights from the
@@ -146,6 +147,25 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                     if not same_bytes(out, os.path.join(tmp, f"k2s2n{ranks}.safetensors")):
                         fail(f"K=2 at stage 3 on {ranks} ranks differs from K=2 at stage 2 on {ranks} ranks")
                     print(f"K=2, stage 3, {ranks} ranks = K=2, stage 2, {ranks} ranks, bit for bit")
+        # grads: device under ZeRO with K=2: each rank's gradients of every unit stay on its device
+        # for the update (run/train_plan.h device_grads_offsets) and are reduced from there once;
+        # at stages 2 and 3 that trains grads: host's bits (grads: device needs grad_clip 0).
+        device_grads = {}
+        for stage in (2, 3):
+            for grads in ("host", "device"):
+                name = f"k2s{stage}g{grads}"
+                cfg = config(tmp, name, stage=stage, gradient_accumulation_steps=2,
+                             optimizer={"lr": 1.0e-3, "weight_decay": 0.1, "grad_clip": 0.0, "chunk_elements": 20000},
+                             placement={"params": "host", "grads": grads, "optimizer": "nvme"})
+                out = os.path.join(tmp, name + ".safetensors")
+                run(2, "train", cfg, "--export", out)
+                device_grads[(stage, grads)] = out
+        for stage in (2, 3):
+            if not same_bytes(device_grads[(stage, "device")], device_grads[(stage, "host")]):
+                fail(f"K=2 at stage {stage} on 2 ranks: grads: device trained other weights than grads: host")
+        if not same_bytes(device_grads[(3, "device")], device_grads[(2, "host")]):
+            fail("K=2, grads: device at stage 3 differs from grads: host at stage 2")
+        print("K=2, 2 ranks, grad_clip 0: grads device = grads host at stages 2 and 3, bit for bit")
         # Stage 3 with K=2 stopped after step 3 (a commit: checkpoint_every 2 and --steps 3) and
         # resumed ends with the bits of the run that never stopped.
         cfg = config(tmp, "k2s3stopped", stage=3, gradient_accumulation_steps=2)
