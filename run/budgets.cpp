@@ -85,6 +85,16 @@ HostNeed host_need(const TrainPlan& run) {
 
 Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {
   const HostNeed host = host_need(run);
+  // What the scratch holds beyond the kernels' own: gradients with grads: device — with
+  // accumulation every trained unit's, for the whole update (train_plan.h device_grads_offsets).
+  const std::string device_grads =
+      config.placement.grads != Tier::device ? std::string()
+      : config.gradient_accumulation_steps > 1
+          ? fmt::format(" and every unit's gradients ({}, held on the device across the {} micro-batches of "
+                        "gradient_accumulation_steps: use grads: host or nvme to stream them instead)",
+                        format_size(device_scratch(config, layout, &run).block_grads_bytes),
+                        config.gradient_accumulation_steps)
+          : std::string(" and device-resident gradients");
   const RunBudgets budgets = run_budgets(config, layout, &run);
   if (budgets.one_pool) {
     const uint64_t needed = budgets.device_region_bytes + host.total();
@@ -96,7 +106,7 @@ Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const
                                     "two at least {} together",
                                     config.source_path, format_size(config.device_memory_bytes),
                                     format_size(config.host_memory_bytes), format_size(budgets.scratch_bytes),
-                                    config.placement.grads == Tier::device ? " and device-resident gradients" : "",
+                                    device_grads,
                                     format_size(host.homed_bytes), format_size(host.largest_nvme_step_bytes),
                                     format_size(align_up(needed, kMiB))));
     return Status();
@@ -119,7 +129,7 @@ Status check_budgets(const TrainConfig& config, const ModelLayout& layout, const
                                   config.source_path, format_size(config.device_memory_bytes),
                                   run.plan.steps()[largest_step].name, format_size(largest_step_bytes),
                                   format_size(scratch.total()),
-                                  config.placement.grads == Tier::device ? " and device-resident gradients" : "",
+                                  device_grads,
                                   format_size(align_up(needed, kMiB))));
   const uint64_t host_needed = host.total();
   if (host_needed > budgets.pool_bytes)

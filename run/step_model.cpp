@@ -444,7 +444,9 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   append_line(out, "where the state lives (its lasting home; the device holds what a step needs, streamed in):");
   for (const KindBytes& kind : kinds_of(config, layout, run))
     append_line(out, "  {:<28} {:>7}  {:>10}{}", kind.kind, tier_name(kind.tier), format_size(kind.bytes),
-                kind.tier == Tier::device ? "  (one unit at a time: each is consumed by its update at once)" : "");
+                kind.tier != Tier::device ? ""
+                : micro_batches > 1 ? "  (all of them, on the device for the whole update: its K micro-batches sum into them)"
+                                    : "  (one unit at a time: each is consumed by its update at once)");
   append_line(out, "  {:<28} {:>7}  ({})", "optimizer step runs on", optimizer_site_name(run.optimizer_site),
               optimizer_site_reason(config));
   if (run.interleaved_updates)

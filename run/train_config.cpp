@@ -365,12 +365,9 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
                                                    "for every gradient before the first update, so they must be "
                                                    "parked on host or nvme",
                                                    config.optimizer.grad_clip));
-  // Accumulated gradients wait for the last micro-batch in G; `grads: device` is one block's
-  // scratch that the next block's backward reuses right after the update.
-  if (config.placement.grads == Tier::device && config.gradient_accumulation_steps > 1)
-    return placement.error_at("grads", fmt::format("'device' cannot hold gradients across micro-batches "
-                                                   "(gradient_accumulation_steps: {}); use host or nvme",
-                                                   config.gradient_accumulation_steps));
+  // With gradient_accumulation_steps > 1, `grads: device` holds every unit's gradients on the
+  // device for the whole update (run/train_plan.h device_grads_offsets); check_budgets says when
+  // device.memory cannot hold them.
 
   STRATA_ASSIGN_OR_RETURN(ConfigNode nvme, root.child("nvme"));
   STRATA_READ(config.nvme_paths, nvme.string_list("paths", std::vector<std::string>{}));

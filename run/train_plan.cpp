@@ -30,6 +30,50 @@ namespace {
 
 sch::Home home_of(Tier tier) { return tier == Tier::nvme ? sch::Home::nvme : sch::Home::host; }
 
+// ZeRO stage 3: `rank`'s share of `unit`'s compute copy — the elements of the optimizer chunks
+// it owns (`unit_owners`, one entry per chunk), which are one contiguous run (the partition is
+// contiguous in model order) — added to `run` as its P. None when it owns none of the unit.
+// Training and evaluation plans both take it from here, so they name the same store tensors.
+void add_params_share(TrainPlan& run, const TrainConfig& config, const Unit& unit, const std::vector<int>& unit_owners,
+                      int rank, UnitIds& ids) {
+  const std::vector<ElementRange> chunks = optim_chunks(unit, config.optimizer.chunk_elements, config.optimizer.state());
+  size_t first = chunks.size(), last = 0;
+  for (size_t c = 0; c < chunks.size(); ++c)
+    if (unit_owners[c] == rank) first = std::min(first, c), last = c;
+  if (first == chunks.size()) {
+    ids.params_range = ElementRange{0, 0};
+    return;
+  }
+  ids.params_range = ElementRange{chunks[first].begin_elements,
+                                  chunks[last].begin_elements + chunks[last].element_count - chunks[first].begin_elements};
+  ids.params = run.plan.add_tensor(params_share_name(unit, first, last, chunks.size()),
+                                   ids.params_range.element_count * dtype_size_bytes(config.precision),
+                                   home_of(config.placement.params));
+}
+
+// Stage 3's lookahead: each gathering step also reads the shares of the next gathering step's
+// units (`gathers`, the units of every gathering step in step order), so they are resident when
+// that step's gather starts during this one's compute. Each call is the next gathering step.
+class GatherLookahead {
+ public:
+  GatherLookahead(const TrainPlan& run, std::vector<std::vector<size_t>> gathers)
+      : run_(run), gathers_(std::move(gathers)) {}
+  std::vector<sch::TensorId> reads(std::vector<sch::TensorId> reads) {
+    if (!run_.params_gathered) return reads;
+    ++index_;
+    if (index_ < gathers_.size())
+      for (size_t unit : gathers_[index_])
+        if (std::find(reads.begin(), reads.end(), run_.units[unit].params) == reads.end())
+          reads.push_back(run_.units[unit].params);
+    return reads;
+  }
+
+ private:
+  const TrainPlan& run_;
+  std::vector<std::vector<size_t>> gathers_;
+  size_t index_ = 0;
+};
+
 }  // namespace
 
 const char* optimizer_site_name(OptimizerSite site) { return site == OptimizerSite::host ? "host" : "device"; }
@@ -90,19 +134,7 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
     const std::vector<optim::TensorSpan> spans = optim_spans(unit);
     ids.params_range = ElementRange{0, unit.element_count};
     if (run.params_gathered) {
-      // The owned chunks are one contiguous run (the partition is contiguous in model order).
-      size_t first = chunks.size(), last = 0;
-      for (size_t c = 0; c < chunks.size(); ++c)
-        if (owners[unit_index][c] == rank) first = std::min(first, c), last = c;
-      if (first < chunks.size()) {
-        ids.params_range = ElementRange{chunks[first].begin_elements,
-                                        chunks[last].begin_elements + chunks[last].element_count -
-                                            chunks[first].begin_elements};
-        ids.params = run.plan.add_tensor(params_share_name(unit, first, last, chunks.size()),
-                                         ids.params_range.element_count * param_bytes, home_of(config.placement.params));
-      } else {
-        ids.params_range = ElementRange{0, 0};
-      }
+      add_params_share(run, config, unit, owners[unit_index], rank, ids);
     } else {
       ids.params = run.plan.add_tensor(params_name(unit), unit.element_count * param_bytes,
                                        home_of(config.placement.params));
@@ -189,22 +221,20 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   };
 
   // Stage 3: the units each gathering step computes on, in step order; each such step also
-  // reads the next one's shares (its gather starts while this step computes). None across
-  // iterations: fwd.embed's share is rewritten by opt.embed after the last backward.
-  std::vector<std::vector<size_t>> gathers = {{embed}};
-  for (uint32_t i = 0; i < n_layer; ++i) gathers.push_back({layout.block_unit(i)});
-  gathers.push_back({ln_f, embed});
-  for (uint32_t i = n_layer; i-- > 0;) gathers.push_back({layout.block_unit(i)});
-  size_t gather_index = 0;
-  auto with_next_shares = [&](std::vector<sch::TensorId> reads) {
-    if (!run.params_gathered) return reads;
-    ++gather_index;
-    if (gather_index < gathers.size())
-      for (size_t unit : gathers[gather_index])
-        if (std::find(reads.begin(), reads.end(), run.units[unit].params) == reads.end())
-          reads.push_back(run.units[unit].params);
-    return reads;
-  };
+  // reads the next one's shares (its gather starts while this step computes). With K
+  // micro-batches every pass gathers again, so the order is one pass's K times over, and the
+  // last backward of pass k reads the embeddings' share for pass k+1's fwd.embed: no update
+  // runs between passes, so that share is the one pass k+1 computes on. None across
+  // iterations: fwd.embed's share is rewritten by opt.embed after the last pass's backward.
+  std::vector<std::vector<size_t>> gathers;
+  for (uint32_t k = 0; k < config.gradient_accumulation_steps; ++k) {
+    gathers.push_back({embed});
+    for (uint32_t i = 0; i < n_layer; ++i) gathers.push_back({layout.block_unit(i)});
+    gathers.push_back({ln_f, embed});
+    for (uint32_t i = n_layer; i-- > 0;) gathers.push_back({layout.block_unit(i)});
+  }
+  GatherLookahead lookahead(run, std::move(gathers));
+  auto with_next_shares = [&](std::vector<sch::TensorId> reads) { return lookahead.reads(std::move(reads)); };
 
   // Interleaved: the previous step's update of each unit right before its forward.
   const bool interleave = run.interleaved_updates;
@@ -265,34 +295,47 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
   return run;
 }
 
-TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout) {
+TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout,
+                          const std::vector<std::vector<int>>& owners, int rank) {
   TrainPlan run;
+  run.params_gathered = !owners.empty() && config.parallel.zero_stage >= 3;
   for (const Unit& unit : layout.units()) {
     UnitIds ids;
     ids.frozen = unit.frozen;
     ids.params_range = ElementRange{0, unit.element_count};
-    ids.params = run.plan.add_tensor(params_name(unit), params_size_bytes(config, layout, run.units.size()),
-                                     home_of(config.placement.params));
+    if (run.params_gathered)
+      add_params_share(run, config, unit, owners[run.units.size()], rank, ids);
+    else
+      ids.params = run.plan.add_tensor(params_name(unit), params_size_bytes(config, layout, run.units.size()),
+                                       home_of(config.placement.params));
     run.units.push_back(std::move(ids));
   }
   const uint64_t activation_bytes = uint64_t{config.batch_size} * config.model.seq_len * config.model.n_embd * 4;
   for (uint32_t i = 0; i <= config.model.n_layer; ++i)
     run.activations.push_back(run.plan.add_tensor("act." + std::to_string(i), activation_bytes, sch::Home::host));
   auto add = [&](std::string name, StepInfo info, std::vector<sch::TensorId> reads, std::vector<sch::TensorId> writes) {
+    std::erase(reads, kNoTensor);
     run.plan.add_step(std::move(name), std::move(reads), std::move(writes));
     run.steps.push_back(info);
   };
   const size_t embed = layout.embed_unit();
   const size_t ln_f = layout.ln_f_unit();
-  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, {run.units[embed].params}, {run.activations[0]});
+  // Stage 3: the forward's gathers, in order (train/zero/param_gather.h), with their lookahead.
+  std::vector<std::vector<size_t>> gathers = {{embed}};
+  for (uint32_t i = 0; i < config.model.n_layer; ++i) gathers.push_back({layout.block_unit(i)});
+  gathers.push_back({ln_f, embed});
+  GatherLookahead lookahead(run, std::move(gathers));
+  add("fwd.embed", StepInfo{StepKind::fwd_embed, embed}, lookahead.reads({run.units[embed].params}),
+      {run.activations[0]});
   for (uint32_t i = 0; i < config.model.n_layer; ++i) {
     const size_t unit = layout.block_unit(i);
     std::vector<sch::TensorId> reads = {run.units[unit].params, run.activations[i]};
     if (layout.has_adapters()) reads.push_back(run.units[layout.adapter_unit(i)].params);
-    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit}, std::move(reads), {run.activations[i + 1]});
+    add("fwd.h." + std::to_string(i), StepInfo{StepKind::fwd_block, unit}, lookahead.reads(std::move(reads)),
+        {run.activations[i + 1]});
   }
   add("head", StepInfo{StepKind::head, ln_f},
-      {run.units[ln_f].params, run.units[embed].params, run.activations[config.model.n_layer]}, {});
+      lookahead.reads({run.units[ln_f].params, run.units[embed].params, run.activations[config.model.n_layer]}), {});
   return run;
 }
 
@@ -351,14 +394,35 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
         shape.rows(), max_in, max_out, config.model.adapter.rank, static_cast<float>(config.model.adapter.dropout));
   }
   if (config.placement.grads == Tier::device) {
-    uint64_t largest_block = 0;
+    // K = 1: one unit's at a time, the largest block's (a LoRA adapter's are smaller). K > 1:
+    // every trained unit's side by side, to the end of the last one.
     for (int64_t i = 0; i < layout.n_layer(); ++i)
-      largest_block = std::max(largest_block, layout.units()[layout.block_unit(i)].element_count);
-    sizes.block_grads_bytes = largest_block * 4;
+      sizes.block_grads_bytes =
+          std::max(sizes.block_grads_bytes, layout.units()[layout.block_unit(i)].element_count * 4);
+    if (config.gradient_accumulation_steps > 1) {
+      const std::vector<uint64_t> offsets = device_grads_offsets(config, layout);
+      sizes.block_grads_bytes = 0;
+      for (size_t u = 0; u < layout.units().size(); ++u)
+        if (u != layout.embed_unit() && u != layout.ln_f_unit() && !layout.units()[u].frozen)
+          sizes.block_grads_bytes = std::max(sizes.block_grads_bytes, offsets[u] + layout.units()[u].element_count * 4);
+    }
     sizes.embed_grads_bytes = layout.units()[layout.embed_unit()].element_count * 4;
     sizes.ln_f_grads_bytes = ln_f_elements * 4;
   }
   return sizes;
+}
+
+std::vector<uint64_t> device_grads_offsets(const TrainConfig& config, const ModelLayout& layout) {
+  std::vector<uint64_t> offsets(layout.units().size(), 0);
+  if (config.gradient_accumulation_steps == 1) return offsets;
+  uint64_t next_bytes = 0;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    if (u == layout.embed_unit() || u == layout.ln_f_unit() || layout.units()[u].frozen) continue;
+    offsets[u] = next_bytes;
+    // Each unit's gradients start on the device's allocation alignment, as a buffer of its own would.
+    next_bytes = align_up(next_bytes + layout.units()[u].element_count * 4, device::kDeviceAlignmentBytes);
+  }
+  return offsets;
 }
 
 uint64_t host_optimizer_staging_bytes(const TrainConfig& config, const ModelLayout& layout, const TrainPlan& run) {

@@ -26,8 +26,9 @@
 // repeats K times, one micro-batch each (steps named `<step>.mb<k>`), and the updates follow
 // the last micro-batch's backward only — fused after it without clipping, after its bwd.embed
 // with clipping — so O is read and written once per update. From micro-batch 1 on, the head
-// and each backward also read G (the sum so far) before adding to it. K > 1 never interleaves
-// and needs G as a plan tensor (grads: host or nvme; `grads: device` scratch holds one block).
+// and each backward also read G (the sum so far) before adding to it. K > 1 never interleaves.
+// With `grads: device` G is no plan tensor but device scratch that then holds every unit's
+// gradients side by side for the whole update (device_grads_offsets), not one block's.
 //
 // Interleaved updates (`interleaved_updates`): with clipping, the updates after bwd.embed are
 // 16 B read and 14 B written per parameter with almost no compute to hide behind — where
@@ -111,7 +112,9 @@ struct TrainPlan {
   // ZeRO stage 3 on N > 1 ranks: P is partitioned (UnitIds::params_range) and each forward,
   // head and backward step computes on the unit's whole compute copy all-gathered into one of
   // two start-up buffers (train/zero/zero.h). Each such step also reads the shares of the next
-  // gathering step's units, so they are resident when that gather starts during this compute.
+  // gathering step's units, so they are resident when that gather starts during this compute —
+  // with K micro-batches, through all K passes (the last backward of one pass reads the
+  // embeddings' share for the next pass's fwd.embed).
   bool params_gathered = false;
   // Step k's updates run in pass k+1, before each unit's forward (see the top of this file).
   bool interleaved_updates = false;
@@ -143,11 +146,15 @@ TrainPlan build_train_plan(const TrainConfig& config, const ModelLayout& layout,
 
 // The evaluation pass (`eval:`, train/trainer.h): the forward steps alone —
 //   fwd.embed  fwd.h.0 … fwd.h.{L-1}  head
-// over each unit's P (the same store tensors and homes as training's, whole units: ZeRO stage 3's
-// shares are refused by the trainer) and the activations; no gradients, no optimizer state,
-// so an evaluation reads P and writes nothing to the store. Every step's tensors are a subset of
-// the training step of the same name, so budgets that fit training fit it.
-TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout);
+// over each unit's P (the same store tensors and homes as training's) and the activations; no
+// gradients, no optimizer state, so an evaluation reads P and writes nothing to the store. With
+// `owners` at ZeRO stage 3 (as build_train_plan), P is this rank's share (`params_gathered`) and
+// each step computes on the whole copy gathered from every rank's share, with the same
+// lookahead as training: each step also reads the next step's shares. Every step's tensors are
+// a subset of the training step of the same name (of the first micro-batch's, `<step>.mb0`, with
+// accumulation), so budgets that fit training fit it.
+TrainPlan build_eval_plan(const TrainConfig& config, const ModelLayout& layout,
+                          const std::vector<std::vector<int>>& owners = {}, int rank = 0);
 
 // Device memory the trainer holds outside the plan for the whole run.
 struct DeviceScratchSizes {
@@ -162,6 +169,16 @@ struct DeviceScratchSizes {
 };
 // `run` (optional) adds stage 3's gather buffers when its P is partitioned.
 DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& layout, const TrainPlan* run = nullptr);
+
+// grads: device — where each unit's gradients lie in the block-gradient scratch
+// (DeviceScratchSizes::block_grads_bytes), in bytes from its start, one entry per unit (the
+// embeddings and ln_f have buffers of their own, a frozen unit has no gradients: theirs are 0 and
+// unused). K = 1: every unit at 0 — one at a time, each consumed by its update right after its
+// backward. K > 1 (gradient_accumulation_steps): side by side, each trained unit's own, since
+// they are summed over the K passes and the updates run only after the last — so the scratch
+// is then the whole model's gradients (4 B per trained parameter), held on the device for the
+// whole update, and check_budgets refuses a device.memory that cannot hold it.
+std::vector<uint64_t> device_grads_offsets(const TrainConfig& config, const ModelLayout& layout);
 
 // ZeRO stage 3: one gather buffer, the largest step's whole compute copies — the largest unit,
 // or the head's ln_f and embeddings side by side (ln_f first, the embeddings at

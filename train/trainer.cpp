@@ -327,8 +327,10 @@ class Run {
   std::optional<ParamGather> gather_;
   device::DeviceBuffer weights_fp32_;
   device::DeviceBuffer lora_scratch_;  // LoRA: the adapter op's scratch (kernels/lora/lora.h)
-  // grads: device — the gradients, which then never leave the device (train_plan.h).
+  // grads: device — the gradients, which then never leave the device (train_plan.h): one
+  // block's at a time, or with accumulation every unit's, at device_grads_offsets_.
   device::DeviceBuffer block_grads_, embed_grads_, ln_f_grads_;
+  std::vector<uint64_t> device_grads_offsets_;
   std::unique_ptr<sch::NvmeBacking> backing_;
   std::unique_ptr<sch::Scheduler> scheduler_;
   std::vector<int32_t> tokens_;
@@ -856,7 +858,8 @@ float* Run::grads_of(size_t unit, const sch::StepBuffers& buffers) {
   if (id != kNoTensor) return static_cast<float*>(buffers.device_data(id));
   if (unit == layout_.embed_unit()) return static_cast<float*>(embed_grads_.data());
   if (unit == layout_.ln_f_unit()) return static_cast<float*>(ln_f_grads_.data());
-  return static_cast<float*>(block_grads_.data());
+  // One block's at a time, or with accumulation each unit's own place (device_grads_offsets).
+  return reinterpret_cast<float*>(static_cast<std::byte*>(block_grads_.data()) + device_grads_offsets_[unit]);
 }
 
 // One training step: every plan step's ops are enqueued on the backend's stream and its
@@ -1027,19 +1030,14 @@ sch::SchedulerStats Run::training_stats() const {
 }
 
 Status Run::open_eval(const std::string& eval_path) {
-  // Stage 3 keeps only each rank's share of P: an evaluation would need the gathers too.
-  if (zero_ != nullptr && config_.parallel.zero_stage == 3)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'eval': evaluation with parallel.zero_stage 3 on {} ranks is not built yet "
-                                  "(each rank holds a share of the weights); use stage 1 or 2, or `strata eval` on "
-                                  "an export",
-                                  config_.source_path, zero_->ranks()));
   if (zero_ != nullptr && config_.eval.keep_best)
     return make_error(ErrorKind::invalid_argument,
                       fmt::format("{}: key 'checkpoint.keep_best' is one rank's for now (the best weights are read "
                                   "from every rank's store): drop it and export the best step's commit",
                                   config_.source_path));
-  eval_run_ = build_eval_plan(config_, layout_);
+  // Stage 3: the same shares as training's, each step gathering its units as training's do.
+  eval_run_ = zero_ != nullptr ? build_eval_plan(config_, layout_, zero_->owners(), zero_->rank())
+                               : build_eval_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(eval_run_.plan.validate());
   const uint32_t global_rows = zero_ != nullptr ? zero_->global_batch() : config_.batch_size;
   STRATA_ASSIGN_OR_RETURN(eval_batches_,
@@ -1070,8 +1068,12 @@ Status Run::switch_scheduler(const TrainPlan& plan, bool carry, const std::funct
 
 Result<EvalFigures> Run::evaluate_after_commit(uint64_t step) {
   STRATA_RETURN_IF_ERROR(switch_scheduler(eval_run_, /*carry=*/true));
+  // Stage 3: the gather buffers serve the evaluation's steps (no gather is in flight between
+  // iterations), then training's again. A failed evaluation fails the run: nothing to switch back.
+  if (gather_) gather_->use_plan(eval_run_);
   Result<EvalFigures> figures = eval_passes();
   if (figures.ok()) figures->step = step;
+  if (gather_ && figures.ok()) gather_->use_plan(run_);
   // Back to training as after a resume, whatever the evaluation did; a new best is exported
   // while no Store object is open.
   Status back = switch_scheduler(run_, /*carry=*/false, [&]() -> Status {
@@ -1127,8 +1129,11 @@ Result<EvalFigures> Run::eval_passes() {
     STRATA_RETURN_IF_ERROR(backend_->begin_step(batch));
     for (size_t index = 0; index < eval_run_.plan.step_count(); ++index) {
       STRATA_ASSIGN_OR_RETURN(sch::StepBuffers buffers, scheduler_->acquire(index));
+      // Stage 3: the step's units gathered from every rank's share, as in training.
+      Status status;
+      if (gather_ && gather_->gathers(index)) status = gather_->for_step(index, buffers);
       const uint64_t start_ns = sch::Timeline::now_ns();
-      Status status = compute_eval(index, buffers);
+      if (status.ok()) status = compute_eval(index, buffers);
       if (timeline_ != nullptr)
         timeline_->record(sch::TraceTrack::compute, eval_run_.plan.steps()[index].name, start_ns, sch::Timeline::now_ns());
       Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream())
@@ -1163,16 +1168,20 @@ Status Run::compute_eval(size_t step_index, const sch::StepBuffers& buffers) {
   const models::ModelDefinition& model = layout_.definition();
   const Unit& unit = layout_.units()[info.unit];
   auto f32 = [&](sch::TensorId id) { return static_cast<float*>(buffers.device_data(id)); };
-  auto params = [&](size_t u) { return buffers.device_data(eval_run_.units[u].params); };
+  // The unit's whole compute copy: its P, or at stage 3 the gathered one (`position` in the
+  // step's gather: 0, or 1 for the head's embeddings).
+  auto params = [&](size_t u, size_t position) -> const void* {
+    return eval_run_.params_gathered ? gather_->params(position) : buffers.device_data(eval_run_.units[u].params);
+  };
   auto* scratch = static_cast<float*>(weights_fp32_.data());
   gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
   switch (info.kind) {
     case StepKind::fwd_embed: {
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(info.unit, params(info.unit), scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(info.unit, params(info.unit, 0), scratch));
       return model.embedding_forward(*backend_, shape_, embed, f32(eval_run_.activations[0]));
     }
     case StepKind::fwd_block: {
-      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(info.unit, params(info.unit), scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* weights, widen(info.unit, params(info.unit, 0), scratch));
       STRATA_ASSIGN_OR_RETURN(std::optional<kernels::lora::BlockAdapters> adapters,
                               adapters_for(info.unit, eval_run_, buffers,
                                            scratch == nullptr ? nullptr : scratch + unit.element_count,
@@ -1182,9 +1191,9 @@ Status Run::compute_eval(size_t step_index, const sch::StepBuffers& buffers) {
                                  f32(eval_run_.activations[i + 1]), workspace, adapters ? &*adapters : nullptr);
     }
     case StepKind::head: {
-      STRATA_ASSIGN_OR_RETURN(const float* final_weights, widen(info.unit, params(info.unit), scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* final_weights, widen(info.unit, params(info.unit, 0), scratch));
       float* const embed_scratch = scratch == nullptr ? nullptr : scratch + unit.element_count;
-      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(layout_.embed_unit(), params(layout_.embed_unit()), embed_scratch));
+      STRATA_ASSIGN_OR_RETURN(const float* embed, widen(layout_.embed_unit(), params(layout_.embed_unit(), 1), embed_scratch));
       return model.head_loss(*backend_, shape_, final_weights, embed,
                              f32(eval_run_.activations[static_cast<size_t>(model.n_layer())]), workspace);
     }
@@ -1376,14 +1385,8 @@ Result<EvalFigures> Run::evaluate_committed(const std::string& eval_path) {
 
 Result<TrainSummary> Run::execute() {
   // ZeRO with accumulation: each rank sums its micro-batches' gradients in its whole G and
-  // the reduction runs once, after the last micro-batch's backward. Stage 3 gathers each
-  // unit's compute copy ahead of the next step of one pass; the K passes of an update would
-  // need their own gather order — not built yet: refused before any work, not wrong.
-  if (zero_ != nullptr && config_.gradient_accumulation_steps > 1 && config_.parallel.zero_stage == 3)
-    return make_error(ErrorKind::invalid_argument,
-                      fmt::format("{}: key 'gradient_accumulation_steps': {} is not supported with "
-                                  "parallel.zero_stage 3 on {} ranks yet; use stage 1 or 2, or 1 micro-batch",
-                                  config_.source_path, config_.gradient_accumulation_steps, zero_->ranks()));
+  // the reduction runs once, after the last micro-batch's backward. At stage 3 every pass
+  // gathers its units again, in the order build_train_plan lays out K times over.
   run_ = zero_ != nullptr ? build_train_plan(config_, layout_, zero_->owners(), zero_->rank())
                          : build_train_plan(config_, layout_);
   STRATA_RETURN_IF_ERROR(run_.plan.validate());
@@ -1417,6 +1420,7 @@ Result<TrainSummary> Run::execute() {
     gather_.emplace(std::move(gather));
   }
   if (config_.placement.grads == Tier::device) {
+    device_grads_offsets_ = device_grads_offsets(config_, layout_);
     STRATA_ASSIGN_OR_RETURN(block_grads_, device_->allocate(scratch.block_grads_bytes));
     STRATA_ASSIGN_OR_RETURN(embed_grads_, device_->allocate(scratch.embed_grads_bytes));
     STRATA_ASSIGN_OR_RETURN(ln_f_grads_, device_->allocate(scratch.ln_f_grads_bytes));
@@ -1665,7 +1669,7 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
   summary->comm_seconds = static_cast<double>(stats.wait_ns + gpu_stats.wait_ns) * 1e-9;
   summary->comm_formula_bytes_per_step =
       zero_formula_bytes(ModelLayout(mine.model).trainable_parameter_count(), mine.precision,
-                         std::max<uint32_t>(config.parallel.zero_stage, 1), ranks)
+                         std::max<uint32_t>(config.parallel.zero_stage, 1), ranks, config.gradient_accumulation_steps)
           .total();
   STRATA_RETURN_IF_ERROR(world->barrier());  // every rank's final commit is in
   if (rank == 0 && !options.export_path.empty()) {
@@ -1679,6 +1683,15 @@ Result<TrainSummary> train(const TrainConfig& config, const TrainOptions& option
 
 
 Result<EvalFigures> evaluate(const TrainConfig& config, const std::string& eval_path) {
+  // One process reads one store; a ZeRO job's are one per rank (at stage 3 each holds a share of
+  // P), which only the job's own ranks read together — its `eval:` does, at every stage.
+  for (const std::string& path : config.nvme_paths)
+    if (path.find("{rank}") != std::string::npos)
+      return make_error(ErrorKind::invalid_argument,
+                        fmt::format("{}: key 'nvme.paths': '{}' names one store per ZeRO rank and `strata eval` reads "
+                                    "one process's store; evaluate inside the job (eval:), or export the rank stores "
+                                    "with `strata store export` to an HF folder",
+                                    config.source_path, path));
   TrainOptions options;
   options.resume = true;  // opens the committed run with a resume's checks; evaluation writes nothing
   options.progress = false;

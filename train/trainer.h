@@ -27,10 +27,13 @@
 // gradients, no optimizer state) reads P from the store within the same budgets, and the
 // training scheduler comes back as after a resume. So an evaluation costs one read of P per
 // held-out batch beyond what the pool keeps, plus a cold restart of read-ahead; it writes
-// nothing to the store, and its time and bytes are kept apart from the steps'. The loss is the
-// mean over every held-out trained token (over every rank with ZeRO stages 1–2); with
-// `checkpoint.keep_best` a new lowest eval loss exports the weights to <store>/best (an HF
-// folder with best.json), swapped in whole. `strata eval` runs the same pass on the last commit.
+// nothing to the store, and its time and bytes are kept apart from the steps'. With ZeRO each
+// rank evaluates its rows of every held-out batch; at stage 3 the plan holds this rank's shares
+// of P and each forward step gathers its units into the training run's gather buffers, as a
+// training step does. The loss is the mean over every held-out trained token (over every rank
+// with ZeRO); with `checkpoint.keep_best` (one rank) a new lowest eval loss exports the weights
+// to <store>/best (an HF folder with best.json), swapped in whole. `strata eval` runs the same
+// pass on the last commit (one process).
 //
 // Threads: one Trainer on one thread. Its compute fans out through TBB and OpenBLAS; the
 // scheduler runs its own pump and I/O threads.

@@ -3,8 +3,11 @@
 // host.memory one pool whose scratch is the device region (so 2 GiB + 6 GiB and 3 GiB + 5 GiB
 // are the same run), a discrete device keeps device.memory as its arena and host.memory as the
 // pool whatever the scratch; a scratch beyond the budget empties the pool instead of wrapping it.
-// Then that the training budgets and the default optimizer chunk size are the rule's figures.
+// Then that the training budgets and the default optimizer chunk size are the rule's figures,
+// and where device-resident gradients lie with and without gradient accumulation.
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -82,6 +85,46 @@ TEST(RunBudgets, TrainingTakesTheKernelsScratchOutOfTheOnePool) {
   EXPECT_EQ(budgets.device_region_bytes, 256 * kMiB);
   EXPECT_EQ(budgets.pool_bytes, 512 * kMiB);
   EXPECT_EQ(budgets.timing_device_bytes, 256 * kMiB);
+}
+
+// grads: device (run/train_plan.h device_grads_offsets): with K = 1 every block's gradients go
+// at the start of a one-block scratch; with K > 1 every trained unit but the embeddings and
+// ln_f (own buffers) has its own place, none overlapping, aligned as a device allocation, and
+// the scratch ends at the last one — 4 B per trained block parameter, plus alignment.
+TEST(RunBudgets, DeviceGradientsAcrossMicroBatchesHaveAPlaceEach) {
+  TrainConfig config;
+  config.model.n_layer = 3;
+  config.placement.grads = Tier::device;
+  const ModelLayout layout(config.model);
+  uint64_t largest_block_bytes = 0, block_bytes = 0;
+  for (int64_t i = 0; i < layout.n_layer(); ++i) {
+    largest_block_bytes = std::max(largest_block_bytes, layout.units()[layout.block_unit(i)].element_count * 4);
+    block_bytes += layout.units()[layout.block_unit(i)].element_count * 4;
+  }
+  for (uint64_t offset : device_grads_offsets(config, layout)) EXPECT_EQ(offset, 0u);
+  EXPECT_EQ(device_scratch(config, layout).block_grads_bytes, largest_block_bytes);
+
+  config.gradient_accumulation_steps = 2;
+  const std::vector<uint64_t> offsets = device_grads_offsets(config, layout);
+  const uint64_t scratch_bytes = device_scratch(config, layout).block_grads_bytes;
+  EXPECT_GE(scratch_bytes, block_bytes);
+  EXPECT_LT(scratch_bytes, block_bytes + layout.n_layer() * device::kDeviceAlignmentBytes);
+  uint64_t expected_offset = 0;
+  for (int64_t i = 0; i < layout.n_layer(); ++i) {  // model order, side by side
+    const size_t unit = layout.block_unit(i);
+    EXPECT_EQ(offsets[unit], expected_offset) << layout.units()[unit].name;
+    EXPECT_EQ(offsets[unit] % device::kDeviceAlignmentBytes, 0u);
+    expected_offset = offsets[unit] + layout.units()[unit].element_count * 4;
+    EXPECT_LE(expected_offset, scratch_bytes);
+    expected_offset = (expected_offset + device::kDeviceAlignmentBytes - 1) / device::kDeviceAlignmentBytes *
+                      device::kDeviceAlignmentBytes;
+  }
+  // The whole model's gradients on the device: the scratch a budget must hold grows by every
+  // block's gradients but the one a K = 1 run already kept.
+  TrainConfig one_pass = config;
+  one_pass.gradient_accumulation_steps = 1;
+  EXPECT_GE(device_scratch(config, layout).total(),
+            device_scratch(one_pass, layout).total() + block_bytes - largest_block_bytes);
 }
 
 TEST(ChunkElements, TheDefaultChunkIsASixteenthOfWhatStreams) {

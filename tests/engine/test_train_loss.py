@@ -9,9 +9,11 @@
 # of B rows train to the weights of one batch of K·B rows (relative L2 ≤ 1e-5, exported weights)
 # for GPT-2 and Llama, resident and offloaded, clipped and not; gradient_accumulation_steps: 1
 # is bit-identical to leaving it out; the emulated discrete device (and its host-site AdamW)
-# accumulates bit-identically to the cpu; a K=4 trace updates each unit once a step and moves
-# the optimizer state at most once a step each way. (bad_input) the combinations that are refused are one
-# line naming the key.
+# accumulates bit-identically to the cpu; grads: device with K=2 (every unit's gradients held on
+# the device for the update) exports grads: host's bytes on cpu and emulated, and a device too
+# small for them is refused in one line naming device.memory; a K=4 trace updates each unit once
+# a step and moves the optimizer state at most once a step each way. (bad_input) the combinations
+# that are refused are one line naming the key.
 #
 # Usage: test_train_loss.py STRATA_BINARY CASE
 import json
@@ -266,6 +268,53 @@ def case_accumulation(folder):
             tt.fail(f"K=2 with optimizer: {optimizer_home}: the emulated device trained other weights than the cpu")
     print("K=2: device.kind emulated (optimizer host and nvme) = cpu, bit for bit")
 
+    # grads: device with K > 1: every unit's gradients stay on the device for the whole update
+    # (run/train_plan.h device_grads_offsets) and the K passes sum into them there. Where they
+    # live changes no arithmetic: the exports are grads: host's bytes, on the cpu device and on
+    # the emulated discrete device (whose gradients then never cross to the host), and both
+    # kinds train the same bytes.
+    exports = {}
+    for kind in ("cpu", "emulated"):
+        for grads in ("host", "device"):
+            run_dir = os.path.join(folder, f"grads-{grads}-{kind}")
+            os.makedirs(run_dir)
+            cfg_path, _ = tt.config(run_dir, model={"n_layer": 2, "seq_len": 16}, batch_size=2, steps=4,
+                                    precision="bf16", gradient_accumulation_steps=2, checkpoint_every=3,
+                                    device={"kind": kind, "memory": "64MiB"},
+                                    optimizer={"grad_clip": 0.0, "chunk_elements": 4096},
+                                    placement={"params": "host", "grads": grads, "optimizer": "nvme"})
+            out = os.path.join(run_dir, "w.safetensors")
+            summary = json.loads(tt.strata("train", cfg_path, "--export", out, "--json").stdout)
+            with open(out, "rb") as f:
+                exports[(kind, grads)] = f.read()
+            if kind == "emulated":
+                print(f"K=2, grads: {grads}, emulated: {summary['device_to_host_bytes']} bytes device→host")
+    for kind in ("cpu", "emulated"):
+        if exports[(kind, "device")] != exports[(kind, "host")]:
+            tt.fail(f"K=2 on {kind}: grads: device trained other weights than grads: host")
+    if exports[("emulated", "device")] != exports[("cpu", "device")]:
+        tt.fail("K=2, grads: device: the emulated device trained other weights than the cpu")
+    print("K=2: grads device = grads host, bit for bit, on cpu and emulated (and emulated = cpu)")
+    # The gradients of the whole model must then fit the device beside one step: a 1 MiB emulated
+    # device trains a 4-layer model with K = 1 (one block's gradients at a time) and refuses K = 2
+    # before any work, in one line naming the key and the gradients.
+    for micro in (1, 2):
+        run_dir = os.path.join(folder, f"grads-device-1MiB-k{micro}")
+        os.makedirs(run_dir)
+        cfg_path, _ = tt.config(run_dir, model={"n_layer": 4, "seq_len": 16}, batch_size=2, steps=2,
+                                precision="bf16", gradient_accumulation_steps=micro,
+                                device={"kind": "emulated", "memory": "1MiB"},
+                                optimizer={"grad_clip": 0.0, "chunk_elements": 4096},
+                                placement={"params": "host", "grads": "device", "optimizer": "nvme"})
+        result = tt.strata("train", cfg_path, expect_ok=micro == 1)
+        if micro == 2:
+            lines = [line for line in result.stderr.splitlines() if line.strip()]
+            if result.returncode != 2 or len(lines) != 1 or "device.memory" not in lines[0] or \
+                    "gradients" not in lines[0]:
+                tt.fail(f"K=2, grads: device on 1 MiB: expected one line naming device.memory and the gradients, "
+                        f"exit 2; got {result.returncode}:\n{result.stderr}")
+            print(f"K=2, grads: device on 1 MiB: {lines[0]}")
+
     # Offloaded optimizer state is read and written once per update, not per micro-batch: in
     # the trace of a K=4 run, each unit's update computes once a step and its state crosses
     # the NVMe tracks at most once each way a step.
@@ -299,9 +348,6 @@ def case_accumulation(folder):
 
 def case_bad_input(folder):
     cases = [
-        ("grads-device", dict(gradient_accumulation_steps=2, optimizer={"grad_clip": 0.0},
-                              placement={"params": "host", "grads": "device", "optimizer": "nvme"}),
-         "gradient_accumulation_steps"),
         ("zero-k", dict(gradient_accumulation_steps=0), "gradient_accumulation_steps"),
         ("min-lr-constant", dict(schedule={"decay": "constant", "min_lr_ratio": 0.1}), "min_lr_ratio"),
         ("bad-decay", dict(schedule={"decay": "exponential"}), "decay"),

@@ -18,10 +18,16 @@
 # run that never stopped, bit for bit).
 # `emulated` — stages 1-3 on 2 emulated ranks (device.kind: emulated: the discrete device-tensor
 # path on the CPU) equal the same run on 2 cpu ranks bit for bit.
-# `accumulate` — gradient_accumulation_steps: 2 at stages 1 and 2 on 2 and 3 ranks equals one
-# process training the K·B-row batch (relative L2 ≤ 1e-5); stage 3 with K > 1 is refused (`bad`).
-# `examples` — masked completion examples on 2 ranks (stages 1, 2, emulated, K = 2) equal one
-# process training the whole batch: the global trained-token count, summed ranks.
+# `accumulate` — gradient_accumulation_steps: 2 at stages 1, 2 and 3 on 2 and 3 ranks equals one
+# process training the K·B-row batch (relative L2 ≤ 1e-5); stage 3 equals stage 2 of the same N
+# bit for bit, 2 emulated ranks equal 2 cpu ranks bit for bit, a stage-3 run stopped after step 3
+# and resumed ends with the bits of one that never stopped, and grads: device trains grads:
+# host's bits at stages 2 and 3 (K = 2, grad_clip 0).
+# `examples` — masked completion examples on 2 ranks (stages 1, 2, 3, emulated at stages 2 and 3,
+# K = 2 at stages 1 and 3) equal one process training the whole batch: the global trained-token
+# count, summed ranks; their evaluations (at stage 3 gathering each step's weights from the
+# ranks' shares) equal the one process's within 1e-5; `strata eval` on the rank stores refuses
+# in one line.
 # Usage: test_zero.py STRATA CASE (equal | rerun | bad | kill | stage3 | stage3_resume | kill3 | emulated |
 # accumulate | examples).
 import json
@@ -113,7 +119,10 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         cfg = config(tmp, "one12", batch=12)
         reference = os.path.join(tmp, "one12.safetensors")
         ref_summary = summary_of(run(0, "train", cfg, "--json", "--export", reference), "one12")
-        for stage in (1, 2):
+        # Stage 3 (parameters gathered per unit, every pass of the update gathering again) is held
+        # to the same 1e-5, and to stage 2's bits on the same N: the gathered copies are the
+        # broadcast ones, so the arithmetic is the same.
+        for stage in (1, 2, 3):
             for ranks in (2, 3):
                 name = f"k2s{stage}n{ranks}"
                 cfg = config(tmp, name, stage=stage, gradient_accumulation_steps=2)
@@ -125,6 +134,47 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                       f"of 12 rows, last loss rel {loss_diff:.1e}")
                 if not diff <= 1e-5 or not loss_diff <= 1e-5:
                     fail(f"K=2 at stage {stage} on {ranks} ranks is not one batch of 12 rows within 1e-5")
+                if stage == 3:
+                    # ZeRO's formula per update: gradients reduced once, each unit gathered twice in
+                    # each of the 2 passes; rank 0's measured bytes printed beside it.
+                    params = sum(len(v) for v in weights(reference).values())
+                    expected = 4 * params * (ranks - 1) // ranks + 2 * 2 * (4 * params * (ranks - 1) // ranks)
+                    per_step = summary["comm_sent_bytes"] / (summary["last_step"] - summary["first_step"])
+                    print(f"K=2, stage 3, {ranks} ranks: rank 0 sent {per_step:.0f} B/step, ZeRO formula "
+                          f"{summary['comm_formula_bytes_per_step']} B/step")
+                    if summary["comm_formula_bytes_per_step"] != expected:
+                        fail(f"K=2 stage 3 formula {summary['comm_formula_bytes_per_step']} B, expected {expected} B")
+                    if not same_bytes(out, os.path.join(tmp, f"k2s2n{ranks}.safetensors")):
+                        fail(f"K=2 at stage 3 on {ranks} ranks differs from K=2 at stage 2 on {ranks} ranks")
+                    print(f"K=2, stage 3, {ranks} ranks = K=2, stage 2, {ranks} ranks, bit for bit")
+        # grads: device under ZeRO with K=2: each rank's gradients of every unit stay on its device
+        # for the update (run/train_plan.h device_grads_offsets) and are reduced from there once;
+        # at stages 2 and 3 that trains grads: host's bits (grads: device needs grad_clip 0).
+        device_grads = {}
+        for stage in (2, 3):
+            for grads in ("host", "device"):
+                name = f"k2s{stage}g{grads}"
+                cfg = config(tmp, name, stage=stage, gradient_accumulation_steps=2,
+                             optimizer={"lr": 1.0e-3, "weight_decay": 0.1, "grad_clip": 0.0, "chunk_elements": 20000},
+                             placement={"params": "host", "grads": grads, "optimizer": "nvme"})
+                out = os.path.join(tmp, name + ".safetensors")
+                run(2, "train", cfg, "--export", out)
+                device_grads[(stage, grads)] = out
+        for stage in (2, 3):
+            if not same_bytes(device_grads[(stage, "device")], device_grads[(stage, "host")]):
+                fail(f"K=2 at stage {stage} on 2 ranks: grads: device trained other weights than grads: host")
+        if not same_bytes(device_grads[(3, "device")], device_grads[(2, "host")]):
+            fail("K=2, grads: device at stage 3 differs from grads: host at stage 2")
+        print("K=2, 2 ranks, grad_clip 0: grads device = grads host at stages 2 and 3, bit for bit")
+        # Stage 3 with K=2 stopped after step 3 (a commit: checkpoint_every 2 and --steps 3) and
+        # resumed ends with the bits of the run that never stopped.
+        cfg = config(tmp, "k2s3stopped", stage=3, gradient_accumulation_steps=2)
+        run(2, "train", cfg, "--steps", "3")
+        out = os.path.join(tmp, "k2s3stopped.safetensors")
+        run(2, "train", cfg, "--resume", "--export", out)
+        if not same_bytes(os.path.join(tmp, "k2s3n2.safetensors"), out):
+            fail("K=2 at stage 3: a run stopped after step 3 and resumed differs from one that never stopped")
+        print("K=2, stage 3, 2 ranks: stopped after step 3 and resumed = never stopped, bit for bit")
         # Emulated ranks: the device-tensor path (gradients left as sums, device_grad_scale).
         cfg = config(tmp, "k2emulated", stage=2, gradient_accumulation_steps=2,
                      device={"kind": "emulated", "memory": "64MiB"})
@@ -134,6 +184,16 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         print(f"K=2, stage 2, 2 emulated ranks: relative L2 weight difference {diff:.2e}")
         if not diff <= 1e-5:
             fail("K=2 on 2 emulated ranks is not one batch of 12 rows within 1e-5")
+        # Stage 3 on emulated ranks: the gathers into device buffers, K passes each; the kernels
+        # are the CPU's, so it equals the cpu ranks' K=2 stage-3 run bit for bit.
+        cfg = config(tmp, "k2s3emulated", stage=3, gradient_accumulation_steps=2,
+                     device={"kind": "emulated", "memory": "64MiB"})
+        out = os.path.join(tmp, "k2s3emulated.safetensors")
+        run(2, "train", cfg, "--export", out)
+        if not same_bytes(out, os.path.join(tmp, "k2s3n2.safetensors")):
+            diff, worst = relative_difference(os.path.join(tmp, "k2s3n2.safetensors"), out)
+            fail(f"K=2, stage 3: 2 emulated ranks differ from 2 cpu ranks (relative L2 {diff:.2e}, largest {worst:.1e})")
+        print("K=2, stage 3, 2 emulated ranks = 2 cpu ranks, bit for bit")
     elif CASE == "examples":
         # Masked completion examples (different trained-token counts per rank): the ranks divide by
         # the global count and sum (ZeroStep::set_sum_over_ranks), so 2 ranks at stages 1 and 2, 2
@@ -150,8 +210,11 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
         cfg = config(tmp, "ex-one", batch=4, **examples)
         reference = os.path.join(tmp, "ex-one.safetensors")
         ref_summary = summary_of(run(0, "train", cfg, "--json", "--export", reference), "ex-one")
-        cases = [("ex-s1n2", 2, {"stage": 1}), ("ex-s2n2", 2, {"stage": 2}),
-                 ("ex-emulated", 2, {"stage": 2, "device": {"kind": "emulated", "memory": "64MiB"}})]
+        # Stage 3: each rank holds a share of the weights; the evaluation's forward gathers them
+        # step by step as training's does, and is held to the same 1e-5.
+        cases = [("ex-s1n2", 2, {"stage": 1}), ("ex-s2n2", 2, {"stage": 2}), ("ex-s3n2", 2, {"stage": 3}),
+                 ("ex-emulated", 2, {"stage": 2, "device": {"kind": "emulated", "memory": "64MiB"}}),
+                 ("ex-s3-emulated", 2, {"stage": 3, "device": {"kind": "emulated", "memory": "64MiB"}})]
         for name, ranks, extra in cases:
             cfg = config(tmp, name, batch=4, **examples, **extra)
             out = os.path.join(tmp, name + ".safetensors")
@@ -168,22 +231,29 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
             if [o[:2] for o in ours] != [r[:2] for r in ref] or any(
                     abs(o[2] - r[2]) > 1e-5 * abs(r[2]) for o, r in zip(ours, ref)):
                 fail(f"the evaluations on {name} are not the 1-process run's within 1e-5")
+        # `strata eval` is one process: on the rank stores of a ZeRO job it refuses in one line
+        # naming the key (exit 2) instead of failing to open a store.
+        result = run(0, "eval", os.path.join(tmp, "ex-s3n2.yaml"), expect_ok=False)
+        lines = [l for l in result.stderr.splitlines() if l.strip()]
+        if result.returncode != 2 or len(lines) != 1 or "nvme.paths" not in lines[0]:
+            fail(f"strata eval on stage-3 rank stores: exit {result.returncode}, expected 2 and one line naming "
+                 f"nvme.paths:\n{result.stderr}")
+        print("strata eval on rank stores: " + lines[0])
         # K = 2 micro-batches of 4 rows on 2 ranks = one process training batches of 8 rows.
         cfg = config(tmp, "ex-one8", batch=8, **examples)
         reference8 = os.path.join(tmp, "ex-one8.safetensors")
         run(0, "train", cfg, "--export", reference8)
-        cfg = config(tmp, "ex-k2n2", batch=4, gradient_accumulation_steps=2, **examples)
-        out = os.path.join(tmp, "ex-k2n2.safetensors")
-        run(2, "train", cfg, "--export", out)
-        diff, _ = relative_difference(reference8, out)
-        print(f"examples, K=2 on 2 ranks: relative L2 weight difference {diff:.2e} from one batch of 8 rows")
-        if not diff <= 1e-5:
-            fail("examples with K=2 on 2 ranks are not one batch of 8 rows within 1e-5")
-        # Stage 3 holds shares of P: evaluation there is refused in one line, before any work.
-        cfg = config(tmp, "ex-s3", batch=4, stage=3, **examples)
-        result = run(2, "train", cfg, expect_ok=False)
-        if result.returncode != 2 or "evaluation with parallel.zero_stage 3" not in result.stderr:
-            fail(f"eval at stage 3 on 2 ranks: exit {result.returncode}, expected 2 and one line:\n{result.stderr}")
+        # And at stage 3: K passes of gathers per update, evaluations between them.
+        for stage in (1, 3):
+            name = f"ex-k2s{stage}n2"
+            cfg = config(tmp, name, batch=4, stage=stage, gradient_accumulation_steps=2, **examples)
+            out = os.path.join(tmp, name + ".safetensors")
+            run(2, "train", cfg, "--export", out)
+            diff, _ = relative_difference(reference8, out)
+            print(f"examples, K=2 at stage {stage} on 2 ranks: relative L2 weight difference {diff:.2e} from one "
+                  "batch of 8 rows")
+            if not diff <= 1e-5:
+                fail(f"examples with K=2 at stage {stage} on 2 ranks are not one batch of 8 rows within 1e-5")
     elif CASE == "rerun":
         for stage in (1, 2):
             a, _ = train(tmp, f"a{stage}", 3, stage)
@@ -198,9 +268,6 @@ with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tm
                 fail(f"expected an error naming {what!r}, got exit {result.returncode}:\n{result.stderr[-2000:]}")
         one_line(run(2, "train", config(tmp, "shared", per_rank=False), expect_ok=False), "nvme.paths")
         one_line(run(2, "train", config(tmp, "odd", batch=5), expect_ok=False), "batch_size")
-        # Gradient accumulation is not built for stage 3 yet (docs/train.md): refused, not wrong.
-        one_line(run(2, "train", config(tmp, "accumulate", stage=3, gradient_accumulation_steps=2),
-                     expect_ok=False), "gradient_accumulation_steps")
         cfg = config(tmp, "stage4", stage=4)
         one_line(run(0, "train", cfg, expect_ok=False), "zero_stage")
         # A config error every rank meets is said once, by rank 0.

@@ -1,6 +1,7 @@
 // strata/train/zero/param_gather.cpp — ZeRO stage 3's double-buffered gather (param_gather.h).
 #include "train/zero/param_gather.h"
 
+#include <cassert>
 #include <cstring>
 
 namespace strata {
@@ -30,16 +31,24 @@ Result<ParamGather> ParamGather::create(const TrainConfig& config, const ModelLa
   for (Slot& slot : gather.slots_) {
     STRATA_ASSIGN_OR_RETURN(slot.buffer, device.allocate(gather_buffer_bytes(config, layout)));
   }
-  gather.next_gather_step_.assign(run.steps.size(), SIZE_MAX);
-  for (const StepInfo& info : run.steps) gather.step_units_.push_back(gathered_units(layout, info));
+  gather.use_plan(run);
+  return gather;
+}
+
+void ParamGather::use_plan(const TrainPlan& run) {
+  for (const Slot& slot : slots_) assert(slot.requests.empty() && "use_plan with a gather in flight");
+  run_ = &run;
+  step_units_.clear();
+  for (const StepInfo& info : run.steps) step_units_.push_back(gathered_units(*layout_, info));
+  next_gather_step_.assign(run.steps.size(), SIZE_MAX);
   size_t later = SIZE_MAX;
   for (size_t index = run.steps.size(); index-- > 0;) {
-    gather.next_gather_step_[index] = later;
-    if (!gather.step_units_[index].empty()) later = index;
+    next_gather_step_[index] = later;
+    if (!step_units_[index].empty()) later = index;
   }
   // The last gathering step of an iteration starts none: the next iteration's first reads a
   // share its owner rewrites after it (opt.embed).
-  return gather;
+  for (Slot& slot : slots_) slot.for_step = SIZE_MAX;
 }
 
 // The step's units into `slot`: this rank's share of each is copied to its place in the

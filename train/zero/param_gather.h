@@ -6,8 +6,13 @@
 //
 // Which steps gather: a forward (the unit), the head (ln_f, then the embeddings at
 // gather_second_offset_bytes — run/train_plan.h) and each backward recompute (the unit); the
-// optimizer steps do not. The last gathering step of an iteration starts none: the next
-// iteration's first reads a share its owner rewrites after it (opt.embed).
+// optimizer steps do not. With K micro-batches that is every pass's. The last gathering step of
+// an iteration starts none: the next iteration's first reads a share its owner rewrites after it
+// (opt.embed).
+//
+// Plans: the training plan's, and for an evaluation the forward-only plan's (build_eval_plan,
+// the same shares): use_plan switches between them between iterations, when no gather is in
+// flight, so one pair of buffers serves both.
 //
 // Buffers: two of gather_buffer_bytes on the device, owned here, allocated by create() and
 // freed with this object (before the device it came from: the Run declares it after its device).
@@ -45,6 +50,9 @@ class ParamGather {
   ParamGather(const ParamGather&) = delete;
   ParamGather& operator=(const ParamGather&) = delete;
 
+  // From now on the steps are `run`'s (a plan over the same shares: training's or evaluation's,
+  // which must outlive its use). Between iterations only: no gather may be in flight.
+  void use_plan(const TrainPlan& run);
   // Whether plan step `step_index` computes on gathered units.
   bool gathers(size_t step_index) const { return !step_units_[step_index].empty(); }
   // Before a gathering step's compute: its gather (started during the previous one's compute,

@@ -89,14 +89,16 @@ Status reconcile_global_commit(comm::Communicator& comm, const std::string& stor
                                 store_dir, comm.rank(), mine[0], newest_rank, newest));
 }
 
-ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks) {
+ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks,
+                               uint32_t micro_batches) {
   ZeroTraffic traffic;
   if (ranks <= 1) return traffic;
   const auto n = static_cast<uint64_t>(ranks);
   const uint64_t reduced = parameter_count * 4 * (n - 1) / n;
   traffic.gradient_bytes = stage >= 2 ? reduced : 2 * reduced;
   traffic.parameter_bytes = parameter_count * dtype_size_bytes(precision) * (n - 1) / n;
-  if (stage >= 3) traffic.parameter_bytes *= 2;  // gathered for the forward and again for the backward
+  // Gathered for the forward and again for the backward, in each of the K passes of an update.
+  if (stage >= 3) traffic.parameter_bytes *= 2 * uint64_t{micro_batches};
   return traffic;
 }
 
@@ -124,7 +126,8 @@ nlohmann::ordered_json zero_plan_json(const TrainConfig& config, const ModelLayo
   // Stage 3: two gather buffers per rank, allocated at start-up and counted in device.memory.
   const uint64_t gather_bytes = stage >= 3 && ranks > 1 ? 2 * gather_buffer_bytes(config, layout) : 0;
   // Ψ is what trains: a LoRA base is frozen, so neither reduced nor re-gathered.
-  const ZeroTraffic traffic = zero_formula_bytes(layout.trainable_parameter_count(), config.precision, stage, ranks);
+  const ZeroTraffic traffic = zero_formula_bytes(layout.trainable_parameter_count(), config.precision, stage, ranks,
+                                                 config.gradient_accumulation_steps);
   nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
   for (int r = 0; r < ranks; ++r)
     per_rank.push_back({{"rank", r}, {"optimizer_chunks", chunks[static_cast<size_t>(r)]},
@@ -147,7 +150,7 @@ std::string format_zero_plan(const TrainConfig& config, const ModelLayout& layou
       "\nZeRO stage {} on {} ranks ({} rows of the global batch each): per rank and step, gradients {} and "
       "parameters {} — {} sent and as much received (ZeRO's formula: stage 1 all-reduces 2·(N−1)/N·4Ψ, stages 2 "
       "and 3 reduce-scatter (N−1)/N·4Ψ; stages 1 and 2 gather (N−1)/N·pΨ of new parameters, stage 3 gathers each "
-      "unit before its forward and again before its backward, 2·(N−1)/N·pΨ)\n",
+      "unit before its forward and again before its backward, 2·(N−1)/N·pΨ, in each of the K micro-batches' passes)\n",
       j["zero_stage"].get<uint32_t>(), ranks, j["batch_per_rank"].get<uint32_t>(),
       format_size(j["gradient_bytes_per_step"].get<uint64_t>()), format_size(j["parameter_bytes_per_step"].get<uint64_t>()),
       format_size(j["sent_bytes_per_step"].get<uint64_t>()));

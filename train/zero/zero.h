@@ -75,12 +75,15 @@ ChunkOwners optimizer_chunk_owners(const ModelLayout& layout, uint64_t chunk_ele
 // reduced ((N−1)/N·4Ψ; stage 1 also sends them back, as an allreduce) and the new compute copy
 // once gathered ((N−1)/N·pΨ); stage 3 reduces the gradients as stage 2 and gathers the
 // parameters twice, for the forward and for the backward (2·(N−1)/N·pΨ). 0 for one rank.
+// A step is one update: with K micro-batches (gradient_accumulation_steps) the gradients are
+// reduced and stages 1–2's new copy gathered once, but stage 3 gathers for every pass (2K·(N−1)/N·pΨ).
 struct ZeroTraffic {
   uint64_t gradient_bytes = 0;
   uint64_t parameter_bytes = 0;
   uint64_t total() const { return gradient_bytes + parameter_bytes; }
 };
-ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks);
+ZeroTraffic zero_formula_bytes(uint64_t parameter_count, DType precision, uint32_t stage, int ranks,
+                               uint32_t micro_batches = 1);
 
 // The global commit (docs/parallel.md): each rank prepares its store's commit (data and the
 // new manifest fsynced), all meet at a barrier, then each renames its manifest into place. So
