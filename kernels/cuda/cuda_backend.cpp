@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_decode_ops.h"
 #include "kernels/gpt2/gpt2_cuda.h"
 #include "kernels/llama/llama_cuda.h"
 #include "kernels/lora/lora_cuda.h"
@@ -239,11 +240,9 @@ class CudaBackend final : public ComputeBackend {
   size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) const override {
     return cuda_matmul_bf16_scratch_bytes(max_in, max_out);
   }
-  // TRANSITION (branch ops only): helper C2's decode operations replace these.
-  Status copy_rows(const ops::CopyRows&) override { return todo(); }
-  Status attention_decode(const ops::AttentionDecode&) override { return todo(); }
-  Status matmul_bf16(const ops::MatmulBf16&) override { return todo(); }
-  static Status todo() { return make_error(ErrorKind::unsupported, "cuda: operation not built yet (branch ops)"); }
+  Status copy_rows(const ops::CopyRows& op) override { return cuda::copy_rows(op, stream()); }
+  Status attention_decode(const ops::AttentionDecode& op) override { return cuda::attention_decode(op, stream()); }
+  Status matmul_bf16(const ops::MatmulBf16& op) override { return cuda::matmul_bf16(context_, op); }
 
   Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
                        const float* x_in, float* x_out, const gk::Workspace& workspace,
@@ -371,16 +370,13 @@ size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int
   return cuda_ops::attention_scratch_bytes(shape, n_head, head_dim);
 }
 
-// The scores of every new row and head over the cache (the old decode kernels' layout).
+// The decode ops' scratch is what their kernels use: cuda_decode_ops.h says both sizes.
 size_t cuda_attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions) {
-  return static_cast<size_t>(max_rows * n_head * max_positions) * sizeof(float);
+  return cuda::attention_decode_scratch_bytes(max_rows, n_head, max_positions);
 }
 
-// A widened piece of the matrix: at most kDecodeHeadPieceRows slices along its longer side,
-// each as long as its shorter side (a 128k-vocabulary head: 4096 rows of C at a time).
 size_t cuda_matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) {
-  const int64_t piece_rows = std::min<int64_t>(kDecodeHeadPieceRows, std::max(max_in, max_out));
-  return static_cast<size_t>(piece_rows * std::min(max_in, max_out)) * sizeof(float);
+  return cuda::matmul_bf16_scratch_bytes(max_in, max_out);
 }
 
 size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
