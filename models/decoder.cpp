@@ -51,11 +51,15 @@ struct BlockLayout {
   float* dq;     // [N, H·D]  backward only
   float* dk;     // [N, KV·D]
   float* dv;     // [N, KV·D]
-  float* cos;    // [T, D/2] (ops::rope_table_floats each)
+  float* cos;    // [T, D/2] each
   float* sin;
   kn::Workspace attention;  // the backend's attention_scratch_bytes
   size_t size_bytes;
 };
+
+// ops.h's rope_table_floats (cos or sin [t_len, D/2]). ops.h declares it but kernels/ defines it
+// nowhere yet, so a call would not link; this stands in until it is defined, then goes.
+int64_t rope_table_floats(int64_t t_len, int64_t head_dim) { return t_len * (head_dim / 2); }
 
 BlockLayout block_layout(const lk::Config& config, const kn::BatchShape& shape, size_t attention_bytes,
                          float* base) {
@@ -79,8 +83,8 @@ BlockLayout block_layout(const lk::Config& config, const kn::BatchShape& shape, 
   l.dq = carve.take(n * config.q_width());
   l.dk = carve.take(n * config.kv_width());
   l.dv = carve.take(n * config.kv_width());
-  l.cos = carve.take(ops::rope_table_floats(shape.seq_len, config.head_dim));
-  l.sin = carve.take(ops::rope_table_floats(shape.seq_len, config.head_dim));
+  l.cos = carve.take(rope_table_floats(shape.seq_len, config.head_dim));
+  l.sin = carve.take(rope_table_floats(shape.seq_len, config.head_dim));
   const auto attention_floats = static_cast<int64_t>((attention_bytes + sizeof(float) - 1) / sizeof(float));
   l.attention = kn::Workspace{carve.take(attention_floats), attention_bytes};
   l.size_bytes = carve.used_bytes();
