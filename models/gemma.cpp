@@ -12,6 +12,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/llama/llama.h"
+#include "kernels/ops.h"
+#include "models/decoder.h"
 
 namespace strata::models {
 namespace {
@@ -61,28 +63,38 @@ class Gemma final : public ModelDefinition {
   }
 
   const char* arch() const override { return "gemma"; }
-  // A token workspace (a zero-byte buffer is a programmer error) until the ops compose.
-  size_t workspace_size_bytes(const kernels::ComputeBackend& /*backend*/, const BatchShape& /*shape*/) const override {
-    return 64;
+  size_t workspace_size_bytes(const kernels::ComputeBackend& backend, const BatchShape& shape) const override {
+    return decoder::workspace_size_bytes(backend, kc_, shape);
   }
-  size_t workspace_size_bytes(device::Kind /*kind*/, const BatchShape& /*shape*/) const override { return 64; }
-  Status embedding_forward(kernels::ComputeBackend&, const BatchShape&, const float*, float*) const override {
-    return not_composed();
+  size_t workspace_size_bytes(device::Kind kind, const BatchShape& shape) const override {
+    return decoder::workspace_size_bytes(kind, kc_, shape);
   }
-  Status embedding_backward(kernels::ComputeBackend&, const BatchShape&, const float*, float*) const override {
-    return not_composed();
+  Status embedding_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* embed,
+                           float* x0) const override {
+    return decoder::embedding_forward(backend, kc_, options_, shape, embed, x0);
   }
-  Status block_forward(kernels::ComputeBackend&, const BatchShape&, const float*, const float*, float*,
-                       const Workspace&, const kernels::lora::BlockAdapters*) const override {
-    return not_composed();
+  Status embedding_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* d_x0,
+                            float* grads) const override {
+    return decoder::embedding_backward(backend, kc_, options_, shape, d_x0, grads);
   }
-  Status block_backward(kernels::ComputeBackend&, const BatchShape&, const float*, const float*, const float*, float*,
-                        float*, const Workspace&, bool, const kernels::lora::BlockAdapters*) const override {
-    return not_composed();
+  Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
+                       const float* x_in, float* x_out, const Workspace& workspace,
+                       const kernels::lora::BlockAdapters* adapters) const override {
+    return decoder::block_forward(backend, kc_, options_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace,
+                                  adapters);
   }
-  Status head_forward_backward(kernels::ComputeBackend&, const BatchShape&, const float*, const float*, const float*,
-                               float*, float*, float*, const Workspace&) const override {
-    return not_composed();
+  Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
+                        const float* x_in, const float* d_out, float* d_in, float* grads, const Workspace& workspace,
+                        bool recompute, const kernels::lora::BlockAdapters* adapters) const override {
+    const lk::BlockGrads bound = grads == nullptr ? lk::BlockGrads{} : lk::bind_block(kc_, grads);  // null: frozen
+    return decoder::block_backward(backend, kc_, options_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in,
+                                   bound, workspace, recompute, adapters);
+  }
+  Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* norm,
+                               const float* embed, const float* x_final, float* d_x_final, float* norm_grads,
+                               float* embed_grads, const Workspace& workspace) const override {
+    return decoder::head_forward_backward(backend, kc_, options_, shape, head_weights(norm, embed), x_final,
+                                          d_x_final, head_grads(norm_grads, embed_grads), workspace);
   }
 
   // --- generation: not written for Gemma (decodes() false; generate refuses before any op) ---
@@ -127,8 +139,25 @@ class Gemma final : public ModelDefinition {
   }
 
  private:
-  static Status not_composed() {
-    return make_error(ErrorKind::unsupported, "gemma: the training ops compose models/decoder.h, not in this build yet");
+  // Gemma's three differences from Llama, and only these (decoder.h: every block norm and the
+  // final one, the MLP gate, the embedding).
+  static decoder::DecoderOptions gemma_options(const ModelConfig& model) {
+    decoder::DecoderOptions options;
+    options.norm_weight_offset = 1.0f;  // GemmaRMSNorm: x·rsqrt(mean(x²) + eps)·(1 + w)
+    options.gate = kernels::ops::GateKind::gelu_tanh;  // GemmaMLP: gelu_pytorch_tanh(gate)·up
+    // GemmaModel's normalizer: torch.tensor(hidden ** 0.5, dtype=hidden dtype) — √C rounded to
+    // fp32 before it multiplies (√2048 = 45.254833995939045 becomes 45.25483322143555).
+    options.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(model.n_embd)));
+    return options;
+  }
+  // The norm weight, then the output projection: lm_head after it in the unit, or the
+  // embedding when tied. The same for gradients (norm null: no head gradients).
+  lk::HeadWeights head_weights(const float* norm, const float* embed) const {
+    return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
+  }
+  lk::HeadGrads head_grads(float* norm, float* embed) const {
+    if (norm == nullptr) return {};
+    return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
   }
   static Status no_decode() {
     return make_error(ErrorKind::unsupported, "gemma: decoding is not written yet (docs/models.md)");
@@ -138,6 +167,7 @@ class Gemma final : public ModelDefinition {
     std::abort();
   }
   lk::Config kc_;
+  decoder::DecoderOptions options_ = gemma_options(config_);
 };
 
 }  // namespace
