@@ -10,7 +10,9 @@
 #   multi-query), head_dim apart from hidden / heads, scores scaled by head_dim^−½; no biases;
 # - GeGLU: down(gelu_tanh(gate(x)) · up(x)), gelu_tanh = torch's gelu(approximate="tanh"),
 #   transformers' gelu_pytorch_tanh;
-# - a tied (Gemma's) or untied head.
+# - a tied (Gemma's) or untied head;
+# - optionally PEFT's LoRA on any linear: scale·(x·Aᵀ)·Bᵀ added to its output (forward_logits'
+#   `lora`, for test_gemma_train.py's adapter training).
 # With "gemma 0" in config.txt the same file computes Llama (RMSNorm gain w, SiLU gate, no
 # embedding scale): the control that the harness feeding it is right.
 #
@@ -76,11 +78,20 @@ def mlp_gate(cfg, gate):
     return torch.nn.functional.silu(gate)
 
 
-def block(p, i, x, cfg, cos, sin):
+def block(p, i, x, cfg, cos, sin, lora=None):
+    """`lora`: PEFT's LoRA terms, {module path: (A [r, in], B [out, r], scale)}, each added to its
+    linear's output as scale·(x·Aᵀ)·Bᵀ (no dropout); None: the plain block."""
     pre = f"model.layers.{i}."
     b, t, _ = x.shape
     nh, nkv, hd = int(cfg["n_head"]), int(cfg["n_kv_head"]), int(cfg["head_dim"])
-    linear = lambda name, z: torch.nn.functional.linear(z, p[pre + name + ".weight"])  # noqa: E731
+
+    def linear(name, z):
+        y = torch.nn.functional.linear(z, p[pre + name + ".weight"])
+        if lora is not None and pre + name in lora:
+            a, b_up, scale = lora[pre + name]
+            y = y + scale * torch.nn.functional.linear(torch.nn.functional.linear(z, a), b_up)
+        return y
+
     h = rms_norm(x, p[pre + "input_layernorm.weight"], cfg)
     q = linear("self_attn.q_proj", h).view(b, t, nh, hd).transpose(1, 2)
     k = linear("self_attn.k_proj", h).view(b, t, nkv, hd).transpose(1, 2)
@@ -96,12 +107,12 @@ def block(p, i, x, cfg, cos, sin):
     return x + linear("mlp.down_proj", mlp_gate(cfg, linear("mlp.gate_proj", h)) * linear("mlp.up_proj", h))
 
 
-def forward_logits(params, tokens, cfg):
-    """Logits [batch, t, vocab] of a full forward over `tokens` [batch, t]."""
+def forward_logits(params, tokens, cfg, lora=None):
+    """Logits [batch, t, vocab] of a full forward over `tokens` [batch, t] (`lora`: block's)."""
     cos, sin = rotary_tables(cfg, tokens.shape[1])
     x = params["model.embed_tokens.weight"][tokens] * embedding_scale(cfg)
     for i in range(int(cfg["n_layer"])):
-        x = block(params, i, x, cfg, cos, sin)
+        x = block(params, i, x, cfg, cos, sin, lora)
     x = rms_norm(x, params["model.norm.weight"], cfg)
     head = params["model.embed_tokens.weight"] if cfg["tied"] else params["lm_head.weight"]
     return torch.nn.functional.linear(x, head)

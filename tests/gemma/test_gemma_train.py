@@ -9,6 +9,11 @@
 #              → train 3 steps → --export OUT: config.json says gemma (GemmaForCausalLM, the tanh
 #              GELU under both activation keys, head_dim, tied), every tensor within 1e-4 of
 #              torch's training; OUT loads back (train 0 steps, export again) bit for bit.
+#   offload    resident and fully offloaded runs (6 MiB budgets, chunked optimizer state, bf16)
+#              export bit-identical weights, and the offloaded one read from NVMe.
+#   lora       LoRA on every linear of a Gemma HF base (PEFT folder from torch as adapter.init, A
+#              and B nonzero): 3 steps, the exported PEFT adapters and the losses within 1e-4 of
+#              a float64 torch training of PEFT's formula over the frozen Gemma.
 #   refusals   one line each, naming the key: a folder whose activation is not the tanh GELU
 #              (hidden_act "gelu" alone), a gemma YAML with qkv_bias, a resume with another
 #              head_dim or arch, a sample: at the end of a gemma run, and `strata generate` on
@@ -223,6 +228,116 @@ def case_hf(folder):
     print(f"hf: {out} → strata → {out2} bit-identical ({len(ours)} tensors)")
 
 
+def case_offload(folder):
+    tiny = {"device": {"memory": "6MiB"}, "host": {"memory": "6MiB"}}
+    variants = [
+        ("resident", {"device": {"memory": "256MiB"}, "host": {"memory": "256MiB"},
+                      "placement": {"params": "device", "grads": "host", "optimizer": "host"}}),
+        ("offloaded", {**tiny, "placement": {"params": "nvme", "grads": "nvme", "optimizer": "nvme"},
+                       "optimizer": {"chunk_elements": 4096}}),
+    ]
+    exports = []
+    for name, overrides in variants:
+        run_dir = os.path.join(folder, name)
+        os.makedirs(run_dir)
+        overrides = dict(overrides)
+        optimizer = {"grad_clip": 1.0, **overrides.pop("optimizer", {})}
+        cfg_path, _ = tt.config(run_dir, model={**GEMMA, "n_layer": 3, "seq_len": 32}, batch_size=4, steps=12,
+                                precision="bf16", checkpoint_every=5, optimizer=optimizer, **overrides)
+        out = os.path.join(run_dir, "weights.safetensors")
+        summary = json.loads(tt.strata("train", cfg_path, "--export", out, "--json").stdout)
+        print(f"{name}: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f}, "
+              f"NVMe read {summary['nvme_read_bytes']} bytes")
+        if name != "resident" and summary["nvme_read_bytes"] == 0:
+            tt.fail(f"the {name} run read nothing from NVMe: it did not offload")
+        if not summary["last_loss"] < summary["first_loss"]:
+            tt.fail(f"{name}: the loss did not fall")
+        with open(out, "rb") as f:
+            exports.append(f.read())
+    if exports[1] != exports[0]:
+        tt.fail("the resident and offloaded runs exported different weights")
+    print(f"resident and offloaded exports are bit-identical ({len(exports[0])} bytes)")
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_linears(model):
+    """(module path, in, out) of every adapted linear of `model`."""
+    c, i = model["n_embd"], model["intermediate_size"]
+    qw, kvw = model["n_head"] * model["head_dim"], model["n_kv_head"] * model["head_dim"]
+    shapes = {"self_attn.q_proj": (c, qw), "self_attn.k_proj": (c, kvw), "self_attn.v_proj": (c, kvw),
+              "self_attn.o_proj": (qw, c), "mlp.gate_proj": (c, i), "mlp.up_proj": (c, i), "mlp.down_proj": (i, c)}
+    return [(f"model.layers.{layer}.{suffix}", fin, fout) for layer in range(model["n_layer"])
+            for suffix, (fin, fout) in shapes.items()]
+
+
+def peft_adapter_config(r, alpha):
+    """adapter_config.json as PEFT's LoraConfig.save_pretrained writes it."""
+    return {"alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": None, "bias": "none",
+            "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "layer_replication": None,
+            "layers_pattern": None, "layers_to_transform": None, "loftq_config": {}, "lora_alpha": alpha,
+            "lora_dropout": 0.0, "megatron_config": None, "megatron_core": "megatron.core", "modules_to_save": None,
+            "peft_type": "LORA", "r": r, "rank_pattern": {}, "revision": None, "target_modules": LORA_TARGETS,
+            "task_type": "CAUSAL_LM", "use_dora": False, "use_rslora": False}
+
+
+def case_lora(folder):
+    torch = import_torch()
+    import gemma_reference as ref
+    model = {**GEMMA, "tie_word_embeddings": True}
+    rank, alpha = 4, 8.0
+    base_dir = os.path.join(folder, "base")
+    base = write_folder(torch, base_dir, model, hf_config(model))
+    peft_dir = os.path.join(folder, "peft-init")
+    os.makedirs(peft_dir)
+    torch.manual_seed(11)
+    adapters = {}
+    for path, fin, fout in lora_linears(model):
+        adapters[f"base_model.model.{path}.lora_A.weight"] = 0.2 * torch.randn(rank, fin)
+        adapters[f"base_model.model.{path}.lora_B.weight"] = 0.2 * torch.randn(fout, rank)
+    with open(os.path.join(peft_dir, "adapter_config.json"), "w") as f:
+        json.dump(peft_adapter_config(rank, alpha), f)
+    tt.write_safetensors(os.path.join(peft_dir, "adapter_model.safetensors"),
+                         {n: (tuple(t.shape), t.numpy().tobytes()) for n, t in adapters.items()})
+    cfg_path, cfg = folder_train_config(folder, "lora", base_dir, steps=3)
+    cfg["adapter"] = {"kind": "lora", "rank": rank, "alpha": alpha, "targets": LORA_TARGETS, "base_dtype": "fp32",
+                      "init": peft_dir}
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    metrics = os.path.join(folder, "lora-metrics.json")
+    out = os.path.join(folder, "lora-out")
+    tt.strata("--log-level", "warn", "train", cfg_path, "--metrics", metrics, "--export", out)
+
+    # torch: PEFT's formula over the frozen base, AdamW (decay: the adapters are 2-D) and
+    # clipping over the adapters alone, the trainer's windows.
+    frozen = {name: t.double() for name, t in base.items()}
+    trained = {name: t.double().clone().requires_grad_(True) for name, t in adapters.items()}
+    lora = {path: (trained[f"base_model.model.{path}.lora_A.weight"], trained[f"base_model.model.{path}.lora_B.weight"],
+                   alpha / rank) for path, _, _ in lora_linears(model)}
+    o = cfg["optimizer"]
+    optimizer = torch.optim.AdamW(list(trained.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                  weight_decay=o["weight_decay"])
+    rcfg = reference_config(model)
+    seq, batch = model["seq_len"], cfg["batch_size"]
+    with open(tt.CORPUS, "rb") as f:
+        tokens_all = torch.tensor(list(f.read()), dtype=torch.long)
+    window_count = tokens_all.numel() - seq - 1
+    losses = []
+    for step in range(cfg["steps"]):
+        window = torch.stack([tokens_all[((step * batch + b) * seq) % window_count:][:seq + 1] for b in range(batch)])
+        loss = ref.loss_of(ref.forward_logits(frozen, window[:, :-1], rcfg, lora), window[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(trained.values()), o["grad_clip"])
+        optimizer.step()
+        losses.append(loss.item())
+    compare_losses(metrics, losses, "lora")
+    ours, _ = tt.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
+    worst = compare_weights(torch, ours, trained, set(trained), "lora")
+    print(f"lora: all {len(trained)} exported adapters within {worst:.2e} relative of torch")
+
+
 def expect_refusal(result, needle, what):
     lines = result.stderr.strip().splitlines()
     if result.returncode == 0 or needle not in result.stderr:
@@ -269,7 +384,8 @@ def case_refusals(folder):
         tt.fail(f"strata generate's refusal is not one line:\n{result.stderr}")
 
 
-CASES = {"reference": case_reference, "hf": case_hf, "refusals": case_refusals}
+CASES = {"reference": case_reference, "hf": case_hf, "offload": case_offload, "lora": case_lora,
+         "refusals": case_refusals}
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tmp:
