@@ -14,6 +14,8 @@ namespace strata::models {
 // GPT-2 (models/gpt2.cpp) and Llama with its variants — Qwen 2, Phi-3 (models/llama.cpp).
 std::unique_ptr<const ModelDefinition> make_gpt2_definition(const ModelConfig& config);
 std::unique_ptr<const ModelDefinition> make_llama_definition(const ModelConfig& config);
+// Gemma 1 (models/gemma.cpp): the decoder with Gemma's options.
+std::unique_ptr<const ModelDefinition> make_gemma_definition(const ModelConfig& config);
 
 // A parameter's shape as a vector (1-D or 2-D).
 inline std::vector<int64_t> shape_of(const kernels::gpt2::ParamSpec& spec) {

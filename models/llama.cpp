@@ -1,4 +1,6 @@
-// models/llama.cpp — the Llama definition (model.h) and its variants (Qwen 2, Phi-3): units, init and ops.
+// models/llama.cpp — the Llama definition (model.h) and its variants (Qwen 2, Phi-3): units, init
+// and ops. Training composes the backend's operations through models/decoder.h with Llama's
+// options (the defaults); decoding and the host-side sampling still call the Llama kernels.
 #include "models/definitions.h"
 
 #include <algorithm>
@@ -8,7 +10,7 @@
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
-#include "models/definitions.h"
+#include "models/decoder.h"
 
 namespace strata::models {
 namespace {
@@ -72,36 +74,37 @@ class Llama final : public ModelDefinition {
 
   const char* arch() const override { return "llama"; }
   size_t workspace_size_bytes(const kernels::ComputeBackend& backend, const BatchShape& shape) const override {
-    return backend.llama_workspace_size_bytes(kc_, shape);
+    return decoder::workspace_size_bytes(backend, kc_, shape);
   }
   size_t workspace_size_bytes(device::Kind kind, const BatchShape& shape) const override {
-    return kernels::workspace_size_bytes(kind, kc_, shape);
+    return decoder::workspace_size_bytes(kind, kc_, shape);
   }
   Status embedding_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* embed,
                            float* x0) const override {
-    return backend.llama_embedding_forward(kc_, shape, embed, x0);
+    return decoder::embedding_forward(backend, kc_, options_, shape, embed, x0);
   }
   Status embedding_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* d_x0,
                             float* grads) const override {
-    return backend.llama_embedding_backward(kc_, shape, d_x0, grads);
+    return decoder::embedding_backward(backend, kc_, options_, shape, d_x0, grads);
   }
   Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
                        const float* x_in, float* x_out, const Workspace& workspace,
                        const kernels::lora::BlockAdapters* adapters) const override {
-    return backend.llama_block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace, adapters);
+    return decoder::block_forward(backend, kc_, options_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace,
+                                  adapters);
   }
   Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
                         const float* x_in, const float* d_out, float* d_in, float* grads, const Workspace& workspace,
                         bool recompute, const kernels::lora::BlockAdapters* adapters) const override {
     const lk::BlockGrads bound = grads == nullptr ? lk::BlockGrads{} : lk::bind_block(kc_, grads);  // null: frozen
-    return backend.llama_block_backward(kc_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in, bound, workspace,
-                                        recompute, adapters);
+    return decoder::block_backward(backend, kc_, options_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in,
+                                   bound, workspace, recompute, adapters);
   }
   Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* norm,
                                const float* embed, const float* x_final, float* d_x_final, float* norm_grads,
                                float* embed_grads, const Workspace& workspace) const override {
-    return backend.llama_head_forward_backward(kc_, shape, head_weights(norm, embed), x_final, d_x_final,
-                                               head_weights(norm_grads, embed_grads), workspace);
+    return decoder::head_forward_backward(backend, kc_, options_, shape, head_weights(norm, embed), x_final,
+                                          d_x_final, head_weights(norm_grads, embed_grads), workspace);
   }
   int64_t kv_cache_width() const override { return kc_.kv_width(); }
   int64_t learned_positions() const override { return 0; }
@@ -171,6 +174,7 @@ class Llama final : public ModelDefinition {
     return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
   }
   lk::Config kc_;
+  decoder::DecoderOptions options_;  // Llama's: the defaults
 };
 
 }  // namespace

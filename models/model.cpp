@@ -77,6 +77,7 @@ void ModelDefinition::find_linears(const std::vector<std::string>& suffixes, boo
 }
 
 std::vector<std::string> adapter_target_names(const std::string& arch) {
+  // Llama and Gemma name their linears alike (HF's q_proj … down_proj).
   if (arch == "gpt2") return {"c_attn", "c_proj", "c_fc", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
   return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 }
@@ -139,6 +140,7 @@ kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model) {
 
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config) {
   if (config.arch == "llama") return make_llama_definition(config);
+  if (config.arch == "gemma") return make_gemma_definition(config);
   return make_gpt2_definition(config);
 }
 
@@ -180,7 +182,7 @@ std::map<std::string, std::string> store_shape_metadata(const ModelConfig& m) {
                                              {"model.n_embd", std::to_string(m.n_embd)},
                                              {"model.vocab_size", std::to_string(m.vocab_size)},
                                              {"model.seq_len", std::to_string(m.seq_len)}};
-  if (m.arch != "llama") return keys;
+  if (!m.decoder_keys()) return keys;  // Gemma records Llama's keys (its biases 0, no scaling)
   // Shortest round-trip text for the doubles: read back, they are the same bits.
   keys["model.n_kv_head"] = std::to_string(m.kv_heads());
   keys["model.head_dim"] = std::to_string(m.head_size());
@@ -256,9 +258,9 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
   ModelConfig model;
   auto arch = metadata.find("model.arch");
   model.arch = arch == metadata.end() ? "gpt2" : arch->second;  // stores from before definitions
-  if (model.arch != "gpt2" && model.arch != "llama")
-    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.arch' is '{}', not gpt2 or llama",
-                                                      dir, model.arch));
+  if (model.arch != "gpt2" && !model.decoder_keys())
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.arch' is '{}', not gpt2, llama or "
+                                                      "gemma", dir, model.arch));
   STRATA_ASSIGN_OR_RETURN(model.n_layer, metadata_integer(metadata, "model.n_layer", 1, 1024, dir));
   STRATA_ASSIGN_OR_RETURN(model.n_head, metadata_integer(metadata, "model.n_head", 1, 1024, dir));
   STRATA_ASSIGN_OR_RETURN(model.n_embd, metadata_integer(metadata, "model.n_embd", 8, 65536, dir));
@@ -295,6 +297,10 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
     STRATA_ASSIGN_OR_RETURN(model.attention_window,
                             metadata_integer(metadata, "model.attention_window", model.seq_len, UINT32_MAX, dir));
   }
+  // What Gemma's definition does not compute (train_config.cpp refuses it in a config too).
+  if (model.arch == "gemma" && (model.qkv_bias || model.fused_projections || model.attention_window > 0))
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata gives a gemma model attention biases, fused "
+                                                      "projections or a window, which Gemma has not", dir));
   if (model.n_head % model.n_kv_head != 0 || model.head_dim % 2 != 0)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_kv_head {} / model.head_dim {} do "
                                                       "not fit model.n_head {}", dir, model.n_kv_head, model.head_dim,
@@ -303,6 +309,9 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
   if (scaling == metadata.end() || (scaling->second != "none" && scaling->second != "llama3"))
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.rope_scaling.type' is {}", dir,
                                                       scaling == metadata.end() ? "missing" : "'" + scaling->second + "'"));
+  if (scaling->second == "llama3" && model.arch == "gemma")
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.rope_scaling.type' is llama3 for a "
+                                                      "gemma model, which has no rope scaling", dir));
   if (scaling->second == "llama3") {
     RopeScaling& r = model.rope_scaling;
     r.type = "llama3";

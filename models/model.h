@@ -98,7 +98,7 @@ class ModelDefinition {
   ModelDefinition(const ModelDefinition&) = delete;
   ModelDefinition& operator=(const ModelDefinition&) = delete;
 
-  virtual const char* arch() const = 0;  // "gpt2", "llama"
+  virtual const char* arch() const = 0;  // "gpt2", "llama", "gemma"
   const ModelConfig& config() const { return config_; }
   const std::vector<Unit>& units() const { return units_; }
   int64_t n_layer() const { return config_.n_layer; }
@@ -148,6 +148,9 @@ class ModelDefinition {
   // the window cannot pass them; Llama: 0, RoPE); the final unit's norm elements, which come
   // first in it; whether the output projection [vocab, C] is the embedding's token rows (tied)
   // or follows the norm in the final unit.
+  // Whether the decode ops below compute this model (false: they would run another model's math
+  // — Gemma's decode is not written yet — and generation refuses it in one line).
+  virtual bool decodes() const { return true; }
   virtual int64_t kv_cache_width() const = 0;
   virtual int64_t learned_positions() const = 0;
   virtual uint64_t final_norm_elements() const = 0;
@@ -212,7 +215,7 @@ class ModelDefinition {
 // LoRA's target names for `arch` (PEFT's target_modules): every linear's module name and its
 // block suffix ("q_proj"; GPT-2 also "attn.c_proj" beside "c_proj", which names both c_projs).
 std::vector<std::string> adapter_target_names(const std::string& arch);
-// PEFT's defaults when the config names none: Llama q_proj, v_proj; GPT-2 c_attn.
+// PEFT's defaults when the config names none: Llama and Gemma q_proj, v_proj; GPT-2 c_attn.
 std::vector<std::string> default_adapter_targets(const std::string& arch);
 // Whether `linear` is adapted under `targets` (PEFT's rule: the name equals the suffix or ends it
 // after a dot).
@@ -221,11 +224,11 @@ bool adapter_targets_linear(const std::vector<std::string>& targets, const Block
 // The GPT-2 kernels' shape (kernels/gpt2/gpt2.h) of a gpt2 `model`: n_ctx is its seq_len.
 kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model);
 
-// The definition of `config.arch` (gpt2 or llama; train_config.cpp admits no other).
+// The definition of `config.arch` (gpt2, llama or gemma; train_config.cpp admits no other).
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config);
 
 // The shape keys of `model` a store records ("model.arch", "model.n_layer", …; the Llama keys
-// only for llama), and the model read back from them — untrusted input: numbers parsed whole
+// only for llama and gemma), and the model read back from them — untrusted input: numbers parsed whole
 // and bounded, a bad one an error naming the key and `dir`. Stores written before `model.arch`
 // existed are GPT-2.
 // With an adapter, its keys too ("adapter.rank", …; docs/lora.md).

@@ -427,7 +427,7 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   const auto parameters = static_cast<double>(layout.parameter_count());
   const ModelConfig& m = config.model;
   const char* biases = m.o_proj_bias ? ", q/k/v/o biases" : m.qkv_bias ? ", q/k/v biases" : "";
-  const std::string heads = m.arch == "llama" ? fmt::format("{} heads ({} k/v) of {}{}, MLP {}, {} head", m.n_head,
+  const std::string heads = m.decoder_keys() ? fmt::format("{} heads ({} k/v) of {}{}, MLP {}, {} head", m.n_head,
                                                             m.kv_heads(), m.head_size(), biases, m.intermediate_size,
                                                             m.tie_word_embeddings ? "tied" : "untied")
                                               : fmt::format("{} heads", m.n_head);
@@ -435,7 +435,7 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   // the plan (so the prediction) holds all K forward/backward passes.
   const uint32_t micro_batches = config.gradient_accumulation_steps;
   append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({}{} × {})",
-       config.source_path, m.arch == "llama" ? "Llama" : "GPT-2", m.n_layer, m.n_embd, heads, m.vocab_size,
+       config.source_path, m.arch == "llama" ? "Llama" : m.arch == "gemma" ? "Gemma" : "GPT-2", m.n_layer, m.n_embd, heads, m.vocab_size,
        parameters >= 1e9 ? fmt::format("{:.2f} B", parameters * 1e-9) : fmt::format("{:.1f} M", parameters * 1e-6),
        uint64_t{config.batch_size} * config.model.seq_len * micro_batches,
        micro_batches > 1 ? fmt::format("{} micro-batches × ", micro_batches) : std::string(), config.batch_size,

@@ -77,7 +77,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     };
     const ModelConfig f = *folder;
     if (model.has("arch")) {
-      STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama"}, std::nullopt));
+      STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama", "gemma"}, std::nullopt));
       if (m.arch != f.arch)
         return model.error_at("arch", fmt::format("is {} but {} says {}", m.arch, folder_config, f.arch));
     }
@@ -127,7 +127,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
     STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
   } else {
-    STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama"}, std::string("gpt2")));
+    STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama", "gemma"}, std::string("gpt2")));
     STRATA_READ(m.n_layer, model.integer("n_layer", std::nullopt, 1, 1024));
     STRATA_READ(m.n_head, model.integer("n_head", std::nullopt, 1, 1024));
     STRATA_READ(m.n_embd, model.integer("n_embd", std::nullopt, 8, 65536));
@@ -135,13 +135,20 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     STRATA_READ(m.seq_len, model.integer("seq_len", std::nullopt, 1, 1 << 16));
     STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
     STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
-    if (m.arch == "llama") {
+    if (m.decoder_keys()) {
+      const bool gemma = m.arch == "gemma";
       STRATA_READ(m.n_kv_head, model.integer("n_kv_head", 0, 0, 1024));
       STRATA_READ(m.head_dim, model.integer("head_dim", 0, 0, 4096));
       STRATA_READ(m.intermediate_size, model.integer("intermediate_size", std::nullopt, 1, 1 << 20));
       STRATA_READ(m.rope_theta, model.number("rope_theta", 10000.0, 1.0, 1.0e12));
-      STRATA_READ(m.norm_eps, model.number("norm_eps", 1.0e-5, 0.0, 1.0));
+      // GemmaConfig's rms_norm_eps is 1e-6; Llama's YAML default stays 1e-5.
+      STRATA_READ(m.norm_eps, model.number("norm_eps", gemma ? 1.0e-6 : 1.0e-5, 0.0, 1.0));
       STRATA_READ(m.tie_word_embeddings, model.boolean("tie_word_embeddings", true));
+      // Gemma 1 has no attention biases and no rope scaling: the keys would be read and not
+      // computed, so they are refused by name.
+      for (const char* key : {"qkv_bias", "o_proj_bias", "rope_scaling"})
+        if (gemma && model.has(key))
+          return model.error_at(key, "is not a Gemma key (Gemma has no attention biases and no rope scaling)");
       STRATA_READ(m.qkv_bias, model.boolean("qkv_bias", false));
       STRATA_READ(m.o_proj_bias, model.boolean("o_proj_bias", false));
       if (m.o_proj_bias && !m.qkv_bias)
@@ -166,7 +173,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_RETURN_IF_ERROR(model.finish());
   if (m.arch == "gpt2" && m.n_embd % m.n_head != 0)
     return model.error_at("n_embd", fmt::format("{} is not divisible by model.n_head = {}", m.n_embd, m.n_head));
-  if (m.arch == "llama") {
+  if (m.decoder_keys()) {
     if (m.n_kv_head != 0 && m.n_head % m.n_kv_head != 0)
       return model.error_at("n_kv_head", fmt::format("{} does not divide model.n_head = {}", m.n_kv_head, m.n_head));
     if (m.head_dim == 0 && m.n_embd % m.n_head != 0)
@@ -411,6 +418,10 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
+  // The sample is generation's: refused up front for a model it cannot decode, not after training.
+  if (config.sample_tokens > 0 && !models::make_model_definition(m)->decodes())
+    return sample.error_at("tokens", fmt::format("is a sample, and strata generate does not decode arch {} yet "
+                                                 "(docs/models.md): drop sample:", m.arch));
   // The sample goes through the run's tokenizer (tokenizer_path_for below; generate/generate.h
   // make_codec loads it): token data with none to be found would print noise.
   if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes && tokenizer_path_for(config).empty())

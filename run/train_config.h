@@ -59,10 +59,11 @@ struct AdapterConfig {
 };
 
 // The architecture and shape. GPT-2 reads n_layer, n_head, n_embd, vocab_size, seq_len; Llama
-// (Llama 2/3, Mistral, Qwen share the shape) also reads the keys below the line. Names follow
-// the YAML keys; the Hugging Face config.json names are in docs/models.md.
+// (Llama 2/3, Mistral, Qwen share the shape) and Gemma also read the keys below the line (Gemma
+// without biases, fused projections, a window or rope scaling). Names follow the YAML keys; the
+// Hugging Face config.json names are in docs/models.md.
 struct ModelConfig {
-  std::string arch = "gpt2";  // gpt2 | llama
+  std::string arch = "gpt2";  // gpt2 | llama | gemma
   uint32_t n_layer = 6;
   uint32_t n_head = 6;
   uint32_t n_embd = 384;
@@ -72,10 +73,10 @@ struct ModelConfig {
   uint64_t seed = 1;
   // GPT-2's initializer range: N(0, 0.02), residual projections scaled by 1/sqrt(2·n_layer).
   double init_std = 0.02;
-  // --- Llama ---
+  // --- Llama and Gemma ---
   uint32_t n_kv_head = 0;          // num_key_value_heads (grouped-query attention); 0: n_head
   uint32_t head_dim = 0;           // 0: n_embd / n_head
-  uint32_t intermediate_size = 0;  // the SwiGLU MLP's width
+  uint32_t intermediate_size = 0;  // the gated MLP's width (SwiGLU; Gemma's GeGLU)
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   double norm_eps = 1.0e-5;        // rms_norm_eps (GPT-2's LayerNorm keeps its 1e-5)
@@ -93,6 +94,9 @@ struct ModelConfig {
 
   AdapterConfig adapter;  // `adapter:` (top-level in the YAML)
 
+  // Whether the architecture is a RoPE decoder with the keys below the line (llama, gemma): the
+  // one test every reader and writer of those keys makes.
+  bool decoder_keys() const { return arch == "llama" || arch == "gemma"; }
   uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }
 };

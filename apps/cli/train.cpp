@@ -41,7 +41,7 @@ void add_train_command(CLI::App& app, CliState& state) {
   auto options = std::make_shared<Options>();
   CLI::App* train = app.add_subcommand(
       "train",
-      "Train or fine-tune a model (GPT-2, or the Llama family: Llama, Mistral, Qwen 2, Phi-3) on text or on "
+      "Train or fine-tune a model (GPT-2, the Llama family: Llama, Mistral, Qwen 2, Phi-3, or Gemma) on text or on "
       "completion/chat examples, its parameters, gradients and optimizer state living across the device, "
       "pinned host memory and the NVMe store, as the config's budgets and placement say. Commits the store every "
       "checkpoint_every steps; --resume continues from the last commit.");

@@ -267,6 +267,59 @@ Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::s
   return m;
 }
 
+// GemmaForCausalLM (Gemma 1): Llama's keys with GemmaConfig's defaults — head_dim 256 (not
+// hidden_size / heads), rms_norm_eps 1e-6, tied, a context of 8192 — and Gemma's math, which the
+// definition (models/gemma.cpp) computes: RMSNorm x·(1 + w), GeGLU, embeddings times √hidden.
+// What it does not compute is refused naming the key.
+Result<ModelConfig> parse_gemma(const Keys& keys, const std::string& path) {
+  ModelConfig m;
+  m.arch = "gemma";
+  HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
+  HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
+  HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
+  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
+  HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
+  HF_READ(m.head_dim, keys.integer("head_dim", 256, 2, 4096));
+  HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
+  HF_READ(m.norm_eps, keys.number("rms_norm_eps", 1e-6, 0.0, 1.0));
+  HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", true));
+  uint32_t context = 0;
+  HF_READ(context, keys.integer("max_position_embeddings", 8192, 1, UINT32_MAX));
+  m.seq_len = std::min<uint32_t>(context, kMaxContext);
+  HF_READ(m.rope_theta, keys.number("rope_theta", 10000.0, 1.0, 1.0e12));
+  if (const Json* parameters = keys.find("rope_parameters"))
+    STRATA_RETURN_IF_ERROR(parse_rope_block(*parameters, path, "rope_parameters", m, true));
+  if (const Json* scaling = keys.find("rope_scaling"))
+    STRATA_RETURN_IF_ERROR(parse_rope_block(*scaling, path, "rope_scaling", m, false));
+  if (!m.rope_scaling.type.empty())
+    return keys.error(keys.find("rope_scaling") != nullptr ? "rope_scaling" : "rope_parameters",
+                      fmt::format("is {}; strata's Gemma rotates without scaling", m.rope_scaling.type));
+  // The MLP's activation: transformers up to 4.47 read hidden_activation (None: the tanh GELU,
+  // whatever hidden_act said — Gemma 1.0's configs say "gelu" and were trained with the tanh
+  // form); later versions read hidden_act. strata computes the tanh form, so it takes the key
+  // that names the activation — hidden_activation when present, else hidden_act — and refuses
+  // any other activation rather than guess which transformers the folder was made for.
+  const char* act_key = keys.find("hidden_activation") != nullptr ? "hidden_activation" : "hidden_act";
+  std::string act;
+  HF_READ(act, keys.string(act_key, std::string("gelu_pytorch_tanh")));
+  if (act != "gelu_pytorch_tanh" && act != "gelu_new")
+    return keys.error(act_key, fmt::format("is '{}'; strata's Gemma MLP is GeGLU with the tanh GELU "
+                                           "(gelu_pytorch_tanh){}", act,
+                                           act == "gelu" ? " — set hidden_activation: gelu_pytorch_tanh if the "
+                                                           "checkpoint was trained with it, as Gemma 1 was"
+                                                         : ""));
+  bool flag = false;
+  HF_READ(flag, keys.boolean("attention_bias", false));
+  if (flag) return keys.error("attention_bias", "is true; strata's Gemma has no attention biases");
+  HF_READ(flag, keys.boolean("use_bidirectional_attention", false));
+  if (flag) return keys.error("use_bidirectional_attention", "is true; strata's attention is causal");
+  if (m.n_head % m.n_kv_head != 0)
+    return keys.error("num_key_value_heads", fmt::format("{} does not divide num_attention_heads = {}", m.n_kv_head, m.n_head));
+  if (m.head_dim % 2 != 0)
+    return keys.error("head_dim", fmt::format("{} is odd; rotary embeddings rotate pairs", m.head_dim));
+  return m;
+}
+
 // A weight_map file name must stay in the folder by its spelling: one path component.
 bool plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
@@ -343,7 +396,9 @@ Result<ModelConfig> parse_config_json(std::string_view text, const std::string& 
   if (model_type == "gpt2") return parse_gpt2(keys, path);
   if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "phi3")
     return parse_llama(json, keys, path, model_type);
-  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama, mistral, qwen2 and phi3", model_type));
+  if (model_type == "gemma") return parse_gemma(keys, path);
+  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama, mistral, qwen2, phi3 and gemma",
+                                              model_type));
 }
 
 Result<ModelConfig> read_config(const std::string& folder) {
@@ -364,7 +419,27 @@ std::string config_json(const ModelConfig& m) {
   const bool qwen2 = m.arch == "llama" && m.qkv_bias && !m.o_proj_bias;
   const bool phi3 = m.arch == "llama" && m.fused_projections;
   const bool mistral = m.arch == "llama" && !phi3 && !m.qkv_bias && m.attention_window > 0;
-  if (m.arch == "llama") {
+  if (m.arch == "gemma") {
+    // GemmaForCausalLM: both activation keys name the tanh GELU, so transformers computes it
+    // whichever of them its version reads (parse_gemma).
+    json["architectures"] = {"GemmaForCausalLM"};
+    json["model_type"] = "gemma";
+    json["hidden_size"] = m.n_embd;
+    json["num_hidden_layers"] = m.n_layer;
+    json["num_attention_heads"] = m.n_head;
+    json["num_key_value_heads"] = m.kv_heads();
+    json["head_dim"] = m.head_size();
+    json["intermediate_size"] = m.intermediate_size;
+    json["vocab_size"] = m.vocab_size;
+    json["max_position_embeddings"] = m.seq_len;
+    json["rms_norm_eps"] = m.norm_eps;
+    json["rope_theta"] = m.rope_theta;
+    json["rope_scaling"] = nullptr;
+    json["hidden_act"] = "gelu_pytorch_tanh";
+    json["hidden_activation"] = "gelu_pytorch_tanh";
+    json["attention_bias"] = false;
+    json["tie_word_embeddings"] = m.tie_word_embeddings;
+  } else if (m.arch == "llama") {
     json["architectures"] = {phi3      ? "Phi3ForCausalLM"
                              : qwen2   ? "Qwen2ForCausalLM"
                              : mistral ? "MistralForCausalLM"

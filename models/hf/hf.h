@@ -8,7 +8,9 @@
 //   feature strata's definitions do not compute (MLP biases, a sliding window, a rope type
 //   other than llama3, hidden_act other than silu). model_type llama, mistral and qwen2 are
 //   the Llama definition: qwen2 with q/k/v biases (always, as Qwen2Attention), llama with
-//   `attention_bias: true` with biases on q/k/v and o_proj (as LlamaAttention).
+//   `attention_bias: true` with biases on q/k/v and o_proj (as LlamaAttention). model_type
+//   gemma is the Gemma definition (GemmaConfig's defaults: head_dim 256; the tanh GELU named by
+//   hidden_activation or hidden_act; no biases, no rope scaling).
 // - the index: a file name that leaves the folder (absolute, `..`, a separator, a symlink
 //   whose target lies outside the folder), a tensor that its shard does not hold.
 // - a tensor: missing, of another shape than the config implies, of a dtype other than
@@ -23,7 +25,7 @@
 //
 // Out: `FolderWriter` writes config.json (model_type, torch_dtype float32, every shape key;
 // a Llama with q/k/v biases and none on o_proj is written as qwen2, the model transformers
-// builds with exactly those biases),
+// builds with exactly those biases; a Gemma as gemma, GemmaForCausalLM),
 // and model.safetensors — or, above `shard_size_bytes`, `model-0000k-of-0000n.safetensors`
 // plus `model.safetensors.index.json` — into a temporary sibling folder, fsyncs, and renames
 // it into place: a failed export leaves nothing under the final name. An existing folder at
@@ -74,7 +76,7 @@ struct TensorSpec {
 // names) as `model`'s checkpoints store it: the one place a checkpoint layout is decided.
 TensorSpec tensor_spec(const ModelConfig& model, const std::string& name, const std::vector<int64_t>& shape);
 
-// The tensors `model` needs (arch gpt2 or llama), in Hugging Face's order: the base's alone with an
+// The tensors `model` needs (arch gpt2, llama or gemma), in Hugging Face's order: the base's alone with an
 // adapter (LoRA adapters are never in a model checkpoint; a PEFT folder holds them, peft.h).
 std::vector<TensorSpec> model_tensors(const ModelConfig& model);
 

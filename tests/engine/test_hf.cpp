@@ -1,8 +1,9 @@
 // tests/engine/test_hf.cpp — Hugging Face folders (models/hf/hf.h): config.json → ModelConfig
-// for GPT-2 and the Llama family (both rope forms; Qwen 2's q/k/v biases and Llama's
-// attention_bias, and the config.json strata writes for each), every refusal naming file and key, the
-// index's escapes refused, bf16/fp16/fp32 read back exactly, and a sharded folder written and
-// read back bit for bit.
+// for GPT-2, the Llama family (both rope forms; Qwen 2's q/k/v biases and Llama's
+// attention_bias, and the config.json strata writes for each) and Gemma (its defaults, its
+// activation keys, its store keys), every refusal naming file and key, the index's escapes
+// refused, bf16/fp16/fp32 read back exactly, and a sharded folder written and read back bit for
+// bit.
 //
 // How: config.json texts and folders are built by hand in a scratch folder; tensors are
 // stamped with their own index (and, for 16-bit files, values exact in bf16/fp16) so a value
@@ -240,14 +241,98 @@ TEST(HfConfig, Gpt2Shape) {
   EXPECT_DOUBLE_EQ(llama_again->rope_theta, 500000.0);
 }
 
+// Gemma 2B's config.json as the updated hub configs carry it: multi-query (1 k/v head), head_dim
+// 256 apart from hidden_size / heads, the tanh GELU named by hidden_activation (hidden_act still
+// Gemma 1.0's "gelu"), tied. Read as arch gemma, written back as GemmaForCausalLM, recorded in a
+// store with Llama's keys; a resume as llama is refused naming model.arch.
+const char* kGemma2bConfig = R"({
+  "architectures": ["GemmaForCausalLM"], "model_type": "gemma", "attention_bias": false,
+  "attention_dropout": 0.0, "bos_token_id": 2, "eos_token_id": 1, "head_dim": 256,
+  "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 16384, "max_position_embeddings": 8192,
+  "num_attention_heads": 8, "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
+  "vocab_size": 256000})";
+
+TEST(HfConfig, GemmaShapeConfigBackAndStoreKeys) {
+  Result<ModelConfig> m = hf::parse_config_json(kGemma2bConfig, "g/config.json");
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_EQ(m->arch, "gemma");
+  EXPECT_EQ(m->n_layer, 18u);
+  EXPECT_EQ(m->n_head, 8u);
+  EXPECT_EQ(m->kv_heads(), 1u);
+  EXPECT_EQ(m->head_size(), 256u);  // not 2048 / 8
+  EXPECT_EQ(m->n_embd, 2048u);
+  EXPECT_EQ(m->intermediate_size, 16384u);
+  EXPECT_EQ(m->vocab_size, 256000u);
+  EXPECT_EQ(m->seq_len, 8192u);
+  EXPECT_DOUBLE_EQ(m->norm_eps, 1e-6);
+  EXPECT_TRUE(m->tie_word_embeddings);
+  EXPECT_FALSE(m->qkv_bias);
+  // GemmaConfig's defaults: head_dim 256, tied, eps 1e-6, 8192 positions, the tanh GELU.
+  Result<ModelConfig> defaults = hf::parse_config_json(R"({"model_type": "gemma", "hidden_size": 64,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 96, "vocab_size": 50})", "c.json");
+  ASSERT_TRUE(defaults.ok()) << defaults.error().to_string();
+  EXPECT_EQ(defaults->head_size(), 256u);
+  EXPECT_TRUE(defaults->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(defaults->norm_eps, 1e-6);
+  EXPECT_EQ(defaults->seq_len, 8192u);
+  // What strata writes is GemmaForCausalLM's, both activation keys the tanh GELU, and reads back.
+  const std::string written = hf::config_json(*m);
+  for (const char* want : {R"("model_type": "gemma")", R"("GemmaForCausalLM")", R"("head_dim": 256)",
+                           R"("hidden_act": "gelu_pytorch_tanh")", R"("hidden_activation": "gelu_pytorch_tanh")",
+                           R"("num_key_value_heads": 1)", R"("tie_word_embeddings": true)"})
+    EXPECT_NE(written.find(want), std::string::npos) << want << " in " << written;
+  Result<ModelConfig> again = hf::parse_config_json(written, "c.json");
+  ASSERT_TRUE(again.ok()) << again.error().to_string();
+  EXPECT_EQ(models::first_shape_difference(*again, *m).value_or("none"), "none");
+  // The tensor list is Llama's names (tied: no lm_head).
+  const std::vector<hf::TensorSpec> tensors = hf::model_tensors(*defaults);
+  ASSERT_EQ(tensors.size(), 1u + 9u + 1u);
+  EXPECT_EQ(tensors[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(tensors[2].name, "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(tensors[2].shape, (std::vector<int64_t>{512, 64}));  // 2 heads × 256
+  EXPECT_EQ(tensors.back().name, "model.norm.weight");
+  // A store records Llama's keys under arch gemma and reads them back as the same model.
+  const auto keys = models::store_metadata(*m);
+  EXPECT_EQ(keys.at("model.arch"), "gemma");
+  EXPECT_EQ(keys.at("model.head_dim"), "256");
+  EXPECT_EQ(keys.at("model.n_kv_head"), "1");
+  Result<ModelConfig> back = models::model_from_store_metadata(keys, "store");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->arch, "gemma");
+  EXPECT_EQ(models::first_shape_difference(*back, *m).value_or("none"), "none");
+  ModelConfig as_llama = *m;
+  as_llama.arch = "llama";
+  EXPECT_EQ(models::first_shape_difference(as_llama, *m).value_or("none"), "model.arch");
+  auto biased = keys;  // a gemma store never has biases: corrupt metadata, refused
+  biased["model.qkv_bias"] = "1";
+  Result<ModelConfig> refused = models::model_from_store_metadata(biased, "store");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("gemma"), std::string::npos) << refused.error().message;
+}
+
 // Each case: a config.json text and the key its refusal must name.
 TEST(HfConfig, RefusalsNameFileAndKey) {
   const std::string llama_head = R"("model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
     "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
   const std::string qwen_head = R"("model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1,
     "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50)";
+  const std::string gemma_head = R"("model_type": "gemma", "hidden_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "intermediate_size": 40, "vocab_size": 50, "head_dim": 8)";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{", "valid JSON"},
+      // Gemma 1.0's original config: hidden_act "gelu" (exact GELU in transformers ≥ 4.48) and
+      // no hidden_activation; any other activation; what Gemma has not.
+      {"{" + gemma_head + R"(, "hidden_act": "gelu"})", "hidden_act"},
+      {"{" + gemma_head + R"(, "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "silu"})",
+       "hidden_activation"},
+      {"{" + gemma_head + R"(, "attention_bias": true})", "attention_bias"},
+      {"{" + gemma_head + R"(, "use_bidirectional_attention": true})", "use_bidirectional_attention"},
+      {"{" + gemma_head + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})", "rope_scaling"},
+      {"{" + gemma_head + R"(, "num_key_value_heads": 3})", "num_key_value_heads"},
+      {"{" + gemma_head + R"(, "head_dim": 7})", "head_dim"},
+      {R"({"model_type": "gemma2", "hidden_size": 32})", "model_type"},
       {"[]", "JSON object"},
       {R"({"n_layer": 1})", "model_type"},
       {R"({"model_type": "bert"})", "model_type"},

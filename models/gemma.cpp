@@ -1,0 +1,179 @@
+// models/gemma.cpp — the Gemma definition (model.h): Hugging Face's GemmaForCausalLM (Gemma 1)
+// in fp32 — Llama's decoder with RMSNorm x·(1 + w), a GeGLU MLP (tanh GELU) and embeddings
+// times √hidden; head_dim apart from hidden / heads; multi-query or grouped-query attention; no
+// biases; a tied head (or not). Its units, Hugging Face names, init and store keys are here; its
+// training ops are the decoder composition (models/decoder.h) with Gemma's options.
+#include "models/definitions.h"
+
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kernels/backend.h"
+#include "kernels/llama/llama.h"
+#include "kernels/ops.h"
+#include "models/decoder.h"
+
+namespace strata::models {
+namespace {
+
+namespace lk = kernels::llama;
+
+// Units embed (model.embed_tokens), layers.{i}, norm (model.norm, and lm_head when untied):
+// Llama's names and llama.h's packed block layout, so a checkpoint is a name lookup and the
+// decoder binds a unit as is. Init as GemmaPreTrainedModel: every Linear and the embedding
+// normal(0, initializer_range), RMSNorm weights 0 — the gain 1 + w starts at 1.
+class Gemma final : public ModelDefinition {
+ public:
+  explicit Gemma(const ModelConfig& model) : ModelDefinition(model) {
+    kc_.n_layer = model.n_layer;
+    kc_.n_head = model.n_head;
+    kc_.n_kv_head = model.kv_heads();
+    kc_.head_dim = model.head_size();
+    kc_.n_embd = model.n_embd;
+    kc_.intermediate_size = model.intermediate_size;
+    kc_.vocab_size = model.vocab_size;
+    kc_.n_ctx = model.seq_len;
+    kc_.rope_theta = model.rope_theta;
+    kc_.norm_eps = model.norm_eps;
+    kc_.tie_word_embeddings = model.tie_word_embeddings;
+    const int64_t vocab = model.vocab_size;
+    const int64_t c = model.n_embd;
+    Unit embed{"embed", -1, {}, 0};
+    add_tensor(embed, "model.embed_tokens.weight", {vocab, c}, true, model.init_std, 0.0f);
+    embed.tensors.back().token_embedding = true;
+    units_.push_back(std::move(embed));
+    for (int64_t layer = 0; layer < kc_.n_layer; ++layer) {
+      Unit block{"layers." + std::to_string(layer), layer, {}, 0};
+      for (const auto& spec : lk::block_param_specs(kc_)) {
+        const bool is_norm = spec.name_suffix.ends_with("layernorm.weight");
+        add_tensor(block, lk::block_param_name(layer, spec.name_suffix), shape_of(spec), spec.weight_decay,
+                   is_norm ? 0.0 : model.init_std, 0.0f);
+      }
+      units_.push_back(std::move(block));
+    }
+    Unit norm{"norm", -1, {}, 0};
+    add_tensor(norm, "model.norm.weight", {c}, false, 0.0, 0.0f);
+    if (!model.tie_word_embeddings) add_tensor(norm, "lm_head.weight", {vocab, c}, true, model.init_std, 0.0f);
+    units_.push_back(std::move(norm));
+    find_linears({"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                  "mlp.up_proj", "mlp.down_proj"},
+                 /*conv1d=*/false);
+  }
+
+  const char* arch() const override { return "gemma"; }
+  size_t workspace_size_bytes(const kernels::ComputeBackend& backend, const BatchShape& shape) const override {
+    return decoder::workspace_size_bytes(backend, kc_, shape);
+  }
+  size_t workspace_size_bytes(device::Kind kind, const BatchShape& shape) const override {
+    return decoder::workspace_size_bytes(kind, kc_, shape);
+  }
+  Status embedding_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* embed,
+                           float* x0) const override {
+    return decoder::embedding_forward(backend, kc_, options_, shape, embed, x0);
+  }
+  Status embedding_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* d_x0,
+                            float* grads) const override {
+    return decoder::embedding_backward(backend, kc_, options_, shape, d_x0, grads);
+  }
+  Status block_forward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
+                       const float* x_in, float* x_out, const Workspace& workspace,
+                       const kernels::lora::BlockAdapters* adapters) const override {
+    return decoder::block_forward(backend, kc_, options_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace,
+                                  adapters);
+  }
+  Status block_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* block,
+                        const float* x_in, const float* d_out, float* d_in, float* grads, const Workspace& workspace,
+                        bool recompute, const kernels::lora::BlockAdapters* adapters) const override {
+    const lk::BlockGrads bound = grads == nullptr ? lk::BlockGrads{} : lk::bind_block(kc_, grads);  // null: frozen
+    return decoder::block_backward(backend, kc_, options_, shape, lk::bind_block(kc_, block), x_in, d_out, d_in,
+                                   bound, workspace, recompute, adapters);
+  }
+  Status head_forward_backward(kernels::ComputeBackend& backend, const BatchShape& shape, const float* norm,
+                               const float* embed, const float* x_final, float* d_x_final, float* norm_grads,
+                               float* embed_grads, const Workspace& workspace) const override {
+    return decoder::head_forward_backward(backend, kc_, options_, shape, head_weights(norm, embed), x_final,
+                                          d_x_final, head_grads(norm_grads, embed_grads), workspace);
+  }
+
+  // --- generation: not written for Gemma (decodes() false; generate refuses before any op) ---
+  bool decodes() const override { return false; }
+  int64_t kv_cache_width() const override { return kc_.kv_width(); }
+  int64_t learned_positions() const override { return 0; }
+  uint64_t final_norm_elements() const override { return uint64_t(kc_.n_embd); }
+  bool head_tied() const override { return kc_.tie_word_embeddings; }
+  size_t decode_workspace_size_bytes(device::Kind, int64_t, int64_t) const override { return 0; }
+  Status embedding_decode(kernels::ComputeBackend&, int64_t, int64_t, const int32_t*, const float*, int64_t,
+                          const float*, float*) const override {
+    return no_decode();
+  }
+  Status block_decode(kernels::ComputeBackend&, int64_t, int64_t, const float*, const float*, float*,
+                      const kernels::gpt2::KvCacheBlock&, const Workspace&) const override {
+    return no_decode();
+  }
+  Status head_logits(kernels::ComputeBackend&, int64_t, const float*, const float*, int64_t, const float*, float*,
+                     const Workspace&) const override {
+    return no_decode();
+  }
+  size_t decode_bf16_scratch_bytes(device::Kind) const override { return 0; }
+  Status block_decode_bf16(kernels::ComputeBackend&, int64_t, int64_t, const uint16_t*, const float*, float*,
+                           const kernels::gpt2::KvCacheBlock&, const Workspace&, const Workspace&) const override {
+    return no_decode();
+  }
+  Status head_logits_bf16(kernels::ComputeBackend&, int64_t, const uint16_t*, const uint16_t*, const float*, float*,
+                          const Workspace&, const Workspace&) const override {
+    return no_decode();
+  }
+  // Host sampling has no caller for any definition; Gemma's would be Llama's kernels' wrong math.
+  size_t host_workspace_size_bytes(const BatchShape&) const override { return 0; }
+  void host_embedding_forward(const BatchShape&, const int32_t*, const float*, float*) const override {
+    host_unsupported();
+  }
+  void host_block_forward(const BatchShape&, const float*, const float*, float*, const Workspace&) const override {
+    host_unsupported();
+  }
+  void host_head_forward(const BatchShape&, const float*, const float*, const float*, float*,
+                         const Workspace&) const override {
+    host_unsupported();
+  }
+
+ private:
+  // Gemma's three differences from Llama, and only these (decoder.h: every block norm and the
+  // final one, the MLP gate, the embedding).
+  static decoder::DecoderOptions gemma_options(const ModelConfig& model) {
+    decoder::DecoderOptions options;
+    options.norm_weight_offset = 1.0f;  // GemmaRMSNorm: x·rsqrt(mean(x²) + eps)·(1 + w)
+    options.gate = kernels::ops::GateKind::gelu_tanh;  // GemmaMLP: gelu_pytorch_tanh(gate)·up
+    // GemmaModel's normalizer: torch.tensor(hidden ** 0.5, dtype=hidden dtype) — √C rounded to
+    // fp32 before it multiplies (√2048 = 45.254833995939045 becomes 45.25483322143555).
+    options.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(model.n_embd)));
+    return options;
+  }
+  // The norm weight, then the output projection: lm_head after it in the unit, or the
+  // embedding when tied. The same for gradients (norm null: no head gradients).
+  lk::HeadWeights head_weights(const float* norm, const float* embed) const {
+    return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
+  }
+  lk::HeadGrads head_grads(float* norm, float* embed) const {
+    if (norm == nullptr) return {};
+    return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
+  }
+  static Status no_decode() {
+    return make_error(ErrorKind::unsupported, "gemma: decoding is not written yet (docs/models.md)");
+  }
+  [[noreturn]] static void host_unsupported() {
+    fmt::print(stderr, "gemma: host sampling is not written (a programmer error: nothing should call it)\n");
+    std::abort();
+  }
+  lk::Config kc_;
+  decoder::DecoderOptions options_ = gemma_options(config_);
+};
+
+}  // namespace
+
+std::unique_ptr<const ModelDefinition> make_gemma_definition(const ModelConfig& config) {
+  return std::make_unique<Gemma>(config);
+}
+
+}  // namespace strata::models
