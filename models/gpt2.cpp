@@ -301,8 +301,15 @@ class Gpt2 final : public ModelDefinition {
     return ws;
   }
   kernels::ops::Embedding embedding_op(const BatchShape& shape, const float* embed, float* x0) const {
-    return kernels::ops::Embedding{shape,         kc_.n_embd, kc_.vocab_size, embed, embed == nullptr ? nullptr : wpe(embed),
-                                   /*use_step_positions=*/true, 1.0f, x0};
+    kernels::ops::Embedding op;
+    op.shape = shape;
+    op.width = kc_.n_embd;
+    op.vocab = kc_.vocab_size;
+    op.table = embed;  // wte
+    op.positions = embed == nullptr ? nullptr : wpe(embed);
+    op.use_step_positions = true;
+    op.x = x0;
+    return op;
   }
   // GPT-2's causal self-attention inside the fused qkv rows (q, k, v at columns 0, C, 2C, rows
   // 3C apart) into att, within each packed example.
