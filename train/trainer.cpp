@@ -33,7 +33,7 @@
 #include "models/model_layout.h"
 #include "apps/monitor/monitor.h"
 #include "models/safetensors.h"
-#include "train/slot_worker.h"
+#include "train/host_update.h"
 #include "run/budgets.h"
 #include "run/run_store.h"
 #include "run/step_model.h"
@@ -346,47 +346,20 @@ class Run {
   // thread, which owns it): the nvme tier's occupancy and budget for the metrics.
   uint64_t nvme_used_bytes_ = 0;
   uint64_t nvme_capacity_bytes_ = 0;
-  // OptimizerSite::host (train_plan.h): a CPU backend runs the updates in host memory on
-  // `host_worker_`'s thread, so the compute stream goes on with the next backward meanwhile.
-  // A chunk's job is posted by a short host callback once its gradients are on the host (never
-  // run inside the callback: the CUDA driver runs callbacks one at a time, so a long one would
-  // hold back every copy completion of the scheduler); the worker then enqueues the new
-  // compute copy on `optimizer_stream_` and the step's release behind it. Declared after
-  // scheduler_ so the stream, whose callbacks release the scheduler's steps, is drained before
-  // the scheduler goes.
-  struct HostUpdateSlot {
-    memory::HostBuffer grads;   // the chunk's gradients, fp32, device→host
-    memory::HostBuffer params;  // its new compute copy, host→device
-    device::Event free;         // recorded on the optimizer stream once the slot is consumed
-    bool used = false;
-    // The job (written by the trainer before the slot is posted, read by the worker after).
-    std::vector<kernels::AdamWChunk> pieces;
-    size_t step_index = 0;          // the plan step released once its P is copied back
-    void* device_params = nullptr;  // where in that step's P the chunk's new copy goes
-    const void* new_params = nullptr;
-    uint64_t params_size_bytes = 0;
-  };
+  // OptimizerSite::host (train_plan.h): the CPU AdamW on host-homed state, beside the compute
+  // stream (train/host_update.h). After scheduler_: destroyed (its worker joined) first.
   Status open_host_optimizer();
   Status update_on_host(size_t step_index, const StepInfo& info, const sch::StepBuffers& buffers, uint64_t step);
-  // The worker's job for one slot (SlotWorker::Job).
-  Status run_host_update(size_t slot_index, const Status& bound);
   // The optimizer's kernel calls for one chunk of `unit` (optim/state.h), into `pieces`.
   void optimizer_pieces(size_t unit, uint64_t begin, uint64_t count, uint64_t step, std::byte* chunk,
                         const float* grads, uint16_t* copy, std::vector<kernels::AdamWChunk>& pieces) const;
-  std::unique_ptr<device::Device> host_device_;
-  std::unique_ptr<kernels::ComputeBackend> host_backend_;
-  device::Stream optimizer_stream_;
-  device::Event updates_done_;
-  std::vector<HostUpdateSlot> host_slots_;
-  size_t next_host_slot_ = 0;
+  std::unique_ptr<HostUpdater> host_updater_;
   std::optional<float> host_clip_scale_;  // this step's, once the norm came back
   // Interleaved updates: the step whose gradients (and clip coefficient, on the stream) wait
   // for their update in the next pass; none after a start, a resume or a commit.
   std::optional<uint64_t> pending_update_step_;
-  // Set by update_on_host when the step's release became the worker's (compute_and_release).
+  // Set by update_on_host when the step's release became the host updater's (compute_and_release).
   bool release_promised_ = false;
-  // Last: joined (after the jobs posted so far) before the slots, streams and scheduler go.
-  std::unique_ptr<SlotWorker> host_worker_;
 };
 
 Status Run::open_store(uint64_t& start_step) {
@@ -728,37 +701,22 @@ void Run::optimizer_pieces(size_t unit, uint64_t begin, uint64_t count, uint64_t
   state_.update_pieces(adamw, step, unit_spans_[unit], begin, count, chunk, grads, copy, pieces);
 }
 
-// The CPU backend, the optimizer stream and the staging slots of OptimizerSite::host; nothing
-// when updates run on the device.
+// OptimizerSite::host's updater (train/host_update.h), slots sized for the largest chunk;
+// nothing when updates run on the device.
 Status Run::open_host_optimizer() {
   if (run_.optimizer_site != OptimizerSite::host) return Status();
-  STRATA_ASSIGN_OR_RETURN(host_device_, device::make_device(device::Kind::cpu, kMiB));
-  STRATA_ASSIGN_OR_RETURN(host_backend_, kernels::make_backend(*host_device_, gk::BatchShape{1, 1}));
-  STRATA_ASSIGN_OR_RETURN(optimizer_stream_, device_->create_stream("optimizer"));
-  STRATA_ASSIGN_OR_RETURN(updates_done_, device_->create_event());
   uint64_t largest_chunk = 0;
   for (const UnitIds& ids : run_.units)
     for (const OptimChunk& chunk : ids.optim) largest_chunk = std::max(largest_chunk, chunk.range.element_count);
-  for (int i = 0; i < 2; ++i) {
-    HostUpdateSlot slot;
-    STRATA_ASSIGN_OR_RETURN(slot.grads, memory::HostBuffer::allocate(*host_arena_, largest_chunk * 4));
-    STRATA_ASSIGN_OR_RETURN(slot.params, memory::HostBuffer::allocate(
-                                             *host_arena_, largest_chunk * dtype_size_bytes(config_.precision)));
-    STRATA_ASSIGN_OR_RETURN(slot.free, device_->create_event());
-    host_slots_.push_back(std::move(slot));
-  }
-  host_worker_ = std::make_unique<SlotWorker>(
-      host_slots_.size(), [this] { return device_->bind_thread(); },
-      [this](size_t slot_index, const Status& bound) { return run_host_update(slot_index, bound); });
+  STRATA_ASSIGN_OR_RETURN(host_updater_, HostUpdater::open(*device_, *host_arena_, largest_chunk, config_.precision));
   return Status();
 }
 
-// One optimizer chunk updated on the host (OptimizerSite::host): the chunk's gradients go
-// device→host behind the backward that made them, and a host callback behind that copy posts
-// the chunk to host_worker_, which runs the CPU AdamW on master/m/v in their host home, then
-// enqueues the new compute copy into the step's P on the optimizer stream and the step's
-// release behind it (run_host_update). The compute stream is free to run the next backward
-// meanwhile; run_step makes it wait for the updates before the step ends.
+// One optimizer chunk updated on the host (OptimizerSite::host; train/host_update.h): its
+// gradients staged device→host behind the backward that made them, the CPU AdamW's calls over
+// master/m/v in their host home, the new compute copy back into the step's P and the step's
+// release behind it — all the updater's worker's, while the compute stream runs the next
+// backward; run_step makes it wait for the updates before the step ends.
 Status Run::update_on_host(size_t step_index, const StepInfo& info, const sch::StepBuffers& buffers,
                            uint64_t step) {
   const UnitIds& ids = run_.units[info.unit];
@@ -777,55 +735,19 @@ Status Run::update_on_host(size_t step_index, const StepInfo& info, const sch::S
   auto* chunk = static_cast<std::byte*>(scheduler_->begin_host_access(optim_id));
   scheduler_->end_host_access(optim_id);
 
-  const size_t slot_index = next_host_slot_;
-  HostUpdateSlot& slot = host_slots_[slot_index];
-  next_host_slot_ = (next_host_slot_ + 1) % host_slots_.size();
   device::Stream& compute = backend_->compute_stream();
-  if (slot.used) {
-    // The worker has enqueued the slot's last copy and recorded `free` behind it (so the wait
-    // below is on that record, not an older one); the device then waits for the copy itself.
-    host_worker_->wait_done(slot_index);
-    STRATA_RETURN_IF_ERROR(device_->stream_wait(compute, slot.free));
-  }
-  slot.used = true;
-  auto* host_grads = reinterpret_cast<float*>(slot.grads.data());
-  STRATA_RETURN_IF_ERROR(device_->copy_to_host(compute, host_grads, grads_of(info.unit, buffers) + begin, count * 4));
-
-  uint16_t* copy = config_.precision == DType::bf16 ? reinterpret_cast<uint16_t*>(slot.params.data()) : nullptr;
-  optimizer_pieces(info.unit, begin, count, step, chunk, host_grads, copy, slot.pieces);
+  STRATA_ASSIGN_OR_RETURN(HostUpdater::Staging staged,
+                          host_updater_->stage(compute, grads_of(info.unit, buffers) + begin, count));
+  uint16_t* copy = config_.precision == DType::bf16 ? staged.copy : nullptr;
+  optimizer_pieces(info.unit, begin, count, step, chunk, staged.grads, copy, *staged.pieces);
   if (clip)
-    for (kernels::AdamWChunk& piece : slot.pieces) piece.scalars.grad_scale = *host_clip_scale_;
+    for (kernels::AdamWChunk& piece : *staged.pieces) piece.scalars.grad_scale = *host_clip_scale_;
   // fp32: the master IS the new compute copy; bf16: the rounded copy the update wrote.
   const uint32_t param_bytes = dtype_size_bytes(config_.precision);
-  slot.step_index = step_index;
-  slot.new_params = config_.precision == DType::f32 ? static_cast<const void*>(state_.master(chunk)) : slot.params.data();
-  slot.device_params = static_cast<std::byte*>(buffers.device_data(ids.params)) + begin * param_bytes;
-  slot.params_size_bytes = count * param_bytes;
-
-  // From here the step's release is the worker's: promised now, so an acquire waits for it.
-  STRATA_RETURN_IF_ERROR(scheduler_->promise_release(step_index));
-  release_promised_ = true;
-  host_worker_->claim(slot_index);
-  // Only a post: the callback must be short (see host_worker_).
-  Status launched = device_->launch(compute, [worker = host_worker_.get(), slot_index] { worker->post(slot_index); });
-  // A claimed slot is always posted: its job keeps the release promise even on a failed device.
-  if (!launched.ok()) host_worker_->post(slot_index);
-  return launched;
-}
-
-Status Run::run_host_update(size_t slot_index, const Status& bound) {
-  HostUpdateSlot& slot = host_slots_[slot_index];
-  Status status = bound;
-  for (const kernels::AdamWChunk& piece : slot.pieces) {
-    if (!status.ok()) break;
-    status = host_backend_->adamw(piece);
-  }
-  if (status.ok())
-    status = device_->copy_to_device(optimizer_stream_, slot.device_params, slot.new_params, slot.params_size_bytes);
-  if (status.ok()) status = device_->record(slot.free, optimizer_stream_);
-  // Kept whatever happened above: a step left held would stall the next acquire forever.
-  Status released = scheduler_->release_promised_after(slot.step_index, optimizer_stream_);
-  return status.ok() ? released : status;
+  const void* new_params = config_.precision == DType::f32 ? static_cast<const void*>(state_.master(chunk)) : copy;
+  void* device_params = static_cast<std::byte*>(buffers.device_data(ids.params)) + begin * param_bytes;
+  return host_updater_->post(staged, compute, *scheduler_, step_index, new_params, device_params, count * param_bytes,
+                             release_promised_);
 }
 
 Status Run::reduce_across_ranks(size_t unit, float* grads) {
@@ -926,9 +848,7 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     // the compute stream waits for them on the device, so end_step's one sync covers them and
     // the next step's compute follows them. (end_step waits on the host anyway: waiting for
     // the worker first costs nothing.)
-    host_worker_->wait_idle();
-    STRATA_RETURN_IF_ERROR(device_->record(updates_done_, optimizer_stream_));
-    STRATA_RETURN_IF_ERROR(device_->stream_wait(backend_->compute_stream(), updates_done_));
+    STRATA_RETURN_IF_ERROR(host_updater_->finish_step(backend_->compute_stream()));
   }
   // Interleaved: this step's clip coefficient, from the whole sum, stays on the stream for its
   // updates in the next pass (begin_step does not clear it).
@@ -940,8 +860,8 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
     STRATA_ASSIGN_OR_RETURN(scalars.loss, zero_->mean_loss(scalars.loss));
   }
   host_clip_scale_.reset();
-  if (host_worker_ != nullptr)
-    if (Status updated = host_worker_->first_error(); !updated.ok())
+  if (host_updater_ != nullptr)
+    if (Status updated = host_updater_->first_error(); !updated.ok())
       return make_error(ErrorKind::internal,
                         fmt::format("step {}: a host AdamW update failed: {}", step + 1, updated.error().message));
   // A diverged step is never committed: the check comes before the checkpoint that follows.
@@ -967,7 +887,7 @@ Status Run::compute_and_release(size_t index, const sch::StepBuffers& buffers, u
   compute_seconds += static_cast<double>(end_ns - start_ns) * 1e-9;
   if (sch::Timeline* timeline = scheduler_->timeline(); timeline != nullptr)
     timeline->record(sch::TraceTrack::compute, run_.plan.steps()[index].name, start_ns, end_ns);
-  // A host-site update's step is released by host_worker_, behind the copy of its P back.
+  // A host-site update's step is released by the host updater, behind the copy of its P back.
   if (release_promised_) return status;
   Status released = status.ok() ? scheduler_->release_after(index, backend_->compute_stream())
                                  : scheduler_->release(index);
