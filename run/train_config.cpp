@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "apps/monitor/monitor.h"
+#include "common/listen_address.h"
 #include "common/size.h"
 #include "device/device.h"
 #include "models/hf/hf.h"
@@ -432,7 +432,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.monitor_serve, monitor_node.string("serve", std::string()));
   STRATA_RETURN_IF_ERROR(monitor_node.finish());
   if (!config.monitor_serve.empty()) {
-    if (Result<monitor::ListenAddress> address = monitor::parse_listen_address(config.monitor_serve, "");
+    if (Result<ListenAddress> address = parse_listen_address(config.monitor_serve, "");
         !address.ok())
       return monitor_node.error_at("serve", address.error().message);
   }

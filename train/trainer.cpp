@@ -31,7 +31,6 @@
 #include "models/hf/peft.h"
 #include "train/lr_schedule.h"
 #include "models/model_layout.h"
-#include "apps/monitor/monitor.h"
 #include "models/safetensors.h"
 #include "train/host_update.h"
 #include "run/budgets.h"
@@ -207,15 +206,15 @@ struct StepFigures {
   double compute_seconds = 0.0;
   double stall_seconds = 0.0;
   uint64_t bytes[sch::kTierPairCount] = {};
-  uint64_t tier_bytes[monitor::kTierCount] = {};  // device, host, nvme in use at the step's end
+  uint64_t tier_bytes[progress::kTierCount] = {};  // device, host, nvme in use at the step's end
   bool committed = false;
   std::optional<double> eval_loss;  // evaluated after this step's commit
 };
 
-// A step's figures as the live metrics take them (scheduler::TierPair order is the monitor's).
-monitor::StepSample monitor_sample(const StepFigures& f) {
-  static_assert(sch::kTierPairCount == monitor::kPairCount);
-  monitor::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed,
+// A step's figures as an observer takes them (scheduler::TierPair order is progress.h's).
+progress::StepSample monitor_sample(const StepFigures& f) {
+  static_assert(sch::kTierPairCount == progress::kPairCount);
+  progress::StepSample sample{f.step, f.loss, f.seconds, f.compute_seconds, f.stall_seconds, {}, {}, f.committed,
                              f.learning_rate, f.eval_loss};
   std::copy(std::begin(f.bytes), std::end(f.bytes), sample.transfer_bytes);
   std::copy(std::begin(f.tier_bytes), std::end(f.tier_bytes), sample.tier_bytes);
@@ -1386,7 +1385,7 @@ Result<TrainSummary> Run::execute() {
   const uint64_t tokens_per_step = uint64_t{zero_ != nullptr ? zero_->global_batch() : config_.batch_size} *
                                    config_.model.seq_len * config_.gradient_accumulation_steps;
   if (options_.monitor != nullptr) {
-    monitor::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
+    progress::RunInfo info{config_.source_path, start_step, total_steps, tokens_per_step,
                           prediction ? prediction->step_s : 0.0,
                           {device_budget_bytes_, pool_bytes_, nvme_capacity_bytes_}};
     options_.monitor->begin(info);

@@ -50,12 +50,10 @@
 
 #include "common/status.h"
 #include "run/train_config.h"
+#include "train/progress.h"
 
 namespace strata {
 
-namespace monitor {
-class RunMetrics;
-}
 
 struct TrainOptions {
   int64_t steps = -1;          // < 0: the config's `steps` (a total, counting resumed ones)
@@ -67,9 +65,10 @@ struct TrainOptions {
   bool json = false;           // print the summary as one JSON object on stdout
   bool progress = true;        // one progress line per step on stderr
   bool use_mpi = false;        // comm::launched_by_mpirun(): one rank of a ZeRO job (docs/parallel.md)
-  // Live metrics (apps/monitor/): when set, the run publishes its facts before the first
-  // step and one sample at the end of each step. Must outlive the call to train().
-  monitor::RunMetrics* monitor = nullptr;
+  // Whoever watches the run (train/progress.h; the live metrics of apps/monitor are one): when
+  // set, the run publishes its facts before the first step and one sample at the end of each
+  // step. Must outlive the call to train().
+  progress::StepObserver* monitor = nullptr;
 };
 
 // One evaluation of committed weights (see "Evaluation" above).

@@ -28,50 +28,29 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/listen_address.h"
 #include "common/status.h"
+#include "train/progress.h"
 
 namespace strata::monitor {
 
-// Tiers and tier pairs in the order the metrics and the charts list them.
-inline constexpr int kTierCount = 3;  // device, host, nvme
-inline constexpr const char* kTierNames[kTierCount] = {"device", "host", "nvme"};
-inline constexpr int kPairCount = 4;
-// from → to of each transfer direction the scheduler counts (scheduler::TierPair order).
-inline constexpr const char* kPairFrom[kPairCount] = {"nvme", "host", "device", "host"};
-inline constexpr const char* kPairTo[kPairCount] = {"host", "device", "host", "nvme"};
-
-// What is fixed for a run, published once before its first step.
-struct RunInfo {
-  std::string config_path;
-  uint64_t first_step = 0;        // the step the run starts after (a resumed run's commit)
-  uint64_t total_steps = 0;       // the step it trains up to
-  uint64_t tokens_per_step = 0;
-  double predicted_step_seconds = 0.0;  // 0: no prediction
-  uint64_t budget_bytes[kTierCount] = {};  // device, host budgets; the store's capacity
-};
-
-// One completed step: its figures, and where the tiers stood when it ended.
-struct StepSample {
-  uint64_t step = 0;
-  double loss = 0.0;
-  double seconds = 0.0;
-  double compute_seconds = 0.0;
-  double stall_seconds = 0.0;
-  uint64_t transfer_bytes[kPairCount] = {};  // moved during this step, per pair
-  uint64_t tier_bytes[kTierCount] = {};      // in use at the step's end
-  bool committed = false;                    // the step ended with a store commit
-  double learning_rate = 0.0;                // the lr of the step's update (train/lr_schedule.h)
-  std::optional<double> eval_loss;           // the held-out loss measured after this step's commit (eval:)
-};
+// The run's facts and step samples, and the tier order, are the trainer's (train/progress.h).
+using progress::kPairCount;
+using progress::kPairFrom;
+using progress::kPairTo;
+using progress::kTierCount;
+using progress::kTierNames;
+using progress::RunInfo;
+using progress::StepSample;
 
 enum class RunState : uint8_t { starting, running, finished, failed };
 
-class RunMetrics {
+class RunMetrics final : public progress::StepObserver {
  public:
   explicit RunMetrics(std::optional<uint32_t> rank = std::nullopt, size_t history_limit_steps = 1 << 20);
 
-  void begin(const RunInfo& info);
-  void record_step(const StepSample& sample);
+  void begin(const RunInfo& info) override;
+  void record_step(const StepSample& sample) override;
   // The run ended; `error` (when it failed) is shown on the dashboard, and an I/O or checksum
   // failure counts in strata_io_errors_total / strata_checksum_failures_total.
   void finish(const Status& status);
@@ -104,12 +83,8 @@ class RunMetrics {
 // The step samples of a history in the JSON shape of RUN.json's `steps` entries.
 nlohmann::ordered_json step_json(const StepSample& sample);
 
-// "HOST:PORT", ":PORT" or "PORT" → host and port; a missing host is 127.0.0.1 (loopback
-// unless an address is given). `what` names the flag in the error (empty: the caller names it).
-struct ListenAddress {
-  std::string host;
-  int port = 0;  // 0: the system picks a free port
-};
-[[nodiscard]] Result<ListenAddress> parse_listen_address(const std::string& text, const std::string& what);
+// The --serve address: common/listen_address.h.
+using strata::ListenAddress;
+using strata::parse_listen_address;
 
 }  // namespace strata::monitor
