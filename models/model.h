@@ -148,8 +148,8 @@ class ModelDefinition {
   // the window cannot pass them; Llama: 0, RoPE); the final unit's norm elements, which come
   // first in it; whether the output projection [vocab, C] is the embedding's token rows (tied)
   // or follows the norm in the final unit.
-  // Whether the decode ops below compute this model (false: they would run another model's math
-  // — Gemma's decode is not written yet — and generation refuses it in one line).
+  // Whether the decode ops below compute this model (false: a definition whose decode is not
+  // written; generation refuses it in one line). Every definition today decodes.
   virtual bool decodes() const { return true; }
   virtual int64_t kv_cache_width() const = 0;
   virtual int64_t learned_positions() const = 0;
