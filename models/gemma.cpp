@@ -8,8 +8,6 @@
 #include <cmath>
 #include <string>
 
-#include <fmt/format.h>
-
 #include "kernels/backend.h"
 #include "kernels/llama/llama.h"
 #include "kernels/ops.h"
@@ -138,18 +136,6 @@ class Gemma final : public ModelDefinition {
                                      logits, workspace, scratch);
   }
 
-  // Host sampling has no caller for any definition; Gemma's would be Llama's kernels' wrong math.
-  size_t host_workspace_size_bytes(const BatchShape&) const override { return 0; }
-  void host_embedding_forward(const BatchShape&, const int32_t*, const float*, float*) const override {
-    host_unsupported();
-  }
-  void host_block_forward(const BatchShape&, const float*, const float*, float*, const Workspace&) const override {
-    host_unsupported();
-  }
-  void host_head_forward(const BatchShape&, const float*, const float*, const float*, float*,
-                         const Workspace&) const override {
-    host_unsupported();
-  }
  private:
   // Gemma's three differences from Llama, and only these (decoder.h: every block norm and the
   // final one, the MLP gate, the embedding).
@@ -170,10 +156,6 @@ class Gemma final : public ModelDefinition {
   lk::HeadGrads head_grads(float* norm, float* embed) const {
     if (norm == nullptr) return {};
     return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
-  }
-  [[noreturn]] static void host_unsupported() {
-    fmt::print(stderr, "gemma: host sampling is not written (a programmer error: nothing should call it)\n");
-    std::abort();
   }
   lk::Config kc_;
   decoder::DecoderOptions options_ = gemma_options(config_);

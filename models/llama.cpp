@@ -1,7 +1,6 @@
 // models/llama.cpp — the Llama definition (model.h) and its variants (Qwen 2, Phi-3): units, init
 // and ops. Training composes the backend's operations through models/decoder.h with Llama's
-// options (the defaults), and so does decoding (decoder.h's decode composition); the host-side
-// sampling still calls the Llama kernels.
+// options (the defaults), and so does decoding (decoder.h's decode composition).
 #include "models/definitions.h"
 
 #include <algorithm>
@@ -146,21 +145,7 @@ class Llama final : public ModelDefinition {
     return decoder::head_logits_bf16(backend, kc_, options_, rows, lk::HeadWeightsBf16{norm, projection}, x_final,
                                      logits, workspace, scratch);
   }
-  size_t host_workspace_size_bytes(const BatchShape& shape) const override {
-    return lk::workspace_size_bytes(kc_, shape);
-  }
-  void host_embedding_forward(const BatchShape& shape, const int32_t* tokens, const float* embed,
-                              float* x0) const override {
-    lk::embedding_forward(kc_, shape, tokens, embed, x0);
-  }
-  void host_block_forward(const BatchShape& shape, const float* block, const float* x_in, float* x_out,
-                          const Workspace& workspace) const override {
-    lk::block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace);
-  }
-  void host_head_forward(const BatchShape& shape, const float* norm, const float* embed, const float* x_final,
-                         float* logits, const Workspace& workspace) const override {
-    lk::head_forward(kc_, shape, head_weights(norm, embed), x_final, logits, workspace);
-  }
+
  private:
   // The norm weight, then the output projection: lm_head after it in the unit, or the
   // embedding when tied. The same for gradients.
