@@ -472,4 +472,337 @@ Status head_forward_backward(kn::ComputeBackend& backend, const lk::Config& conf
   return Status();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decoding with a KV cache: llama.cpp's block_decode_with / head_decode, op by op.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// A decode call's buffers for `rows` new rows (R): llama.cpp's decode layout less what decoding
+// never touches (the backward's dq/dk/dv, training's attention scratch), which changes no bits.
+struct DecodeLayout {
+  float* n1;     // [R, C]
+  float* rstd1;  // [R]
+  float* q;      // [R, H·D] after RoPE
+  float* k;      // [R, KV·D] after RoPE, then copied into the cache
+  float* v;      // [R, KV·D]
+  float* att;    // [R, H·D]
+  float* h;      // [R, C]
+  float* n2;     // [R, C]
+  float* rstd2;  // [R]
+  float* gate;   // [R, I]
+  float* up;     // [R, I]
+  float* act;    // [R, I]
+  float* cos;    // [R, D/2]: positions past..past + R − 1
+  float* sin;
+  kn::Workspace attention;  // the backend's attention_decode_scratch_bytes
+  size_t size_bytes;
+};
+
+DecodeLayout decode_layout(const lk::Config& config, int64_t rows, size_t attention_bytes, float* base) {
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  Carver carve(base);
+  DecodeLayout l{};
+  l.n1 = carve.take(rows * c);
+  l.rstd1 = carve.take(rows);
+  l.q = carve.take(rows * config.q_width());
+  l.k = carve.take(rows * config.kv_width());
+  l.v = carve.take(rows * config.kv_width());
+  l.att = carve.take(rows * config.q_width());
+  l.h = carve.take(rows * c);
+  l.n2 = carve.take(rows * c);
+  l.rstd2 = carve.take(rows);
+  l.gate = carve.take(rows * inter);
+  l.up = carve.take(rows * inter);
+  l.act = carve.take(rows * inter);
+  l.cos = carve.take(ops::rope_table_floats(rows, config.head_dim));
+  l.sin = carve.take(ops::rope_table_floats(rows, config.head_dim));
+  const auto attention_floats = static_cast<int64_t>((attention_bytes + sizeof(float) - 1) / sizeof(float));
+  l.attention = kn::Workspace{carve.take(attention_floats), attention_bytes};
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+// The head's: the last row normed, and its rstd.
+struct HeadDecodeLayout {
+  float* normed;  // [C]
+  float* rstd;    // [1]
+  size_t size_bytes;
+};
+
+HeadDecodeLayout head_decode_layout(const lk::Config& config, float* base) {
+  Carver carve(base);
+  HeadDecodeLayout l{};
+  l.normed = carve.take(config.n_embd);
+  l.rstd = carve.take(1);
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+size_t decode_bytes(const lk::Config& config, int64_t max_rows, size_t attention_bytes) {
+  return std::max(decode_layout(config, max_rows, attention_bytes, nullptr).size_bytes,
+                  head_decode_layout(config, nullptr).size_bytes);
+}
+
+// The largest product a bf16 decode multiplies, as matmul_bf16_scratch_bytes' (in, out): the
+// block's projections and the whole head ([vocab, C]).
+int64_t bf16_max_in(const lk::Config& config) {
+  return std::max({config.n_embd, config.q_width(), config.intermediate_size});
+}
+int64_t bf16_max_out(const lk::Config& config) {
+  return std::max({config.q_width(), config.kv_width(), config.n_embd, config.intermediate_size, config.vocab_size});
+}
+
+// decode_bf16_scratch_bytes' layout: the two RMSNorm gains (the first also the head's final
+// norm) and any attention biases widened, then the backend's matmul_bf16 scratch.
+struct Bf16Scratch {
+  float* norm_1;  // [C]
+  float* norm_2;  // [C]
+  float* q_bias;  // [H·D] with qkv_bias
+  float* k_bias;  // [KV·D] with qkv_bias
+  float* v_bias;  // [KV·D] with qkv_bias
+  float* o_bias;  // [C] with o_bias
+  kn::Workspace matmul;
+  size_t size_bytes;
+};
+
+Bf16Scratch bf16_scratch(const lk::Config& config, size_t matmul_bytes, float* base) {
+  Carver carve(base);
+  Bf16Scratch l{};
+  l.norm_1 = carve.take(config.n_embd);
+  l.norm_2 = carve.take(config.n_embd);
+  l.q_bias = carve.take(config.qkv_bias ? config.q_width() : 0);
+  l.k_bias = carve.take(config.qkv_bias ? config.kv_width() : 0);
+  l.v_bias = carve.take(config.qkv_bias ? config.kv_width() : 0);
+  l.o_bias = carve.take(config.o_bias ? config.n_embd : 0);
+  const auto matmul_floats = static_cast<int64_t>((matmul_bytes + sizeof(float) - 1) / sizeof(float));
+  l.matmul = kn::Workspace{carve.take(matmul_floats), matmul_bytes};
+  l.size_bytes = carve.used_bytes();
+  return l;
+}
+
+size_t matmul_bf16_bytes(const kn::ComputeBackend& backend, const lk::Config& config) {
+  return backend.matmul_bf16_scratch_bytes(bf16_max_in(config), bf16_max_out(config));
+}
+
+// A block's 1-D tensors as fp32 (the weights' own, or widened from bf16): the RMSNorm gains and
+// the attention biases (null where the config has none).
+struct SmallTensors {
+  const float* norm_1 = nullptr;
+  const float* norm_2 = nullptr;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* o_bias = nullptr;
+};
+
+// RMSNorm of `rows` rows x_stride apart into dense y.
+Status rms_norm(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options, const float* x,
+                int64_t x_stride, const float* weight, int64_t rows, float* y, float* rstd) {
+  ops::NormForward op;
+  op.kind = ops::NormKind::rms;
+  op.x = x;
+  op.x_stride = x_stride;
+  op.weight = weight;
+  op.weight_offset = options.norm_weight_offset;
+  op.eps = config.norm_eps;
+  op.rows = rows;
+  op.width = config.n_embd;
+  op.y = y;
+  op.rstd = rstd;
+  return backend.norm_forward(op);
+}
+
+// y = x·Wᵀ (+ residual: y starts as it and the product adds), W [out, in]: llama.cpp's
+// decode_linear — fp32 through the GEMM (linear_forward's), bf16 through matmul_bf16.
+Status decode_linear(kn::ComputeBackend& backend, const float* x, const float* weight, const float* residual,
+                     int64_t rows, int64_t in, int64_t out, float* y, const kn::Workspace& /*matmul*/) {
+  if (residual != nullptr) STRATA_RETURN_IF_ERROR(backend.rows_init({y, nullptr, residual, rows, out}));
+  return backend.gemm({false, true, rows, out, in, x, in, weight, in, residual != nullptr ? 1.0f : 0.0f, y, out});
+}
+Status decode_linear(kn::ComputeBackend& backend, const float* x, const uint16_t* weight, const float* residual,
+                     int64_t rows, int64_t in, int64_t out, float* y, const kn::Workspace& matmul) {
+  if (residual != nullptr) STRATA_RETURN_IF_ERROR(backend.rows_init({y, nullptr, residual, rows, out}));
+  ops::MatmulBf16 op;
+  op.w_out_major = true;  // nn.Linear's [out, in]
+  op.rows = rows;
+  op.in = in;
+  op.out = out;
+  op.x = x;
+  op.w = weight;
+  op.accumulate = residual != nullptr;
+  op.y = y;
+  op.scratch = matmul;
+  return backend.matmul_bf16(op);
+}
+
+// llama.cpp's block_decode_with: the matrices from `mats` (fp32 or bf16), the rest from `small`.
+template <typename W>
+Status block_decode_with(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
+                         int64_t past, int64_t rows, const lk::BlockTensors<const W>& mats, const SmallTensors& small,
+                         const float* x_in, float* x_out, const kn::gpt2::KvCacheBlock& cache,
+                         const kn::Workspace& workspace, const kn::Workspace& matmul) {
+  assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
+  assert(config.head_dim % 2 == 0);
+  assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
+  const DecodeLayout ws = decode_layout(
+      config, rows, backend.attention_decode_scratch_bytes(rows, config.n_head, cache.max_positions), workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const int64_t c = config.n_embd;
+  const int64_t inter = config.intermediate_size;
+  const int64_t qw = config.q_width();
+  const int64_t kvw = config.kv_width();
+  STRATA_RETURN_IF_ERROR(rms_norm(backend, config, options, x_in, c, small.norm_1, rows, ws.n1, ws.rstd1));
+  STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.n1, mats.q_proj, nullptr, rows, c, qw, ws.q, matmul));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(backend.add_bias({ws.q, small.q_bias, rows, qw}));
+  STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.n1, mats.k_proj, nullptr, rows, c, kvw, ws.k, matmul));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(backend.add_bias({ws.k, small.k_bias, rows, kvw}));
+  STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.n1, mats.v_proj, nullptr, rows, c, kvw, ws.v, matmul));
+  if (config.qkv_bias) STRATA_RETURN_IF_ERROR(backend.add_bias({ws.v, small.v_bias, rows, kvw}));
+  // The new rows are one sequence of `rows` at positions past…: table row r (= r % rows) holds
+  // position past + r, and CUDA's in-kernel angle is first_position + r % seq_len, the same.
+  const ops::RopeSpec spec = rope_spec(config);
+  STRATA_RETURN_IF_ERROR(backend.rope_tables({spec, past, rows, ws.cos, ws.sin}));
+  ops::Rope rope;
+  rope.spec = spec;
+  rope.shape = kn::BatchShape{1, rows};
+  rope.first_position = past;
+  rope.cos = ws.cos;
+  rope.sin = ws.sin;
+  rope.x = ws.q;
+  rope.heads = config.n_head;
+  STRATA_RETURN_IF_ERROR(backend.rope(rope));
+  rope.x = ws.k;
+  rope.heads = config.n_kv_head;
+  STRATA_RETURN_IF_ERROR(backend.rope(rope));
+  STRATA_RETURN_IF_ERROR(backend.copy_rows({cache.keys + past * kvw, kvw, ws.k, kvw, rows, kvw}));
+  STRATA_RETURN_IF_ERROR(backend.copy_rows({cache.values + past * kvw, kvw, ws.v, kvw, rows, kvw}));
+  ops::AttentionDecode attention;
+  attention.past = past;
+  attention.rows = rows;
+  attention.max_positions = cache.max_positions;
+  attention.n_head = config.n_head;
+  attention.n_kv_head = config.n_kv_head;
+  attention.head_dim = config.head_dim;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  attention.q = ws.q;
+  attention.q_stride = qw;
+  attention.keys = cache.keys;
+  attention.values = cache.values;
+  attention.kv_stride = kvw;
+  attention.out = ws.att;
+  attention.out_stride = qw;
+  attention.scratch = ws.attention;
+  STRATA_RETURN_IF_ERROR(backend.attention_decode(attention));
+  STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.att, mats.o_proj, x_in, rows, qw, c, ws.h, matmul));
+  if (config.o_bias) STRATA_RETURN_IF_ERROR(backend.add_bias({ws.h, small.o_bias, rows, c}));
+  STRATA_RETURN_IF_ERROR(rms_norm(backend, config, options, ws.h, c, small.norm_2, rows, ws.n2, ws.rstd2));
+  STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.n2, mats.gate_proj, nullptr, rows, c, inter, ws.gate, matmul));
+  STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.n2, mats.up_proj, nullptr, rows, c, inter, ws.up, matmul));
+  STRATA_RETURN_IF_ERROR(backend.gated_forward({options.gate, ws.gate, ws.up, ws.act, rows * inter}));
+  return decode_linear(backend, ws.act, mats.down_proj, ws.h, rows, inter, c, x_out, matmul);
+}
+
+}  // namespace
+
+size_t decode_workspace_size_bytes(const kn::ComputeBackend& backend, const lk::Config& config, int64_t max_rows,
+                                   int64_t max_positions) {
+  return decode_bytes(config, max_rows, backend.attention_decode_scratch_bytes(max_rows, config.n_head, max_positions));
+}
+
+size_t decode_workspace_size_bytes(device::Kind kind, const lk::Config& config, int64_t max_rows,
+                                   int64_t max_positions) {
+  return decode_bytes(config, max_rows,
+                      kn::attention_decode_scratch_bytes(kind, max_rows, config.n_head, max_positions));
+}
+
+size_t decode_bf16_scratch_bytes(const kn::ComputeBackend& backend, const lk::Config& config) {
+  return bf16_scratch(config, matmul_bf16_bytes(backend, config), nullptr).size_bytes;
+}
+
+size_t decode_bf16_scratch_bytes(device::Kind kind, const lk::Config& config) {
+  return bf16_scratch(config, kn::matmul_bf16_scratch_bytes(kind, bf16_max_in(config), bf16_max_out(config)), nullptr)
+      .size_bytes;
+}
+
+Status embedding_decode(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
+                        int64_t rows, const int32_t* tokens, const float* token_table, int64_t table_rows, float* x0) {
+  assert(rows > 0 && tokens != nullptr);
+  ops::Embedding op;
+  op.shape = kn::BatchShape{1, rows};
+  op.width = config.n_embd;
+  op.vocab = table_rows;
+  op.table = token_table;
+  op.scale = options.embedding_scale;
+  op.x = x0;
+  op.tokens = tokens;
+  return backend.embedding_lookup(op);
+}
+
+Status block_decode(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options, int64_t past,
+                    int64_t rows, const lk::BlockWeights& w, const float* x_in, float* x_out,
+                    const kn::gpt2::KvCacheBlock& cache, const kn::Workspace& workspace) {
+  const SmallTensors small{w.input_layernorm, w.post_attention_layernorm, w.q_proj_bias, w.k_proj_bias,
+                           w.v_proj_bias, w.o_proj_bias};
+  return block_decode_with(backend, config, options, past, rows, w, small, x_in, x_out, cache, workspace,
+                           kn::Workspace{});
+}
+
+Status head_logits(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options, int64_t rows,
+                   const float* norm_weight, const float* projection, int64_t projection_rows, const float* x_final,
+                   float* logits, const kn::Workspace& workspace) {
+  assert(rows > 0);
+  const HeadDecodeLayout ws = head_decode_layout(config, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const int64_t c = config.n_embd;
+  STRATA_RETURN_IF_ERROR(
+      rms_norm(backend, config, options, x_final + (rows - 1) * c, c, norm_weight, 1, ws.normed, ws.rstd));
+  return backend.gemm({false, true, 1, projection_rows, c, ws.normed, c, projection, c, 0.0f, logits,
+                       projection_rows});
+}
+
+Status block_decode_bf16(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
+                         int64_t past, int64_t rows, const lk::BlockWeightsBf16& w, const float* x_in, float* x_out,
+                         const kn::gpt2::KvCacheBlock& cache, const kn::Workspace& workspace,
+                         const kn::Workspace& scratch) {
+  const Bf16Scratch layout = bf16_scratch(config, matmul_bf16_bytes(backend, config), scratch.data);
+  check_workspace(scratch, layout.size_bytes);
+  const auto widen = [&](const uint16_t* src, int64_t count, float* dst) {
+    return backend.cast_bf16_to_fp32(src, dst, static_cast<uint64_t>(count));
+  };
+  SmallTensors small{layout.norm_1, layout.norm_2};
+  STRATA_RETURN_IF_ERROR(widen(w.input_layernorm, config.n_embd, layout.norm_1));
+  STRATA_RETURN_IF_ERROR(widen(w.post_attention_layernorm, config.n_embd, layout.norm_2));
+  if (config.qkv_bias) {
+    STRATA_RETURN_IF_ERROR(widen(w.q_proj_bias, config.q_width(), layout.q_bias));
+    STRATA_RETURN_IF_ERROR(widen(w.k_proj_bias, config.kv_width(), layout.k_bias));
+    STRATA_RETURN_IF_ERROR(widen(w.v_proj_bias, config.kv_width(), layout.v_bias));
+    small.q_bias = layout.q_bias;
+    small.k_bias = layout.k_bias;
+    small.v_bias = layout.v_bias;
+  }
+  if (config.o_bias) {
+    STRATA_RETURN_IF_ERROR(widen(w.o_proj_bias, config.n_embd, layout.o_bias));
+    small.o_bias = layout.o_bias;
+  }
+  return block_decode_with(backend, config, options, past, rows, w, small, x_in, x_out, cache, workspace,
+                           layout.matmul);
+}
+
+Status head_logits_bf16(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
+                        int64_t rows, const lk::HeadWeightsBf16& w, const float* x_final, float* logits,
+                        const kn::Workspace& workspace, const kn::Workspace& scratch) {
+  assert(rows > 0);
+  const HeadDecodeLayout ws = head_decode_layout(config, workspace.data);
+  check_workspace(workspace, ws.size_bytes);
+  const Bf16Scratch layout = bf16_scratch(config, matmul_bf16_bytes(backend, config), scratch.data);
+  check_workspace(scratch, layout.size_bytes);
+  const int64_t c = config.n_embd;
+  STRATA_RETURN_IF_ERROR(backend.cast_bf16_to_fp32(w.norm_weight, layout.norm_1, static_cast<uint64_t>(c)));
+  STRATA_RETURN_IF_ERROR(
+      rms_norm(backend, config, options, x_final + (rows - 1) * c, c, layout.norm_1, 1, ws.normed, ws.rstd));
+  return decode_linear(backend, ws.normed, w.lm_head, nullptr, 1, c, config.vocab_size, logits, layout.matmul);
+}
+
 }  // namespace strata::models::decoder

@@ -1,7 +1,8 @@
-// strata/models/decoder.h — the Llama family's training computation, composed from the compute
-// backend's operations (kernels/ops.h) instead of model-shaped kernels: the embedding, one
-// pre-norm decoder block (RMSNorm, q/k/v projections with optional biases, RoPE, causal MHA or
-// GQA attention, o_proj, RMSNorm, a gated MLP) and the final norm, head and loss. A definition
+// strata/models/decoder.h — the Llama family's training and decoding computation, composed from
+// the compute backend's operations (kernels/ops.h) instead of model-shaped kernels: the
+// embedding, one pre-norm decoder block (RMSNorm, q/k/v projections with optional biases, RoPE,
+// causal MHA or GQA attention, o_proj, RMSNorm, a gated MLP) and the final norm, head and loss;
+// and the same block, embedding and head over a KV cache for generation (fp32 or bf16 weights). A definition
 // of the family (models/llama.cpp: Llama, Qwen 2, Phi-3; a Gemma definition) owns its units,
 // names and init and calls these with its shape and its DecoderOptions, so the differences
 // between the family's members are the options' lines, not new kernels.
@@ -29,6 +30,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/status.h"
 #include "device/device.h"
@@ -94,5 +96,58 @@ size_t workspace_size_bytes(device::Kind kind, const kernels::llama::Config& con
                                            const kernels::llama::HeadWeights& weights, const float* x_final,
                                            float* d_x_final, const kernels::llama::HeadGrads& grads,
                                            const kernels::Workspace& workspace);
+
+// --- decoding with a KV cache (generation) ---
+// kernels/llama/llama.h's decode entry points composed of the backend's decode ops (ops.h
+// "decoding with a KV cache"), generalised by DecoderOptions: with default options the CPU
+// backend gives llama.cpp's block_decode / head_decode / embedding_decode bits (fp32 and bf16
+// weights; tests/backend/test_compose_llama.cpp proves it). The cache is a gpt2::KvCacheBlock of
+// [max_positions, KV·D] keys (after RoPE) and values; `tokens` are HOST memory; everything else
+// is the backend's memory. The workspace is the caller's, at least decode_workspace_size_bytes
+// for up to `rows` new rows and the cache's max_positions (this file's layout: the block's
+// activations, the RoPE tables of the new rows, the backend's attention_decode scratch; or the
+// head's normed row); the bf16 calls' `scratch` at least decode_bf16_scratch_bytes (the 1-D
+// tensors widened, then the backend's matmul_bf16 scratch for the largest product, the whole
+// head included).
+size_t decode_workspace_size_bytes(const kernels::ComputeBackend& backend, const kernels::llama::Config& config,
+                                   int64_t max_rows, int64_t max_positions);
+size_t decode_workspace_size_bytes(device::Kind kind, const kernels::llama::Config& config, int64_t max_rows,
+                                   int64_t max_positions);
+size_t decode_bf16_scratch_bytes(const kernels::ComputeBackend& backend, const kernels::llama::Config& config);
+size_t decode_bf16_scratch_bytes(device::Kind kind, const kernels::llama::Config& config);
+
+// x0[r, :] = embedding_scale · token_table[tokens[r], :] for `rows` new tokens (host memory), each
+// in [0, table_rows): the embedding's token rows, or a gathered piece of them. Positions enter
+// through RoPE, in the block.
+[[nodiscard]] Status embedding_decode(kernels::ComputeBackend& backend, const kernels::llama::Config& config,
+                                      const DecoderOptions& options, int64_t rows, const int32_t* tokens,
+                                      const float* token_table, int64_t table_rows, float* x0);
+// One block for `rows` new positions past..past + rows − 1 over the cached 0..past − 1: their k
+// and v (after RoPE) written into the cache at row past, x_out (must not alias x_in) the block's
+// output for those rows — block_forward's math for them.
+[[nodiscard]] Status block_decode(kernels::ComputeBackend& backend, const kernels::llama::Config& config,
+                                  const DecoderOptions& options, int64_t past, int64_t rows,
+                                  const kernels::llama::BlockWeights& weights, const float* x_in, float* x_out,
+                                  const kernels::gpt2::KvCacheBlock& cache, const kernels::Workspace& workspace);
+// logits [projection_rows] of the last of `rows` rows of x_final: the final RMSNorm (norm_weight)
+// and the product with `projection` ([projection_rows, C]: the output projection, or a piece of
+// its vocabulary rows).
+[[nodiscard]] Status head_logits(kernels::ComputeBackend& backend, const kernels::llama::Config& config,
+                                 const DecoderOptions& options, int64_t rows, const float* norm_weight,
+                                 const float* projection, int64_t projection_rows, const float* x_final,
+                                 float* logits, const kernels::Workspace& workspace);
+// The same on bf16 weights as the store holds them: the 1-D tensors widened into `scratch`
+// (cast_bf16_to_fp32), every product through the backend's matmul_bf16 — equal to widening
+// first and the fp32 calls up to fp32 summation order. The head reads config.vocab_size rows.
+[[nodiscard]] Status block_decode_bf16(kernels::ComputeBackend& backend, const kernels::llama::Config& config,
+                                       const DecoderOptions& options, int64_t past, int64_t rows,
+                                       const kernels::llama::BlockWeightsBf16& weights, const float* x_in,
+                                       float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                                       const kernels::Workspace& workspace, const kernels::Workspace& scratch);
+[[nodiscard]] Status head_logits_bf16(kernels::ComputeBackend& backend, const kernels::llama::Config& config,
+                                      const DecoderOptions& options, int64_t rows,
+                                      const kernels::llama::HeadWeightsBf16& weights, const float* x_final,
+                                      float* logits, const kernels::Workspace& workspace,
+                                      const kernels::Workspace& scratch);
 
 }  // namespace strata::models::decoder

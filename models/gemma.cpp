@@ -2,13 +2,11 @@
 // in fp32 — Llama's decoder with RMSNorm x·(1 + w), a GeGLU MLP (tanh GELU) and embeddings
 // times √hidden; head_dim apart from hidden / heads; multi-query or grouped-query attention; no
 // biases; a tied head (or not). Its units, Hugging Face names, init and store keys are here; its
-// training ops are the decoder composition (models/decoder.h) with Gemma's options.
+// training and decoding ops are the decoder composition (models/decoder.h) with Gemma's options.
 #include "models/definitions.h"
 
 #include <cmath>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "kernels/backend.h"
 #include "kernels/llama/llama.h"
@@ -97,45 +95,45 @@ class Gemma final : public ModelDefinition {
                                           d_x_final, head_grads(norm_grads, embed_grads), workspace);
   }
 
-  // --- generation: not written for Gemma (decodes() false; generate refuses before any op) ---
-  bool decodes() const override { return false; }
+  // --- generation: the decoder's decode composition with Gemma's options ---
   int64_t kv_cache_width() const override { return kc_.kv_width(); }
   int64_t learned_positions() const override { return 0; }
   uint64_t final_norm_elements() const override { return uint64_t(kc_.n_embd); }
   bool head_tied() const override { return kc_.tie_word_embeddings; }
-  size_t decode_workspace_size_bytes(device::Kind, int64_t, int64_t) const override { return 0; }
-  Status embedding_decode(kernels::ComputeBackend&, int64_t, int64_t, const int32_t*, const float*, int64_t,
-                          const float*, float*) const override {
-    return no_decode();
+  size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const override {
+    return decoder::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
   }
-  Status block_decode(kernels::ComputeBackend&, int64_t, int64_t, const float*, const float*, float*,
-                      const kernels::gpt2::KvCacheBlock&, const Workspace&) const override {
-    return no_decode();
+  Status embedding_decode(kernels::ComputeBackend& backend, int64_t /*past*/, int64_t rows, const int32_t* tokens,
+                          const float* token_table, int64_t table_rows, const float* /*positions*/,
+                          float* x0) const override {
+    return decoder::embedding_decode(backend, kc_, options_, rows, tokens, token_table, table_rows, x0);
   }
-  Status head_logits(kernels::ComputeBackend&, int64_t, const float*, const float*, int64_t, const float*, float*,
-                     const Workspace&) const override {
-    return no_decode();
+  Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
+                      const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                      const Workspace& workspace) const override {
+    return decoder::block_decode(backend, kc_, options_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache,
+                                 workspace);
   }
-  size_t decode_bf16_scratch_bytes(device::Kind) const override { return 0; }
-  Status block_decode_bf16(kernels::ComputeBackend&, int64_t, int64_t, const uint16_t*, const float*, float*,
-                           const kernels::gpt2::KvCacheBlock&, const Workspace&, const Workspace&) const override {
-    return no_decode();
+  Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* norm, const float* projection,
+                     int64_t projection_rows, const float* x_final, float* logits,
+                     const Workspace& workspace) const override {
+    return decoder::head_logits(backend, kc_, options_, rows, norm, projection, projection_rows, x_final, logits,
+                                workspace);
   }
-  Status head_logits_bf16(kernels::ComputeBackend&, int64_t, const uint16_t*, const uint16_t*, const float*, float*,
-                          const Workspace&, const Workspace&) const override {
-    return no_decode();
+  size_t decode_bf16_scratch_bytes(device::Kind kind) const override {
+    return decoder::decode_bf16_scratch_bytes(kind, kc_);
   }
-  // Host sampling has no caller for any definition; Gemma's would be Llama's kernels' wrong math.
-  size_t host_workspace_size_bytes(const BatchShape&) const override { return 0; }
-  void host_embedding_forward(const BatchShape&, const int32_t*, const float*, float*) const override {
-    host_unsupported();
+  Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
+                           const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                           const Workspace& workspace, const Workspace& scratch) const override {
+    return decoder::block_decode_bf16(backend, kc_, options_, past, rows, lk::bind_block(kc_, block), x_in, x_out,
+                                      cache, workspace, scratch);
   }
-  void host_block_forward(const BatchShape&, const float*, const float*, float*, const Workspace&) const override {
-    host_unsupported();
-  }
-  void host_head_forward(const BatchShape&, const float*, const float*, const float*, float*,
-                         const Workspace&) const override {
-    host_unsupported();
+  Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows, const uint16_t* norm,
+                          const uint16_t* projection, const float* x_final, float* logits, const Workspace& workspace,
+                          const Workspace& scratch) const override {
+    return decoder::head_logits_bf16(backend, kc_, options_, rows, lk::HeadWeightsBf16{norm, projection}, x_final,
+                                     logits, workspace, scratch);
   }
 
  private:
@@ -158,13 +156,6 @@ class Gemma final : public ModelDefinition {
   lk::HeadGrads head_grads(float* norm, float* embed) const {
     if (norm == nullptr) return {};
     return {norm, kc_.tie_word_embeddings ? embed : norm + kc_.n_embd};
-  }
-  static Status no_decode() {
-    return make_error(ErrorKind::unsupported, "gemma: decoding is not written yet (docs/models.md)");
-  }
-  [[noreturn]] static void host_unsupported() {
-    fmt::print(stderr, "gemma: host sampling is not written (a programmer error: nothing should call it)\n");
-    std::abort();
   }
   lk::Config kc_;
   decoder::DecoderOptions options_ = gemma_options(config_);

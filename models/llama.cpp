@@ -1,6 +1,6 @@
 // models/llama.cpp — the Llama definition (model.h) and its variants (Qwen 2, Phi-3): units, init
 // and ops. Training composes the backend's operations through models/decoder.h with Llama's
-// options (the defaults); decoding and the host-side sampling still call the Llama kernels.
+// options (the defaults), and so does decoding (decoder.h's decode composition).
 #include "models/definitions.h"
 
 #include <algorithm>
@@ -111,56 +111,39 @@ class Llama final : public ModelDefinition {
   uint64_t final_norm_elements() const override { return uint64_t(kc_.n_embd); }
   bool head_tied() const override { return kc_.tie_word_embeddings; }
   size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const override {
-    return kernels::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
+    return decoder::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
   }
   Status embedding_decode(kernels::ComputeBackend& backend, int64_t /*past*/, int64_t rows, const int32_t* tokens,
                           const float* token_table, int64_t table_rows, const float* /*positions*/,
                           float* x0) const override {
-    lk::Config piece = kc_;
-    piece.vocab_size = table_rows;
-    return backend.llama_embedding_decode(piece, rows, tokens, token_table, x0);
+    return decoder::embedding_decode(backend, kc_, options_, rows, tokens, token_table, table_rows, x0);
   }
   Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
                       const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
                       const Workspace& workspace) const override {
-    return backend.llama_block_decode(kc_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache, workspace);
+    return decoder::block_decode(backend, kc_, options_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache,
+                                 workspace);
   }
   Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* norm, const float* projection,
                      int64_t projection_rows, const float* x_final, float* logits,
                      const Workspace& workspace) const override {
-    lk::Config piece = kc_;
-    piece.vocab_size = projection_rows;
-    return backend.llama_head_logits(piece, rows, lk::HeadWeights{norm, projection}, x_final, logits, workspace);
+    return decoder::head_logits(backend, kc_, options_, rows, norm, projection, projection_rows, x_final, logits,
+                                workspace);
   }
   size_t decode_bf16_scratch_bytes(device::Kind kind) const override {
-    return kernels::decode_bf16_scratch_bytes(kind, kc_);
+    return decoder::decode_bf16_scratch_bytes(kind, kc_);
   }
   Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
                            const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
                            const Workspace& workspace, const Workspace& scratch) const override {
-    return backend.llama_block_decode_bf16(kc_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache, workspace,
-                                           scratch);
+    return decoder::block_decode_bf16(backend, kc_, options_, past, rows, lk::bind_block(kc_, block), x_in, x_out,
+                                      cache, workspace, scratch);
   }
   Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows, const uint16_t* norm,
                           const uint16_t* projection, const float* x_final, float* logits, const Workspace& workspace,
                           const Workspace& scratch) const override {
-    return backend.llama_head_logits_bf16(kc_, rows, lk::HeadWeightsBf16{norm, projection}, x_final, logits,
-                                          workspace, scratch);
-  }
-  size_t host_workspace_size_bytes(const BatchShape& shape) const override {
-    return lk::workspace_size_bytes(kc_, shape);
-  }
-  void host_embedding_forward(const BatchShape& shape, const int32_t* tokens, const float* embed,
-                              float* x0) const override {
-    lk::embedding_forward(kc_, shape, tokens, embed, x0);
-  }
-  void host_block_forward(const BatchShape& shape, const float* block, const float* x_in, float* x_out,
-                          const Workspace& workspace) const override {
-    lk::block_forward(kc_, shape, lk::bind_block(kc_, block), x_in, x_out, workspace);
-  }
-  void host_head_forward(const BatchShape& shape, const float* norm, const float* embed, const float* x_final,
-                         float* logits, const Workspace& workspace) const override {
-    lk::head_forward(kc_, shape, head_weights(norm, embed), x_final, logits, workspace);
+    return decoder::head_logits_bf16(backend, kc_, options_, rows, lk::HeadWeightsBf16{norm, projection}, x_final,
+                                     logits, workspace, scratch);
   }
 
  private:

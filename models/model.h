@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -148,8 +149,8 @@ class ModelDefinition {
   // the window cannot pass them; Llama: 0, RoPE); the final unit's norm elements, which come
   // first in it; whether the output projection [vocab, C] is the embedding's token rows (tied)
   // or follows the norm in the final unit.
-  // Whether the decode ops below compute this model (false: they would run another model's math
-  // — Gemma's decode is not written yet — and generation refuses it in one line).
+  // Whether the decode ops below compute this model (false: a definition whose decode is not
+  // written; generation refuses it in one line). Every definition today decodes.
   virtual bool decodes() const { return true; }
   virtual int64_t kv_cache_width() const = 0;
   virtual int64_t learned_positions() const = 0;
@@ -187,15 +188,23 @@ class ModelDefinition {
                                                 const float* x_final, float* logits, const Workspace& workspace,
                                                 const Workspace& scratch) const = 0;
 
-  // --- sampling on the host (the CPU kernels, fp32 weights in host memory) ---
-  virtual size_t host_workspace_size_bytes(const BatchShape& max_shape) const = 0;
-  virtual void host_embedding_forward(const BatchShape& shape, const int32_t* tokens, const float* embed,
-                                      float* x0) const = 0;
-  virtual void host_block_forward(const BatchShape& shape, const float* block, const float* x_in, float* x_out,
-                                  const Workspace& workspace) const = 0;
-  // Logits [batch, vocab] of each sequence's last position.
-  virtual void host_head_forward(const BatchShape& shape, const float* final_weights, const float* embed,
-                                 const float* x_final, float* logits, const Workspace& workspace) const = 0;
+  // --- sampling on the host: NOTHING calls these (generation decodes through the ops above) ---
+  // Llama and Gemma define none; only gpt2.cpp still overrides them, so they stay declared —
+  // not pure, aborting — until its overrides go too (one change at the merge: these and those).
+  virtual size_t host_workspace_size_bytes(const BatchShape& /*max_shape*/) const { return 0; }
+  virtual void host_embedding_forward(const BatchShape& /*shape*/, const int32_t* /*tokens*/,
+                                      const float* /*embed*/, float* /*x0*/) const {
+    std::abort();
+  }
+  virtual void host_block_forward(const BatchShape& /*shape*/, const float* /*block*/, const float* /*x_in*/,
+                                  float* /*x_out*/, const Workspace& /*workspace*/) const {
+    std::abort();
+  }
+  virtual void host_head_forward(const BatchShape& /*shape*/, const float* /*final_weights*/,
+                                 const float* /*embed*/, const float* /*x_final*/, float* /*logits*/,
+                                 const Workspace& /*workspace*/) const {
+    std::abort();
+  }
 
  protected:
   explicit ModelDefinition(const ModelConfig& config) : config_(config) {}

@@ -7,7 +7,8 @@
 // memcmp's every output, gradient and the step's loss. The cases cover what the kernels branch
 // on: GQA, attention biases, llama3 RoPE scaling, packed rows, LoRA with dropout on all seven
 // targets, frozen bases, recompute or not, tied and untied heads over two head chunks with loss
-// masks and a normalizer, and evaluation (the loss alone).
+// masks and a normalizer, and evaluation (the loss alone). The decode ops likewise (a prompt then
+// single tokens over a KV cache, fp32 and bf16 weights) against llama.cpp's decode entry points.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -424,6 +425,191 @@ TEST(ComposeLlamaOptions, EachOptionChangesTheResult) {
     EXPECT_NE(std::memcmp(llama.data(), changed.data(), llama.size() * sizeof(float)), 0) << name;
   }
 }
+
+// --- decoding with a KV cache -------------------------------------------------------------
+// The definition's decode ops (decoder.h's decode composition) against llama.cpp's
+// embedding_decode / block_decode / head_decode called directly: a prompt of kPromptRows rows at
+// past 0, then kSingleSteps single tokens at past kPromptRows, kPromptRows + 1, …, each through
+// the embedding, the block and the head; every step's x0, block output and logits and the whole
+// KV cache afterwards (its untouched rows too: it starts random) memcmp-equal. fp32 weights with
+// a head of a piece of the vocabulary (projection_rows < vocab), and bf16 weights with the whole
+// head; on the cpu and the emulated device.
+constexpr int64_t kPromptRows = 7;
+constexpr int64_t kSingleSteps = 4;
+constexpr int64_t kMaxPositions = 16;
+constexpr int64_t kProjectionRows = 40;  // the fp32 head's vocabulary piece (vocab 64)
+
+struct DecodeCase {
+  std::string name;
+  Case shape;  // gqa, bias, rope_scaling, tied
+  bool bf16 = false;
+};
+
+std::vector<DecodeCase> decode_cases() {
+  std::vector<DecodeCase> all;
+  for (const bool bf16 : {false, true}) {
+    const std::string suffix = bf16 ? "_bf16" : "_fp32";
+    all.push_back({"mha" + suffix, {.name = "mha"}, bf16});
+    all.push_back({"gqa" + suffix, {.name = "gqa", .gqa = true}, bf16});
+    all.push_back({"gqa_bias" + suffix, {.name = "gqa_bias", .gqa = true, .bias = true}, bf16});
+    all.push_back({"rope_llama3" + suffix, {.name = "rope_llama3", .gqa = true, .rope_scaling = true}, bf16});
+  }
+  return all;
+}
+
+// bf16 bit patterns of fp32 values (truncated: any bf16 values serve, both paths read the same).
+std::vector<uint16_t> to_bf16(const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &values[i], sizeof bits);
+    out[i] = static_cast<uint16_t>(bits >> 16);
+  }
+  return out;
+}
+
+struct DecodeInputs {
+  std::vector<int32_t> tokens;  // kPromptRows + kSingleSteps
+  std::vector<float> block, embed, norm, projection, keys, values;
+  std::vector<uint16_t> block_bf16, norm_bf16, projection_bf16;
+};
+
+DecodeInputs make_decode_inputs(const lk::Config& c) {
+  DecodeInputs in;
+  in.tokens = random_tokens(static_cast<size_t>(kPromptRows + kSingleSteps), static_cast<int32_t>(c.vocab_size), 301);
+  in.block = random_floats(static_cast<size_t>(lk::block_param_count(c)), 0.1f, 302);
+  size_t offset = 0;
+  for (const auto& spec : lk::block_param_specs(c)) {
+    if (spec.name_suffix.ends_with("layernorm.weight"))
+      for (int64_t j = 0; j < spec.numel(); ++j) in.block[offset + static_cast<size_t>(j)] += 1.0f;
+    offset += static_cast<size_t>(spec.numel());
+  }
+  in.embed = random_floats(static_cast<size_t>(c.vocab_size * c.n_embd), 0.5f, 303);
+  in.norm = random_floats(static_cast<size_t>(c.n_embd), 0.1f, 304, 1.0f);
+  in.projection = random_floats(static_cast<size_t>(c.vocab_size * c.n_embd), 0.3f, 305);
+  const auto cache_n = static_cast<size_t>(kMaxPositions * c.kv_width());
+  in.keys = random_floats(cache_n, 1.0f, 306);
+  in.values = random_floats(cache_n, 1.0f, 307);
+  in.block_bf16 = to_bf16(in.block);
+  in.norm_bf16 = to_bf16(in.norm);
+  in.projection_bf16 = to_bf16(in.projection);
+  return in;
+}
+
+// The rows of each call: the prompt, then single tokens.
+std::vector<std::pair<int64_t, int64_t>> decode_calls() {
+  std::vector<std::pair<int64_t, int64_t>> calls{{0, kPromptRows}};
+  for (int64_t s = 0; s < kSingleSteps; ++s) calls.emplace_back(kPromptRows + s, 1);
+  return calls;
+}
+
+Outputs decode_kernels(const DecodeCase& k, const lk::Config& c, DecodeInputs in) {
+  Outputs out;
+  const size_t ws_bytes = lk::decode_workspace_size_bytes(c, kPromptRows, kMaxPositions);
+  AlignedFloats ws_storage(ws_bytes);
+  const kernels::Workspace ws{ws_storage.data, ws_bytes};
+  const size_t scratch_bytes = lk::decode_bf16_scratch_bytes(c);
+  AlignedFloats scratch_storage(scratch_bytes);
+  const kernels::Workspace scratch{scratch_storage.data, scratch_bytes};
+  const lk::BlockWeights w = lk::bind_block(c, static_cast<const float*>(in.block.data()));
+  const lk::BlockWeightsBf16 w16 = lk::bind_block(c, static_cast<const uint16_t*>(in.block_bf16.data()));
+  const kernels::gpt2::KvCacheBlock cache{in.keys.data(), in.values.data(), kMaxPositions};
+  lk::Config piece = c;
+  piece.vocab_size = kProjectionRows;
+  for (const auto& [past, rows] : decode_calls()) {
+    const auto act = static_cast<size_t>(rows * c.n_embd);
+    std::vector<float> x0(act), x1(act), logits(static_cast<size_t>(k.bf16 ? c.vocab_size : kProjectionRows));
+    lk::embedding_decode(c, rows, in.tokens.data() + past, in.embed.data(), x0.data());
+    if (k.bf16) {
+      lk::block_decode(c, past, rows, w16, x0.data(), x1.data(), cache, ws, scratch);
+      lk::head_decode(c, rows, lk::HeadWeightsBf16{in.norm_bf16.data(), in.projection_bf16.data()}, x1.data(),
+                      logits.data(), ws, scratch);
+    } else {
+      lk::block_decode(c, past, rows, w, x0.data(), x1.data(), cache, ws);
+      lk::head_decode(piece, rows, lk::HeadWeights{in.norm.data(), in.projection.data()}, x1.data(), logits.data(),
+                      ws);
+    }
+    const std::string at = "@" + std::to_string(past);
+    out.tensors.push_back({"x0" + at, x0});
+    out.tensors.push_back({"x_out" + at, x1});
+    out.tensors.push_back({"logits" + at, logits});
+  }
+  out.tensors.push_back({"keys", in.keys});
+  out.tensors.push_back({"values", in.values});
+  return out;
+}
+
+Outputs decode_definition(const DecodeCase& k, const ModelConfig& model, const lk::Config& c, const DecodeInputs& in,
+                          device::Kind kind) {
+  Outputs out;
+  auto env = BackendEnv::create(kind);
+  if (env == nullptr) return out;
+  const auto def = models::make_model_definition(model);
+  kernels::ComputeBackend& b = env->backend();
+  auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
+  const kernels::Workspace ws = env->workspace_for(def->decode_workspace_size_bytes(kind, kPromptRows, kMaxPositions));
+  const kernels::Workspace scratch = env->workspace_for(def->decode_bf16_scratch_bytes(kind));
+  float* embed = env->upload(in.embed);
+  float* block = env->upload(in.block);
+  float* norm = env->upload(in.norm);
+  float* projection = env->upload(in.projection);
+  uint16_t* block16 = env->upload(in.block_bf16);
+  uint16_t* norm16 = env->upload(in.norm_bf16);
+  uint16_t* projection16 = env->upload(in.projection_bf16);
+  float* keys = env->upload(in.keys);
+  float* values = env->upload(in.values);
+  const kernels::gpt2::KvCacheBlock cache{keys, values, kMaxPositions};
+  const auto logits_n = static_cast<size_t>(k.bf16 ? c.vocab_size : kProjectionRows);
+  for (const auto& [past, rows] : decode_calls()) {
+    const auto act = static_cast<size_t>(rows * c.n_embd);
+    float* x0 = env->zeros<float>(act);
+    float* x1 = env->zeros<float>(act);
+    float* logits = env->zeros<float>(logits_n);
+    // The tokens are host memory (generation's own, not a step's).
+    expect_ok(def->embedding_decode(b, past, rows, in.tokens.data() + past, embed, c.vocab_size, nullptr, x0));
+    if (k.bf16) {
+      expect_ok(def->block_decode_bf16(b, past, rows, block16, x0, x1, cache, ws, scratch));
+      expect_ok(def->head_logits_bf16(b, rows, norm16, projection16, x1, logits, ws, scratch));
+    } else {
+      expect_ok(def->block_decode(b, past, rows, block, x0, x1, cache, ws));
+      expect_ok(def->head_logits(b, rows, norm, projection, kProjectionRows, x1, logits, ws));
+    }
+    const std::string at = "@" + std::to_string(past);
+    out.tensors.push_back({"x0" + at, env->download(x0, act)});
+    out.tensors.push_back({"x_out" + at, env->download(x1, act)});
+    out.tensors.push_back({"logits" + at, env->download(logits, logits_n)});
+  }
+  out.tensors.push_back({"keys", env->download(keys, in.keys.size())});
+  out.tensors.push_back({"values", env->download(values, in.values.size())});
+  return out;
+}
+
+class ComposeLlamaDecode : public ::testing::TestWithParam<std::tuple<DecodeCase, device::Kind>> {};
+
+TEST_P(ComposeLlamaDecode, DefinitionGivesTheKernelsBits) {
+  const auto& [k, kind] = GetParam();
+  const ModelConfig model = model_config(k.shape);
+  const lk::Config c = kernel_config(model);
+  const DecodeInputs in = make_decode_inputs(c);
+  const Outputs expected = decode_kernels(k, c, in);
+  // The decode wrote the cache: the kernels' keys differ from the random ones they started as.
+  EXPECT_NE(std::memcmp(expected.tensors[expected.tensors.size() - 2].second.data(), in.keys.data(),
+                        in.keys.size() * sizeof(float)),
+            0);
+  const Outputs actual = decode_definition(k, model, c, in, kind);
+  expect_same_bits(expected, actual);
+}
+
+std::vector<std::tuple<DecodeCase, device::Kind>> decode_params() {
+  std::vector<std::tuple<DecodeCase, device::Kind>> all;
+  for (const DecodeCase& k : decode_cases())
+    for (const device::Kind kind : {device::Kind::cpu, device::Kind::emulated}) all.emplace_back(k, kind);
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ComposeLlamaDecode, ::testing::ValuesIn(decode_params()), [](const auto& info) {
+  return std::get<0>(info.param).name + "_" + device::kind_name(std::get<1>(info.param));
+});
 
 }  // namespace
 }  // namespace strata::testing

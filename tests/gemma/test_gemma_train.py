@@ -16,11 +16,16 @@
 #              a float64 torch training of PEFT's formula over the frozen Gemma.
 #   refusals   one line each, naming the key: a folder whose activation is not the tanh GELU
 #              (hidden_act "gelu" alone), a gemma YAML with qkv_bias, a resume with another
-#              head_dim or arch, a sample: at the end of a gemma run, and `strata generate` on
-#              a gemma folder (Gemma's decode ops are not written yet).
+#              head_dim or arch.
+#   generate   `strata generate --model` on Gemma folders (tied and untied; fp32 and bf16 compute
+#              copies): greedy tokens equal the argmax of a float64 PyTorch Gemma
+#              (gemma_reference.py, a whole forward per token, the bf16 run's from the weights
+#              rounded to bf16) across a window refill, up to a near-tie; and a gemma run's
+#              end-of-run sample: prints one.
 # Usage: test_gemma_train.py STRATA_BINARY CASE. Exit 77 where torch is missing.
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -360,8 +365,6 @@ def case_refusals(folder):
     os.makedirs(run_dir)
     path, _ = tt.config(run_dir, model={**GEMMA, "qkv_bias": True}, steps=1)
     expect_refusal(tt.strata("train", path, expect_ok=False), "qkv_bias", "a gemma YAML with qkv_bias")
-    path, _ = tt.config(run_dir, model=GEMMA, steps=1, sample={"tokens": 8})
-    expect_refusal(tt.strata("train", path, expect_ok=False), "sample", "a sample from a gemma run")
 
     # A store of one shape resumed with another: refused naming the first key that differs.
     path, _ = tt.config(run_dir, model=GEMMA, steps=2)
@@ -374,18 +377,78 @@ def case_refusals(folder):
     if summary["first_step"] != 2 or summary["last_step"] != 3:
         tt.fail(f"the same gemma shape did not resume from step 2: {summary}")
 
-    # Generation: Gemma's decode ops are not written, so strata generate says so in one line.
-    hf_dir = os.path.join(folder, "tiny-gemma")
-    write_folder(torch, hf_dir, model, hf_config(model))
-    result = tt.strata("generate", "--model", hf_dir, "--nvme", os.path.join(folder, "gen-nvme"), "--prompt", "The",
-                       "--tokens", "4", expect_ok=False)
-    expect_refusal(result, "gemma", "strata generate on a gemma folder")
-    if len(result.stderr.strip().splitlines()) != 1:
-        tt.fail(f"strata generate's refusal is not one line:\n{result.stderr}")
 
+def torch_greedy(torch, params, model, prompt, count, window):
+    """Greedy tokens of the float64 Gemma, a whole forward over the window per token; a full
+    window keeps its last half (as strata generate does). With each token, the margin between
+    the two best logits (a near-tie may go either way in fp32)."""
+    import gemma_reference as ref
+    cfg = reference_config(model)
+    context, start, out = list(prompt), 0, []
+    with torch.no_grad():
+        for _ in range(count):
+            logits = ref.forward_logits(params, torch.tensor([context[start:]]), cfg)[0, -1]
+            top2 = torch.topk(logits, 2).values
+            nxt = int(torch.argmax(logits))
+            out.append((nxt, float(top2[0] - top2[1])))
+            context.append(nxt)
+            if len(context) - start > window:
+                start = len(context) - window // 2
+    return out
+
+
+def compare_greedy(got, want, label):
+    """strata's greedy tokens against torch's, up to a near-tie (which may go either way in fp32)."""
+    if len(got["tokens"]) != len(want):
+        tt.fail(f"{label}: {len(got['tokens'])} tokens, not {len(want)}")
+    for k, (token, margin) in enumerate(want):
+        if got["tokens"][k] != token:
+            if margin < 1e-4:
+                print(f"{label}: stopped comparing at token {k} (a tie within {margin:.1e})")
+                return
+            tt.fail(f"{label}: greedy token {k}: strata {got['tokens'][k]}, torch {token} (margin {margin:.2e})\n"
+                    f"{got['tokens']}\n{[t for t, _ in want]}")
+
+
+def case_generate(folder):
+    torch = import_torch()
+    prompt_text, count, window = "The ", 24, 16  # 4 tokens + 24: one refill of the 16-position window
+    prompt_ids = list(prompt_text.encode())
+    # Tied, the scaled embedding dominates the residual and greedy echoes the last token; the
+    # untied head is the case whose tokens vary.
+    for tied in (True, False):
+        model = {**GEMMA, "vocab_size": 260, "tie_word_embeddings": tied}
+        hf_dir = os.path.join(folder, "gemma-tied" if tied else "gemma-untied")
+        init = write_folder(torch, hf_dir, model, hf_config(model, tie_word_embeddings=tied))
+        for precision in ("fp32", "bf16"):
+            label = f"generate ({'tied' if tied else 'untied'}, {precision})"
+            result = tt.strata("--log-level", "warn", "generate", "--model", hf_dir, "--nvme",
+                               os.path.join(folder, f"gen-nvme-{tied}-{precision}"), "--host-memory", "8MiB",
+                               "--device-memory", "8MiB", "--precision", precision, "--temperature", "0", "--json",
+                               "--prompt", prompt_text, "--tokens", str(count), "--seq-len", str(window))
+            got = json.loads(result.stdout)
+            if got["prompt_tokens"] != len(prompt_ids):
+                tt.fail(f"{label}: the prompt encoded to {got['prompt_tokens']} tokens, not {len(prompt_ids)}")
+            # The bf16 compute copy is the weights rounded to bf16: the reference reads the same.
+            params = {name: (t.bfloat16() if precision == "bf16" else t).double() for name, t in init.items()}
+            compare_greedy(got, torch_greedy(torch, params, model, prompt_ids, count, window), label)
+            print(f"{label}: greedy tokens match the float64 Gemma: {got['tokens']}")
+
+    # A gemma run's end-of-run sample goes through the same decode ops.
+    run_dir = os.path.join(folder, "sample")
+    os.makedirs(run_dir)
+    path, _ = tt.config(run_dir, model=GEMMA, steps=1, sample={"tokens": 8})
+    # (the sample may hold bytes that are not UTF-8: read stderr leniently)
+    trained = subprocess.run([tt.STRATA, "train", path], capture_output=True, text=True, errors="replace",
+                             timeout=600)
+    if trained.returncode != 0:
+        tt.fail(f"strata train exited {trained.returncode}:\n{trained.stderr}")
+    if "sample from the trained model" not in trained.stderr:
+        tt.fail(f"a gemma run printed no sample:\n{trained.stderr[-600:]}")
+    print("sample: a gemma run prints its end-of-run sample")
 
 CASES = {"reference": case_reference, "hf": case_hf, "offload": case_offload, "lora": case_lora,
-         "refusals": case_refusals}
+         "refusals": case_refusals, "generate": case_generate}
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(dir=os.environ.get("STRATA_TEST_TMPDIR")) as tmp:
