@@ -204,9 +204,19 @@ class CudaBackend final : public ComputeBackend {
   Status gelu_backward(const ops::GeluBackward& op) override { return cuda_ops::gelu_backward(context_, op); }
   Status gated_forward(const ops::Gated& op) override { return cuda_ops::gated_forward(context_, op); }
   Status gated_backward(const ops::GatedBackward& op) override { return cuda_ops::gated_backward(context_, op); }
+  // Decoding passes its own host tokens (ops::Embedding::tokens): they go into the step's token
+  // buffer on the stream first, as the per-model decode ops did; its first position shifts the
+  // learned-position rows the kernel reads (row r at first_position + r).
   Status embedding_lookup(const ops::Embedding& op) override {
     if (op.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.shape));
-    return cuda_ops::embedding(context_, op, tokens_, packed_.positions);
+    if (op.tokens != nullptr) {
+      assert(op.shape.rows() <= max_shape_.rows());
+      STRATA_RETURN_IF_ERROR(
+          device_.copy_to_device(stream_, tokens_, op.tokens, static_cast<uint64_t>(op.shape.rows()) * 4));
+    }
+    ops::Embedding shifted = op;
+    if (op.positions != nullptr) shifted.positions = op.positions + op.first_position * op.width;
+    return cuda_ops::embedding(context_, shifted, tokens_, packed_.positions);
   }
   Status embedding_lookup_backward(const ops::EmbeddingBackward& op) override {
     if (op.forward.use_step_positions) STRATA_RETURN_IF_ERROR(check_packed(op.forward.shape));
