@@ -1,6 +1,7 @@
 // models/gpt2.cpp — the GPT-2 definition (model.h): its units, init, workspace layout and training ops,
 // composed of the backend's operations (kernels/ops.h) in the order kernels/gpt2 ran them, so the
-// CPU gives the same bits. Decoding and the host ops still call the GPT-2 kernels.
+// CPU gives the same bits; decoding with a KV cache too (fp32 and bf16 weights). The host ops
+// still call the GPT-2 kernels (model.h declares them until they leave every definition).
 #include "models/definitions.h"
 
 #include <algorithm>
@@ -93,6 +94,62 @@ HeadLayout head_layout(const gk::Config& config, float* base) {
   return layout;
 }
 
+// --- GPT-2's decoding workspace and bf16 scratch --------------------------------------------
+// A decode call's block is the training block's layout for `rows` new rows (shape {1, rows}),
+// its attention region the backend's attention_decode scratch (score rows over the cache) —
+// kernels/gpt2's decode layout, one description for sizing and carving. The head needs only
+// its one row's LayerNorm output and statistics, in the same workspace (ordered by the stream).
+struct HeadDecodeLayout {
+  float* ln_out;  // [C]
+  float* mean;    // [1]
+  float* rstd;    // [1]
+  size_t size_bytes;
+};
+
+HeadDecodeLayout head_decode_layout(const gk::Config& config, float* base) {
+  gk::WorkspaceCarver carve(base);
+  HeadDecodeLayout layout{};
+  layout.ln_out = carve.take(config.n_embd);
+  layout.mean = carve.take(1);
+  layout.rstd = carve.take(1);
+  layout.size_bytes = carve.used_bytes();
+  return layout;
+}
+
+// The bf16 decode scratch: a block's 1-D tensors (LayerNorm gains and biases, every bias)
+// widened to fp32 in canonical order — the matrices stay bf16 and are multiplied as stored —
+// then matmul_bf16's scratch. The head widens ln_f's weight and bias into the first two C-float
+// slices (ln_1's).
+struct Bf16Scratch {
+  gk::BlockWeights vectors;  // the 1-D members only; the matrices stay null
+  Workspace matmul;
+  size_t size_bytes;
+};
+
+Bf16Scratch bf16_scratch(const gk::Config& config, size_t matmul_bytes, float* base) {
+  gk::WorkspaceCarver carve(base);
+  Bf16Scratch layout{};
+  const auto specs = gk::block_param_specs(config);
+  for (int i = 0; i < gk::kBlockParamCount; ++i)
+    if (specs[i].rank == 1) layout.vectors.at(i) = carve.take(specs[i].numel());
+  const auto matmul_floats = static_cast<int64_t>((matmul_bytes + sizeof(float) - 1) / sizeof(float));
+  layout.matmul = Workspace{carve.take(matmul_floats), matmul_bytes};
+  layout.size_bytes = carve.used_bytes();
+  return layout;
+}
+
+// The largest matmul_bf16 scratch any of GPT-2's bf16 products needs — the block's four
+// (in, out) and the head's (C, vocab) — by `bytes(in, out)` (a backend's, or a device kind's):
+// a backend may size by either dimension (CUDA bands whole rows of the wider one).
+template <typename Bytes>
+size_t matmul_bf16_bytes(const gk::Config& config, Bytes bytes) {
+  const int64_t c = config.n_embd;
+  const int64_t products[][2] = {{c, 3 * c}, {c, c}, {c, 4 * c}, {4 * c, c}, {c, config.vocab_size}};
+  size_t largest = 0;
+  for (const auto& p : products) largest = std::max(largest, static_cast<size_t>(bytes(p[0], p[1])));
+  return largest;
+}
+
 // GPT-2's LayerNorm (eps the float 1e-5f: the kernels always added it to the double variance
 // as a float, and the bits follow it).
 kernels::ops::NormForward layer_norm(const float* x, const float* weight, const float* bias, int64_t rows,
@@ -152,6 +209,32 @@ Status linear_backward_params(kernels::ComputeBackend& backend, const float* x, 
 Status linear_backward_input(kernels::ComputeBackend& backend, const float* dy, const float* weight, int64_t rows,
                              int64_t in, int64_t out, float* dx) {
   return backend.gemm(kernels::ops::Gemm{false, true, rows, in, out, dy, out, weight, out, 0.0f, dx, in});
+}
+
+// A decode step's Conv1D product, y = x·W + b (+ residual): the rows start as the bias (plus
+// the residual), then the product adds in — fp32 W by the beta-1 GEMM, bf16 W multiplied as
+// stored (matmul_bf16, accumulating), the order kernels/gpt2's decode summed in. No adapters:
+// generation runs merged weights.
+Status decode_linear(kernels::ComputeBackend& backend, const float* x, const float* weight, const float* bias,
+                     const float* residual, int64_t rows, int64_t in, int64_t out, float* y,
+                     const Workspace& /*matmul_scratch*/) {
+  STRATA_RETURN_IF_ERROR(backend.rows_init(kernels::ops::RowsInit{y, bias, residual, rows, out}));
+  return backend.gemm(kernels::ops::Gemm{false, false, rows, out, in, x, in, weight, out, 1.0f, y, out});
+}
+Status decode_linear(kernels::ComputeBackend& backend, const float* x, const uint16_t* weight, const float* bias,
+                     const float* residual, int64_t rows, int64_t in, int64_t out, float* y,
+                     const Workspace& matmul_scratch) {
+  STRATA_RETURN_IF_ERROR(backend.rows_init(kernels::ops::RowsInit{y, bias, residual, rows, out}));
+  kernels::ops::MatmulBf16 op;
+  op.rows = rows;
+  op.in = in;
+  op.out = out;
+  op.x = x;
+  op.w = weight;
+  op.accumulate = true;
+  op.y = y;
+  op.scratch = matmul_scratch;
+  return backend.matmul_bf16(op);
 }
 
 // --- GPT-2 ---------------------------------------------------------------------------------
@@ -228,42 +311,90 @@ class Gpt2 final : public ModelDefinition {
   uint64_t final_norm_elements() const override { return uint64_t(2 * kc_.n_embd); }
   bool head_tied() const override { return true; }
   size_t decode_workspace_size_bytes(device::Kind kind, int64_t max_rows, int64_t max_positions) const override {
-    return kernels::decode_workspace_size_bytes(kind, kc_, max_rows, max_positions);
+    const size_t attention_bytes =
+        kernels::attention_decode_scratch_bytes(kind, max_rows, kc_.n_head, max_positions);
+    return std::max(block_layout(kc_, BatchShape{1, max_rows}, attention_bytes, nullptr).size_bytes,
+                    head_decode_layout(kc_, nullptr).size_bytes);
   }
+  // x0[r] = token_table[tokens[r]] + positions[past + r] (tokens: host memory).
   Status embedding_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const int32_t* tokens,
                           const float* token_table, int64_t table_rows, const float* positions,
                           float* x0) const override {
-    gk::Config piece = kc_;
-    piece.vocab_size = table_rows;
-    return backend.embedding_decode(piece, past, rows, tokens, token_table, positions, x0);
+    assert(past >= 0 && rows > 0 && past + rows <= kc_.n_ctx);
+    kernels::ops::Embedding op;
+    op.shape = BatchShape{1, rows};
+    op.width = kc_.n_embd;
+    op.vocab = table_rows;
+    op.table = token_table;
+    op.positions = positions;
+    op.x = x0;
+    op.tokens = tokens;
+    op.first_position = past;
+    return backend.embedding_lookup(op);
   }
   Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
                       const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
                       const Workspace& workspace) const override {
-    return backend.block_decode(kc_, past, rows, gk::bind_block(kc_, block), x_in, x_out, cache, workspace);
+    const gk::BlockWeights w = gk::bind_block(kc_, block);
+    return block_decode_with(backend, past, rows, w, w, x_in, x_out, cache, workspace, Workspace{});
   }
+  // Logits of projection_rows rows for the last new row: ln_f, then its product with each
+  // projection row (the tied wte, or a piece of it).
   Status head_logits(kernels::ComputeBackend& backend, int64_t rows, const float* ln_f, const float* projection,
                      int64_t projection_rows, const float* x_final, float* logits,
                      const Workspace& workspace) const override {
-    gk::Config piece = kc_;
-    piece.vocab_size = projection_rows;
-    return backend.head_logits(piece, rows, gk::HeadWeights{ln_f, ln_f + kc_.n_embd, projection}, x_final, logits,
-                               workspace);
+    const HeadDecodeLayout ws = head_decode_layout_for(workspace);
+    const int64_t c = kc_.n_embd;
+    STRATA_RETURN_IF_ERROR(backend.norm_forward(
+        layer_norm(x_final + (rows - 1) * c, ln_f, ln_f + c, 1, c, ws.ln_out, ws.mean, ws.rstd)));
+    return backend.gemm(kernels::ops::Gemm{false, true, 1, projection_rows, c, ws.ln_out, c, projection, c, 0.0f,
+                                           logits, projection_rows});
   }
   size_t decode_bf16_scratch_bytes(device::Kind kind) const override {
-    return kernels::decode_bf16_scratch_bytes(kind, kc_);
+    const size_t matmul_bytes = matmul_bf16_bytes(
+        kc_, [kind](int64_t in, int64_t out) { return kernels::matmul_bf16_scratch_bytes(kind, in, out); });
+    return bf16_scratch(kc_, matmul_bytes, nullptr).size_bytes;
   }
+  // The block on its bf16 unit as stored: the 1-D tensors widened into `scratch` each call, the
+  // matrices multiplied as bf16.
   Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
                            const float* x_in, float* x_out, const gk::KvCacheBlock& cache, const Workspace& workspace,
                            const Workspace& scratch) const override {
-    return backend.block_decode_bf16(kc_, past, rows, gk::bind_block(kc_, block), x_in, x_out, cache, workspace,
-                                     scratch);
+    const Bf16Scratch layout = bf16_scratch_for(backend, scratch);
+    const gk::BlockWeightsBf16 weights = gk::bind_block(kc_, block);
+    const auto specs = gk::block_param_specs(kc_);
+    for (int i = 0; i < gk::kBlockParamCount; ++i)
+      if (specs[i].rank == 1)
+        STRATA_RETURN_IF_ERROR(backend.cast_bf16_to_fp32(weights.at(i), const_cast<float*>(layout.vectors.at(i)),
+                                                         static_cast<uint64_t>(specs[i].numel())));
+    return block_decode_with(backend, past, rows, weights, layout.vectors, x_in, x_out, cache, workspace,
+                             layout.matmul);
   }
+  // The head on bf16 ln_f and wte as stored: ln_f widened into the scratch, the logits of all
+  // vocab_size rows by matmul_bf16 against wte [vocab, C] (out-major).
   Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows, const uint16_t* ln_f,
                           const uint16_t* projection, const float* x_final, float* logits, const Workspace& workspace,
                           const Workspace& scratch) const override {
-    return backend.head_logits_bf16(kc_, rows, gk::HeadWeightsBf16{ln_f, ln_f + kc_.n_embd, projection}, x_final,
-                                    logits, workspace, scratch);
+    const HeadDecodeLayout ws = head_decode_layout_for(workspace);
+    const Bf16Scratch layout = bf16_scratch_for(backend, scratch);
+    const int64_t c = kc_.n_embd;
+    auto* gain = const_cast<float*>(layout.vectors.ln_1_weight);  // scratch slices of C floats each
+    auto* bias = const_cast<float*>(layout.vectors.ln_1_bias);
+    STRATA_RETURN_IF_ERROR(backend.cast_bf16_to_fp32(ln_f, gain, static_cast<uint64_t>(c)));
+    STRATA_RETURN_IF_ERROR(backend.cast_bf16_to_fp32(ln_f + c, bias, static_cast<uint64_t>(c)));
+    STRATA_RETURN_IF_ERROR(
+        backend.norm_forward(layer_norm(x_final + (rows - 1) * c, gain, bias, 1, c, ws.ln_out, ws.mean, ws.rstd)));
+    kernels::ops::MatmulBf16 op;
+    op.w_out_major = true;
+    op.rows = 1;
+    op.in = c;
+    op.out = kc_.vocab_size;
+    op.x = ws.ln_out;
+    op.w = projection;
+    op.accumulate = false;
+    op.y = logits;
+    op.scratch = layout.matmul;
+    return backend.matmul_bf16(op);
   }
   size_t host_workspace_size_bytes(const BatchShape& shape) const override {
     return gk::workspace_size_bytes(kc_, shape);
@@ -299,6 +430,18 @@ class Gpt2 final : public ModelDefinition {
                                         workspace.data);
     assert(workspace.data != nullptr && workspace.size_bytes >= ws.size_bytes);
     return ws;
+  }
+  HeadDecodeLayout head_decode_layout_for(const Workspace& workspace) const {
+    const HeadDecodeLayout ws = head_decode_layout(kc_, workspace.data);
+    assert(workspace.data != nullptr && workspace.size_bytes >= ws.size_bytes);
+    return ws;
+  }
+  Bf16Scratch bf16_scratch_for(const kernels::ComputeBackend& backend, const Workspace& scratch) const {
+    const size_t matmul_bytes = matmul_bf16_bytes(
+        kc_, [&backend](int64_t in, int64_t out) { return backend.matmul_bf16_scratch_bytes(in, out); });
+    const Bf16Scratch layout = bf16_scratch(kc_, matmul_bytes, scratch.data);
+    assert(scratch.data != nullptr && scratch.size_bytes >= layout.size_bytes);
+    return layout;
   }
   kernels::ops::Embedding embedding_op(const BatchShape& shape, const float* embed, float* x0) const {
     kernels::ops::Embedding op;
@@ -355,6 +498,59 @@ class Gpt2 final : public ModelDefinition {
     if (x_out == nullptr) return Status();
     return linear_forward(backend, ws.fc_act, w.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, n, 4 * c, c, x_out,
                           adapters, target::mlp_c_proj);
+  }
+
+  // The block for `rows` new positions past..past + rows − 1 (gpt2.h's block_decode): their k
+  // and v join the cache first, then each new row attends over cache rows 0..its position.
+  // The matrices come from `mats` (fp32 or bf16), the LayerNorm parameters and biases from
+  // `vectors` (fp32); `matmul_scratch` serves the bf16 products.
+  template <typename W>
+  Status block_decode_with(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
+                           const gk::BlockTensors<const W>& mats, const gk::BlockWeights& vectors, const float* x_in,
+                           float* x_out, const gk::KvCacheBlock& cache, const Workspace& workspace,
+                           const Workspace& matmul_scratch) const {
+    assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
+    const BlockLayout ws = block_layout(
+        kc_, BatchShape{1, rows}, backend.attention_decode_scratch_bytes(rows, kc_.n_head, cache.max_positions),
+        workspace.data);
+    assert(workspace.data != nullptr && workspace.size_bytes >= ws.size_bytes);
+    const int64_t c = kc_.n_embd;
+    const gk::BlockWeights& w = vectors;
+    STRATA_RETURN_IF_ERROR(backend.norm_forward(
+        layer_norm(x_in, w.ln_1_weight, w.ln_1_bias, rows, c, ws.ln1_out, ws.ln1_mean, ws.ln1_rstd)));
+    STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.ln1_out, mats.attn_c_attn_weight, w.attn_c_attn_bias, nullptr,
+                                         rows, c, 3 * c, ws.qkv, matmul_scratch));
+    // k and v of the new rows (columns C and 2C of each qkv row) into cache rows past…
+    STRATA_RETURN_IF_ERROR(
+        backend.copy_rows(kernels::ops::CopyRows{cache.keys + past * c, c, ws.qkv + c, 3 * c, rows, c}));
+    STRATA_RETURN_IF_ERROR(
+        backend.copy_rows(kernels::ops::CopyRows{cache.values + past * c, c, ws.qkv + 2 * c, 3 * c, rows, c}));
+    kernels::ops::AttentionDecode attention;
+    attention.past = past;
+    attention.rows = rows;
+    attention.max_positions = cache.max_positions;
+    attention.n_head = kc_.n_head;
+    attention.n_kv_head = kc_.n_head;
+    attention.head_dim = kc_.head_dim();
+    attention.scale = 1.0f / std::sqrt(static_cast<float>(kc_.head_dim()));
+    attention.q = ws.qkv;
+    attention.q_stride = 3 * c;
+    attention.keys = cache.keys;
+    attention.values = cache.values;
+    attention.kv_stride = c;
+    attention.out = ws.att;
+    attention.out_stride = c;
+    attention.scratch = ws.attention;
+    STRATA_RETURN_IF_ERROR(backend.attention_decode(attention));
+    STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.att, mats.attn_c_proj_weight, w.attn_c_proj_bias, x_in, rows, c,
+                                         c, ws.x1, matmul_scratch));
+    STRATA_RETURN_IF_ERROR(backend.norm_forward(
+        layer_norm(ws.x1, w.ln_2_weight, w.ln_2_bias, rows, c, ws.ln2_out, ws.ln2_mean, ws.ln2_rstd)));
+    STRATA_RETURN_IF_ERROR(decode_linear(backend, ws.ln2_out, mats.mlp_c_fc_weight, w.mlp_c_fc_bias, nullptr, rows, c,
+                                         4 * c, ws.fc_pre, matmul_scratch));
+    STRATA_RETURN_IF_ERROR(backend.gelu_forward(kernels::ops::Gelu{ws.fc_pre, ws.fc_act, rows * 4 * c}));
+    return decode_linear(backend, ws.fc_act, mats.mlp_c_proj_weight, w.mlp_c_proj_bias, ws.x1, rows, 4 * c, c, x_out,
+                         matmul_scratch);
   }
 
   gk::Config kc_;
