@@ -396,21 +396,6 @@ class Gpt2 final : public ModelDefinition {
     op.scratch = layout.matmul;
     return backend.matmul_bf16(op);
   }
-  size_t host_workspace_size_bytes(const BatchShape& shape) const override {
-    return gk::workspace_size_bytes(kc_, shape);
-  }
-  void host_embedding_forward(const BatchShape& shape, const int32_t* tokens, const float* embed,
-                              float* x0) const override {
-    gk::embedding_forward(kc_, shape, tokens, embed, wpe(embed), x0);
-  }
-  void host_block_forward(const BatchShape& shape, const float* block, const float* x_in, float* x_out,
-                          const Workspace& workspace) const override {
-    gk::block_forward(kc_, shape, gk::bind_block(kc_, block), x_in, x_out, workspace);
-  }
-  void host_head_forward(const BatchShape& shape, const float* ln_f, const float* embed, const float* x_final,
-                         float* logits, const Workspace& workspace) const override {
-    gk::head_forward(kc_, shape, gk::HeadWeights{ln_f, ln_f + kc_.n_embd, embed}, x_final, logits, workspace);
-  }
 
  private:
   // wpe follows wte in the embedding unit.

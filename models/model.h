@@ -188,24 +188,6 @@ class ModelDefinition {
                                                 const float* x_final, float* logits, const Workspace& workspace,
                                                 const Workspace& scratch) const = 0;
 
-  // --- sampling on the host: NOTHING calls these (generation decodes through the ops above) ---
-  // Llama and Gemma define none; only gpt2.cpp still overrides them, so they stay declared —
-  // not pure, aborting — until its overrides go too (one change at the merge: these and those).
-  virtual size_t host_workspace_size_bytes(const BatchShape& /*max_shape*/) const { return 0; }
-  virtual void host_embedding_forward(const BatchShape& /*shape*/, const int32_t* /*tokens*/,
-                                      const float* /*embed*/, float* /*x0*/) const {
-    std::abort();
-  }
-  virtual void host_block_forward(const BatchShape& /*shape*/, const float* /*block*/, const float* /*x_in*/,
-                                  float* /*x_out*/, const Workspace& /*workspace*/) const {
-    std::abort();
-  }
-  virtual void host_head_forward(const BatchShape& /*shape*/, const float* /*final_weights*/,
-                                 const float* /*embed*/, const float* /*x_final*/, float* /*logits*/,
-                                 const Workspace& /*workspace*/) const {
-    std::abort();
-  }
-
  protected:
   explicit ModelDefinition(const ModelConfig& config) : config_(config) {}
   // Appends a tensor to `unit`, packed after the ones before it.
