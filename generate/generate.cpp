@@ -54,16 +54,6 @@ uint64_t peak_rss_bytes() {
   return 0;
 }
 
-// Generation runs the definition's decode ops; a definition without them is refused before any
-// store or device work, in one line.
-Status check_decodes(const models::ModelDefinition& definition) {
-  if (definition.decodes()) return Status();
-  return make_error(ErrorKind::unsupported,
-                    fmt::format("strata generate does not decode arch {} yet: its decode ops are per model and {}'s "
-                                "are not written (docs/models.md); train and export it instead",
-                                definition.arch(), definition.arch()));
-}
-
 // Whole DeviceBuffers round up to the device's alignment; the scratch is a handful of them.
 uint64_t device_bytes(uint64_t size_bytes) { return align_up(std::max<uint64_t>(size_bytes, 1), device::kDeviceAlignmentBytes); }
 
@@ -470,7 +460,6 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   // The definition drives the pass (its units, its decode ops): GPT-2 and Llama share it. With
   // adapters, the base's units alone (the same names and shapes; the adapters are folded in).
   const ModelLayout layout(base_model);
-  STRATA_RETURN_IF_ERROR(check_decodes(layout.definition()));
   std::optional<ModelLayout> adapter_layout;
   StoreAdapters store_adapters;
   if (adapters) {
@@ -842,7 +831,6 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
 Status stage_hf_weights(const TrainConfig& config, bool progress) {
   const std::string dir = store_dir_for(config);
   const ModelLayout layout(config.model);
-  STRATA_RETURN_IF_ERROR(check_decodes(layout.definition()));  // before staging a model it cannot sample
   const uint64_t element_bytes = dtype_size_bytes(config.precision);
   std::error_code exists_error;
   if (std::filesystem::exists(std::filesystem::path(dir) / memory::kStoreManifestName, exists_error)) {

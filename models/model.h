@@ -149,9 +149,6 @@ class ModelDefinition {
   // the window cannot pass them; Llama: 0, RoPE); the final unit's norm elements, which come
   // first in it; whether the output projection [vocab, C] is the embedding's token rows (tied)
   // or follows the norm in the final unit.
-  // Whether the decode ops below compute this model (false: a definition whose decode is not
-  // written; generation refuses it in one line). Every definition today decodes.
-  virtual bool decodes() const { return true; }
   virtual int64_t kv_cache_width() const = 0;
   virtual int64_t learned_positions() const = 0;
   virtual uint64_t final_norm_elements() const = 0;

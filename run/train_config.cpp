@@ -418,10 +418,6 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
   STRATA_READ(config.sample_prompt, sample.string("prompt", std::string("The ")));
   STRATA_READ(config.sample_tokens, sample.integer("tokens", 0, 0, 1 << 20));
   STRATA_RETURN_IF_ERROR(sample.finish());
-  // The sample is generation's: refused up front for a model it cannot decode, not after training.
-  if (config.sample_tokens > 0 && !models::make_model_definition(m)->decodes())
-    return sample.error_at("tokens", fmt::format("is a sample, and strata generate does not decode arch {} yet "
-                                                 "(docs/models.md): drop sample:", m.arch));
   // The sample goes through the run's tokenizer (tokenizer_path_for below; generate/generate.h
   // make_codec loads it): token data with none to be found would print noise.
   if (config.sample_tokens > 0 && config.data_format != DataFormat::text_bytes && tokenizer_path_for(config).empty())
