@@ -221,22 +221,6 @@ size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64
   return cpu_ops::attention_scratch_bytes(shape, n_head, head_dim);
 }
 
-size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape) {
-#if STRATA_HAVE_CUDA
-  if (!runs_cpu_kernels(kind)) return cuda_workspace_size_bytes(config, max_shape);
-#endif
-  (void)kind;
-  return gpt2::workspace_size_bytes(config, max_shape);
-}
-
-size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape) {
-#if STRATA_HAVE_CUDA
-  if (!runs_cpu_kernels(kind)) return cuda_llama_workspace_size_bytes(config, max_shape);
-#endif
-  (void)kind;
-  return llama::workspace_size_bytes(config, max_shape);
-}
-
 size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,
                                    int64_t max_positions) {
 #if STRATA_HAVE_CUDA

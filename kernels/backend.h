@@ -29,28 +29,34 @@
 // - The step and its scalars: `begin_step` gives the batch's tokens and targets (host memory,
 //   untouched until `end_step` returns) and clears the step's loss and gradient sum — not the
 //   clip coefficient, which interleaved updates (run/train_plan.h) take at the end of one
-//   step and use in the next; `head_forward_backward`
-//   puts the loss there, and every `sum_squares` adds to the step's gradient sum of squares.
+//   step and use in the next; `cross_entropy` puts the loss there (the mean over N of every
+//   row so far), and every `sum_squares` adds to the step's gradient sum of squares.
 //   `end_step` waits for the stream once and returns both — the one host synchronisation of a
 //   step; nothing else in a step waits. `clip_coefficient` turns the sum so far into the
 //   gradient scale on the stream, and `adamw` with `use_clip_scale` reads it there, so clipping
 //   needs no host round trip either.
-// - Workspace: `workspace_size_bytes` says how much scratch the block and head ops need for a
-//   shape (CUDA's grows with T²: its attention keeps the [B, H, T, T] probabilities). One
-//   workspace serves every op; ops that share it are ordered by the stream. LoRA's scratch
+// - Scratch: the operations allocate nothing; the attention takes its scratch from the caller
+//   (`attention_scratch_bytes`: CUDA's grows with T², it keeps the [B, H, T, T]
+//   probabilities), and a model definition sizes one workspace for its ops from it
+//   (models/model.h). Ops that share scratch are ordered by the stream. LoRA's scratch
 //   (BlockAdapters::scratch) is apart from it, lora::scratch_size_bytes on every backend.
-// - LoRA and frozen bases: the block ops take a block's adapters (lora.h) and add their terms
-//   and gradients; a null gradient pointer is a frozen tensor whose gradient is skipped, so a
-//   frozen base's backward computes the activation gradients and the adapters' grads only.
-//   The dropout mask is lora.h's hash on every backend: the same mask, bit for bit.
-// - Models: GPT-2's ops (gpt2.h) and Llama's (llama.h, the `llama_` ops); a model definition
-//   (models/model.h) picks its own, so callers above it never name a model.
-// - Numerics: the CPU backend is exactly kernels/gpt2 (gpt2.h), kernels/llama, kernels/optim
-//   (adamw.h, adamw8bit.h, cast.h) and kernels/quant (quant.h) — bit-identical to calling them
-//   directly (tests/backend/test_backend_cpu.cpp, tests/quant). The CUDA backend is
-//   gpt2_cuda.h, optim_cuda.h and quant_cuda.h: AdamW, the casts and the dequantisation give
-//   the CPU's bits; the GPT-2 ops and the sum of squares agree to fp32 rounding
-//   (tests/backend/test_backend_ops.cpp states each op's tolerance).
+// - LoRA and frozen bases: `lora_forward` / `lora_backward_*` add an adapter's terms and
+//   gradients around a block's linear (lora.h); a null gradient pointer is a frozen tensor whose
+//   gradient is skipped, so a frozen base's backward computes the activation gradients and the
+//   adapters' grads only. The dropout mask is lora.h's hash on every backend: the same mask,
+//   bit for bit.
+// - Models: training has no model-shaped op; a model definition (models/) composes the
+//   operations, so callers above it never name a model. Decoding still has GPT-2's and
+//   Llama's own ops (below) until the definitions compose it too.
+// - Numerics: the CPU backend's operations are the loops of kernels/gpt2 and kernels/llama
+//   (cpu_ops.h), so a definition composed of them gives those kernels' bits
+//   (tests/backend/test_compose_*.cpp); its optimizer and casts are kernels/optim (adamw.h,
+//   adamw8bit.h, cast.h) and its dequantisation kernels/quant (quant.h), bit-identical to
+//   calling them directly (tests/backend/test_backend_cpu.cpp, tests/quant). The CUDA backend
+//   is cuda_ops.h, the decode kernels of gpt2_cuda.h / llama_cuda.h, optim_cuda.h and
+//   quant_cuda.h: AdamW, the casts and the dequantisation give the CPU's bits; the operations,
+//   whole blocks and heads and the sum of squares agree to fp32 rounding (test_ops.cpp and
+//   test_backend_ops.cpp state each tolerance).
 // - Errors: a failed launch comes back as a Status from the op that launched it; a fault while
 //   running surfaces at `end_step` / `synchronize`. Bad shapes and short workspaces are
 //   programmer errors and assert.
@@ -74,7 +80,7 @@
 
 namespace strata::kernels {
 
-// One step's batch for the embedding, block and head ops: host memory, untouched until
+// One step's batch for the embedding, attention, RoPE and cross-entropy ops: host memory, untouched until
 // `end_step` returns. `rows` is the number of tokens (the shape's B·T).
 // - Loss masks live in `targets`: a negative target is a token the loss does not see (zero loss,
 //   exactly zero gradient; gpt2.h, "Loss masks").
@@ -84,10 +90,11 @@ namespace strata::kernels {
 //   and their `StepScalars::loss` values add up to the mean over every trained token.
 // Packed rows (several examples in one seq_len row; docs/backend.md "Packed rows"), each
 // [rows] int32 or null — gpt2::PackedRows' semantics:
-// - `positions`: each token's position within its example, in [0, seq_len). GPT-2's embedding
-//   ops look wpe up at it; Llama's block ops rotate q and k by it. Null: t, the index in the row.
+// - `positions`: each token's position within its example, in [0, seq_len). The embedding op
+//   with use_step_positions looks learned positions (GPT-2's wpe) up at it; `rope` with
+//   use_step_positions rotates q and k by it (Llama). Null: t, the index in the row.
 // - `segments`: each token's example id, non-decreasing along a row (an example is one
-//   contiguous run; equal ids = same example). Every block op's attention (both models, forward
+//   contiguous run; equal ids = same example). Every attention op with use_step_segments (forward
 //   and backward) lets token t see token u only when u ≤ t and both share the id. Null: one
 //   example per row.
 // Both null is today's unpacked batch, bit for bit. The ops that read them refuse values
@@ -147,11 +154,10 @@ class ComputeBackend {
   virtual bool is_host() const = 0;
   // The stream the ops run on: hand it to Scheduler::release_after.
   virtual device::Stream& compute_stream() = 0;
-  // Scratch the block and head ops need for shapes up to `max_shape`.
-  virtual size_t workspace_size_bytes(const gpt2::Config& config, const gpt2::BatchShape& max_shape) const = 0;
 
   // --- the step ---
-  // The batch (rows = shape.rows() of each) for the embedding and head ops; clears the scalars.
+  // The batch (rows = shape.rows() of each) for the embedding and cross-entropy ops; clears the
+  // scalars.
   [[nodiscard]] virtual Status begin_step(const StepBatch& batch) = 0;
   // Waits for every op enqueued so far and returns the step's scalars (the one sync).
   [[nodiscard]] virtual Result<StepScalars> end_step() = 0;
@@ -200,56 +206,6 @@ class ComputeBackend {
                                                     int slot) = 0;
   [[nodiscard]] virtual Status lora_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows,
                                                    int64_t in, float* dx, int slot) = 0;
-
-  // --- the model (gpt2.h's semantics; tokens and targets from begin_step) ---
-  [[nodiscard]] virtual Status embedding_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,
-                                                 const float* wte, const float* wpe, float* x0) = 0;
-  [[nodiscard]] virtual Status embedding_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
-                                                  const float* d_x0, float* d_wte, float* d_wpe) = 0;
-  // The block ops take the block's LoRA adapters (lora.h; null: none — exactly the bits
-  // without them): tensors, grads and `scratch` are this backend's memory, the scratch at least
-  // lora::scratch_size_bytes for the block. Null members of `grads` are frozen (gpt2.h,
-  // "Gradients"): a default BlockGrads{} computes d_in and the adapters' grads only.
-  [[nodiscard]] virtual Status block_forward(const gpt2::Config& config, const gpt2::BatchShape& shape,
-                                             const gpt2::BlockWeights& weights, const float* x_in, float* x_out,
-                                             const gpt2::Workspace& workspace,
-                                             const lora::BlockAdapters* adapters = nullptr) = 0;
-  [[nodiscard]] virtual Status block_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
-                                              const gpt2::BlockWeights& weights, const float* x_in,
-                                              const float* d_out, float* d_in, const gpt2::BlockGrads& grads,
-                                              const gpt2::Workspace& workspace, bool recompute,
-                                              const lora::BlockAdapters* adapters = nullptr) = 0;
-  // The tied head and loss; the mean loss goes to the step's scalars. d_x_final null (and
-  // every gradient pointer null): the loss only, nothing written — evaluation. d_x_final with
-  // every gradient pointer null: d_x_final only (a frozen base), the full head's bits.
-  [[nodiscard]] virtual Status head_forward_backward(const gpt2::Config& config, const gpt2::BatchShape& shape,
-                                                     const gpt2::HeadWeights& weights, const float* x_final,
-                                                     float* d_x_final, const gpt2::HeadGrads& grads,
-                                                     const gpt2::Workspace& workspace) = 0;
-
-  // --- Llama (llama.h's semantics; tokens and targets from begin_step) ---
-  virtual size_t llama_workspace_size_bytes(const llama::Config& config, const gpt2::BatchShape& max_shape) const = 0;
-  [[nodiscard]] virtual Status llama_embedding_forward(const llama::Config& config, const gpt2::BatchShape& shape,
-                                                       const float* embed, float* x0) = 0;
-  [[nodiscard]] virtual Status llama_embedding_backward(const llama::Config& config, const gpt2::BatchShape& shape,
-                                                        const float* d_x0, float* d_embed) = 0;
-  // `adapters` and frozen (null) grads as the GPT-2 block ops above.
-  [[nodiscard]] virtual Status llama_block_forward(const llama::Config& config, const gpt2::BatchShape& shape,
-                                                   const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                                                   const gpt2::Workspace& workspace,
-                                                   const lora::BlockAdapters* adapters = nullptr) = 0;
-  [[nodiscard]] virtual Status llama_block_backward(const llama::Config& config, const gpt2::BatchShape& shape,
-                                                    const llama::BlockWeights& weights, const float* x_in,
-                                                    const float* d_out, float* d_in, const llama::BlockGrads& grads,
-                                                    const gpt2::Workspace& workspace, bool recompute,
-                                                    const lora::BlockAdapters* adapters = nullptr) = 0;
-  // Final RMSNorm, head (tied or not) and loss; the mean loss goes to the step's scalars.
-  // d_x_final null (every gradient pointer null): the loss only — evaluation. d_x_final with
-  // every gradient pointer null: d_x_final only (a frozen base).
-  [[nodiscard]] virtual Status llama_head_forward_backward(const llama::Config& config, const gpt2::BatchShape& shape,
-                                                           const llama::HeadWeights& weights, const float* x_final,
-                                                           float* d_x_final, const llama::HeadGrads& grads,
-                                                           const gpt2::Workspace& workspace) = 0;
 
   // --- generation: GPT-2 decoding with a KV cache (gpt2.h's decode semantics) ---
   // Ops per model definition (Llama's trio follows). `tokens` is host
@@ -340,10 +296,8 @@ class ComputeBackend {
 [[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device,
                                                                    const gpt2::BatchShape& max_shape);
 
-// Sizes without a backend, for planning before any device exists: the workspace the kind's ops
-// need, and the bytes make_backend takes from the device besides it.
-size_t workspace_size_bytes(device::Kind kind, const gpt2::Config& config, const gpt2::BatchShape& max_shape);
-size_t workspace_size_bytes(device::Kind kind, const llama::Config& config, const gpt2::BatchShape& max_shape);
+// Sizes without a backend, for planning before any device exists: the bytes make_backend takes
+// from the device besides the callers' buffers.
 uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
 // ComputeBackend::attention_scratch_bytes, attention_decode_scratch_bytes and
 // matmul_bf16_scratch_bytes on a device kind, before any backend exists.
@@ -359,7 +313,7 @@ size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& confi
 // The bf16 decode ops' scratch on a device kind (ComputeBackend::decode_bf16_scratch_bytes).
 size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
 size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);
-// The refusal every backend's head ops make before a kernel indexes a logits row by a target:
+// The refusal every backend's cross_entropy makes before a kernel indexes a logits row by a target:
 // a target at or past vocab_size would read (and, with gradients, write) past the row. The
 // first such target is an `invalid_argument` naming the token id, its row and the vocabulary
 // size. Negative targets are loss masks (StepBatch) and pass. `targets` are begin_step's, host

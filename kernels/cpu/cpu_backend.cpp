@@ -34,9 +34,6 @@ class CpuBackend final : public ComputeBackend {
   // stands for a GPU's, which callers must not read on the host (they copy, as on CUDA).
   bool is_host() const override { return device_.memory_is_host(); }
   device::Stream& compute_stream() override { return stream_; }
-  size_t workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) const override {
-    return gk::workspace_size_bytes(config, max_shape);
-  }
 
   Status begin_step(const StepBatch& batch) override {
     STRATA_RETURN_IF_ERROR(in_stream_order());
@@ -148,92 +145,6 @@ class CpuBackend final : public ComputeBackend {
   Status lora_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows, int64_t in, float* dx,
                              int slot) override {
     return run([&] { lora::adapter_backward_input(adapters, target, rows, in, dx, slot); });
-  }
-
-  Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte,
-                           const float* wpe, float* x0) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    gk::embedding_forward(config, shape, tokens_, wte, wpe, x0, packed_);
-    return Status();
-  }
-  Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
-                            float* d_wpe) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    gk::embedding_backward(config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
-    return Status();
-  }
-  Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
-                       const float* x_in, float* x_out, const gk::Workspace& workspace,
-                       const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    gk::block_forward(config, shape, weights, x_in, x_out, workspace, packed_, adapters);
-    return Status();
-  }
-  Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
-                        const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
-                        const gk::Workspace& workspace, bool recompute, const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    gk::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_, adapters);
-    return Status();
-  }
-  Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
-                               const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
-                               const gk::Workspace& workspace) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
-    scalars_.loss = d_x_final == nullptr
-                        ? gk::head_loss(config, shape, weights, x_final, targets_, workspace, loss_normalizer_tokens_)
-                        : gk::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads,
-                                                    workspace, loss_normalizer_tokens_);
-    return Status();
-  }
-
-  size_t llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) const override {
-    return llama::workspace_size_bytes(config, max_shape);
-  }
-  Status llama_embedding_forward(const llama::Config& config, const gk::BatchShape& shape, const float* embed,
-                                 float* x0) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    llama::embedding_forward(config, shape, tokens_, embed, x0);
-    return Status();
-  }
-  Status llama_embedding_backward(const llama::Config& config, const gk::BatchShape& shape, const float* d_x0,
-                                  float* d_embed) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    llama::embedding_backward(config, shape, tokens_, d_x0, d_embed);
-    return Status();
-  }
-  Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
-                             const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                             const gk::Workspace& workspace, const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    llama::block_forward(config, shape, weights, x_in, x_out, workspace, packed_, adapters);
-    return Status();
-  }
-  Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
-                              const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
-                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute,
-                              const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    llama::block_backward(config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute, packed_, adapters);
-    return Status();
-  }
-  Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
-                                     const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
-                                     const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
-    STRATA_RETURN_IF_ERROR(in_stream_order());
-    STRATA_RETURN_IF_ERROR(check_targets(targets_, shape.rows(), config.vocab_size));
-    scalars_.loss = d_x_final == nullptr
-                        ? llama::head_loss(config, shape, weights, x_final, targets_, workspace, loss_normalizer_tokens_)
-                        : llama::head_forward_backward(config, shape, weights, x_final, targets_, d_x_final, grads,
-                                                       workspace, loss_normalizer_tokens_);
-    return Status();
   }
 
   Status embedding_decode(const gk::Config& config, int64_t past, int64_t rows, const int32_t* tokens,

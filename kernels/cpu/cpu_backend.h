@@ -16,8 +16,6 @@ namespace strata::kernels {
 // kernels/cuda/cuda_backend.cpp: only in CUDA builds.
 [[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device,
                                                                         const gpt2::BatchShape& max_shape);
-size_t cuda_workspace_size_bytes(const gpt2::Config& config, const gpt2::BatchShape& max_shape);
-size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gpt2::BatchShape& max_shape);
 uint64_t cuda_fixed_device_bytes(const gpt2::BatchShape& max_shape);
 size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim);
 size_t cuda_attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions);

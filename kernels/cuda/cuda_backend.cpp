@@ -76,9 +76,6 @@ class CudaBackend final : public ComputeBackend {
   const char* name() const override { return "cuda"; }
   bool is_host() const override { return false; }
   device::Stream& compute_stream() override { return stream_; }
-  size_t workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) const override {
-    return gk::cuda::workspace_size_bytes(config, max_shape);
-  }
 
   Status begin_step(const StepBatch& batch) override {
     assert(batch.rows <= max_shape_.rows());
@@ -166,16 +163,6 @@ class CudaBackend final : public ComputeBackend {
     return host.grad_sum_squares;
   }
 
-  Status embedding_forward(const gk::Config& config, const gk::BatchShape& shape, const float* wte, const float* wpe,
-                           float* x0) override {
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return gk::cuda::embedding_forward(context_, config, shape, tokens_, wte, wpe, x0, packed_);
-  }
-  Status embedding_backward(const gk::Config& config, const gk::BatchShape& shape, const float* d_x0, float* d_wte,
-                            float* d_wpe) override {
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return gk::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_wte, d_wpe, packed_);
-  }
   // --- the operations (cuda_ops.h, with the step's device arrays) ---
   size_t attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim) const override {
     return cuda_ops::attention_scratch_bytes(shape, n_head, head_dim);
@@ -254,63 +241,6 @@ class CudaBackend final : public ComputeBackend {
   Status attention_decode(const ops::AttentionDecode& op) override { return cuda::attention_decode(op, stream()); }
   Status matmul_bf16(const ops::MatmulBf16& op) override { return cuda::matmul_bf16(context_, op); }
 
-  Status block_forward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
-                       const float* x_in, float* x_out, const gk::Workspace& workspace,
-                       const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return gk::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_, adapters);
-  }
-  Status block_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::BlockWeights& weights,
-                        const float* x_in, const float* d_out, float* d_in, const gk::BlockGrads& grads,
-                        const gk::Workspace& workspace, bool recompute, const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return gk::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace, recompute,
-                                    packed_, adapters);
-  }
-  Status head_forward_backward(const gk::Config& config, const gk::BatchShape& shape, const gk::HeadWeights& weights,
-                               const float* x_final, float* d_x_final, const gk::HeadGrads& grads,
-                               const gk::Workspace& workspace) override {
-    STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
-    if (d_x_final == nullptr)
-      return gk::cuda::head_loss(context_, config, shape, weights, x_final, targets_, &slots_->loss, workspace,
-                                 loss_normalizer_tokens_);
-    return gk::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
-                                           &slots_->loss, workspace, loss_normalizer_tokens_);
-  }
-
-  size_t llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) const override {
-    return cuda_llama_workspace_size_bytes(config, max_shape);
-  }
-  Status llama_embedding_forward(const llama::Config& config, const gk::BatchShape& shape, const float* embed,
-                                 float* x0) override {
-    return llama::cuda::embedding_forward(context_, config, shape, tokens_, embed, x0);
-  }
-  Status llama_embedding_backward(const llama::Config& config, const gk::BatchShape& shape, const float* d_x0,
-                                  float* d_embed) override {
-    return llama::cuda::embedding_backward(context_, config, shape, tokens_, d_x0, d_embed);
-  }
-  Status llama_block_forward(const llama::Config& config, const gk::BatchShape& shape,
-                             const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                             const gk::Workspace& workspace, const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return llama::cuda::block_forward(context_, config, shape, weights, x_in, x_out, workspace, packed_, adapters);
-  }
-  Status llama_block_backward(const llama::Config& config, const gk::BatchShape& shape,
-                              const llama::BlockWeights& weights, const float* x_in, const float* d_out, float* d_in,
-                              const llama::BlockGrads& grads, const gk::Workspace& workspace, bool recompute,
-                              const lora::BlockAdapters* adapters) override {
-    STRATA_RETURN_IF_ERROR(check_packed(shape));
-    return llama::cuda::block_backward(context_, config, shape, weights, x_in, d_out, d_in, grads, workspace,
-                                       recompute, packed_, adapters);
-  }
-  Status llama_head_forward_backward(const llama::Config& config, const gk::BatchShape& shape,
-                                     const llama::HeadWeights& weights, const float* x_final, float* d_x_final,
-                                     const llama::HeadGrads& grads, const gk::Workspace& workspace) override {
-    STRATA_RETURN_IF_ERROR(check_targets(host_targets_, shape.rows(), config.vocab_size));
-    return llama::cuda::head_forward_backward(context_, config, shape, weights, x_final, targets_, d_x_final, grads,
-                                              &slots_->loss, workspace, loss_normalizer_tokens_);
-  }
-
   Status zero(float* values, uint64_t count) override {
     return cuda_status(cudaMemsetAsync(values, 0, count * sizeof(float), stream()), "cudaMemsetAsync");
   }
@@ -387,14 +317,6 @@ size_t cuda_attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int
 
 size_t cuda_matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) {
   return cuda::matmul_bf16_scratch_bytes(max_in, max_out);
-}
-
-size_t cuda_workspace_size_bytes(const gk::Config& config, const gk::BatchShape& max_shape) {
-  return gk::cuda::workspace_size_bytes(config, max_shape);
-}
-
-size_t cuda_llama_workspace_size_bytes(const llama::Config& config, const gk::BatchShape& max_shape) {
-  return llama::cuda::workspace_size_bytes(config, max_shape);
 }
 
 size_t cuda_decode_workspace_size_bytes(const gk::Config& config, int64_t max_rows, int64_t max_positions) {

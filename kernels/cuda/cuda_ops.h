@@ -8,8 +8,8 @@
 //   `segments`) included: the backend's copies made at begin_step, or null where ops.h allows
 //   none (the op's use_step_* flag is then ignored). Calls enqueue on ctx's stream and return
 //   without waiting; buffers live until the stream reaches the work.
-// - Kernels: op_kernels.cuh's and cuda_common.cuh's, the ones the per-model CUDA code
-//   (gpt2_cuda.cu, llama_cuda.cu) launches; products through cuda_common.cuh's sgemm wrappers.
+// - Kernels: op_kernels.cuh's and cuda_common.cuh's (the per-model CUDA decode, gpt2_cuda.cu
+//   and llama_cuda.cu, launches the same); products through cuda_common.cuh's sgemm wrappers.
 // - Errors: a failed launch or cuBLAS call is a Status (a size past cuBLAS's int an
 //   invalid_argument); bad shapes and short scratch assert.
 // - Determinism: as gpt2_cuda.h — no atomics, every reduction in a fixed order.

@@ -1,20 +1,18 @@
-// strata/kernels/gpt2/gpt2_cuda.h — the CUDA twin of gpt2.h: the same GPT-2 math, entry
-// points, tensor layout, gradient semantics and structs (Config, BatchShape, BlockWeights,
-// BlockGrads, HeadWeights, HeadGrads, Workspace), with DEVICE pointers and a stream.
+// strata/kernels/gpt2/gpt2_cuda.h — the cuBLAS Context every CUDA kernel of strata runs on, and
+// the CUDA twin of gpt2.h's decoding: the same GPT-2 math and structs (Config, BlockWeights,
+// HeadWeights, KvCacheBlock, Workspace), with DEVICE pointers and a stream. Training has no
+// twin here: the model definitions compose the CUDA operations (kernels/cuda/cuda_ops.h).
 //
 // Contract (differences from gpt2.h only)
-// - Every pointer (weights, activations, gradients, tokens, targets, workspace, loss) is device
+// - Every pointer (weights, activations, tokens, the KV cache, workspace, logits) is device
 //   memory on the current device. Entry points enqueue work on the Context's stream and return
 //   without synchronizing; buffers must stay alive until that stream reaches the work.
 // - Errors: a failed launch or cuBLAS call comes back as a Status (operating error: the device
 //   is gone or out of resources). Programmer errors (bad shapes, a short workspace) assert.
 // - Matrix products are cuBLAS sgemm in pedantic fp32 (no TF32), so results match the CPU
-//   kernels to fp32 rounding. Attention materializes its [B, H, T, T] probabilities (and their
-//   gradient) in the workspace and uses strided-batched sgemm per batch row, so this workspace
-//   grows with T² (block_workspace_size_bytes says how much).
-// - Determinism: no atomics; every reduction (LayerNorm statistics, softmax and cross-entropy
-//   sums, column sums for biases / LayerNorm / embeddings, the loss mean) runs in a fixed order
-//   (sequential per thread, then a fixed shuffle / shared-memory tree). cuBLAS gives bit-wise
+//   kernels to fp32 rounding.
+// - Determinism: no atomics; every reduction (LayerNorm statistics, softmax sums) runs in a
+//   fixed order (sequential per thread, then a fixed shuffle / shared-memory tree). cuBLAS gives bit-wise
 //   identical results run after run on the same GPU model with one stream per handle, so the
 //   same inputs give bit-identical outputs run after run on the same GPU.
 // - Threads: a Context (one cuBLAS handle) is used by one host thread at a time.
@@ -50,55 +48,6 @@ class Context {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 };
-
-// Bytes of device workspace each entry point needs for shapes up to max_shape (256-byte
-// aligned base required).
-size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
-size_t head_workspace_size_bytes(const Config& config, const BatchShape& max_shape);
-size_t workspace_size_bytes(const Config& config, const BatchShape& max_shape);
-
-// `packed` (gpt2.h's PackedRows) holds DEVICE pointers here. Packed attention skips the keys
-// before each query's example (a binary search of its row's segment ids) and leaves their
-// probabilities 0; the packed wpe gradient walks the rows in order, one thread per column.
-[[nodiscard]] Status embedding_forward(const Context& ctx, const Config& config,
-                                       const BatchShape& shape, const int32_t* tokens,
-                                       const float* wte, const float* wpe, float* x0,
-                                       const PackedRows& packed = {});
-[[nodiscard]] Status embedding_backward(const Context& ctx, const Config& config,
-                                        const BatchShape& shape, const int32_t* tokens,
-                                        const float* d_x0, float* d_wte, float* d_wpe,
-                                        const PackedRows& packed = {});
-
-// `adapters` (lora.h, device tensors and scratch; null: none) and frozen (null) grads as gpt2.h's.
-[[nodiscard]] Status block_forward(const Context& ctx, const Config& config,
-                                   const BatchShape& shape, const BlockWeights& weights,
-                                   const float* x_in, float* x_out, const Workspace& workspace,
-                                   const PackedRows& packed = {},
-                                   const lora::BlockAdapters* adapters = nullptr);
-[[nodiscard]] Status block_backward(const Context& ctx, const Config& config,
-                                    const BatchShape& shape, const BlockWeights& weights,
-                                    const float* x_in, const float* d_out, float* d_in,
-                                    const BlockGrads& grads, const Workspace& workspace,
-                                    bool recompute = true, const PackedRows& packed = {},
-                                    const lora::BlockAdapters* adapters = nullptr);
-
-// As the CPU head (masks included), but the loss is written to *loss (one device float) instead
-// of returned, so nothing waits for the device. The targets are device memory, so the caller
-// resolves N itself: `loss_normalizer_tokens` is the divisor (the host's
-// count_trained_targets when the batch has no other), 0 only when no row is trained.
-[[nodiscard]] Status head_forward_backward(const Context& ctx, const Config& config,
-                                           const BatchShape& shape, const HeadWeights& weights,
-                                           const float* x_final, const int32_t* targets,
-                                           float* d_x_final, const HeadGrads& grads, float* loss,
-                                           const Workspace& workspace, int64_t loss_normalizer_tokens);
-[[nodiscard]] Status head_loss(const Context& ctx, const Config& config, const BatchShape& shape,
-                               const HeadWeights& weights, const float* x_final,
-                               const int32_t* targets, float* loss, const Workspace& workspace,
-                               int64_t loss_normalizer_tokens);
-[[nodiscard]] Status head_forward(const Context& ctx, const Config& config,
-                                  const BatchShape& shape, const HeadWeights& weights,
-                                  const float* x_final, float* logits,
-                                  const Workspace& workspace);
 
 // --- Decoding with a KV cache (gpt2.h's decode contract; device pointers; `tokens` DEVICE memory) ---
 // Attention: one thread block per (new row, head) scores the cached keys, softmaxes (max and

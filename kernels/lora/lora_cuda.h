@@ -1,6 +1,6 @@
 // strata/kernels/lora/lora_cuda.h — the CUDA twin of lora.h's op: the same math, scratch layout
 // and dropout mask (lora.h's hash, evaluated per element on the device), with DEVICE pointers
-// on a gpt2_cuda.h Context's stream. gpt2_cuda.cu and llama_cuda.cu call it per targeted linear.
+// on a gpt2_cuda.h Context's stream. The CUDA backend's lora_* ops call it per targeted linear.
 //
 // Contract (differences from lora.h only)
 // - Every pointer (x, y, dy, dx, A, B, their grads, scratch) is device memory; the calls enqueue
@@ -33,7 +33,7 @@ using gpt2::cuda::Context;
                                     int64_t in, Adapter adapter, float* dx, const Workspace& scratch, int slot);
 
 
-// The block kernels' call sites (gpt2_cuda.cu, llama_cuda.cu), as lora.h's CPU ones: the op of
+// The CUDA backend's lora_* ops (cuda_backend.cpp), as lora.h's CPU ones: the op of
 // `target` with the block's spec, key and scratch — nothing when `adapters` does not target it.
 [[nodiscard]] Status adapter_forward(const Context& ctx, const BlockAdapters* adapters, int target, const float* x,
                                      int64_t rows, int64_t in, int64_t out, float* y);

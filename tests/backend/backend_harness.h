@@ -1,6 +1,7 @@
-// tests/backend/backend_harness.h — runs each backend op (kernels/backend.h) on one device
-// from host inputs and brings its outputs back, so the same scenario can run on the CPU
-// backend, on the CUDA backend and against the kernels called directly.
+// tests/backend/backend_harness.h — runs backend ops (kernels/backend.h) on one device from
+// host inputs and brings their outputs back, so the same scenario can run on the CPU backend,
+// on the CUDA backend and against the kernels called directly. A model's training ops run
+// through its definition (tests/backend/model_scenarios.h).
 #pragma once
 
 #include <cstdint>
@@ -182,15 +183,10 @@ class BackendEnv {
     EXPECT_TRUE(device_->synchronize(backend_->compute_stream()).ok());
     return values;
   }
-  // A workspace for `config`'s ops at small_shape (the Llama scenarios).
+  // A workspace of `size_bytes` in the device's memory (zeroed).
   gk::Workspace workspace_for(size_t size_bytes) {
     float* data = zeros<float>(size_bytes / 4 + 1);
     return gk::Workspace{data, size_bytes};
-  }
-  gk::Workspace workspace() {
-    if (workspace_ == nullptr)
-      workspace_ = zeros<float>(backend_->workspace_size_bytes(small_config(), small_shape()) / 4 + 1);
-    return gk::Workspace{workspace_, backend_->workspace_size_bytes(small_config(), small_shape())};
   }
 
  private:
@@ -198,7 +194,6 @@ class BackendEnv {
   std::unique_ptr<device::Device> device_;
   std::unique_ptr<kernels::ComputeBackend> backend_;
   std::vector<device::DeviceBuffer> held_;
-  float* workspace_ = nullptr;
 };
 
 // The named outputs of one op scenario, as host values.
@@ -210,87 +205,19 @@ struct OpOutputs {
 };
 
 // Each scenario: fixed inputs from fixed seeds, one op (or a short chain) through the backend,
-// outputs back. Scenario names are what the parity tests print.
-// The packed_ ones run their op on small_packing's batch.
-inline const char* const kScenarios[] = {"embedding_forward",
-                                         "embedding_backward",
-                                         "block_forward",
-                                         "block_backward",
-                                         "head",
-                                         "zero_copy",
-                                         "casts",
-                                         "sum_squares",
-                                         "adamw",
-                                         "adamw_clip",
-                                         "packed_embedding_forward",
-                                         "packed_embedding_backward",
-                                         "packed_block_forward",
-                                         "packed_block_backward",
-                                         "head_masked",
-                                         "head_masked_normalizer",
-                                         "head_all_masked"};
+// outputs back. Scenario names are what the parity tests print. These are the seam's own ops
+// (elementwise and the optimizer); a model's ops run through its definition
+// (tests/backend/model_scenarios.h).
+inline const char* const kScenarios[] = {"zero_copy", "casts", "sum_squares", "adamw", "adamw_clip"};
 
-inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name) {
+inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
   Scenario scenario = make_scenario();
-  auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
   kernels::ComputeBackend& b = env.backend();
-  const std::string name = unpacked_scenario(scenario_name);
-  const int64_t normalizer = apply_masks(name, targets);
-  const SmallPacking packing = small_packing();
-  kernels::StepBatch batch{tokens.data(), targets.data(), s.rows()};
-  batch.loss_normalizer_tokens = normalizer;
-  if (is_packed_scenario(scenario_name)) {
-    batch.positions = packing.positions.data();
-    batch.segments = packing.segments.data();
-  }
-  EXPECT_TRUE(b.begin_step(batch).ok());
+  EXPECT_TRUE(b.begin_step({scenario.tokens.data(), scenario.targets.data(), scenario.s.rows()}).ok());
   OpOutputs out;
   auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
 
-  if (name == "embedding_forward") {
-    float* wte = env.upload(random_floats(wte_n, 0.1f, 1));
-    float* wpe = env.upload(random_floats(wpe_n, 0.1f, 2));
-    float* x0 = env.zeros<float>(act);
-    expect_ok(b.embedding_forward(c, s, wte, wpe, x0));
-    out.tensors.push_back({"x0", env.download(x0, act)});
-  } else if (name == "embedding_backward") {
-    float* d_x0 = env.upload(random_floats(act, 0.1f, 3));
-    float* d_wte = env.upload(random_floats(wte_n, 0.1f, 4));  // accumulated into
-    float* d_wpe = env.upload(random_floats(wpe_n, 0.1f, 5));
-    expect_ok(b.embedding_backward(c, s, d_x0, d_wte, d_wpe));
-    out.tensors.push_back({"d_wte", env.download(d_wte, wte_n)});
-    out.tensors.push_back({"d_wpe", env.download(d_wpe, wpe_n)});
-  } else if (name == "block_forward") {
-    float* w = env.upload(block_weights(c, 6));
-    float* x_in = env.upload(random_floats(act, 1.0f, 7));
-    float* x_out = env.zeros<float>(act);
-    expect_ok(b.block_forward(c, s, gk::bind_block(c, static_cast<const float*>(w)), x_in, x_out, env.workspace()));
-    out.tensors.push_back({"x_out", env.download(x_out, act)});
-  } else if (name == "block_backward") {
-    float* w = env.upload(block_weights(c, 6));
-    float* x_in = env.upload(random_floats(act, 1.0f, 7));
-    float* d_x = env.upload(random_floats(act, 0.01f, 8));
-    float* grads = env.zeros<float>(block_n);
-    expect_ok(b.block_backward(c, s, gk::bind_block(c, static_cast<const float*>(w)), x_in, d_x, d_x,
-                               gk::bind_block(c, grads), env.workspace(), /*recompute=*/true));
-    expect_ok(b.sum_squares(grads, block_n));
-    out.tensors.push_back({"d_in", env.download(d_x, act)});
-    out.tensors.push_back({"grads", env.download(grads, block_n)});
-  } else if (name.starts_with("head")) {
-    float* ln_f = env.upload(random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f));
-    float* wte = env.upload(random_floats(wte_n, 0.1f, 1));
-    float* x = env.upload(random_floats(act, 1.0f, 10));
-    float* d_x = env.zeros<float>(act);
-    float* ln_f_grads = env.upload(random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 13));
-    float* wte_grads = env.upload(random_floats(wte_n, 0.1f, 14));
-    expect_ok(b.zero(ln_f_grads, 2 * static_cast<size_t>(c.n_embd)));
-    expect_ok(b.head_forward_backward(c, s, gk::HeadWeights{ln_f, ln_f + c.n_embd, wte}, x, d_x,
-                                      gk::HeadGrads{ln_f_grads, ln_f_grads + c.n_embd, wte_grads}, env.workspace()));
-    out.tensors.push_back({"d_x_final", env.download(d_x, act)});
-    expect_masked_rows_zero(targets, out.tensors.back().second, c.n_embd);
-    out.tensors.push_back({"d_ln_f", env.download(ln_f_grads, 2 * static_cast<size_t>(c.n_embd))});
-    out.tensors.push_back({"d_wte", env.download(wte_grads, wte_n)});
-  } else if (name == "zero_copy") {
+  if (name == "zero_copy") {
     float* a = env.upload(random_floats(1000, 1.0f, 15));
     float* z = env.upload(random_floats(1000, 1.0f, 16));
     expect_ok(b.copy(z + 10, a, 500 * sizeof(float)));
@@ -344,7 +271,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name)
     out.tensors.push_back({"exp_avg_sq", env.download(v, n)});
     out.bits = env.download(copy, n);
   } else {
-    ADD_FAILURE() << "unknown scenario " << scenario_name;
+    ADD_FAILURE() << "unknown scenario " << name;
   }
   auto scalars = b.end_step();
   EXPECT_TRUE(scalars.ok());
@@ -355,7 +282,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& scenario_name)
   return out;
 }
 
-// --- Llama (llama.h through the backend's llama_ ops) ---------------------------------------
+// --- Llama's shape (the decode scenarios below; model_scenarios.h's Llama model is the same) ---
 // 4 query heads over 2 k/v heads, head_dim 8 (≠ n_embd / n_head), llama3 rope scaling, untied.
 inline kernels::llama::Config small_llama_config() {
   kernels::llama::Config c;
@@ -371,135 +298,6 @@ inline kernels::llama::Config small_llama_config() {
   c.rope_original_max_positions = 16.0;
   c.tie_word_embeddings = false;
   return c;
-}
-
-// "llama_bias_X" runs llama_X with q/k/v and o_proj biases (Qwen 2's and Llama's attention_bias);
-// "llama_packed_X" runs llama_X on small_packing's batch (RoPE per example, block-diagonal GQA).
-inline const char* const kLlamaScenarios[] = {"llama_embedding",
-                                              "llama_block_forward",
-                                              "llama_block_backward",
-                                              "llama_head",
-                                              "llama_decode",
-                                              "llama_bias_block_forward",
-                                              "llama_bias_block_backward",
-                                              "llama_bias_decode",
-                                              "llama_packed_block_forward",
-                                              "llama_packed_block_backward",
-                                              "llama_head_masked",
-                                              "llama_head_masked_normalizer",
-                                              "llama_head_all_masked"};
-
-inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
-  namespace lk = kernels::llama;
-  const bool biased = name.rfind("llama_bias_", 0) == 0;
-  const std::string op = biased ? "llama_" + name.substr(11) : unpacked_scenario(name);
-  lk::Config c = small_llama_config();
-  c.qkv_bias = c.o_bias = biased;
-  const gk::BatchShape s = small_shape();
-  const auto rows = static_cast<size_t>(s.rows());
-  const size_t act = rows * static_cast<size_t>(c.n_embd);
-  const size_t table = static_cast<size_t>(c.vocab_size * c.n_embd);
-  const auto block_n = static_cast<size_t>(lk::block_param_count(c));
-  const auto tokens = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 21);
-  auto targets = random_tokens(rows, static_cast<int32_t>(c.vocab_size), 22);
-  const int64_t normalizer = apply_masks(name, targets);
-  kernels::ComputeBackend& b = env.backend();
-  const SmallPacking packing = small_packing();
-  kernels::StepBatch batch{tokens.data(), targets.data(), s.rows()};
-  batch.loss_normalizer_tokens = normalizer;
-  if (is_packed_scenario(name)) {
-    batch.positions = packing.positions.data();
-    batch.segments = packing.segments.data();
-  }
-  EXPECT_TRUE(b.begin_step(batch).ok());
-  const gk::Workspace ws = env.workspace_for(b.llama_workspace_size_bytes(c, s));
-  OpOutputs out;
-  auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
-  // Block weights: matrices and biases N(0, 0.1), the two RMSNorm weights around 1.
-  std::vector<float> weights = random_floats(block_n, 0.1f, 23);
-  const auto specs = lk::block_param_specs(c);
-  size_t offset = 0;
-  for (const auto& spec : specs) {
-    if (spec.name_suffix.ends_with("layernorm.weight"))
-      for (int64_t j = 0; j < spec.numel(); ++j) weights[offset + static_cast<size_t>(j)] += 1.0f;
-    offset += static_cast<size_t>(spec.numel());
-  }
-  if (op == "llama_embedding") {
-    float* embed = env.upload(random_floats(table, 0.1f, 24));
-    float* x0 = env.zeros<float>(act);
-    float* d_x0 = env.upload(random_floats(act, 0.1f, 25));
-    float* d_embed = env.upload(random_floats(table, 0.1f, 26));
-    expect_ok(b.llama_embedding_forward(c, s, embed, x0));
-    expect_ok(b.llama_embedding_backward(c, s, d_x0, d_embed));
-    out.tensors.push_back({"x0", env.download(x0, act)});
-    out.tensors.push_back({"d_embed", env.download(d_embed, table)});
-  } else if (op == "llama_block_forward") {
-    float* w = env.upload(weights);
-    float* x_in = env.upload(random_floats(act, 1.0f, 27));
-    float* x_out = env.zeros<float>(act);
-    expect_ok(b.llama_block_forward(c, s, lk::bind_block(c, static_cast<const float*>(w)), x_in, x_out, ws));
-    out.tensors.push_back({"x_out", env.download(x_out, act)});
-  } else if (op == "llama_block_backward") {
-    float* w = env.upload(weights);
-    float* x_in = env.upload(random_floats(act, 1.0f, 27));
-    float* d_x = env.upload(random_floats(act, 0.01f, 28));
-    float* grads = env.zeros<float>(block_n);
-    expect_ok(b.llama_block_backward(c, s, lk::bind_block(c, static_cast<const float*>(w)), x_in, d_x, d_x,
-                                     lk::bind_block(c, grads), ws, /*recompute=*/true));
-    expect_ok(b.sum_squares(grads, block_n));
-    out.tensors.push_back({"d_in", env.download(d_x, act)});
-    out.tensors.push_back({"grads", env.download(grads, block_n)});
-  } else if (op == "llama_decode") {
-    // Generation: a 5-token prompt, then two tokens one at a time, against a 12-position cache:
-    // each pass's block output and logits, and the cache (keys after RoPE) at the end.
-    constexpr int64_t kPrompt = 5;
-    constexpr int64_t kWindow = 12;
-    const size_t cache_n = static_cast<size_t>(kWindow * c.kv_width());
-    float* w = env.upload(weights);
-    float* embed = env.upload(random_floats(table, 0.5f, 33));
-    float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 34, 1.0f));
-    float* lm_head = env.upload(random_floats(table, 0.1f, 35));
-    float* keys = env.zeros<float>(cache_n);
-    float* values = env.zeros<float>(cache_n);
-    float* x0 = env.zeros<float>(static_cast<size_t>(kPrompt * c.n_embd));
-    float* x1 = env.zeros<float>(static_cast<size_t>(kPrompt * c.n_embd));
-    float* logits = env.zeros<float>(static_cast<size_t>(c.vocab_size));
-    const gk::Workspace decode_ws = env.workspace_for(b.llama_decode_workspace_size_bytes(c, kPrompt, kWindow));
-    const gk::KvCacheBlock cache{keys, values, kWindow};
-    int64_t past = 0;
-    for (const int64_t rows : {kPrompt, int64_t{1}, int64_t{1}}) {
-      expect_ok(b.llama_embedding_decode(c, rows, tokens.data() + past, embed, x0));
-      expect_ok(b.llama_block_decode(c, past, rows, lk::bind_block(c, static_cast<const float*>(w)), x0, x1, cache,
-                                     decode_ws));
-      expect_ok(b.llama_head_logits(c, rows, lk::HeadWeights{norm, lm_head}, x1, logits, decode_ws));
-      const std::string at = "@" + std::to_string(past);
-      out.tensors.push_back({"x_out" + at, env.download(x1, static_cast<size_t>(rows * c.n_embd))});
-      out.tensors.push_back({"logits" + at, env.download(logits, static_cast<size_t>(c.vocab_size))});
-      past += rows;
-    }
-    out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * c.kv_width()))});
-    out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * c.kv_width()))});
-  } else if (op.starts_with("llama_head")) {
-    float* norm = env.upload(random_floats(static_cast<size_t>(c.n_embd), 0.1f, 29, 1.0f));
-    float* lm_head = env.upload(random_floats(table, 0.1f, 30));
-    float* x = env.upload(random_floats(act, 1.0f, 31));
-    float* d_x = env.zeros<float>(act);
-    float* d_norm = env.zeros<float>(static_cast<size_t>(c.n_embd));
-    float* d_lm_head = env.upload(random_floats(table, 0.1f, 32));  // accumulated into
-    expect_ok(b.llama_head_forward_backward(c, s, lk::HeadWeights{norm, lm_head}, x, d_x,
-                                            lk::HeadGrads{d_norm, d_lm_head}, ws));
-    out.tensors.push_back({"d_x_final", env.download(d_x, act)});
-    expect_masked_rows_zero(targets, out.tensors.back().second, c.n_embd);
-    out.tensors.push_back({"d_norm", env.download(d_norm, static_cast<size_t>(c.n_embd))});
-    out.tensors.push_back({"d_lm_head", env.download(d_lm_head, table)});
-  }
-  auto scalars = b.end_step();
-  EXPECT_TRUE(scalars.ok());
-  if (scalars.ok()) {
-    out.loss = scalars->loss;
-    out.grad_sum_squares = scalars->grad_sum_squares;
-  }
-  return out;
 }
 
 // --- Generation: the decode ops, f32 and bf16 (the seam), GPT-2 and Llama ---
@@ -609,41 +407,6 @@ inline OpOutputs run_decode_scenario(BackendEnv& env, const std::string& name) {
   out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * kv_width))});
   out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * kv_width))});
   return out;
-}
-
-// The GPT-2 and Llama heads of one step whose targets hold `bad_target` at their last row (the
-// rest from the scenario): each backend must refuse both heads (kernels::check_targets) rather
-// than index a logits row by it. Returns the two heads' Statuses.
-inline std::pair<Status, Status> heads_with_target(BackendEnv& env, int32_t bad_target) {
-  Scenario scenario = make_scenario();
-  auto& [c, s, rows, act, wte_n, wpe_n, block_n, tokens, targets] = scenario;
-  targets.back() = bad_target;
-  kernels::ComputeBackend& b = env.backend();
-  EXPECT_TRUE(b.begin_step({tokens.data(), targets.data(), s.rows()}).ok());
-  float* ln_f = env.upload(random_floats(2 * static_cast<size_t>(c.n_embd), 0.1f, 9, 0.5f));
-  float* wte = env.upload(random_floats(wte_n, 0.1f, 1));
-  float* x = env.upload(random_floats(act, 1.0f, 10));
-  float* d_x = env.zeros<float>(act);
-  float* ln_f_grads = env.zeros<float>(2 * static_cast<size_t>(c.n_embd));
-  float* wte_grads = env.zeros<float>(wte_n);
-  const Status gpt2 = b.head_forward_backward(c, s, gk::HeadWeights{ln_f, ln_f + c.n_embd, wte}, x, d_x,
-                                              gk::HeadGrads{ln_f_grads, ln_f_grads + c.n_embd, wte_grads},
-                                              env.workspace());
-  kernels::llama::Config lc = small_llama_config();
-  lc.vocab_size = c.vocab_size;  // the same targets index the same vocabulary
-  const size_t table = static_cast<size_t>(lc.vocab_size * lc.n_embd);
-  const size_t llama_act = rows * static_cast<size_t>(lc.n_embd);
-  float* norm = env.upload(random_floats(static_cast<size_t>(lc.n_embd), 0.1f, 29, 1.0f));
-  float* lm_head = env.upload(random_floats(table, 0.1f, 30));
-  float* lx = env.upload(random_floats(llama_act, 1.0f, 31));
-  float* d_lx = env.zeros<float>(llama_act);
-  float* d_norm = env.zeros<float>(static_cast<size_t>(lc.n_embd));
-  float* d_lm_head = env.zeros<float>(table);
-  const Status llama = b.llama_head_forward_backward(lc, s, kernels::llama::HeadWeights{norm, lm_head}, lx, d_lx,
-                                                     kernels::llama::HeadGrads{d_norm, d_lm_head},
-                                                     env.workspace_for(b.llama_workspace_size_bytes(lc, s)));
-  (void)b.end_step();
-  return {gpt2, llama};
 }
 
 }  // namespace strata::testing

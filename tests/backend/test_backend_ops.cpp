@@ -1,6 +1,7 @@
-// tests/backend/test_backend_ops.cpp — op parity (ggml's test-backend-ops is the model): every op
-// scenario of backend_harness.h (GPT-2's and Llama's) runs on the CUDA backend and on the CPU backend from the same
-// inputs, and each output must agree within the op's tolerance below, stated as
+// tests/backend/test_backend_ops.cpp — op parity (ggml's test-backend-ops is the model): every
+// scenario of backend_harness.h and model_scenarios.h (GPT-2's and Llama's embedding, whole
+// blocks and heads through their model definitions) runs on the CUDA backend and on the CPU
+// backend from the same inputs, and each output must agree within the op's tolerance below, stated as
 // max|cuda − cpu| / max|cpu| per tensor; and generation's decode ops (GPT-2 and Llama, fp32 and
 // bf16 weights), a prompt pass then single-token passes, logits and KV cache. The packed_ and
 // llama_packed_ scenarios run the embedding and block ops on a packed batch (StepBatch's
@@ -12,20 +13,23 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
-#include "tests/backend/backend_harness.h"
+#include "tests/backend/model_scenarios.h"
 
 namespace strata::testing {
 namespace {
 
 // Why each tolerance (a packed_ scenario is held to its op's): the casts, zero/copy, the
 // embedding gather and AdamW are elementwise with the same rounding on both (elementwise.h), so
-// they must be exact. The GPT-2 ops use cuBLAS
-// and other reduction orders: fp32 rounding, the 1e-5 that test_gpt2_cuda holds the kernels to.
+// they must be exact. GPT-2's blocks and head (its definition over the
+// CUDA operations) use cuBLAS and other reduction orders: fp32 rounding, the 1e-5 that
+// test_gpt2_cuda holds them to.
 // The embedding gradient adds repeated tokens in another order. The sum of squares is double
 // on both, in another order. The clipped AdamW inherits the sum's last-bit difference through
 // the clip factor.
@@ -50,6 +54,18 @@ double scalar_error(double got, double want) {
   return want != 0 ? std::fabs(got - want) / std::fabs(want) : std::fabs(got);
 }
 
+// The model scenarios (model_scenarios.h) and the seam's own (backend_harness.h), one list.
+std::vector<const char*> all_scenarios() {
+  std::vector<const char*> names(std::begin(kModelScenarios), std::end(kModelScenarios));
+  names.insert(names.end(), std::begin(kScenarios), std::end(kScenarios));
+  return names;
+}
+OpOutputs run_any_scenario(BackendEnv& env, const std::string& name) {
+  for (const char* model_name : kModelScenarios)
+    if (name == model_name) return run_model_scenario(env, name);
+  return run_scenario(env, name);
+}
+
 class OpParity : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(OpParity, CudaMatchesCpu) {
@@ -60,8 +76,8 @@ TEST_P(OpParity, CudaMatchesCpu) {
   ASSERT_NE(cpu, nullptr);
   ASSERT_NE(cuda, nullptr);
   EXPECT_FALSE(cuda->backend().is_host());
-  const OpOutputs want = run_scenario(*cpu, name);
-  const OpOutputs got = run_scenario(*cuda, name);
+  const OpOutputs want = run_any_scenario(*cpu, name);
+  const OpOutputs got = run_any_scenario(*cuda, name);
   ASSERT_EQ(got.tensors.size(), want.tensors.size());
   for (size_t i = 0; i < want.tensors.size(); ++i) {
     const double error = relative_error(got.tensors[i].second, want.tensors[i].second);
@@ -82,10 +98,10 @@ TEST_P(OpParity, CudaMatchesCpu) {
       << name << ": sum of squares";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpParity, ::testing::ValuesIn(kScenarios),
+INSTANTIATE_TEST_SUITE_P(Ops, OpParity, ::testing::ValuesIn(all_scenarios()),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
-// Llama's ops (llama_cuda.h vs llama.h): cuBLAS and other reduction orders, fp32 rounding — the
+// Llama's definition (models/decoder.h over the CUDA and the CPU operations): cuBLAS and other reduction orders, fp32 rounding — the
 // 1e-5 the CPU kernels hold against float64 torch; the embedding exact but for repeated tokens'
 // order (1e-6).
 class LlamaOpParity : public ::testing::TestWithParam<const char*> {};

@@ -60,7 +60,7 @@ constexpr double kDoubleSum = 1e-6;
 // Sums of up to ~60 fp32 products accumulated in fp32 (GEMM's K, attention's D-long dots and
 // T-long weighted sums, LoRA's two chained products): the rounding error grows with the length
 // and the terms' magnitude; CUDA may order them differently. ~1e-6 is typical here; 1e-5 is
-// the bound test_gpt2_cuda holds the model kernels to.
+// the bound test_gpt2_cuda holds GPT-2 on CUDA to.
 constexpr double kFp32Sum = 1e-5;
 // Statistics rounded to fp32 (LayerNorm's mean, rstd) and backward rows that subtract O(|g|)
 // terms (norm dx, attention's dp − Σp·dp): a few roundings of the terms, relative to a result

@@ -1,7 +1,8 @@
 // tests/backend/test_packed_rows.cpp — proves packed rows (StepBatch's positions and segments,
 // kernels/backend.h) on the CPU backend, for GPT-2 and Llama (grouped-query attention, llama3
 // RoPE scaling; Qwen 2's q/k/v biases): small models with random weights run one training step
-// through the seam (embedding, streamed blocks with recompute, head, backward) on a batch whose
+// through their model definitions (models/model.h: the embedding, streamed blocks with
+// recompute, head, backward — the ops the trainer runs) on the CPU backend on a batch whose
 // rows each hold several examples, among them one of a single token.
 // - Against PyTorch: loss and every gradient equal a float64 reference that applies an explicit
 //   causal same-segment mask and per-example positions (gpt2_reference.py, llama_reference.py),
@@ -32,6 +33,7 @@
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
 #include "device/device.h"
+#include "models/model.h"
 #include "tests/support/reference_files.h"
 #include "tests/support/temp_dir.h"
 
@@ -170,7 +172,7 @@ void expect_ok(const Status& status) { EXPECT_TRUE(status.ok()) << status.to_str
 
 class Gpt2Model final : public TestModel {
  public:
-  Gpt2Model(const gk::Config& config, uint32_t seed) : config_(config) {
+  Gpt2Model(const gk::Config& config, uint32_t seed) : config_(config), definition_(definition_of(config)) {
     gpt2_style_list_ = true;
     add("wte.weight", {config.vocab_size, config.n_embd});
     add("wpe.weight", {config.n_ctx, config.n_embd});
@@ -185,7 +187,7 @@ class Gpt2Model final : public TestModel {
   int64_t n_embd() const override { return config_.n_embd; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t workspace_bytes(kernels::ComputeBackend& b, const gk::BatchShape& s) const override {
-    return b.workspace_size_bytes(config_, s);
+    return definition_->workspace_size_bytes(b, s);
   }
   StepResult step(kernels::ComputeBackend& b, const gk::BatchShape& s, const kernels::StepBatch& batch,
                   const gk::Workspace& ws) const override {
@@ -194,22 +196,23 @@ class Gpt2Model final : public TestModel {
     StepResult r;
     r.grads.assign(params_.size(), 0.0f);
     float* g = r.grads.data();
-    const size_t wte = offset_of("wte.weight"), wpe = offset_of("wpe.weight"), ln_f = offset_of("ln_f.weight");
+    // The list is the definition's units back to back: wte and wpe (the embedding unit), each
+    // block, ln_f's weight and bias (the final unit).
+    const size_t embed = offset_of("wte.weight"), ln_f = offset_of("ln_f.weight");
     auto block = [&](int64_t layer) { return offset_of(gk::block_param_name(layer, "ln_1.weight")); };
+    const models::ModelDefinition& d = *definition_;
     expect_ok(b.begin_step(batch));
     std::vector<std::vector<float>> acts(static_cast<size_t>(config_.n_layer + 1), std::vector<float>(act));
-    expect_ok(b.embedding_forward(config_, s, p + wte, p + wpe, acts[0].data()));
+    expect_ok(d.embedding_forward(b, s, p + embed, acts[0].data()));
     for (int64_t l = 0; l < config_.n_layer; ++l)
-      expect_ok(b.block_forward(config_, s, gk::bind_block(config_, p + block(l)), acts[l].data(), acts[l + 1].data(),
-                                ws));
+      expect_ok(d.block_forward(b, s, p + block(l), acts[l].data(), acts[l + 1].data(), ws));
     std::vector<float> d_x(act);
-    expect_ok(b.head_forward_backward(config_, s, gk::HeadWeights{p + ln_f, p + ln_f + config_.n_embd, p + wte},
-                                      acts.back().data(), d_x.data(),
-                                      gk::HeadGrads{g + ln_f, g + ln_f + config_.n_embd, g + wte}, ws));
+    expect_ok(d.head_forward_backward(b, s, p + ln_f, p + embed, acts.back().data(), d_x.data(), g + ln_f, g + embed,
+                                      ws));
     for (int64_t l = config_.n_layer; l-- > 0;)
-      expect_ok(b.block_backward(config_, s, gk::bind_block(config_, p + block(l)), acts[l].data(), d_x.data(),
-                                 d_x.data(), gk::bind_block(config_, g + block(l)), ws, /*recompute=*/true));
-    expect_ok(b.embedding_backward(config_, s, d_x.data(), g + wte, g + wpe));
+      expect_ok(d.block_backward(b, s, p + block(l), acts[l].data(), d_x.data(), d_x.data(), g + block(l), ws,
+                                 /*recompute=*/true));
+    expect_ok(d.embedding_backward(b, s, d_x.data(), g + embed));
     auto scalars = b.end_step();
     EXPECT_TRUE(scalars.ok());
     r.loss = scalars.ok() ? scalars->loss : 0.0;
@@ -222,14 +225,27 @@ class Gpt2Model final : public TestModel {
         << config_.n_ctx << ' ' << s.batch << ' ' << s.seq_len << '\n';
   }
   std::string reference_script() const override { return STRATA_GPT2_REFERENCE; }
+  // The definition the step runs (the refusal test calls its embedding alone).
+  const models::ModelDefinition& definition() const { return *definition_; }
 
  private:
+  static std::unique_ptr<const models::ModelDefinition> definition_of(const gk::Config& c) {
+    ModelConfig m;
+    m.arch = "gpt2";
+    m.n_layer = static_cast<uint32_t>(c.n_layer);
+    m.n_head = static_cast<uint32_t>(c.n_head);
+    m.n_embd = static_cast<uint32_t>(c.n_embd);
+    m.vocab_size = static_cast<uint32_t>(c.vocab_size);
+    m.seq_len = static_cast<uint32_t>(c.n_ctx);
+    return models::make_model_definition(m);
+  }
   gk::Config config_;
+  std::unique_ptr<const models::ModelDefinition> definition_;
 };
 
 class LlamaModel final : public TestModel {
  public:
-  LlamaModel(const lk::Config& config, uint32_t seed) : config_(config) {
+  LlamaModel(const lk::Config& config, uint32_t seed) : config_(config), definition_(definition_of(config)) {
     add("model.embed_tokens.weight", {config.vocab_size, config.n_embd});
     for (int64_t layer = 0; layer < config.n_layer; ++layer)
       for (const auto& spec : lk::block_param_specs(config))
@@ -242,7 +258,7 @@ class LlamaModel final : public TestModel {
   int64_t n_embd() const override { return config_.n_embd; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   size_t workspace_bytes(kernels::ComputeBackend& b, const gk::BatchShape& s) const override {
-    return b.llama_workspace_size_bytes(config_, s);
+    return definition_->workspace_size_bytes(b, s);
   }
   StepResult step(kernels::ComputeBackend& b, const gk::BatchShape& s, const kernels::StepBatch& batch,
                   const gk::Workspace& ws) const override {
@@ -251,22 +267,23 @@ class LlamaModel final : public TestModel {
     StepResult r;
     r.grads.assign(params_.size(), 0.0f);
     float* g = r.grads.data();
+    // The list is the definition's units back to back: embed_tokens, each block, the final
+    // unit (the norm, then lm_head when untied).
     const size_t embed = 0, norm = offset_of("model.norm.weight");
-    const size_t head = config_.tie_word_embeddings ? embed : offset_of("lm_head.weight");
     auto block = [&](int64_t layer) { return tensors_[1 + static_cast<size_t>(layer) * block_tensors()].offset; };
+    const models::ModelDefinition& d = *definition_;
     expect_ok(b.begin_step(batch));
     std::vector<std::vector<float>> acts(static_cast<size_t>(config_.n_layer + 1), std::vector<float>(act));
-    expect_ok(b.llama_embedding_forward(config_, s, p + embed, acts[0].data()));
+    expect_ok(d.embedding_forward(b, s, p + embed, acts[0].data()));
     for (int64_t l = 0; l < config_.n_layer; ++l)
-      expect_ok(b.llama_block_forward(config_, s, lk::bind_block(config_, p + block(l)), acts[l].data(),
-                                      acts[l + 1].data(), ws));
+      expect_ok(d.block_forward(b, s, p + block(l), acts[l].data(), acts[l + 1].data(), ws));
     std::vector<float> d_x(act);
-    expect_ok(b.llama_head_forward_backward(config_, s, lk::HeadWeights{p + norm, p + head}, acts.back().data(),
-                                            d_x.data(), lk::HeadGrads{g + norm, g + head}, ws));
+    expect_ok(d.head_forward_backward(b, s, p + norm, p + embed, acts.back().data(), d_x.data(), g + norm, g + embed,
+                                      ws));
     for (int64_t l = config_.n_layer; l-- > 0;)
-      expect_ok(b.llama_block_backward(config_, s, lk::bind_block(config_, p + block(l)), acts[l].data(), d_x.data(),
-                                       d_x.data(), lk::bind_block(config_, g + block(l)), ws, /*recompute=*/true));
-    expect_ok(b.llama_embedding_backward(config_, s, d_x.data(), g + embed));
+      expect_ok(d.block_backward(b, s, p + block(l), acts[l].data(), d_x.data(), d_x.data(), g + block(l), ws,
+                                 /*recompute=*/true));
+    expect_ok(d.embedding_backward(b, s, d_x.data(), g + embed));
     auto scalars = b.end_step();
     EXPECT_TRUE(scalars.ok());
     r.loss = scalars.ok() ? scalars->loss : 0.0;
@@ -285,8 +302,34 @@ class LlamaModel final : public TestModel {
   std::string reference_script() const override { return STRATA_LLAMA_REFERENCE; }
 
  private:
+  static std::unique_ptr<const models::ModelDefinition> definition_of(const lk::Config& c) {
+    ModelConfig m;
+    m.arch = "llama";
+    m.n_layer = static_cast<uint32_t>(c.n_layer);
+    m.n_head = static_cast<uint32_t>(c.n_head);
+    m.n_kv_head = static_cast<uint32_t>(c.n_kv_head);
+    m.head_dim = static_cast<uint32_t>(c.head_dim);
+    m.n_embd = static_cast<uint32_t>(c.n_embd);
+    m.intermediate_size = static_cast<uint32_t>(c.intermediate_size);
+    m.vocab_size = static_cast<uint32_t>(c.vocab_size);
+    m.seq_len = static_cast<uint32_t>(c.n_ctx);
+    m.rope_theta = c.rope_theta;
+    if (c.rope_factor > 0.0) {
+      m.rope_scaling.type = "llama3";
+      m.rope_scaling.factor = c.rope_factor;
+      m.rope_scaling.low_freq_factor = c.rope_low_freq_factor;
+      m.rope_scaling.high_freq_factor = c.rope_high_freq_factor;
+      m.rope_scaling.original_max_position_embeddings = static_cast<uint32_t>(c.rope_original_max_positions);
+    }
+    m.norm_eps = c.norm_eps;
+    m.tie_word_embeddings = c.tie_word_embeddings;
+    m.qkv_bias = c.qkv_bias;
+    m.o_proj_bias = c.o_bias;
+    return models::make_model_definition(m);
+  }
   size_t block_tensors() const { return lk::block_param_specs(config_).size(); }
   lk::Config config_;
+  std::unique_ptr<const models::ModelDefinition> definition_;
 };
 
 lk::Config llama_config(bool qwen) {
@@ -481,13 +524,13 @@ INSTANTIATE_TEST_SUITE_P(Models, PackedRows, ::testing::ValuesIn(kCases),
 
 // Bad packing arrays are refused by the ops that read them, with the value and where it is.
 TEST(PackedRowsRefusal, PositionsOutsideTheRowAndDecreasingSegments) {
-  const auto model = make_model("gpt2");
-  const Batch batch = make_batch(*model);
-  CpuRig rig(*model);
-  const Packing good = pack(kShape, kLengths, kIds);
   const gk::Config config{2, 4, 48, 61, 20};
-  std::vector<float> wte(static_cast<size_t>(config.vocab_size * config.n_embd));
-  std::vector<float> wpe(static_cast<size_t>(config.n_ctx * config.n_embd));
+  const Gpt2Model model(config, 77);
+  const Batch batch = make_batch(model);
+  CpuRig rig(model);
+  const Packing good = pack(kShape, kLengths, kIds);
+  // GPT-2's embedding unit: wte then wpe.
+  std::vector<float> embed(static_cast<size_t>((config.vocab_size + config.n_ctx) * config.n_embd));
   std::vector<float> x0(static_cast<size_t>(kShape.rows() * config.n_embd));
   struct Bad {
     int64_t index;
@@ -504,7 +547,7 @@ TEST(PackedRowsRefusal, PositionsOutsideTheRowAndDecreasingSegments) {
                     ->begin_step({batch.tokens.data(), batch.targets.data(), kShape.rows(), p.positions.data(),
                                   p.segments.data()})
                     .ok());
-    const Status status = rig.backend->embedding_forward(config, kShape, wte.data(), wpe.data(), x0.data());
+    const Status status = model.definition().embedding_forward(*rig.backend, kShape, embed.data(), x0.data());
     ASSERT_FALSE(status.ok()) << bad.expect;
     EXPECT_EQ(status.error().kind, ErrorKind::invalid_argument);
     EXPECT_NE(status.error().message.find(bad.expect), std::string::npos) << status.error().message;

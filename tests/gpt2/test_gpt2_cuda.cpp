@@ -1,8 +1,10 @@
-// tests/gpt2/test_gpt2_cuda.cpp — proves the CUDA twin computes what the CPU kernels compute
-// (which test_gpt2_torch ties to PyTorch): the same small GPT-2 is run through both, the
-// streaming way (block_backward recomputing each block), and the loss, every gradient and the
-// last-position logits must agree to max|gpu − cpu| / max|cpu| ≤ 1e-5 per tensor; two GPU runs
-// must be bit-identical. Exits 77 (skip) when no CUDA device is present.
+// tests/gpt2/test_gpt2_cuda.cpp — proves GPT-2 on CUDA — its model definition (models/gpt2.cpp)
+// composing the CUDA backend's operations, as the trainer runs it — computes what the CPU
+// kernels compute (which test_gpt2_torch ties to PyTorch): the same small GPT-2 is run through
+// both, the streaming way (block_backward recomputing each block), and the loss, every gradient
+// and the last-position logits (the definition's head_logits per sequence) must agree to
+// max|gpu − cpu| / max|cpu| ≤ 1e-5 per tensor; two GPU runs must be bit-identical. Exits 77
+// (skip) when no CUDA device is present.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -13,7 +15,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include "kernels/gpt2/gpt2_cuda.h"
+#include "device/device.h"
+#include "kernels/backend.h"
+#include "models/model.h"
 #include "tests/gpt2/gpt2_test_model.h"
 
 namespace {
@@ -21,7 +25,6 @@ namespace {
 using strata::testing::BackwardMode;
 using strata::testing::TinyGpt2;
 namespace g2 = strata::kernels::gpt2;
-namespace gc = strata::kernels::gpt2::cuda;
 
 constexpr double kMaxRelativeError = 1e-5;
 
@@ -59,71 +62,83 @@ struct GpuResult {
   std::vector<float> last_logits;
 };
 
-// Forward + backward of the whole model on the GPU, block by block with recompute.
+// The GPT-2 definition of `cfg` (models::gpt2_kernel_config of it is cfg).
+std::unique_ptr<const strata::models::ModelDefinition> gpt2_definition(const g2::Config& cfg) {
+  strata::ModelConfig m;
+  m.arch = "gpt2";
+  m.n_layer = static_cast<uint32_t>(cfg.n_layer);
+  m.n_head = static_cast<uint32_t>(cfg.n_head);
+  m.n_embd = static_cast<uint32_t>(cfg.n_embd);
+  m.vocab_size = static_cast<uint32_t>(cfg.vocab_size);
+  m.seq_len = static_cast<uint32_t>(cfg.n_ctx);
+  return strata::models::make_model_definition(m);
+}
+
+// Forward + backward of the whole model on the GPU through the definition on the CUDA backend,
+// block by block with recompute; the buffers are cudaMalloc'd and copied with the synchronous
+// cudaMemcpy before begin_step and after end_step (which waits for the backend's stream).
 void run_on_gpu(const TinyGpt2& model, GpuResult& out) {
   const g2::Config& cfg = model.config();
   const g2::BatchShape& shape = model.shape();
   const size_t act = static_cast<size_t>(shape.rows() * cfg.n_embd);
-  cudaStream_t stream = nullptr;
-  ASSERT_CUDA(cudaStreamCreate(&stream));
-  auto ctx_or = gc::Context::create(stream);
-  ASSERT_TRUE(ctx_or.ok()) << ctx_or.error().to_string();
-  const gc::Context& ctx = ctx_or.value();
+  const auto def = gpt2_definition(cfg);
+  ASSERT_EQ(strata::models::gpt2_kernel_config(def->config()).vocab_size, cfg.vocab_size);
+  auto device = strata::device::make_device(strata::device::Kind::cuda, uint64_t{1} << 30);
+  ASSERT_TRUE(device.ok()) << device.error().to_string();
+  auto made = strata::kernels::make_backend(**device, shape);
+  ASSERT_TRUE(made.ok()) << made.error().to_string();
+  strata::kernels::ComputeBackend& backend = **made;
 
   DeviceArray<float> params(model.params().size());
   DeviceArray<float> grads(model.params().size());
-  DeviceArray<int32_t> tokens(model.tokens().size());
-  DeviceArray<int32_t> targets(model.targets().size());
-  const size_t ws_bytes = gc::workspace_size_bytes(cfg, shape);
-  DeviceArray<float> ws(ws_bytes / sizeof(float));
+  const size_t ws_bytes = std::max(def->workspace_size_bytes(backend, shape),
+                                   def->decode_workspace_size_bytes(strata::device::Kind::cuda, shape.seq_len,
+                                                                    shape.seq_len));
+  DeviceArray<float> ws(ws_bytes / sizeof(float) + 64);
   std::vector<std::unique_ptr<DeviceArray<float>>> x;
   for (int64_t i = 0; i <= cfg.n_layer; ++i) x.push_back(std::make_unique<DeviceArray<float>>(act));
   DeviceArray<float> d_x(act);
-  DeviceArray<float> loss(1);
   DeviceArray<float> logits(static_cast<size_t>(shape.batch * cfg.vocab_size));
   ASSERT_NE(ws.get(), nullptr);
   ASSERT_CUDA(cudaMemcpy(params.get(), model.params().data(), params.bytes(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(tokens.get(), model.tokens().data(), tokens.bytes(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(targets.get(), model.targets().data(), targets.bytes(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemsetAsync(grads.get(), 0, grads.bytes(), stream));
+  ASSERT_CUDA(cudaMemset(grads.get(), 0, grads.bytes()));
 
   const g2::Workspace workspace{ws.get(), ws_bytes};
+  // The parameter list is the definition's units back to back: wte and wpe (the embedding
+  // unit), each block, ln_f's weight and bias (the final unit).
   auto at = [&](DeviceArray<float>& base, const std::string& name) {
     return base.get() + model.offset_of(name);
   };
-  auto block_weights = [&](int64_t layer) {
-    return g2::bind_block(cfg, static_cast<const float*>(
-                                   at(params, g2::block_param_name(layer, "ln_1.weight"))));
+  auto block = [&](DeviceArray<float>& base, int64_t layer) {
+    return at(base, g2::block_param_name(layer, "ln_1.weight"));
   };
-  const g2::HeadWeights head{at(params, "ln_f.weight"), at(params, "ln_f.bias"),
-                             at(params, "wte.weight")};
-  ASSERT_OK(gc::embedding_forward(ctx, cfg, shape, tokens.get(), at(params, "wte.weight"),
-                                  at(params, "wpe.weight"), x[0]->get()));
+  ASSERT_OK(backend.begin_step({model.tokens().data(), model.targets().data(), shape.rows()}));
+  ASSERT_OK(def->embedding_forward(backend, shape, at(params, "wte.weight"), x[0]->get()));
   for (int64_t layer = 0; layer < cfg.n_layer; ++layer) {
-    ASSERT_OK(gc::block_forward(ctx, cfg, shape, block_weights(layer), x[layer]->get(),
-                                x[layer + 1]->get(), workspace));
+    ASSERT_OK(def->block_forward(backend, shape, block(params, layer), x[layer]->get(), x[layer + 1]->get(),
+                                 workspace));
   }
-  ASSERT_OK(gc::head_forward(ctx, cfg, shape, head, x[cfg.n_layer]->get(), logits.get(),
-                             workspace));
-  ASSERT_OK(gc::head_forward_backward(
-      ctx, cfg, shape, head, x[cfg.n_layer]->get(), targets.get(), d_x.get(),
-      {at(grads, "ln_f.weight"), at(grads, "ln_f.bias"), at(grads, "wte.weight")}, loss.get(),
-      workspace, shape.rows()));
+  // Each sequence's last-position logits: its T rows, the logits of the last.
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    ASSERT_OK(def->head_logits(backend, shape.seq_len, at(params, "ln_f.weight"), at(params, "wte.weight"),
+                               cfg.vocab_size, x[cfg.n_layer]->get() + b * shape.seq_len * cfg.n_embd,
+                               logits.get() + b * cfg.vocab_size, workspace));
+  }
+  ASSERT_OK(def->head_forward_backward(backend, shape, at(params, "ln_f.weight"), at(params, "wte.weight"),
+                                       x[cfg.n_layer]->get(), d_x.get(), at(grads, "ln_f.weight"),
+                                       at(grads, "wte.weight"), workspace));
   for (int64_t layer = cfg.n_layer - 1; layer >= 0; --layer) {
-    ASSERT_OK(gc::block_backward(
-        ctx, cfg, shape, block_weights(layer), x[layer]->get(), d_x.get(), d_x.get(),
-        g2::bind_block(cfg, at(grads, g2::block_param_name(layer, "ln_1.weight"))), workspace));
+    ASSERT_OK(def->block_backward(backend, shape, block(params, layer), x[layer]->get(), d_x.get(), d_x.get(),
+                                  block(grads, layer), workspace, /*recompute=*/true));
   }
-  ASSERT_OK(gc::embedding_backward(ctx, cfg, shape, tokens.get(), d_x.get(),
-                                   at(grads, "wte.weight"), at(grads, "wpe.weight")));
-  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  ASSERT_OK(def->embedding_backward(backend, shape, d_x.get(), at(grads, "wte.weight")));
+  auto scalars = backend.end_step();
+  ASSERT_TRUE(scalars.ok()) << scalars.error().to_string();
+  out.loss = static_cast<float>(scalars->loss);
   out.grads.resize(model.params().size());
   out.last_logits.resize(static_cast<size_t>(shape.batch * cfg.vocab_size));
-  ASSERT_CUDA(cudaMemcpy(&out.loss, loss.get(), sizeof(float), cudaMemcpyDeviceToHost));
   ASSERT_CUDA(cudaMemcpy(out.grads.data(), grads.get(), grads.bytes(), cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(out.last_logits.data(), logits.get(), logits.bytes(),
-                         cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaStreamDestroy(stream));
+  ASSERT_CUDA(cudaMemcpy(out.last_logits.data(), logits.get(), logits.bytes(), cudaMemcpyDeviceToHost));
 }
 
 double relative_error(const float* gpu, const float* cpu, size_t count) {

@@ -8,8 +8,10 @@
 //   gradients; a BlockAdapters that targets nothing gives the bits of no adapters at all; the
 //   backward without recompute gives the recompute's; a frozen head (HeadGrads{}) gives the full
 //   head's d_x_final;
-// - the CPU backend on an `emulated` device (through device buffers and its stream) gives the
-//   kernels' bits with adapters, full and frozen;
+// - each model's definition (models/, the ops the trainer runs) on the CPU backend of an
+//   `emulated` device (through device buffers and its stream) gives the kernels' bits with
+//   adapters, full and frozen; on CUDA within 1e-5; a frozen head through the definitions gives
+//   the full head's d_x_final;
 // - the dropout mask: p = 0 keeps everything, p = 0.1 keeps 90 % ± 0.5 % of 200k elements, and
 //   keep() is the documented hash.
 // Exit 77 (skip) for the PyTorch cases when torch is missing; the rest always runs.
@@ -33,6 +35,7 @@
 #include "kernels/gpt2/gpt2.h"
 #include "kernels/llama/llama.h"
 #include "kernels/lora/lora.h"
+#include "models/model.h"
 #include "tests/backend/backend_harness.h"
 #include "tests/support/reference_files.h"
 #include "tests/support/temp_dir.h"
@@ -83,6 +86,38 @@ lk::Config llama_config() {
   return c;
 }
 constexpr gk::BatchShape kShape{2, 7};
+
+// The definitions of gpt2_config() and llama_config() (`tied` for Llama's head), as the
+// trainer makes them: their ops take a block's packed unit as the kernels bind it.
+std::unique_ptr<const strata::models::ModelDefinition> definition(bool llama, bool tied = true) {
+  strata::ModelConfig m;
+  if (llama) {
+    const lk::Config c = llama_config();
+    m.arch = "llama";
+    m.n_layer = static_cast<uint32_t>(c.n_layer);
+    m.n_head = static_cast<uint32_t>(c.n_head);
+    m.n_kv_head = static_cast<uint32_t>(c.n_kv_head);
+    m.head_dim = static_cast<uint32_t>(c.head_dim);
+    m.n_embd = static_cast<uint32_t>(c.n_embd);
+    m.intermediate_size = static_cast<uint32_t>(c.intermediate_size);
+    m.vocab_size = static_cast<uint32_t>(c.vocab_size);
+    m.seq_len = static_cast<uint32_t>(c.n_ctx);
+    m.rope_theta = c.rope_theta;
+    m.norm_eps = c.norm_eps;
+    m.qkv_bias = c.qkv_bias;
+    m.o_proj_bias = c.o_bias;
+    m.tie_word_embeddings = tied;
+  } else {
+    const gk::Config c = gpt2_config();
+    m.arch = "gpt2";
+    m.n_layer = static_cast<uint32_t>(c.n_layer);
+    m.n_head = static_cast<uint32_t>(c.n_head);
+    m.n_embd = static_cast<uint32_t>(c.n_embd);
+    m.vocab_size = static_cast<uint32_t>(c.vocab_size);
+    m.seq_len = static_cast<uint32_t>(c.n_ctx);
+  }
+  return strata::models::make_model_definition(m);
+}
 
 // 64-byte aligned fp32 scratch (the kernels assert it).
 struct Aligned {
@@ -235,16 +270,17 @@ class LoraBlock {
     return out;
   }
 
-  // The same through a backend (its device buffers and stream).
+  // The same through the model's definition on a backend (its device buffers and stream).
   BlockRun run_on(strata::testing::BackendEnv& env, Grads grads_kind) const {
     auto& backend = env.backend();
+    const auto def = definition(case_.llama);
     float* w = env.upload(params_);
     float* x_in = env.upload(x_in_);
     float* d_out = env.upload(d_out_);
     float* x_out = env.zeros<float>(x_in_.size());
     float* d_in = env.zeros<float>(x_in_.size());
     float* g = grads_kind == Grads::full ? env.zeros<float>(param_floats_) : nullptr;
-    const gk::Workspace ws = env.workspace_for(workspace_bytes());
+    const gk::Workspace ws = env.workspace_for(def->workspace_size_bytes(backend, kShape));
     lora::BlockAdapters adapters;
     adapters.spec = spec();
     adapters.mask_key = kMaskKey;
@@ -256,21 +292,9 @@ class LoraBlock {
       adapters.adapters[i] = {env.upload(a_[i]), env.upload(b_[i])};
       adapters.grads[i] = {d_a[i], d_b[i]};
     }
-    if (case_.llama) {
-      const lk::Config lc = llama_config();
-      const lk::BlockGrads grads = g == nullptr ? lk::BlockGrads{} : lk::bind_block(lc, g);
-      EXPECT_TRUE(backend.llama_block_forward(lc, kShape, lk::bind_block(lc, static_cast<const float*>(w)), x_in,
-                                              x_out, ws, &adapters).ok());
-      EXPECT_TRUE(backend.llama_block_backward(lc, kShape, lk::bind_block(lc, static_cast<const float*>(w)), x_in,
-                                               d_out, d_in, grads, ws, true, &adapters).ok());
-    } else {
-      const gk::Config gc = gpt2_config();
-      const gk::BlockGrads grads = g == nullptr ? gk::BlockGrads{} : gk::bind_block(gc, g);
-      EXPECT_TRUE(backend.block_forward(gc, kShape, gk::bind_block(gc, static_cast<const float*>(w)), x_in, x_out, ws,
-                                        &adapters).ok());
-      EXPECT_TRUE(backend.block_backward(gc, kShape, gk::bind_block(gc, static_cast<const float*>(w)), x_in, d_out,
-                                         d_in, grads, ws, true, &adapters).ok());
-    }
+    // g null: a frozen base (the definition's null block grads).
+    EXPECT_TRUE(def->block_forward(backend, kShape, w, x_in, x_out, ws, &adapters).ok());
+    EXPECT_TRUE(def->block_backward(backend, kShape, w, x_in, d_out, d_in, g, ws, true, &adapters).ok());
     BlockRun out;
     out.x_out = env.download(x_out, x_in_.size());
     out.d_in = env.download(d_in, x_in_.size());
@@ -439,7 +463,7 @@ INSTANTIATE_TEST_SUITE_P(Blocks, LoraBits, ::testing::ValuesIn(kCases), case_nam
 
 class LoraBackend : public ::testing::TestWithParam<Case> {};
 
-TEST_P(LoraBackend, EmulatedCpuBackendGivesTheKernelsBits) {
+TEST_P(LoraBackend, EmulatedCpuBackendGivesTheKernelsBits) {  // through the definition
   const LoraBlock block(GetParam(), kSeed);
   for (const Grads grads : {Grads::full, Grads::frozen}) {
     auto env = strata::testing::BackendEnv::create(strata::device::Kind::emulated);
@@ -457,7 +481,7 @@ TEST_P(LoraBackend, EmulatedCpuBackendGivesTheKernelsBits) {
   }
 }
 
-// CUDA (lora_cuda.h and the CUDA block twins) against the CPU kernels, within 1e-5 relative per
+// CUDA (lora_cuda.h and the CUDA operations under the definitions) against the CPU kernels, within 1e-5 relative per
 // tensor (cuBLAS vs OpenBLAS summation order; the mask is the same bits); and on CUDA too, the
 // frozen base's d_in is the full backward's bit for bit. Skipped where no GPU is visible.
 TEST_P(LoraBackend, CudaAgreesWithTheCpuKernels) {
@@ -542,8 +566,8 @@ TEST(LoraHead, FrozenHeadGivesTheFullHeadsDxFinal) {
   }
 }
 
-// The same through the backends' head ops (the seam's frozen head): the emulated device's CPU
-// backend, and CUDA where a GPU is visible.
+// The same through the models' definitions (their heads composed of the backend's operations):
+// the emulated device's CPU backend, and CUDA where a GPU is visible.
 TEST(LoraHead, BackendsFrozenHeadGivesTheFullHeadsDxFinal) {
   strata::Result<int> devices = strata::device::cuda_device_count_or_error();
   ASSERT_TRUE(devices.ok()) << devices.error().to_string();
@@ -559,36 +583,45 @@ TEST(LoraHead, BackendsFrozenHeadGivesTheFullHeadsDxFinal) {
     ASSERT_TRUE(backend.begin_step({tokens.data(), targets.data(), n}).ok());
     {
       const gk::Config gc = gpt2_config();
+      const auto def = definition(false);
       const int64_t c = gc.n_embd;
       const auto act = static_cast<size_t>(n * c);
-      const gk::Workspace ws = env->workspace_for(backend.workspace_size_bytes(gc, kShape));
+      // The embedding unit: wte, then wpe (which the tied head does not read).
+      const auto embed_n = static_cast<size_t>((gc.vocab_size + gc.n_ctx) * c);
+      const gk::Workspace ws = env->workspace_for(def->workspace_size_bytes(backend, kShape));
       float* ln_f = env->upload(strata::testing::random_floats(static_cast<size_t>(2 * c), 0.1f, 43, 0.5f));
-      float* wte = env->upload(strata::testing::random_floats(static_cast<size_t>(gc.vocab_size * c), 0.1f, 44));
+      float* embed = env->upload(strata::testing::random_floats(embed_n, 0.1f, 44));
       float* x = env->upload(strata::testing::random_floats(act, 1.0f, 45));
       float* d_full = env->zeros<float>(act);
       float* d_frozen = env->zeros<float>(act);
       float* g_ln = env->zeros<float>(static_cast<size_t>(2 * c));
-      float* g_wte = env->zeros<float>(static_cast<size_t>(gc.vocab_size * c));
-      const gk::HeadWeights w{ln_f, ln_f + c, wte};
-      ASSERT_TRUE(backend.head_forward_backward(gc, kShape, w, x, d_full, {g_ln, g_ln + c, g_wte}, ws).ok());
-      ASSERT_TRUE(backend.head_forward_backward(gc, kShape, w, x, d_frozen, {}, ws).ok());
+      float* g_embed = env->zeros<float>(embed_n);
+      ASSERT_TRUE(def->head_forward_backward(backend, kShape, ln_f, embed, x, d_full, g_ln, g_embed, ws).ok());
+      ASSERT_TRUE(def->head_forward_backward(backend, kShape, ln_f, embed, x, d_frozen, nullptr, nullptr, ws).ok());
       EXPECT_TRUE(same_bits(env->download(d_full, act), env->download(d_frozen, act))) << "GPT-2 on " << backend.name();
     }
     {
-      lk::Config lc = llama_config();
-      lc.tie_word_embeddings = false;
+      const lk::Config lc = llama_config();
+      const auto def = definition(true, /*tied=*/false);
       const int64_t c = lc.n_embd;
       const auto act = static_cast<size_t>(n * c);
-      const gk::Workspace ws = env->workspace_for(backend.llama_workspace_size_bytes(lc, kShape));
-      float* norm = env->upload(strata::testing::random_floats(static_cast<size_t>(c), 0.1f, 46, 1.0f));
-      float* head = env->upload(strata::testing::random_floats(static_cast<size_t>(lc.vocab_size * c), 0.1f, 47));
+      const auto table = static_cast<size_t>(lc.vocab_size * c);
+      const gk::Workspace ws = env->workspace_for(def->workspace_size_bytes(backend, kShape));
+      // The untied final unit: the norm, then lm_head.
+      std::vector<float> final_unit = strata::testing::random_floats(static_cast<size_t>(c), 0.1f, 46, 1.0f);
+      const std::vector<float> head = strata::testing::random_floats(table, 0.1f, 47);
+      final_unit.insert(final_unit.end(), head.begin(), head.end());
+      float* final_weights = env->upload(final_unit);
+      float* embed = env->upload(strata::testing::random_floats(table, 0.1f, 49));
       float* x = env->upload(strata::testing::random_floats(act, 1.0f, 48));
       float* d_full = env->zeros<float>(act);
       float* d_frozen = env->zeros<float>(act);
-      float* g_norm = env->zeros<float>(static_cast<size_t>(c));
-      float* g_head = env->zeros<float>(static_cast<size_t>(lc.vocab_size * c));
-      ASSERT_TRUE(backend.llama_head_forward_backward(lc, kShape, {norm, head}, x, d_full, {g_norm, g_head}, ws).ok());
-      ASSERT_TRUE(backend.llama_head_forward_backward(lc, kShape, {norm, head}, x, d_frozen, {}, ws).ok());
+      float* g_final = env->zeros<float>(final_unit.size());
+      float* g_embed = env->zeros<float>(table);
+      ASSERT_TRUE(
+          def->head_forward_backward(backend, kShape, final_weights, embed, x, d_full, g_final, g_embed, ws).ok());
+      ASSERT_TRUE(
+          def->head_forward_backward(backend, kShape, final_weights, embed, x, d_frozen, nullptr, nullptr, ws).ok());
       EXPECT_TRUE(same_bits(env->download(d_full, act), env->download(d_frozen, act))) << "Llama on " << backend.name();
     }
   }
