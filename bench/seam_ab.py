@@ -39,7 +39,7 @@ def run(cmd):
 
 
 def train_tokens_per_s(binary):
-    out = run([sys.executable, "-P", os.path.join(here, "train_offload.py"), "--strata", binary, "--repeats", "1"])
+    out = run([sys.executable, os.path.join(here, "train_offload.py"), "--strata", binary, "--repeats", "1"])
     found = re.search(r"median tokens/s: resident (\d+), offloaded (\d+)", out)
     if found is None:
         raise SystemExit(f"train_offload.py printed no medians:\n{out}")
