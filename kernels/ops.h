@@ -39,6 +39,29 @@ struct Workspace {
   size_t size_bytes = 0;
 };
 
+// Hands out 64-byte aligned slices of a workspace (only offsets when base is null), so a
+// model's sizing function and the code that carves its workspace share one layout description.
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(float* base) : base_(base) {}
+  float* take(int64_t count_floats) {
+    float* slice = base_ == nullptr ? nullptr : base_ + used_floats_;
+    used_floats_ += (count_floats + 15) / 16 * 16;
+    return slice;
+  }
+  size_t used_bytes() const { return static_cast<size_t>(used_floats_) * sizeof(float); }
+
+ private:
+  float* base_;
+  int64_t used_floats_ = 0;
+};
+
+// Rows of [rows, vocab] logits a head materializes at once: it works through the B·T rows in
+// chunks of this many, so its logits scratch is kHeadChunkRows × vocab floats whatever B·T is.
+// Fixed (not derived from the thread count) so the order in which the chunks add into the
+// output projection's gradient — and so the result — never changes.
+inline constexpr int64_t kHeadChunkRows = 256;
+
 namespace ops {
 
 // c[m, n] = op(a)·op(b) + beta·c (row-major; op = transpose when trans_*). beta 0 never reads c.

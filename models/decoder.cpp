@@ -17,22 +17,7 @@ namespace ops = kernels::ops;
 namespace lk = kernels::llama;
 namespace target = kernels::lora::llama_target;
 
-// Hands out 64-byte aligned slices of a workspace (only offsets when base is null), so the sizing
-// functions and the ops carve one layout.
-class Carver {
- public:
-  explicit Carver(float* base) : base_(base) {}
-  float* take(int64_t count_floats) {
-    float* slice = base_ == nullptr ? nullptr : base_ + used_floats_;
-    used_floats_ += (count_floats + 15) / 16 * 16;
-    return slice;
-  }
-  size_t used_bytes() const { return static_cast<size_t>(used_floats_) * sizeof(float); }
-
- private:
-  float* base_;
-  int64_t used_floats_ = 0;
-};
+using Carver = kernels::WorkspaceCarver;
 
 // What block_forward leaves behind and block_backward reads (N = B·T rows).
 struct BlockLayout {
@@ -57,9 +42,6 @@ struct BlockLayout {
   size_t size_bytes;
 };
 
-// ops.h's rope_table_floats (cos or sin [t_len, D/2]). ops.h declares it but kernels/ defines it
-// nowhere yet, so a call would not link; this stands in until it is defined, then goes.
-int64_t rope_table_floats(int64_t t_len, int64_t head_dim) { return t_len * (head_dim / 2); }
 
 BlockLayout block_layout(const lk::Config& config, const kn::BatchShape& shape, size_t attention_bytes,
                          float* base) {
@@ -83,8 +65,8 @@ BlockLayout block_layout(const lk::Config& config, const kn::BatchShape& shape, 
   l.dq = carve.take(n * config.q_width());
   l.dk = carve.take(n * config.kv_width());
   l.dv = carve.take(n * config.kv_width());
-  l.cos = carve.take(rope_table_floats(shape.seq_len, config.head_dim));
-  l.sin = carve.take(rope_table_floats(shape.seq_len, config.head_dim));
+  l.cos = carve.take(ops::rope_table_floats(shape.seq_len, config.head_dim));
+  l.sin = carve.take(ops::rope_table_floats(shape.seq_len, config.head_dim));
   const auto attention_floats = static_cast<int64_t>((attention_bytes + sizeof(float) - 1) / sizeof(float));
   l.attention = kn::Workspace{carve.take(attention_floats), attention_bytes};
   l.size_bytes = carve.used_bytes();
@@ -102,7 +84,7 @@ struct HeadLayout {
 };
 
 HeadLayout head_layout(const lk::Config& config, float* base) {
-  const int64_t r = kn::gpt2::kHeadChunkRows;
+  const int64_t r = kn::kHeadChunkRows;
   Carver carve(base);
   HeadLayout l{};
   l.normed = carve.take(r * config.n_embd);
@@ -134,16 +116,7 @@ void check_shape(const lk::Config& config, const kn::BatchShape& shape) {
   (void)shape;
 }
 
-ops::RopeSpec rope_spec(const lk::Config& config) {
-  ops::RopeSpec spec;
-  spec.head_dim = config.head_dim;
-  spec.theta = config.rope_theta;
-  spec.factor = config.rope_factor;
-  spec.low_freq_factor = config.rope_low_freq_factor;
-  spec.high_freq_factor = config.rope_high_freq_factor;
-  spec.original_max_positions = config.rope_original_max_positions;
-  return spec;
-}
+using lk::rope_spec;  // llama.h
 
 // One block's composition: the config, options, shape and layout every op of it shares.
 class Block {
@@ -430,8 +403,8 @@ Status head_forward_backward(kn::ComputeBackend& backend, const lk::Config& conf
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t vocab = config.vocab_size;
-  for (int64_t r0 = 0; r0 < n; r0 += kn::gpt2::kHeadChunkRows) {
-    const int64_t rows = std::min(kn::gpt2::kHeadChunkRows, n - r0);
+  for (int64_t r0 = 0; r0 < n; r0 += kn::kHeadChunkRows) {
+    const int64_t rows = std::min(kn::kHeadChunkRows, n - r0);
     const float* x = x_final + r0 * c;
     ops::NormForward norm;
     norm.kind = ops::NormKind::rms;

@@ -11,7 +11,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
-#include "kernels/gpt2/gpt2_math.h"  // WorkspaceCarver, kLayerNormEps
+#include "kernels/gpt2/gpt2_math.h"  // kLayerNormEps
 #include "kernels/lora/lora.h"
 #include "kernels/ops.h"
 #include "models/definitions.h"
@@ -49,7 +49,7 @@ struct BlockLayout {
 BlockLayout block_layout(const gk::Config& config, const BatchShape& shape, size_t attention_bytes, float* base) {
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
-  gk::WorkspaceCarver carve(base);
+  kernels::WorkspaceCarver carve(base);
   BlockLayout layout{};
   layout.ln1_out = carve.take(n * c);
   layout.ln1_mean = carve.take(n);
@@ -81,8 +81,8 @@ struct HeadLayout {
 };
 
 HeadLayout head_layout(const gk::Config& config, float* base) {
-  const int64_t r = gk::kHeadChunkRows;
-  gk::WorkspaceCarver carve(base);
+  const int64_t r = kernels::kHeadChunkRows;
+  kernels::WorkspaceCarver carve(base);
   HeadLayout layout{};
   layout.ln_out = carve.take(r * config.n_embd);
   layout.mean = carve.take(r);
@@ -107,7 +107,7 @@ struct HeadDecodeLayout {
 };
 
 HeadDecodeLayout head_decode_layout(const gk::Config& config, float* base) {
-  gk::WorkspaceCarver carve(base);
+  kernels::WorkspaceCarver carve(base);
   HeadDecodeLayout layout{};
   layout.ln_out = carve.take(config.n_embd);
   layout.mean = carve.take(1);
@@ -127,7 +127,7 @@ struct Bf16Scratch {
 };
 
 Bf16Scratch bf16_scratch(const gk::Config& config, size_t matmul_bytes, float* base) {
-  gk::WorkspaceCarver carve(base);
+  kernels::WorkspaceCarver carve(base);
   Bf16Scratch layout{};
   const auto specs = gk::block_param_specs(config);
   for (int i = 0; i < gk::kBlockParamCount; ++i)
@@ -613,8 +613,8 @@ Status Gpt2::head_forward_backward(kernels::ComputeBackend& backend, const Batch
   float* d_ln_f_weight = gradient ? ln_f_grads : nullptr;
   float* d_ln_f_bias = gradient && ln_f_grads != nullptr ? ln_f_grads + c : nullptr;
   float* d_wte = gradient ? embed_grads : nullptr;
-  for (int64_t r0 = 0; r0 < n; r0 += gk::kHeadChunkRows) {
-    const int64_t rows = std::min(gk::kHeadChunkRows, n - r0);
+  for (int64_t r0 = 0; r0 < n; r0 += kernels::kHeadChunkRows) {
+    const int64_t rows = std::min(kernels::kHeadChunkRows, n - r0);
     const float* x = x_final + r0 * c;
     STRATA_RETURN_IF_ERROR(
         backend.norm_forward(layer_norm(x, ln_f_weight, ln_f_bias, rows, c, ws.ln_out, ws.mean, ws.rstd)));

@@ -159,11 +159,8 @@ struct PackedRows {
 };
 
 
-// Rows of [rows, vocab] logits the head materializes at once. The head works through the
-// B·T rows in chunks of this many, so its logits scratch is head_chunk_rows × vocab floats
-// whatever B·T is. Fixed (not derived from the thread count) so the order in which the
-// chunks add into d_wte — and so the result — never changes.
-inline constexpr int64_t kHeadChunkRows = 256;
+// Rows of logits the head materializes at once: ops.h's.
+using kernels::kHeadChunkRows;
 
 // Bytes each entry point needs for activation shapes up to `max_shape`.
 size_t block_workspace_size_bytes(const Config& config, const BatchShape& max_shape);

@@ -17,22 +17,7 @@ using op_math::gelu_tanh;
 using op_math::gelu_tanh_derivative;
 using op_math::gelu_tanh_of;
 
-// Hands out 64-byte aligned slices of a workspace (only offsets when base is null), so a
-// sizing function and the entry point that carves the workspace share one layout description.
-class WorkspaceCarver {
- public:
-  explicit WorkspaceCarver(float* base) : base_(base) {}
-  float* take(int64_t count_floats) {
-    float* slice = base_ == nullptr ? nullptr : base_ + used_floats_;
-    used_floats_ += (count_floats + 15) / 16 * 16;
-    return slice;
-  }
-  size_t used_bytes() const { return static_cast<size_t>(used_floats_) * sizeof(float); }
-
- private:
-  float* base_;
-  int64_t used_floats_ = 0;
-};
+using kernels::WorkspaceCarver;  // ops.h's
 
 // The decode workspace of every model's decode ops, CPU and CUDA (gpt2.h / llama.h,
 // "Decoding"): the model's block layout for the new rows (its attention scratch unused), then

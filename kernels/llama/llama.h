@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "kernels/gpt2/gpt2.h"
+#include "kernels/op_math.h"  // STRATA_HOST_DEVICE
 
 namespace strata::kernels::llama {
 
@@ -70,6 +71,18 @@ struct Config {
   int64_t q_width() const { return n_head * head_dim; }
   int64_t kv_width() const { return n_kv_head * head_dim; }
 };
+
+// RoPE's parameters of `config` (ops.h): what the rope operations take.
+STRATA_HOST_DEVICE inline ops::RopeSpec rope_spec(const Config& config) {
+  ops::RopeSpec spec;
+  spec.head_dim = config.head_dim;
+  spec.theta = config.rope_theta;
+  spec.factor = config.rope_factor;
+  spec.low_freq_factor = config.rope_low_freq_factor;
+  spec.high_freq_factor = config.rope_high_freq_factor;
+  spec.original_max_positions = config.rope_original_max_positions;
+  return spec;
+}
 
 // A block's tensors in canonical order, with suffixes after "model.layers.{i}.": 9 without
 // biases, 12 with qkv_bias, 13 with both.

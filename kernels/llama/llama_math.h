@@ -10,17 +10,7 @@
 
 namespace strata::kernels::llama {
 
-// RoPE's parameters of `config` (ops.h) and the inverse frequency of pair i (op_math.h).
-STRATA_HOST_DEVICE inline ops::RopeSpec rope_spec(const Config& config) {
-  ops::RopeSpec spec;
-  spec.head_dim = config.head_dim;
-  spec.theta = config.rope_theta;
-  spec.factor = config.rope_factor;
-  spec.low_freq_factor = config.rope_low_freq_factor;
-  spec.high_freq_factor = config.rope_high_freq_factor;
-  spec.original_max_positions = config.rope_original_max_positions;
-  return spec;
-}
+// The inverse frequency of pair i (op_math.h) of `config`'s RoPE (llama.h rope_spec).
 STRATA_HOST_DEVICE inline double rope_inverse_frequency(const Config& config, int64_t i) {
   return op_math::rope_inverse_frequency(rope_spec(config), i);
 }
