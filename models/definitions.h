@@ -17,6 +17,16 @@ std::unique_ptr<const ModelDefinition> make_llama_definition(const ModelConfig& 
 // Gemma 1 (models/gemma.cpp): the decoder with Gemma's options.
 std::unique_ptr<const ModelDefinition> make_gemma_definition(const ModelConfig& config);
 
+namespace decoder {
+struct DecoderOptions;  // models/decoder.h
+}
+// The Llama family's one definition (models/decoder_definition.cpp): the family's units and
+// names, RMSNorm weights initialised to `norm_init`, every op models/decoder.h's with `options`,
+// reporting `arch` (a string that outlives it).
+std::unique_ptr<const ModelDefinition> make_decoder_definition(const ModelConfig& config, const char* arch,
+                                                               const decoder::DecoderOptions& options,
+                                                               float norm_init);
+
 // A parameter's shape as a vector (1-D or 2-D).
 inline std::vector<int64_t> shape_of(const kernels::gpt2::ParamSpec& spec) {
   return spec.rank == 1 ? std::vector<int64_t>{spec.shape[0]} : std::vector<int64_t>{spec.shape[0], spec.shape[1]};
