@@ -15,7 +15,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_decode_ops.h"
-#include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/cuda/cublas_context.h"
 #include "kernels/lora/lora_cuda.h"
 #include "kernels/optim/optim_cuda.h"
 #include "kernels/quant/quant_cuda.h"
@@ -57,7 +57,7 @@ Status cuda_status(cudaError_t code, const char* op) {
 
 class CudaBackend final : public ComputeBackend {
  public:
-  CudaBackend(device::Device& device, device::Stream stream, gk::cuda::Context context, device::DeviceBuffer fixed,
+  CudaBackend(device::Device& device, device::Stream stream, cuda::Context context, device::DeviceBuffer fixed,
               gk::BatchShape max_shape)
       : device_(device), stream_(std::move(stream)), context_(std::move(context)), fixed_(std::move(fixed)),
         max_shape_(max_shape) {
@@ -244,7 +244,7 @@ class CudaBackend final : public ComputeBackend {
 
   device::Device& device_;
   device::Stream stream_;
-  gk::cuda::Context context_;
+  cuda::Context context_;
   device::DeviceBuffer fixed_;
   gk::BatchShape max_shape_;
   StepSlots* slots_ = nullptr;
@@ -285,7 +285,7 @@ uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
 Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const gk::BatchShape& max_shape) {
   STRATA_ASSIGN_OR_RETURN(device::Stream stream, device.create_stream("compute"));
   auto native = static_cast<cudaStream_t>(stream.native_handle());
-  STRATA_ASSIGN_OR_RETURN(gk::cuda::Context context, gk::cuda::Context::create(native));
+  STRATA_ASSIGN_OR_RETURN(cuda::Context context, cuda::Context::create(native));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer fixed, device.allocate(cuda_fixed_device_bytes(max_shape)));
   return std::unique_ptr<ComputeBackend>(
       std::make_unique<CudaBackend>(device, std::move(stream), std::move(context), std::move(fixed), max_shape));
