@@ -45,15 +45,14 @@
 //   gradient is skipped, so a frozen base's backward computes the activation gradients and the
 //   adapters' grads only. The dropout mask is lora.h's hash on every backend: the same mask,
 //   bit for bit.
-// - Models: training has no model-shaped op; a model definition (models/) composes the
-//   operations, so callers above it never name a model. Decoding still has GPT-2's and
-//   Llama's own ops (below) until the definitions compose it too.
+// - Models: no op is model-shaped; a model definition (models/) composes the operations for
+//   training and decoding alike, so callers above it never name a model.
 // - Numerics: the CPU backend's operations are the loops of kernels/gpt2 and kernels/llama
 //   (cpu_ops.h), so a definition composed of them gives those kernels' bits
 //   (tests/backend/test_compose_*.cpp); its optimizer and casts are kernels/optim (adamw.h,
 //   adamw8bit.h, cast.h) and its dequantisation kernels/quant (quant.h), bit-identical to
 //   calling them directly (tests/backend/test_backend_cpu.cpp, tests/quant). The CUDA backend
-//   is cuda_ops.h, the decode kernels of gpt2_cuda.h / llama_cuda.h, optim_cuda.h and
+//   is cuda_ops.h, cuda_decode_ops.h, optim_cuda.h and
 //   quant_cuda.h: AdamW, the casts and the dequantisation give the CPU's bits; the operations,
 //   whole blocks and heads and the sum of squares agree to fp32 rounding (test_ops.cpp and
 //   test_backend_ops.cpp state each tolerance).
@@ -207,63 +206,6 @@ class ComputeBackend {
   [[nodiscard]] virtual Status lora_backward_input(const lora::BlockAdapters* adapters, int target, int64_t rows,
                                                    int64_t in, float* dx, int slot) = 0;
 
-  // --- generation: GPT-2 decoding with a KV cache (gpt2.h's decode semantics) ---
-  // Ops per model definition (Llama's trio follows). `tokens` is host
-  // memory (CUDA copies it to the device on its compute stream); the cache, activations, logits
-  // and workspace are the backend's memory. A backend without them returns `unsupported`.
-  virtual size_t decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows,
-                                             int64_t max_positions) const;
-  [[nodiscard]] virtual Status embedding_decode(const gpt2::Config& config, int64_t past, int64_t rows,
-                                                const int32_t* tokens, const float* wte, const float* wpe, float* x0);
-  [[nodiscard]] virtual Status block_decode(const gpt2::Config& config, int64_t past, int64_t rows,
-                                            const gpt2::BlockWeights& weights, const float* x_in, float* x_out,
-                                            const gpt2::KvCacheBlock& cache, const gpt2::Workspace& workspace);
-  // Logits [vocab] of the last of `rows` new rows of x_final.
-  [[nodiscard]] virtual Status head_logits(const gpt2::Config& config, int64_t rows, const gpt2::HeadWeights& weights,
-                                           const float* x_final, float* logits, const gpt2::Workspace& workspace);
-
-  // --- generation: Llama decoding with a KV cache (llama.h's decode semantics; the same rules) ---
-  virtual size_t llama_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows,
-                                                   int64_t max_positions) const;
-  [[nodiscard]] virtual Status llama_embedding_decode(const llama::Config& config, int64_t rows, const int32_t* tokens,
-                                                      const float* embed, float* x0);
-  [[nodiscard]] virtual Status llama_block_decode(const llama::Config& config, int64_t past, int64_t rows,
-                                                  const llama::BlockWeights& weights, const float* x_in, float* x_out,
-                                                  const gpt2::KvCacheBlock& cache, const gpt2::Workspace& workspace);
-  // Logits [config.vocab_size] of the last of `rows` new rows (a piece of the head when the
-  // caller passes fewer vocabulary rows).
-  [[nodiscard]] virtual Status llama_head_logits(const llama::Config& config, int64_t rows,
-                                                 const llama::HeadWeights& weights, const float* x_final,
-                                                 float* logits, const gpt2::Workspace& workspace);
-
-  // --- generation on bf16 weights (the store's compute copy as it is; both models) ---
-  // The block and head decode ops above with bf16 weights (gpt2.h / llama.h, "Decoding on bf16
-  // weights"). `scratch` is the backend's memory, 64-byte aligned, at least
-  // `decode_bf16_scratch_bytes` for the config (before any backend exists: the free functions
-  // below). The base class widens into it and runs the fp32 op — a block whole, the head
-  // kDecodeHeadPieceRows vocabulary rows at a time — which is what generation did before and
-  // what CUDA still does; the CPU backend multiplies the bf16 weights directly, widening only
-  // the 1-D tensors and L2-sized pieces, so its scratch is ~1 MiB instead of a block.
-  virtual size_t decode_bf16_scratch_bytes(const gpt2::Config& config) const;
-  [[nodiscard]] virtual Status block_decode_bf16(const gpt2::Config& config, int64_t past, int64_t rows,
-                                                 const gpt2::BlockWeightsBf16& weights, const float* x_in,
-                                                 float* x_out, const gpt2::KvCacheBlock& cache,
-                                                 const gpt2::Workspace& workspace, const gpt2::Workspace& scratch);
-  [[nodiscard]] virtual Status head_logits_bf16(const gpt2::Config& config, int64_t rows,
-                                                const gpt2::HeadWeightsBf16& weights, const float* x_final,
-                                                float* logits, const gpt2::Workspace& workspace,
-                                                const gpt2::Workspace& scratch);
-  virtual size_t llama_decode_bf16_scratch_bytes(const llama::Config& config) const;
-  [[nodiscard]] virtual Status llama_block_decode_bf16(const llama::Config& config, int64_t past, int64_t rows,
-                                                       const llama::BlockWeightsBf16& weights, const float* x_in,
-                                                       float* x_out, const gpt2::KvCacheBlock& cache,
-                                                       const gpt2::Workspace& workspace,
-                                                       const gpt2::Workspace& scratch);
-  [[nodiscard]] virtual Status llama_head_logits_bf16(const llama::Config& config, int64_t rows,
-                                                      const llama::HeadWeightsBf16& weights, const float* x_final,
-                                                      float* logits, const gpt2::Workspace& workspace,
-                                                      const gpt2::Workspace& scratch);
-
   // --- elementwise and the optimizer ---
   [[nodiscard]] virtual Status zero(float* values, uint64_t count) = 0;
   [[nodiscard]] virtual Status copy(void* dst, const void* src, uint64_t size_bytes) = 0;
@@ -304,15 +246,6 @@ uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape
 size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64_t n_head, int64_t head_dim);
 size_t attention_decode_scratch_bytes(device::Kind kind, int64_t max_rows, int64_t n_head, int64_t max_positions);
 size_t matmul_bf16_scratch_bytes(device::Kind kind, int64_t max_in, int64_t max_out);
-// The decode ops' workspace on a device kind (ComputeBackend::decode_workspace_size_bytes and
-// its Llama twin), for sizing generation's scratch before the device exists.
-size_t decode_workspace_size_bytes(device::Kind kind, const gpt2::Config& config, int64_t max_rows,
-                                   int64_t max_positions);
-size_t decode_workspace_size_bytes(device::Kind kind, const llama::Config& config, int64_t max_rows,
-                                   int64_t max_positions);
-// The bf16 decode ops' scratch on a device kind (ComputeBackend::decode_bf16_scratch_bytes).
-size_t decode_bf16_scratch_bytes(device::Kind kind, const gpt2::Config& config);
-size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config);
 // The refusal every backend's cross_entropy makes before a kernel indexes a logits row by a target:
 // a target at or past vocab_size would read (and, with gradients, write) past the row. The
 // first such target is an `invalid_argument` naming the token id, its row and the vocabulary
@@ -324,7 +257,8 @@ size_t decode_bf16_scratch_bytes(device::Kind kind, const llama::Config& config)
 // smaller than the one before it in its row is an `invalid_argument` naming the value, its batch
 // row and column. Null arrays pass. Host memory, so no device round trip.
 [[nodiscard]] Status check_packing(const int32_t* positions, const int32_t* segments, const gpt2::BatchShape& shape);
-// Vocabulary rows the base class's bf16 head widens and multiplies at a time.
+// The longest slice of a bf16 weight CUDA's matmul_bf16 widens at a time (cuda_decode_ops.h):
+// its scratch is bounded by this many rows, not by the vocabulary.
 inline constexpr int64_t kDecodeHeadPieceRows = 4096;
 
 }  // namespace strata::kernels

@@ -20,8 +20,6 @@ uint64_t cuda_fixed_device_bytes(const gpt2::BatchShape& max_shape);
 size_t cuda_attention_scratch_bytes(const BatchShape& shape, int64_t n_head, int64_t head_dim);
 size_t cuda_attention_decode_scratch_bytes(int64_t max_rows, int64_t n_head, int64_t max_positions);
 size_t cuda_matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out);
-size_t cuda_decode_workspace_size_bytes(const gpt2::Config& config, int64_t max_rows, int64_t max_positions);
-size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows, int64_t max_positions);
 #endif
 
 }  // namespace strata::kernels

@@ -1,4 +1,4 @@
-// The CUDA backend (backend.h): the operations (cuda_ops.h), gpt2_cuda.h, llama_cuda.h and
+// The CUDA backend (backend.h): the operations (cuda_ops.h, cuda_decode_ops.h) and
 // optim_cuda.h launched on the backend's own compute stream of a CUDA device. Nothing here
 // waits for the device except end_step and synchronize; the loss, the gradient sum of squares
 // and the clip coefficient stay in one small device block until end_step brings the first two
@@ -15,8 +15,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_decode_ops.h"
-#include "kernels/gpt2/gpt2_cuda.h"
-#include "kernels/llama/llama_cuda.h"
+#include "kernels/cuda/cublas_context.h"
 #include "kernels/lora/lora_cuda.h"
 #include "kernels/optim/optim_cuda.h"
 #include "kernels/quant/quant_cuda.h"
@@ -58,7 +57,7 @@ Status cuda_status(cudaError_t code, const char* op) {
 
 class CudaBackend final : public ComputeBackend {
  public:
-  CudaBackend(device::Device& device, device::Stream stream, gk::cuda::Context context, device::DeviceBuffer fixed,
+  CudaBackend(device::Device& device, device::Stream stream, cuda::Context context, device::DeviceBuffer fixed,
               gk::BatchShape max_shape)
       : device_(device), stream_(std::move(stream)), context_(std::move(context)), fixed_(std::move(fixed)),
         max_shape_(max_shape) {
@@ -116,46 +115,6 @@ class CudaBackend final : public ComputeBackend {
   }
   Status synchronize() override { return device_.synchronize(stream_); }
 
-  // GPT-2 and Llama decoding (gpt2_cuda.h, llama_cuda.h): the new tokens, host memory as the
-  // interface says, are copied into the step's token buffer on the compute stream first.
-  size_t decode_workspace_size_bytes(const gk::Config& config, int64_t max_rows,
-                                     int64_t max_positions) const override {
-    return gk::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
-  }
-  Status embedding_decode(const gk::Config& config, int64_t past, int64_t rows, const int32_t* tokens,
-                          const float* wte, const float* wpe, float* x0) override {
-    assert(rows <= max_shape_.rows());
-    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, static_cast<uint64_t>(rows) * 4));
-    return gk::cuda::embedding_decode(context_, config, past, rows, tokens_, wte, wpe, x0);
-  }
-  Status block_decode(const gk::Config& config, int64_t past, int64_t rows, const gk::BlockWeights& weights,
-                      const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
-                      const gk::Workspace& workspace) override {
-    return gk::cuda::block_decode(context_, config, past, rows, weights, x_in, x_out, cache, workspace);
-  }
-  Status head_logits(const gk::Config& config, int64_t rows, const gk::HeadWeights& weights, const float* x_final,
-                     float* logits, const gk::Workspace& workspace) override {
-    return gk::cuda::head_decode(context_, config, rows, weights, x_final, logits, workspace);
-  }
-  size_t llama_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows,
-                                           int64_t max_positions) const override {
-    return llama::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
-  }
-  Status llama_embedding_decode(const llama::Config& config, int64_t rows, const int32_t* tokens, const float* embed,
-                                float* x0) override {
-    assert(rows <= max_shape_.rows());
-    STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, tokens_, tokens, static_cast<uint64_t>(rows) * 4));
-    return llama::cuda::embedding_decode(context_, config, rows, tokens_, embed, x0);
-  }
-  Status llama_block_decode(const llama::Config& config, int64_t past, int64_t rows, const llama::BlockWeights& weights,
-                            const float* x_in, float* x_out, const gk::KvCacheBlock& cache,
-                            const gk::Workspace& workspace) override {
-    return llama::cuda::block_decode(context_, config, past, rows, weights, x_in, x_out, cache, workspace);
-  }
-  Status llama_head_logits(const llama::Config& config, int64_t rows, const llama::HeadWeights& weights,
-                           const float* x_final, float* logits, const gk::Workspace& workspace) override {
-    return llama::cuda::head_decode(context_, config, rows, weights, x_final, logits, workspace);
-  }
   Result<double> grad_sum_squares_now() override {
     StepSlots host{};
     STRATA_RETURN_IF_ERROR(device_.copy_to_host(stream_, &host, slots_, sizeof host));
@@ -285,7 +244,7 @@ class CudaBackend final : public ComputeBackend {
 
   device::Device& device_;
   device::Stream stream_;
-  gk::cuda::Context context_;
+  cuda::Context context_;
   device::DeviceBuffer fixed_;
   gk::BatchShape max_shape_;
   StepSlots* slots_ = nullptr;
@@ -319,14 +278,6 @@ size_t cuda_matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) {
   return cuda::matmul_bf16_scratch_bytes(max_in, max_out);
 }
 
-size_t cuda_decode_workspace_size_bytes(const gk::Config& config, int64_t max_rows, int64_t max_positions) {
-  return gk::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
-}
-
-size_t cuda_decode_workspace_size_bytes(const llama::Config& config, int64_t max_rows, int64_t max_positions) {
-  return llama::cuda::decode_workspace_size_bytes(config, max_rows, max_positions);
-}
-
 uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
   return kTokensOffset + kStepIntArrays * token_bytes(max_shape) + row_loss_bytes(max_shape);
 }
@@ -334,7 +285,7 @@ uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
 Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const gk::BatchShape& max_shape) {
   STRATA_ASSIGN_OR_RETURN(device::Stream stream, device.create_stream("compute"));
   auto native = static_cast<cudaStream_t>(stream.native_handle());
-  STRATA_ASSIGN_OR_RETURN(gk::cuda::Context context, gk::cuda::Context::create(native));
+  STRATA_ASSIGN_OR_RETURN(cuda::Context context, cuda::Context::create(native));
   STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer fixed, device.allocate(cuda_fixed_device_bytes(max_shape)));
   return std::unique_ptr<ComputeBackend>(
       std::make_unique<CudaBackend>(device, std::move(stream), std::move(context), std::move(fixed), max_shape));

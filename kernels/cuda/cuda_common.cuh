@@ -1,11 +1,11 @@
 // strata/kernels/cuda/cuda_common.cuh — the CUDA building blocks the operations and GPT-2's and
-// Llama's twins share (cuda_ops.cu, gpt2_cuda.cu, llama_cuda.cu; include from .cu files only):
+// LoRA's share (cuda_ops.cu, cuda_decode_ops.cu, lora_cuda.cu, cublas_context.cu; include from .cu files only):
 // error values, the launch check, fixed-order warp and block reductions, the causal softmax and
 // its backward over [rows, T] scores, the cross-entropy row and the loss mean, row-major cuBLAS
 // sgemm (plain and strided batched, pedantic fp32) and column sums. Everything here is in an unnamed namespace: each
 // .cu file compiles its own copy, so no relocatable device code is needed.
 //
-// Determinism as gpt2_cuda.h says: no atomics; sums in a fixed order.
+// Determinism as cublas_context.h says: no atomics; sums in a fixed order.
 #pragma once
 
 #include <cmath>
@@ -16,9 +16,9 @@
 
 #include "common/narrow.h"
 #include "common/status.h"
-#include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/cuda/cublas_context.h"
 
-namespace strata::kernels::gpt2::cuda {
+namespace strata::kernels::cuda {
 namespace {
 
 Error cuda_error(const char* what, cudaError_t code) {
@@ -47,7 +47,7 @@ Status check_launch(const char* kernel) {
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
 // Decoding: the attention of at most this many new rows runs per launch, so the scores buffer
-// holds this many rows × H × max_positions floats, not a whole prompt's (gpt2_cuda.cu).
+// holds this many rows × H × max_positions floats, not a whole prompt's (cuda_decode_ops.cu).
 constexpr int64_t kDecodeScoreRows = 64;
 
 unsigned blocks_for(int64_t count, int64_t per_block = kThreads) {
@@ -261,4 +261,4 @@ Status column_sums(const Context& ctx, const float* in, int64_t rows, int64_t co
 }
 
 }  // namespace
-}  // namespace strata::kernels::gpt2::cuda
+}  // namespace strata::kernels::cuda

@@ -13,13 +13,13 @@
 namespace strata::kernels::cuda {
 namespace {
 
-namespace gc = gpt2::cuda;
+namespace gc = ::strata::kernels::cuda;
 using gc::check_launch;  // STRATA_CUDA_LAUNCH names it unqualified
 
 // One block per (new row r = first_row + blockIdx.x / n_head, query head h = blockIdx.x % n_head):
 // p_j = softmax_j(scale·q·k_j) over cache positions 0..past+r, then out = Σ_j p_j v_j in position
 // order; query head h reads k/v head h / group. `scores` [launched rows, n_head, max_positions].
-// The same math as llama_cuda.cu's decode_attention_kernel (GPT-2's is its group-1 case), with
+// The same math as the deleted llama_cuda.cu's decode_attention_kernel (GPT-2's is its group-1 case), with
 // the strides an op gives. Max and sum by fixed block trees, the sum in double: no atomics. A
 // block's result depends on its row alone, so launching the rows in groups changes no bit.
 __global__ void attention_decode_kernel(const float* q, int64_t q_stride, const float* keys, const float* values,
@@ -127,7 +127,7 @@ Status attention_decode(const ops::AttentionDecode& op, cudaStream_t stream) {
 // [out, in] (w_out_major: x·Wᵀ) or [in, out] (x·W), widened a piece at a time into the scratch.
 // The pieces run in order on the Context's stream, so a piece is widened only after the product
 // before it has read the scratch.
-Status matmul_bf16(const gpt2::cuda::Context& ctx, const ops::MatmulBf16& op) {
+Status matmul_bf16(const kernels::cuda::Context& ctx, const ops::MatmulBf16& op) {
   assert(op.rows > 0 && op.in > 0 && op.out > 0);
   assert(op.scratch.size_bytes >= matmul_bf16_scratch_bytes(op.in, op.out));
   const int64_t capacity = static_cast<int64_t>(op.scratch.size_bytes / sizeof(float));

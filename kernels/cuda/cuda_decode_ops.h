@@ -13,7 +13,7 @@
 // - Determinism: no atomics; every sum runs in a fixed order (attention's max and sum in fixed
 //   block trees, its output in position order; products are cuBLAS sgemm in pedantic fp32), so
 //   the same inputs give the same bits run after run on one GPU model.
-// - Threads: as the Context (gpt2_cuda.h) — one host thread at a time.
+// - Threads: as the Context (cublas_context.h) — one host thread at a time.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/status.h"
-#include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/cuda/cublas_context.h"
 #include "kernels/ops.h"
 
 namespace strata::kernels::cuda {
@@ -38,13 +38,13 @@ size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out);
 
 // cudaMemcpy2DAsync device to device (one plain copy when the rows are back to back).
 [[nodiscard]] Status copy_rows(const ops::CopyRows& op, cudaStream_t stream);
-// One thread block per (new row, query head): llama_cuda.cu's decode kernel (GPT-2's is its MHA
+// One thread block per (new row, query head): the per-model decode kernel it replaced (GPT-2's is its MHA
 // case) over op's strides and k/v heads, launched kDecodeScoreRows rows at a time.
 [[nodiscard]] Status attention_decode(const ops::AttentionDecode& op, cudaStream_t stream);
 // Widens bounded pieces of W (bf16 bits << 16, exact) into op.scratch and runs the fp32 GEMM on
 // each. Pieces are bands of output columns whenever one fits, so each y element is one sgemm's
 // dot product over all of `in`, as with W widened whole; only when not even one output column's
 // `in` weights fit (a very skinny W) are they bands along `in`, added into y in order.
-[[nodiscard]] Status matmul_bf16(const gpt2::cuda::Context& ctx, const ops::MatmulBf16& op);
+[[nodiscard]] Status matmul_bf16(const kernels::cuda::Context& ctx, const ops::MatmulBf16& op);
 
 }  // namespace strata::kernels::cuda

@@ -14,12 +14,12 @@
 namespace strata::kernels::cuda_ops {
 namespace {
 
-using gpt2::cuda::blocks_for;
-using gpt2::cuda::check_launch;
-using gpt2::cuda::cuda_error;
-using gpt2::cuda::gemm_batched;
-using gpt2::cuda::kThreads;
-using gpt2::cuda::kWarpsPerBlock;
+using kernels::cuda::blocks_for;
+using kernels::cuda::check_launch;
+using kernels::cuda::cuda_error;
+using kernels::cuda::gemm_batched;
+using kernels::cuda::kThreads;
+using kernels::cuda::kWarpsPerBlock;
 
 // How attention batches its heads into strided-batched products per batch row. Multi-head
 // (one query head per k/v head): one product over every head, k/v heads head_dim apart — the
@@ -47,7 +47,7 @@ void check_attention(const ops::Attention& op) {
 }  // namespace
 
 Status gemm(const Context& ctx, const ops::Gemm& op) {
-  return gpt2::cuda::gemm(ctx, op.trans_a, op.trans_b, op.m, op.n, op.k, op.a, op.lda, op.b, op.ldb, op.beta, op.c,
+  return kernels::cuda::gemm(ctx, op.trans_a, op.trans_b, op.m, op.n, op.k, op.a, op.lda, op.b, op.ldb, op.beta, op.c,
                           op.ldc);
 }
 
@@ -79,7 +79,7 @@ Status add_bias(const Context& ctx, const ops::AddBias& op) {
 Status column_sums(const Context& ctx, const ops::ColumnSums& op) {
   if (op.cols == 0) return Status();
   // One thread per column over the rows in order, summed in double (the bias gradients' kernel).
-  return gpt2::cuda::column_sums(ctx, op.in, op.rows, op.cols, op.out);
+  return kernels::cuda::column_sums(ctx, op.in, op.rows, op.cols, op.out);
 }
 
 Status norm_forward(const Context& ctx, const ops::NormForward& op) {
@@ -153,7 +153,7 @@ Status attention_forward(const Context& ctx, const ops::Attention& op, const int
     }
   }
   const int64_t rows = op.shape.batch * op.n_head * t;
-  STRATA_CUDA_LAUNCH(gpt2::cuda::causal_softmax_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
+  STRATA_CUDA_LAUNCH(kernels::cuda::causal_softmax_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
                      probs, t, rows, op.scale, op.use_step_segments ? segments : nullptr, op.n_head);
   for (int64_t b = 0; b < op.shape.batch; ++b) {
     for (int64_t l = 0; l < hb.launches; ++l) {
@@ -189,7 +189,7 @@ Status attention_backward(const Context& ctx, const ops::AttentionBackward& grad
     }
   }
   const int64_t rows = op.shape.batch * op.n_head * t;
-  STRATA_CUDA_LAUNCH(gpt2::cuda::softmax_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
+  STRATA_CUDA_LAUNCH(kernels::cuda::softmax_backward_kernel, blocks_for(rows, kWarpsPerBlock), kThreads, ctx.stream(),
                      probs, d_probs, t, rows, op.scale, op.use_step_segments ? segments : nullptr, op.n_head);
   for (int64_t b = 0; b < op.shape.batch; ++b) {
     const float* q = op.q + b * t * op.q_stride;
@@ -216,9 +216,9 @@ Status attention_backward(const Context& ctx, const ops::AttentionBackward& grad
       for (int64_t g = 0; g < group; ++g) {
         const float beta = g == 0 ? 0.0f : 1.0f;
         const int64_t h = h0 + g;
-        STRATA_RETURN_IF_ERROR(gpt2::cuda::gemm(ctx, true, false, t, d, t, ds + g * tt, t, q + h * d, op.q_stride,
+        STRATA_RETURN_IF_ERROR(kernels::cuda::gemm(ctx, true, false, t, d, t, ds + g * tt, t, q + h * d, op.q_stride,
                                                 beta, dk + l * d, op.kv_stride));
-        STRATA_RETURN_IF_ERROR(gpt2::cuda::gemm(ctx, true, false, t, d, t, p + g * tt, t, d_out + h * d,
+        STRATA_RETURN_IF_ERROR(kernels::cuda::gemm(ctx, true, false, t, d, t, p + g * tt, t, d_out + h * d,
                                                 op.out_stride, beta, dv + l * d, op.kv_stride));
       }
     }
@@ -297,13 +297,13 @@ Status cross_entropy(const Context& ctx, const ops::CrossEntropy& op, const int3
                      int64_t normalizer, float* step_row_loss, float* loss) {
   assert(op.first_row >= 0 && op.rows >= 0 && op.vocab > 0 && normalizer >= 0);
   if (op.rows > 0) {
-    STRATA_CUDA_LAUNCH(gpt2::cuda::cross_entropy_kernel, static_cast<unsigned>(op.rows), kThreads, ctx.stream(),
+    STRATA_CUDA_LAUNCH(kernels::cuda::cross_entropy_kernel, static_cast<unsigned>(op.rows), kThreads, ctx.stream(),
                        op.logits, op.vocab, targets + op.first_row, op.gradient, grad_scale,
                        step_row_loss + op.first_row);
   }
   // The whole step so far in one fixed tree, so that after the last chunk the slot holds the
   // per-model heads' single mean over every row — not a sum of per-chunk means.
-  STRATA_CUDA_LAUNCH(gpt2::cuda::mean_kernel, 1, kThreads, ctx.stream(), step_row_loss, op.first_row + op.rows,
+  STRATA_CUDA_LAUNCH(kernels::cuda::mean_kernel, 1, kThreads, ctx.stream(), step_row_loss, op.first_row + op.rows,
                      normalizer, loss);
   return Status();
 }

@@ -1,5 +1,5 @@
 // strata/kernels/cuda/cuda_ops.h — the CUDA backend's operations (kernels/ops.h), as free
-// functions on a gpt2_cuda.h Context (its stream and its cuBLAS handle in pedantic fp32): the
+// functions on a cublas_context.h Context (its stream and its cuBLAS handle in pedantic fp32): the
 // twin of cpu_ops.h. Internal to kernels/ (cuda_backend.cpp calls them with the step's device
 // arrays; the op-parity tests reach them through the backend).
 //
@@ -8,23 +8,22 @@
 //   `segments`) included: the backend's copies made at begin_step, or null where ops.h allows
 //   none (the op's use_step_* flag is then ignored). Calls enqueue on ctx's stream and return
 //   without waiting; buffers live until the stream reaches the work.
-// - Kernels: op_kernels.cuh's and cuda_common.cuh's (the per-model CUDA decode, gpt2_cuda.cu
-//   and llama_cuda.cu, launches the same); products through cuda_common.cuh's sgemm wrappers.
+// - Kernels: op_kernels.cuh's and cuda_common.cuh's (cuda_decode_ops.cu launches the same); products through cuda_common.cuh's sgemm wrappers.
 // - Errors: a failed launch or cuBLAS call is a Status (a size past cuBLAS's int an
 //   invalid_argument); bad shapes and short scratch assert.
-// - Determinism: as gpt2_cuda.h — no atomics, every reduction in a fixed order.
+// - Determinism: as cublas_context.h — no atomics, every reduction in a fixed order.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "common/status.h"
-#include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/cuda/cublas_context.h"
 #include "kernels/ops.h"
 
 namespace strata::kernels::cuda_ops {
 
-using gpt2::cuda::Context;
+using kernels::cuda::Context;
 
 [[nodiscard]] Status gemm(const Context& ctx, const ops::Gemm& op);
 [[nodiscard]] Status rows_init(const Context& ctx, const ops::RowsInit& op);

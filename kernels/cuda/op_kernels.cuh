@@ -1,6 +1,6 @@
 // strata/kernels/cuda/op_kernels.cuh — the element-wise, row and column kernels of the CUDA
 // operations (kernels/ops.h), one copy for every caller: the operations (cuda_ops.cu) and the
-// per-model CUDA code they replace (gpt2_cuda.cu, llama_cuda.cu) launch these same kernels, so
+// per-model CUDA code they replaced (deleted since) launched these same kernels, so
 // a model composed of operations runs the kernels its per-model code ran. Include from .cu files
 // only; like cuda_common.cuh (whose reductions, softmax and loss kernels these sit beside) it is
 // an unnamed namespace that each .cu file compiles for itself, so no relocatable device code.
@@ -10,7 +10,7 @@
 //   argument says otherwise. Launch shapes: "one warp per row" kernels take
 //   blocks_for(rows, kWarpsPerBlock) blocks of kThreads; the rest one thread per element (or per
 //   column) in blocks_for(count) blocks of kThreads.
-// - Determinism as gpt2_cuda.h says: no atomics; every sum in a fixed order (per-lane strides
+// - Determinism as cublas_context.h says: no atomics; every sum in a fixed order (per-lane strides
 //   then the warp butterfly; per-column loops walk the rows in order).
 // - The generalisations the operations brought keep the old bits: a norm's weight_offset of 0
 //   multiplies by w itself, an embedding scale of 1 multiplies by nothing, and RoPE's angle is
@@ -27,9 +27,9 @@
 namespace strata::kernels::op_kernels {
 namespace {
 
-using gpt2::cuda::kThreads;
-using gpt2::cuda::kWarpsPerBlock;
-using gpt2::cuda::warp_sum;
+using kernels::cuda::kThreads;
+using kernels::cuda::kWarpsPerBlock;
+using kernels::cuda::warp_sum;
 
 // A norm's gain of column j: w itself when offset is 0 (the bits of no offset), else offset + w
 // (Gemma's 1 + w). Gradients of w are unchanged by it: d(offset + w)/dw = 1.

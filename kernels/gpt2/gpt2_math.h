@@ -1,7 +1,7 @@
 // strata/kernels/gpt2/gpt2_math.h — GPT-2's element-wise math, written once.
 // The scalar functions at the top compile for host and device (nvcc), so the CPU kernels and
 // the CUDA kernels evaluate GELU the same way. The row helpers below them are CPU-only.
-// Internal to kernels/gpt2; callers use gpt2.h / gpt2_cuda.h.
+// Internal to kernels/gpt2; callers use gpt2.h.
 #pragma once
 
 #include <cmath>

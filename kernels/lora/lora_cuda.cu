@@ -13,10 +13,10 @@ namespace strata::kernels::lora::cuda {
 
 namespace {
 
-using gpt2::cuda::blocks_for;
-using gpt2::cuda::check_launch;
-using gpt2::cuda::gemm_scaled;
-using gpt2::cuda::kThreads;
+using kernels::cuda::blocks_for;
+using kernels::cuda::check_launch;
+using kernels::cuda::gemm_scaled;
+using kernels::cuda::kThreads;
 
 // dst[r, j] = keep(r, j) ? x[r, j] · factor : 0 — one thread per element; the hash is lora.h's.
 __global__ void dropout_kernel(const float* x, int64_t rows, int64_t in, uint64_t mask_key, int target,

@@ -1,25 +1,25 @@
 // strata/kernels/lora/lora_cuda.h — the CUDA twin of lora.h's op: the same math, scratch layout
 // and dropout mask (lora.h's hash, evaluated per element on the device), with DEVICE pointers
-// on a gpt2_cuda.h Context's stream. The CUDA backend's lora_* ops call it per targeted linear.
+// on a cublas_context.h Context's stream. The CUDA backend's lora_* ops call it per targeted linear.
 //
 // Contract (differences from lora.h only)
 // - Every pointer (x, y, dy, dx, A, B, their grads, scratch) is device memory; the calls enqueue
 //   on ctx's stream and return without waiting. Spec, mask_key and the slot are host values.
 // - Products are cuBLAS sgemm in pedantic fp32; `scale` rides in the GEMMs' alpha (lora.h scales
 //   the [rows, rank] factor instead), so results agree with the CPU op to fp32 rounding, and the
-//   mask is the CPU's bit for bit. Run-to-run determinism as gpt2_cuda.h says (no atomics).
+//   mask is the CPU's bit for bit. Run-to-run determinism as cublas_context.h says (no atomics).
 // - Errors: a failed launch or cuBLAS call is a Status; bad shapes and short scratch assert.
 #pragma once
 
 #include <cstdint>
 
 #include "common/status.h"
-#include "kernels/gpt2/gpt2_cuda.h"
+#include "kernels/cuda/cublas_context.h"
 #include "kernels/lora/lora.h"
 
 namespace strata::kernels::lora::cuda {
 
-using gpt2::cuda::Context;
+using kernels::cuda::Context;
 
 // y += scale · drop(x)·Aᵀ·Bᵀ; nothing when adapter.a is null.
 [[nodiscard]] Status forward(const Context& ctx, const Spec& spec, uint64_t mask_key, int target, const float* x,

@@ -282,7 +282,7 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
   return out;
 }
 
-// --- Llama's shape (the decode scenarios below; model_scenarios.h's Llama model is the same) ---
+// --- Llama's shape (model_scenarios.h's Llama model and decode scenarios) ---
 // 4 query heads over 2 k/v heads, head_dim 8 (≠ n_embd / n_head), llama3 rope scaling, untied.
 inline kernels::llama::Config small_llama_config() {
   kernels::llama::Config c;
@@ -300,15 +300,8 @@ inline kernels::llama::Config small_llama_config() {
   return c;
 }
 
-// --- Generation: the decode ops, f32 and bf16 (the seam), GPT-2 and Llama ---
-// A 5-token prompt, then two tokens one at a time, against a 12-position cache: each pass's
-// block output and logits, and the cache (keys and values of every position) at the end.
-// The bf16 scenarios give both backends the same bf16 bit patterns (the upper halves of the
-// fp32 weights) through block_decode_bf16 / head_logits_bf16 and their Llama twins; the
-// embedding stays fp32 (generation widens its rows before the op).
-inline const char* const kDecodeScenarios[] = {"gpt2_decode", "gpt2_decode_bf16", "llama_decode_f32",
-                                               "llama_decode_bf16"};
-
+// The bf16 bit patterns of fp32 values (their upper halves): the same bf16 weights for every
+// backend and for the kernels called directly.
 inline std::vector<uint16_t> upper_halves(const std::vector<float>& values) {
   std::vector<uint16_t> bits(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
@@ -317,96 +310,6 @@ inline std::vector<uint16_t> upper_halves(const std::vector<float>& values) {
     bits[i] = static_cast<uint16_t>(word >> 16);
   }
   return bits;
-}
-
-inline OpOutputs run_decode_scenario(BackendEnv& env, const std::string& name) {
-  namespace lk = kernels::llama;
-  constexpr int64_t kPrompt = 5;
-  constexpr int64_t kWindow = 12;
-  const bool bf16 = name.ends_with("_bf16");
-  const bool llama = name.starts_with("llama_");
-  kernels::ComputeBackend& b = env.backend();
-  OpOutputs out;
-  auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
-  const gk::Config gc = small_config();
-  lk::Config lc = small_llama_config();
-  const int64_t c = llama ? lc.n_embd : gc.n_embd;
-  const int64_t vocab = llama ? lc.vocab_size : gc.vocab_size;
-  const int64_t kv_width = llama ? lc.kv_width() : gc.n_embd;
-  const auto table = static_cast<size_t>(vocab * c);
-  const auto tokens = random_tokens(static_cast<size_t>(kPrompt + 2), static_cast<int32_t>(vocab), 41);
-  // Block weights: LayerNorm / RMSNorm gains near 1, the rest small.
-  std::vector<float> weights;
-  if (llama) {
-    weights = random_floats(static_cast<size_t>(lk::block_param_count(lc)), 0.1f, 42);
-    size_t offset = 0;
-    for (const auto& spec : lk::block_param_specs(lc)) {
-      if (spec.name_suffix.ends_with("layernorm.weight"))
-        for (int64_t j = 0; j < spec.numel(); ++j) weights[offset + static_cast<size_t>(j)] += 1.0f;
-      offset += static_cast<size_t>(spec.numel());
-    }
-  } else {
-    weights = block_weights(gc, 43);
-  }
-  const std::vector<float> embed_values = random_floats(table, 0.5f, 44);
-  const std::vector<float> wpe_values = random_floats(static_cast<size_t>(gc.n_ctx * gc.n_embd), 0.1f, 45);
-  const std::vector<float> gain_values = random_floats(static_cast<size_t>(c), 0.1f, 46, 1.0f);
-  const std::vector<float> bias_values = random_floats(static_cast<size_t>(c), 0.1f, 47);
-  const std::vector<float> lm_head_values = random_floats(table, 0.1f, 48);
-  const float* w = env.upload(weights);
-  const uint16_t* w_bits = env.upload(upper_halves(weights));
-  const float* embed = env.upload(embed_values);
-  const float* wpe = env.upload(wpe_values);
-  const float* gain = env.upload(gain_values);
-  const float* bias = env.upload(bias_values);
-  const float* lm_head = env.upload(lm_head_values);
-  const uint16_t* gain_bits = env.upload(upper_halves(gain_values));
-  const uint16_t* bias_bits = env.upload(upper_halves(bias_values));
-  // GPT-2's head is tied: its projection is the token embedding.
-  const uint16_t* projection_bits = env.upload(upper_halves(llama ? lm_head_values : embed_values));
-  const size_t cache_n = static_cast<size_t>(kWindow * kv_width);
-  float* keys = env.zeros<float>(cache_n);
-  float* values = env.zeros<float>(cache_n);
-  float* x0 = env.zeros<float>(static_cast<size_t>(kPrompt * c));
-  float* x1 = env.zeros<float>(static_cast<size_t>(kPrompt * c));
-  float* logits = env.zeros<float>(static_cast<size_t>(vocab));
-  const gk::Workspace ws = env.workspace_for(llama ? b.llama_decode_workspace_size_bytes(lc, kPrompt, kWindow)
-                                                   : b.decode_workspace_size_bytes(gc, kPrompt, kWindow));
-  const gk::Workspace scratch =
-      env.workspace_for(llama ? b.llama_decode_bf16_scratch_bytes(lc) : b.decode_bf16_scratch_bytes(gc));
-  const gk::KvCacheBlock cache{keys, values, kWindow};
-  int64_t past = 0;
-  for (const int64_t rows : {kPrompt, int64_t{1}, int64_t{1}}) {
-    const int32_t* new_tokens = tokens.data() + past;
-    if (llama) {
-      expect_ok(b.llama_embedding_decode(lc, rows, new_tokens, embed, x0));
-      if (bf16) {
-        expect_ok(b.llama_block_decode_bf16(lc, past, rows, lk::bind_block(lc, w_bits), x0, x1, cache, ws, scratch));
-        expect_ok(b.llama_head_logits_bf16(lc, rows, lk::HeadWeightsBf16{gain_bits, projection_bits}, x1, logits, ws,
-                                           scratch));
-      } else {
-        expect_ok(b.llama_block_decode(lc, past, rows, lk::bind_block(lc, w), x0, x1, cache, ws));
-        expect_ok(b.llama_head_logits(lc, rows, lk::HeadWeights{gain, lm_head}, x1, logits, ws));
-      }
-    } else {
-      expect_ok(b.embedding_decode(gc, past, rows, new_tokens, embed, wpe, x0));
-      if (bf16) {
-        expect_ok(b.block_decode_bf16(gc, past, rows, gk::bind_block(gc, w_bits), x0, x1, cache, ws, scratch));
-        expect_ok(b.head_logits_bf16(gc, rows, gk::HeadWeightsBf16{gain_bits, bias_bits, projection_bits}, x1, logits,
-                                     ws, scratch));
-      } else {
-        expect_ok(b.block_decode(gc, past, rows, gk::bind_block(gc, w), x0, x1, cache, ws));
-        expect_ok(b.head_logits(gc, rows, gk::HeadWeights{gain, bias, embed}, x1, logits, ws));
-      }
-    }
-    const std::string at = "@" + std::to_string(past);
-    out.tensors.push_back({"x_out" + at, env.download(x1, static_cast<size_t>(rows * c))});
-    out.tensors.push_back({"logits" + at, env.download(logits, static_cast<size_t>(vocab))});
-    past += rows;
-  }
-  out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * kv_width))});
-  out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * kv_width))});
-  return out;
 }
 
 }  // namespace strata::testing

@@ -1,9 +1,10 @@
-// tests/backend/model_scenarios.h — the training scenarios of backend_harness.h's small shapes run
-// through a model definition (models/model.h, make_model_definition) on one backend: GPT-2's and
-// Llama's embedding, block and head on the packed unit buffers the trainer hands them, outputs
-// back as named host tensors. test_backend_ops runs each on CUDA and on the CPU and compares
-// whole blocks per tensor (test_ops checks the same ops one by one); test_compose_gpt2 and
-// test_compose_llama hold the CPU run to the kernels called directly, bit for bit.
+// tests/backend/model_scenarios.h — the training and decoding scenarios of backend_harness.h's
+// small shapes run through a model definition (models/model.h, make_model_definition) on one
+// backend: GPT-2's and Llama's embedding, block and head on the packed unit buffers the trainer
+// (or generation) hands them, outputs back as named host tensors. test_backend_ops runs each on
+// CUDA and on the CPU and compares whole blocks per tensor (test_ops checks the same ops one by
+// one); test_compose_gpt2 and test_compose_llama hold the CPU run to the kernels called
+// directly, bit for bit.
 #pragma once
 
 #include <memory>
@@ -249,14 +250,14 @@ inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
     float* x0 = env.zeros<float>(static_cast<size_t>(kPrompt * c.n_embd));
     float* x1 = env.zeros<float>(static_cast<size_t>(kPrompt * c.n_embd));
     float* logits = env.zeros<float>(static_cast<size_t>(c.vocab_size));
-    const gk::Workspace decode_ws = env.workspace_for(b.llama_decode_workspace_size_bytes(c, kPrompt, kWindow));
+    const gk::Workspace decode_ws =
+        env.workspace_for(def->decode_workspace_size_bytes(env.device().kind(), kPrompt, kWindow));
     const gk::KvCacheBlock cache{keys, values, kWindow};
     int64_t past = 0;
     for (const int64_t step_rows : {kPrompt, int64_t{1}, int64_t{1}}) {
-      expect_ok(b.llama_embedding_decode(c, step_rows, tokens.data() + past, embed, x0));
-      expect_ok(b.llama_block_decode(c, past, step_rows, lk::bind_block(c, static_cast<const float*>(w)), x0, x1,
-                                     cache, decode_ws));
-      expect_ok(b.llama_head_logits(c, step_rows, lk::HeadWeights{norm, lm_head}, x1, logits, decode_ws));
+      expect_ok(def->embedding_decode(b, past, step_rows, tokens.data() + past, embed, c.vocab_size, nullptr, x0));
+      expect_ok(def->block_decode(b, past, step_rows, w, x0, x1, cache, decode_ws));
+      expect_ok(def->head_logits(b, step_rows, norm, lm_head, c.vocab_size, x1, logits, decode_ws));
       const std::string at = "@" + std::to_string(past);
       out.tensors.push_back({"x_out" + at, env.download(x1, static_cast<size_t>(step_rows * c.n_embd))});
       out.tensors.push_back({"logits" + at, env.download(logits, static_cast<size_t>(c.vocab_size))});
@@ -331,6 +332,94 @@ inline std::pair<Status, Status> heads_with_target(BackendEnv& env, int32_t bad_
                                    env.workspace_for(llama->workspace_size_bytes(b, s)));
   (void)b.end_step();
   return {gpt2_status, llama_status};
+}
+
+
+// --- Generation: the definitions' decode methods, f32 and bf16, GPT-2 and Llama ---
+// A 5-token prompt, then two tokens one at a time, against a 12-position cache, through
+// make_model_definition's embedding_decode / block_decode / head_logits (and the bf16 twins),
+// sized as generation sizes them for the device's kind: each pass's block output and logits,
+// and the cache (keys and values of every position) at the end. The bf16 scenarios give every
+// backend the same bf16 bit patterns (the upper halves of the fp32 weights); the embedding
+// stays fp32 (generation widens its rows before the op).
+inline const char* const kDecodeScenarios[] = {"gpt2_decode", "gpt2_decode_bf16", "llama_decode_f32",
+                                               "llama_decode_bf16"};
+
+inline OpOutputs run_decode_scenario(BackendEnv& env, const std::string& name) {
+  namespace lk = kernels::llama;
+  constexpr int64_t kPrompt = 5;
+  constexpr int64_t kWindow = 12;
+  const bool bf16 = name.ends_with("_bf16");
+  const bool llama = name.starts_with("llama_");
+  kernels::ComputeBackend& b = env.backend();
+  const device::Kind kind = env.device().kind();
+  OpOutputs out;
+  auto expect_ok = [](const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); };
+  const gk::Config gc = small_config();
+  const lk::Config lc = small_llama_config();
+  const auto def = models::make_model_definition(llama ? small_llama_model(false) : small_model());
+  const int64_t c = llama ? lc.n_embd : gc.n_embd;
+  const int64_t vocab = llama ? lc.vocab_size : gc.vocab_size;
+  const int64_t kv_width = def->kv_cache_width();
+  const auto table = static_cast<size_t>(vocab * c);
+  const auto tokens = random_tokens(static_cast<size_t>(kPrompt + 2), static_cast<int32_t>(vocab), 41);
+  // Block weights, packed as the block unit: LayerNorm / RMSNorm gains near 1, the rest small.
+  std::vector<float> weights;
+  if (llama) {
+    weights = random_floats(static_cast<size_t>(lk::block_param_count(lc)), 0.1f, 42);
+    size_t offset = 0;
+    for (const auto& spec : lk::block_param_specs(lc)) {
+      if (spec.name_suffix.ends_with("layernorm.weight"))
+        for (int64_t j = 0; j < spec.numel(); ++j) weights[offset + static_cast<size_t>(j)] += 1.0f;
+      offset += static_cast<size_t>(spec.numel());
+    }
+  } else {
+    weights = block_weights(gc, 43);
+  }
+  const std::vector<float> embed_values = random_floats(table, 0.5f, 44);
+  const std::vector<float> wpe_values = random_floats(static_cast<size_t>(gc.n_ctx * gc.n_embd), 0.1f, 45);
+  const std::vector<float> gain_values = random_floats(static_cast<size_t>(c), 0.1f, 46, 1.0f);
+  const std::vector<float> bias_values = random_floats(static_cast<size_t>(c), 0.1f, 47);
+  const std::vector<float> lm_head_values = random_floats(table, 0.1f, 48);
+  // The final norm as the final unit holds it: GPT-2's ln_f gain then bias, Llama's gain.
+  const std::vector<float> final_norm_values = llama ? gain_values : unit_of({gain_values, bias_values});
+  // GPT-2's head is tied: its projection is the token embedding.
+  const std::vector<float>& projection_values = llama ? lm_head_values : embed_values;
+  const float* w = env.upload(weights);
+  const uint16_t* w_bits = env.upload(upper_halves(weights));
+  const float* embed = env.upload(embed_values);
+  const float* wpe = llama ? nullptr : env.upload(wpe_values);
+  const float* final_norm = env.upload(final_norm_values);
+  const float* projection = env.upload(projection_values);
+  const uint16_t* final_norm_bits = env.upload(upper_halves(final_norm_values));
+  const uint16_t* projection_bits = env.upload(upper_halves(projection_values));
+  const size_t cache_n = static_cast<size_t>(kWindow * kv_width);
+  float* keys = env.zeros<float>(cache_n);
+  float* values = env.zeros<float>(cache_n);
+  float* x0 = env.zeros<float>(static_cast<size_t>(kPrompt * c));
+  float* x1 = env.zeros<float>(static_cast<size_t>(kPrompt * c));
+  float* logits = env.zeros<float>(static_cast<size_t>(vocab));
+  const gk::Workspace ws = env.workspace_for(def->decode_workspace_size_bytes(kind, kPrompt, kWindow));
+  const gk::Workspace scratch = env.workspace_for(def->decode_bf16_scratch_bytes(kind));
+  const gk::KvCacheBlock cache{keys, values, kWindow};
+  int64_t past = 0;
+  for (const int64_t rows : {kPrompt, int64_t{1}, int64_t{1}}) {
+    expect_ok(def->embedding_decode(b, past, rows, tokens.data() + past, embed, vocab, wpe, x0));
+    if (bf16) {
+      expect_ok(def->block_decode_bf16(b, past, rows, w_bits, x0, x1, cache, ws, scratch));
+      expect_ok(def->head_logits_bf16(b, rows, final_norm_bits, projection_bits, x1, logits, ws, scratch));
+    } else {
+      expect_ok(def->block_decode(b, past, rows, w, x0, x1, cache, ws));
+      expect_ok(def->head_logits(b, rows, final_norm, projection, vocab, x1, logits, ws));
+    }
+    const std::string at = "@" + std::to_string(past);
+    out.tensors.push_back({"x_out" + at, env.download(x1, static_cast<size_t>(rows * c))});
+    out.tensors.push_back({"logits" + at, env.download(logits, static_cast<size_t>(vocab))});
+    past += rows;
+  }
+  out.tensors.push_back({"keys", env.download(keys, static_cast<size_t>(past * kv_width))});
+  out.tensors.push_back({"values", env.download(values, static_cast<size_t>(past * kv_width))});
+  return out;
 }
 
 }  // namespace strata::testing

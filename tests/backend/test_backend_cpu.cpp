@@ -182,29 +182,39 @@ TEST(CpuSeamSelfCheck, HeadRefusesTargetsOutsideTheVocabulary) {
 }
 
 // Proves decoding does not reserve training's attention scratch: at an 8B-like shape (32 heads,
-// 4096-token prompt and window) the decode workspace of every kind's kernels stays below one
-// H·T·T fp32 buffer — training's probabilities alone are two — and doubling the prompt at most
-// doubles it (it grows with the prompt's rows, never their square).
+// 4096-token prompt and window) the decode workspace the definitions size for every kind
+// (generation's sizes) stays below one H·T·T fp32 buffer — training's probabilities alone are
+// two — and doubling the prompt at most doubles it (it grows with the prompt's rows, never
+// their square).
 TEST(DecodeWorkspace, GrowsLinearlyWithThePrompt) {
   constexpr int64_t kRows = 4096, kHeads = 32;
-  const gk::Config gpt2{32, kHeads, 4096, 50257, kRows};
-  kernels::llama::Config llama;
-  llama.n_layer = 32;
-  llama.n_head = kHeads;
-  llama.n_kv_head = 8;
-  llama.head_dim = 128;
-  llama.n_embd = 4096;
-  llama.intermediate_size = 14336;
-  llama.vocab_size = 128256;
-  llama.n_ctx = kRows;
+  ModelConfig gpt2_model;
+  gpt2_model.arch = "gpt2";
+  gpt2_model.n_layer = 32;
+  gpt2_model.n_head = kHeads;
+  gpt2_model.n_embd = 4096;
+  gpt2_model.vocab_size = 50257;
+  gpt2_model.seq_len = kRows;
+  ModelConfig llama_model;
+  llama_model.arch = "llama";
+  llama_model.n_layer = 32;
+  llama_model.n_head = kHeads;
+  llama_model.n_kv_head = 8;
+  llama_model.head_dim = 128;
+  llama_model.n_embd = 4096;
+  llama_model.intermediate_size = 14336;
+  llama_model.vocab_size = 128256;
+  llama_model.seq_len = kRows;
+  const auto gpt2 = models::make_model_definition(gpt2_model);
+  const auto llama = models::make_model_definition(llama_model);
   const double square_bytes = static_cast<double>(kHeads) * kRows * kRows * 4;
   for (const device::Kind kind : {device::Kind::cpu, device::Kind::emulated, device::Kind::cuda}) {
-    const size_t gpt2_bytes = kernels::decode_workspace_size_bytes(kind, gpt2, kRows, kRows);
-    const size_t llama_bytes = kernels::decode_workspace_size_bytes(kind, llama, kRows, kRows);
+    const size_t gpt2_bytes = gpt2->decode_workspace_size_bytes(kind, kRows, kRows);
+    const size_t llama_bytes = llama->decode_workspace_size_bytes(kind, kRows, kRows);
     EXPECT_LT(static_cast<double>(gpt2_bytes), square_bytes) << device::kind_name(kind);
     EXPECT_LT(static_cast<double>(llama_bytes), square_bytes) << device::kind_name(kind);
-    const size_t gpt2_half = kernels::decode_workspace_size_bytes(kind, gpt2, kRows / 2, kRows);
-    const size_t llama_half = kernels::decode_workspace_size_bytes(kind, llama, kRows / 2, kRows);
+    const size_t gpt2_half = gpt2->decode_workspace_size_bytes(kind, kRows / 2, kRows);
+    const size_t llama_half = llama->decode_workspace_size_bytes(kind, kRows / 2, kRows);
     EXPECT_LE(static_cast<double>(gpt2_bytes), 2.05 * static_cast<double>(gpt2_half)) << device::kind_name(kind);
     EXPECT_LE(static_cast<double>(llama_bytes), 2.05 * static_cast<double>(llama_half)) << device::kind_name(kind);
     std::printf("%-8s decode workspace at %lld rows: gpt2 %.2f GB, llama %.2f GB (H·T·T·4 = %.2f GB)\n",

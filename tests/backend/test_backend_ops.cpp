@@ -129,12 +129,12 @@ TEST_P(LlamaOpParity, CudaMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Ops, LlamaOpParity, ::testing::ValuesIn(kLlamaScenarios),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
-// Generation's decode ops (backend_harness.h's run_decode_scenario): a prompt pass, then two
-// single-token passes, CUDA against CPU — each pass's block output and logits and the KV cache.
+// Generation's decoding through the definitions (model_scenarios.h's run_decode_scenario): a
+// prompt pass, then two single-token passes, CUDA against CPU — each pass's block output and logits and the KV cache.
 // Tolerance 1e-5 per tensor: fp32 rounding (cuBLAS vs OpenBLAS order, the attention's sums in
 // another order), what the CPU decode holds against the full-sequence forward; the bf16
-// scenarios read the same bf16 bits on both (the CPU multiplies them fused, CUDA widens first),
-// so they are held to the same bound.
+// scenarios read the same bf16 bits on both (matmul_bf16: the CPU multiplies them fused, CUDA
+// widens slices first), so they are held to the same bound.
 class DecodeParity : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DecodeParity, CudaMatchesCpu) {

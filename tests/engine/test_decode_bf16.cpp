@@ -1,8 +1,8 @@
-// tests/engine/test_decode_bf16.cpp — decoding on bf16 weights (kernels/backend.h, "generation on
-// bf16 weights"): the CPU backend's fused ops, which multiply the bf16 matrices without widening a
-// unit, give the logits of widening the weights and running the fp32 ops, up to fp32 summation
-// order; and the base class's default (what CUDA runs: widen into the scratch, then the fp32 op)
-// gives them bit for bit.
+// tests/engine/test_decode_bf16.cpp — decoding on bf16 weights through the model definitions
+// (models/model.h's block_decode_bf16 / head_logits_bf16, what generation runs on the store's
+// bf16 units): on the CPU backend, whose matmul_bf16 multiplies the bf16 matrices without
+// widening a unit, they give the logits of widening the weights and running the definitions'
+// fp32 decode, up to fp32 summation order.
 //
 // How: random fp32 weights rounded to bf16, widened exactly for the fp32 reference. GPT-2 (odd
 // widths: 80 wide, so the Conv1D GEMV has column tails) and Llama (GQA: 6 query heads over 3 k/v
@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@
 #include "kernels/llama/llama.h"
 #include "kernels/optim/cast.h"
 #include "device/device.h"
+#include "models/model.h"
 
 namespace strata {
 namespace {
@@ -73,9 +75,10 @@ float relative_error(const std::vector<float>& got, const std::vector<float>& wa
   return scale > 0.0f ? diff / scale : diff;
 }
 
-// The three paths of one model, each with its own KV caches and activations.
-enum Path { kFp32 = 0, kFused = 1, kWidenDefault = 2 };
-constexpr int kPaths = 3;
+// The two paths of one model, each with its own KV caches and activations: the definition's
+// fp32 decode on the widened weights, and its bf16 decode on the bits.
+enum Path { kFp32 = 0, kBf16 = 1 };
+constexpr int kPaths = 2;
 
 struct Caches {
   Caches(int64_t layers, int64_t window, int64_t width)
@@ -87,10 +90,10 @@ struct Caches {
   std::vector<std::vector<float>> keys, values;
 };
 
-// Runs passes of `rows` new rows (x0 random, the same for every path) through the blocks and
+// Runs passes of `rows` new rows (x0 random, the same for both paths) through the blocks and
 // the head on each path, comparing the logits after each.
 template <typename RunPass>
-void decode_and_compare(int64_t window, int64_t c, int64_t vocab, const RunPass& run_pass, const char* model) {
+void decode_and_compare(int64_t window, int64_t vocab, int64_t c, const RunPass& run_pass, const char* model) {
   std::vector<int64_t> schedule = {6, 3};
   while (9 + static_cast<int64_t>(schedule.size()) - 2 < window) schedule.push_back(1);
   int64_t past = 0;
@@ -103,92 +106,116 @@ void decode_and_compare(int64_t window, int64_t c, int64_t vocab, const RunPass&
     float scale = 0.0f;
     for (const float v : logits[kFp32]) scale = std::max(scale, std::abs(v));
     ASSERT_GT(scale, 0.5f) << model << ": logits not far from flat, so the check would mean little";
-    const float error = relative_error(logits[kFused], logits[kFp32]);
+    const float error = relative_error(logits[kBf16], logits[kFp32]);
     worst = std::max(worst, error);
-    EXPECT_LE(error, 1e-5f) << model << ": fused bf16 vs widened fp32, pass of " << rows << " rows after " << past;
-    EXPECT_EQ(logits[kWidenDefault], logits[kFp32])
-        << model << ": the base class's widen-then-fp32 default, pass of " << rows << " rows after " << past;
+    EXPECT_LE(error, 1e-5f) << model << ": bf16 vs widened fp32, pass of " << rows << " rows after " << past;
     past += rows;
     ++passes;
   }
   EXPECT_EQ(past, window);
-  std::printf("%s: %d passes, worst relative logit error fused vs fp32 %.2e\n", model, passes, worst);
+  std::printf("%s: %d passes, worst relative logit error bf16 vs fp32 %.2e\n", model, passes, worst);
 }
 
-TEST(DecodeBf16, Gpt2FusedMatchesWidenedFp32) {
-  const gk::Config kc{2, 4, 80, 97, 20};
-  const int64_t c = kc.n_embd;
-  const int64_t window = kc.n_ctx;
-  const auto specs = gk::block_param_specs(kc);
+// One model's blocks (random, their norm gains set by `gain_of` near 1), final norm and
+// output projection, decoded on both paths through its definition on the CPU backend.
+void check_decode(const ModelConfig& model, const std::vector<int64_t>& block_tensor_sizes,
+                  const std::vector<bool>& is_norm_gain, float (*gain_of)(int64_t), const Bf16Tensor& final_norm,
+                  const Bf16Tensor& projection, const char* what) {
+  const auto def = models::make_model_definition(model);
+  const int64_t c = model.n_embd;
+  const int64_t vocab = model.vocab_size;
+  const int64_t window = model.seq_len;
+  int64_t block_elements = 0;
+  for (const int64_t n : block_tensor_sizes) block_elements += n;
   std::vector<Bf16Tensor> blocks;
-  for (int64_t i = 0; i < kc.n_layer; ++i) {
-    Bf16Tensor block = random_bf16(static_cast<size_t>(gk::block_param_count(kc)), 0.25f, 0.0f, 7 + i);
-    // LayerNorm gains near 1 (offsets of specs 0 and 6: ln_1.weight, ln_2.weight).
+  for (uint32_t i = 0; i < model.n_layer; ++i) {
+    Bf16Tensor block = random_bf16(static_cast<size_t>(block_elements), 0.25f, 0.0f, 7 + i);
     int64_t offset = 0;
-    for (int s = 0; s < gk::kBlockParamCount; ++s) {
-      if (s == 0 || s == 6)
+    for (size_t s = 0; s < block_tensor_sizes.size(); ++s) {
+      if (is_norm_gain[s])
         for (int64_t j = 0; j < c; ++j) {
-          block.bits[offset + j] = kernels::fp32_to_bf16_bits(1.0f + 0.01f * static_cast<float>(j % 7));
+          block.bits[offset + j] = kernels::fp32_to_bf16_bits(gain_of(j));
           block.widened[offset + j] = kernels::bf16_bits_to_fp32(block.bits[offset + j]);
         }
-      offset += specs[s].numel();
+      offset += block_tensor_sizes[s];
     }
     blocks.push_back(std::move(block));
   }
-  const Bf16Tensor ln_f = random_bf16(static_cast<size_t>(2 * c), 0.1f, 0.5f, 21);
-  const Bf16Tensor wte = random_bf16(static_cast<size_t>(kc.vocab_size * c), 0.3f, 0.0f, 22);
 
   auto device = device::make_device(device::Kind::cpu, 1 << 20);
   ASSERT_TRUE(device.ok());
   auto made = kernels::make_backend(**device, gk::BatchShape{1, 8});
   ASSERT_TRUE(made.ok());
   kernels::ComputeBackend& backend = **made;
-  EXPECT_EQ(kernels::decode_bf16_scratch_bytes(device::Kind::cpu, kc), backend.decode_bf16_scratch_bytes(kc));
-  Aligned workspace(backend.decode_workspace_size_bytes(kc, 6, window));
-  Aligned fused_scratch(backend.decode_bf16_scratch_bytes(kc));
-  Aligned default_scratch(backend.ComputeBackend::decode_bf16_scratch_bytes(kc));
-  std::vector<Caches> caches(kPaths, Caches(kc.n_layer, window, c));
+  Aligned workspace(def->decode_workspace_size_bytes(device::Kind::cpu, 6, window));
+  Aligned scratch(def->decode_bf16_scratch_bytes(device::Kind::cpu));
+  std::vector<Caches> caches(kPaths, Caches(model.n_layer, window, def->kv_cache_width()));
   std::vector<float> x(static_cast<size_t>(6 * c)), y(x.size());
 
   auto run_pass = [&](Path path, int64_t past, int64_t rows, const std::vector<float>& x0, std::vector<float>& logits) {
     std::copy(x0.begin(), x0.end(), x.begin());
-    for (int64_t i = 0; i < kc.n_layer; ++i) {
-      const Bf16Tensor& w = blocks[static_cast<size_t>(i)];
+    for (uint32_t i = 0; i < model.n_layer; ++i) {
+      const Bf16Tensor& w = blocks[i];
       const gk::KvCacheBlock cache = caches[path].block(i, window);
-      Status status;
-      if (path == kFp32)
-        status = backend.block_decode(kc, past, rows, gk::bind_block(kc, static_cast<const float*>(w.widened.data())),
-                                      x.data(), y.data(), cache, workspace.workspace());
-      else if (path == kFused)
-        status = backend.block_decode_bf16(kc, past, rows, gk::bind_block(kc, static_cast<const uint16_t*>(w.bits.data())),
-                                           x.data(), y.data(), cache, workspace.workspace(), fused_scratch.workspace());
-      else
-        status = backend.ComputeBackend::block_decode_bf16(
-            kc, past, rows, gk::bind_block(kc, static_cast<const uint16_t*>(w.bits.data())), x.data(), y.data(), cache,
-            workspace.workspace(), default_scratch.workspace());
+      const Status status =
+          path == kFp32
+              ? def->block_decode(backend, past, rows, w.widened.data(), x.data(), y.data(), cache,
+                                  workspace.workspace())
+              : def->block_decode_bf16(backend, past, rows, w.bits.data(), x.data(), y.data(), cache,
+                                       workspace.workspace(), scratch.workspace());
       ASSERT_TRUE(status.ok()) << status.to_string();
       std::swap(x, y);
     }
-    Status status;
-    if (path == kFp32)
-      status = backend.head_logits(kc, rows, gk::HeadWeights{ln_f.widened.data(), ln_f.widened.data() + c, wte.widened.data()},
-                                   x.data(), logits.data(), workspace.workspace());
-    else if (path == kFused)
-      status = backend.head_logits_bf16(kc, rows, gk::HeadWeightsBf16{ln_f.bits.data(), ln_f.bits.data() + c, wte.bits.data()},
-                                        x.data(), logits.data(), workspace.workspace(), fused_scratch.workspace());
-    else
-      status = backend.ComputeBackend::head_logits_bf16(
-          kc, rows, gk::HeadWeightsBf16{ln_f.bits.data(), ln_f.bits.data() + c, wte.bits.data()}, x.data(),
-          logits.data(), workspace.workspace(), default_scratch.workspace());
+    const Status status =
+        path == kFp32 ? def->head_logits(backend, rows, final_norm.widened.data(), projection.widened.data(), vocab,
+                                         x.data(), logits.data(), workspace.workspace())
+                      : def->head_logits_bf16(backend, rows, final_norm.bits.data(), projection.bits.data(), x.data(),
+                                              logits.data(), workspace.workspace(), scratch.workspace());
     ASSERT_TRUE(status.ok()) << status.to_string();
   };
-  decode_and_compare(window, c, kc.vocab_size, run_pass, "gpt2");
+  decode_and_compare(window, vocab, c, run_pass, what);
+}
+
+TEST(DecodeBf16, Gpt2MatchesWidenedFp32) {
+  ModelConfig model;
+  model.arch = "gpt2";
+  model.n_layer = 2;
+  model.n_head = 4;
+  model.n_embd = 80;
+  model.vocab_size = 97;
+  model.seq_len = 20;
+  const gk::Config kc = models::gpt2_kernel_config(model);
+  const auto specs = gk::block_param_specs(kc);
+  std::vector<int64_t> sizes;
+  std::vector<bool> gains;
+  for (int s = 0; s < gk::kBlockParamCount; ++s) {
+    sizes.push_back(specs[s].numel());
+    gains.push_back(s == 0 || s == 6);  // ln_1.weight, ln_2.weight
+  }
+  const Bf16Tensor ln_f = random_bf16(static_cast<size_t>(2 * kc.n_embd), 0.1f, 0.5f, 21);  // gain, bias
+  const Bf16Tensor wte = random_bf16(static_cast<size_t>(kc.vocab_size * kc.n_embd), 0.3f, 0.0f, 22);
+  check_decode(model, sizes, gains, [](int64_t j) { return 1.0f + 0.01f * static_cast<float>(j % 7); }, ln_f, wte,
+               "gpt2");
 }
 
 // The Llama checks, with or without the attention biases (Qwen 2's q/k/v; HF Llama's
-// attention_bias adds o_proj's), which the bf16 paths widen apart from the matrices.
+// attention_bias adds o_proj's), which the bf16 path widens apart from the matrices.
 void check_llama_decode(bool qkv_bias, bool o_bias, const char* what) {
-  lk::Config kc;
+  ModelConfig model;
+  model.arch = "llama";
+  model.qkv_bias = qkv_bias;
+  model.o_proj_bias = o_bias;
+  model.n_layer = 2;
+  model.n_head = 6;
+  model.n_kv_head = 3;
+  model.head_dim = 16;
+  model.n_embd = 56;
+  model.intermediate_size = 88;
+  model.vocab_size = 101;
+  model.seq_len = 20;
+  model.rope_theta = 10000.0;
+  model.tie_word_embeddings = false;
+  lk::Config kc;  // for the block's tensor sizes only: the same shape as `model`
   kc.qkv_bias = qkv_bias;
   kc.o_bias = o_bias;
   kc.n_layer = 2;
@@ -199,80 +226,21 @@ void check_llama_decode(bool qkv_bias, bool o_bias, const char* what) {
   kc.intermediate_size = 88;
   kc.vocab_size = 101;
   kc.n_ctx = 20;
-  kc.rope_theta = 10000.0;
-  kc.tie_word_embeddings = false;
-  const int64_t c = kc.n_embd;
-  const int64_t window = kc.n_ctx;
-  const auto specs = lk::block_param_specs(kc);
-  std::vector<Bf16Tensor> blocks;
-  for (int64_t i = 0; i < kc.n_layer; ++i) {
-    Bf16Tensor block = random_bf16(static_cast<size_t>(lk::block_param_count(kc)), 0.25f, 0.0f, 31 + i);
-    int64_t offset = 0;
-    for (size_t s = 0; s < specs.size(); ++s) {  // RMSNorm gains near 1; biases stay random
-      if (specs[s].name_suffix.find("layernorm") != std::string_view::npos)
-        for (int64_t j = 0; j < c; ++j) {
-          block.bits[offset + j] = kernels::fp32_to_bf16_bits(1.0f - 0.01f * static_cast<float>(j % 5));
-          block.widened[offset + j] = kernels::bf16_bits_to_fp32(block.bits[offset + j]);
-        }
-      offset += specs[s].numel();
-    }
-    blocks.push_back(std::move(block));
+  std::vector<int64_t> sizes;
+  std::vector<bool> gains;
+  for (const auto& spec : lk::block_param_specs(kc)) {  // RMSNorm gains near 1; biases stay random
+    sizes.push_back(spec.numel());
+    gains.push_back(spec.name_suffix.find("layernorm") != std::string_view::npos);
   }
-  const Bf16Tensor norm = random_bf16(static_cast<size_t>(c), 0.1f, 1.0f, 41);
-  const Bf16Tensor lm_head = random_bf16(static_cast<size_t>(kc.vocab_size * c), 0.3f, 0.0f, 42);
-
-  auto device = device::make_device(device::Kind::cpu, 1 << 20);
-  ASSERT_TRUE(device.ok());
-  auto made = kernels::make_backend(**device, gk::BatchShape{1, 8});
-  ASSERT_TRUE(made.ok());
-  kernels::ComputeBackend& backend = **made;
-  EXPECT_EQ(kernels::decode_bf16_scratch_bytes(device::Kind::cpu, kc), backend.llama_decode_bf16_scratch_bytes(kc));
-  Aligned workspace(backend.llama_decode_workspace_size_bytes(kc, 6, window));
-  Aligned fused_scratch(backend.llama_decode_bf16_scratch_bytes(kc));
-  Aligned default_scratch(backend.ComputeBackend::llama_decode_bf16_scratch_bytes(kc));
-  std::vector<Caches> caches(kPaths, Caches(kc.n_layer, window, kc.kv_width()));
-  std::vector<float> x(static_cast<size_t>(6 * c)), y(x.size());
-
-  auto run_pass = [&](Path path, int64_t past, int64_t rows, const std::vector<float>& x0, std::vector<float>& logits) {
-    std::copy(x0.begin(), x0.end(), x.begin());
-    for (int64_t i = 0; i < kc.n_layer; ++i) {
-      const Bf16Tensor& w = blocks[static_cast<size_t>(i)];
-      const gk::KvCacheBlock cache = caches[path].block(i, window);
-      Status status;
-      if (path == kFp32)
-        status = backend.llama_block_decode(kc, past, rows, lk::bind_block(kc, static_cast<const float*>(w.widened.data())),
-                                            x.data(), y.data(), cache, workspace.workspace());
-      else if (path == kFused)
-        status = backend.llama_block_decode_bf16(kc, past, rows,
-                                                 lk::bind_block(kc, static_cast<const uint16_t*>(w.bits.data())),
-                                                 x.data(), y.data(), cache, workspace.workspace(),
-                                                 fused_scratch.workspace());
-      else
-        status = backend.ComputeBackend::llama_block_decode_bf16(
-            kc, past, rows, lk::bind_block(kc, static_cast<const uint16_t*>(w.bits.data())), x.data(), y.data(), cache,
-            workspace.workspace(), default_scratch.workspace());
-      ASSERT_TRUE(status.ok()) << status.to_string();
-      std::swap(x, y);
-    }
-    Status status;
-    if (path == kFp32)
-      status = backend.llama_head_logits(kc, rows, lk::HeadWeights{norm.widened.data(), lm_head.widened.data()}, x.data(),
-                                         logits.data(), workspace.workspace());
-    else if (path == kFused)
-      status = backend.llama_head_logits_bf16(kc, rows, lk::HeadWeightsBf16{norm.bits.data(), lm_head.bits.data()},
-                                              x.data(), logits.data(), workspace.workspace(), fused_scratch.workspace());
-    else
-      status = backend.ComputeBackend::llama_head_logits_bf16(
-          kc, rows, lk::HeadWeightsBf16{norm.bits.data(), lm_head.bits.data()}, x.data(), logits.data(),
-          workspace.workspace(), default_scratch.workspace());
-    ASSERT_TRUE(status.ok()) << status.to_string();
-  };
-  decode_and_compare(window, c, kc.vocab_size, run_pass, what);
+  const Bf16Tensor norm = random_bf16(static_cast<size_t>(kc.n_embd), 0.1f, 1.0f, 41);
+  const Bf16Tensor lm_head = random_bf16(static_cast<size_t>(kc.vocab_size * kc.n_embd), 0.3f, 0.0f, 42);
+  check_decode(model, sizes, gains, [](int64_t j) { return 1.0f - 0.01f * static_cast<float>(j % 5); }, norm, lm_head,
+               what);
 }
 
-TEST(DecodeBf16, LlamaGqaFusedMatchesWidenedFp32) { check_llama_decode(false, false, "llama"); }
-TEST(DecodeBf16, Qwen2BiasesFusedMatchWidenedFp32) { check_llama_decode(true, false, "qwen2 q/k/v biases"); }
-TEST(DecodeBf16, LlamaAttentionBiasFusedMatchesWidenedFp32) { check_llama_decode(true, true, "llama attention_bias"); }
+TEST(DecodeBf16, LlamaGqaMatchesWidenedFp32) { check_llama_decode(false, false, "llama"); }
+TEST(DecodeBf16, Qwen2BiasesMatchWidenedFp32) { check_llama_decode(true, false, "qwen2 q/k/v biases"); }
+TEST(DecodeBf16, LlamaAttentionBiasMatchesWidenedFp32) { check_llama_decode(true, true, "llama attention_bias"); }
 
 // The product itself against a double-precision reference: both layouts, rows on both sides
 // of kBf16GemvRows, widths with and without tails, y overwritten and accumulated.

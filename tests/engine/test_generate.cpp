@@ -1,5 +1,5 @@
-// tests/engine/test_generate.cpp — generation's pieces: the KV-cache decode (gpt2::block_decode
-// through the CPU backend) gives the logits a full-sequence forward gives, at every position,
+// tests/engine/test_generate.cpp — generation's pieces: the KV-cache decode (the GPT-2
+// definition's decode methods through the CPU backend) gives the logits a full-sequence forward gives, at every position,
 // for a prompt of several tokens and then one token at a time; and the sampler is greedy at
 // temperature 0, reproducible by seed, follows softmax(logits / T) and respects top-p.
 //
@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "generate/generate.h"
+#include "models/model.h"
 #include "models/model_layout.h"
 #include "kernels/backend.h"
 #include "kernels/gpt2/gpt2.h"
@@ -73,27 +74,30 @@ TEST(Decode, KvCacheLogitsMatchTheFullSequenceForward) {
     return logits;
   };
 
-  // The decode path, through the CPU backend: a prompt of 5, then one token at a time.
+  // The decode path: the definition's decode methods (what generation runs) through the CPU
+  // backend, a prompt of 5, then one token at a time.
   auto device = device::make_device(device::Kind::cpu, 1 << 20);
   ASSERT_TRUE(device.ok());
   auto backend = kernels::make_backend(**device, gk::BatchShape{1, 8});
   ASSERT_TRUE(backend.ok());
+  const auto definition = models::make_model_definition(model);
   const int64_t prompt = 5;
-  Aligned ws((*backend)->decode_workspace_size_bytes(kc, prompt, kc.n_ctx));
+  Aligned ws(definition->decode_workspace_size_bytes(device::Kind::cpu, prompt, kc.n_ctx));
+  const gk::Workspace workspace{ws.data, ws.size_bytes};
   std::vector<std::vector<float>> keys(static_cast<size_t>(kc.n_layer), std::vector<float>(static_cast<size_t>(kc.n_ctx * c)));
   std::vector<std::vector<float>> values = keys;
   std::vector<float> x(static_cast<size_t>(prompt * c)), y(x.size()), logits(static_cast<size_t>(kc.vocab_size));
   auto decode = [&](int64_t past, int64_t rows) {
-    ASSERT_TRUE((*backend)->embedding_decode(kc, past, rows, tokens.data() + past, embed, embed + kc.vocab_size * c,
-                                             x.data()).ok());
+    ASSERT_TRUE(definition->embedding_decode(**backend, past, rows, tokens.data() + past, embed, kc.vocab_size,
+                                             embed + kc.vocab_size * c, x.data()).ok());
     for (int64_t i = 0; i < kc.n_layer; ++i) {
       const gk::KvCacheBlock cache{keys[static_cast<size_t>(i)].data(), values[static_cast<size_t>(i)].data(), kc.n_ctx};
-      ASSERT_TRUE((*backend)->block_decode(kc, past, rows,
-                                           gk::bind_block(kc, static_cast<const float*>(weights[layout.block_unit(i)].data())),
-                                           x.data(), y.data(), cache, gk::Workspace{ws.data, ws.size_bytes}).ok());
+      ASSERT_TRUE(definition->block_decode(**backend, past, rows, weights[layout.block_unit(i)].data(), x.data(),
+                                           y.data(), cache, workspace).ok());
       std::swap(x, y);
     }
-    ASSERT_TRUE((*backend)->head_logits(kc, rows, head, x.data(), logits.data(), gk::Workspace{ws.data, ws.size_bytes}).ok());
+    ASSERT_TRUE(definition->head_logits(**backend, rows, ln_f, embed, kc.vocab_size, x.data(), logits.data(),
+                                        workspace).ok());
   };
   int64_t past = 0;
   for (int64_t rows : {prompt, int64_t{1}}) {
