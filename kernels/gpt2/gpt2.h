@@ -102,8 +102,8 @@ std::array<ParamSpec, kOuterParamCount> outer_param_specs(const Config& config);
 int64_t block_param_count(const Config& config);
 int64_t model_param_count(const Config& config);
 
-// Pointers to one block's tensors (weights: const float; gradients: float). Host pointers
-// here; the CUDA twin (gpt2_cuda.h) uses the same struct with device pointers.
+// Pointers to one block's tensors (weights: const float; gradients: float), in the memory of
+// whichever backend runs the definition's operations (models/gpt2.cpp).
 template <typename T>
 struct BlockTensors {
   T* ln_1_weight = nullptr;         // [C]
