@@ -410,6 +410,22 @@ Result<ModelConfig> read_config(const std::string& folder) {
   return parse_config_json(text, path);
 }
 
+namespace {
+// The shape keys every decoder config of the Llama family names alike (LlamaConfig's, Gemma's).
+void decoder_shape_keys(const ModelConfig& m, nlohmann::ordered_json& json) {
+  json["hidden_size"] = m.n_embd;
+  json["num_hidden_layers"] = m.n_layer;
+  json["num_attention_heads"] = m.n_head;
+  json["num_key_value_heads"] = m.kv_heads();
+  json["head_dim"] = m.head_size();
+  json["intermediate_size"] = m.intermediate_size;
+  json["vocab_size"] = m.vocab_size;
+  json["max_position_embeddings"] = m.seq_len;
+  json["rms_norm_eps"] = m.norm_eps;
+  json["rope_theta"] = m.rope_theta;
+}
+}  // namespace
+
 std::string config_json(const ModelConfig& m) {
   nlohmann::ordered_json json;
   // q/k/v biases alone are Qwen 2's attention (Qwen2ForCausalLM); with o_proj's too, Llama's
@@ -424,16 +440,7 @@ std::string config_json(const ModelConfig& m) {
     // whichever of them its version reads (parse_gemma).
     json["architectures"] = {"GemmaForCausalLM"};
     json["model_type"] = "gemma";
-    json["hidden_size"] = m.n_embd;
-    json["num_hidden_layers"] = m.n_layer;
-    json["num_attention_heads"] = m.n_head;
-    json["num_key_value_heads"] = m.kv_heads();
-    json["head_dim"] = m.head_size();
-    json["intermediate_size"] = m.intermediate_size;
-    json["vocab_size"] = m.vocab_size;
-    json["max_position_embeddings"] = m.seq_len;
-    json["rms_norm_eps"] = m.norm_eps;
-    json["rope_theta"] = m.rope_theta;
+    decoder_shape_keys(m, json);
     json["rope_scaling"] = nullptr;
     json["hidden_act"] = "gelu_pytorch_tanh";
     json["hidden_activation"] = "gelu_pytorch_tanh";
@@ -445,16 +452,7 @@ std::string config_json(const ModelConfig& m) {
                              : mistral ? "MistralForCausalLM"
                                        : "LlamaForCausalLM"};
     json["model_type"] = phi3 ? "phi3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
-    json["hidden_size"] = m.n_embd;
-    json["num_hidden_layers"] = m.n_layer;
-    json["num_attention_heads"] = m.n_head;
-    json["num_key_value_heads"] = m.kv_heads();
-    json["head_dim"] = m.head_size();
-    json["intermediate_size"] = m.intermediate_size;
-    json["vocab_size"] = m.vocab_size;
-    json["max_position_embeddings"] = m.seq_len;
-    json["rms_norm_eps"] = m.norm_eps;
-    json["rope_theta"] = m.rope_theta;
+    decoder_shape_keys(m, json);
     if (m.rope_scaling.type == "llama3")
       json["rope_scaling"] = {{"rope_type", "llama3"},
                               {"factor", m.rope_scaling.factor},
