@@ -24,7 +24,7 @@
 #include "run/budgets.h"
 #include "run/run_store.h"
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
+#include "kernels/ops.h"
 #include "kernels/optim/cast.h"
 #include "kernels/quant/quant.h"
 #include "device/device.h"
@@ -37,7 +37,6 @@ namespace strata {
 
 namespace {
 
-namespace gk = kernels::gpt2;
 namespace sch = scheduler;
 using Clock = std::chrono::steady_clock;
 
@@ -526,7 +525,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const uint64_t fixed_scratch_bytes = uint64_t(n_layer) * 2 * device_bytes(kv_block_bytes) +
                                        2 * device_bytes(activation_bytes) + device_bytes(widen_bytes) +
                                        device_bytes(workspace_bytes) + device_bytes(logits_bytes) +
-                                       kernels::fixed_device_bytes(kind, gk::BatchShape{1, max_rows});
+                                       kernels::fixed_device_bytes(kind, kernels::BatchShape{1, max_rows});
   // The pool before the embedding rows are decided on: the one pool rule (run/budgets.h) with
   // the fixed scratch.
   const uint64_t pool_before_rows_bytes =
@@ -621,9 +620,9 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device, device::make_device(kind, pools.device_region_bytes));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend,
-                          kernels::make_backend(*device, gk::BatchShape{1, max_rows}));
+                          kernels::make_backend(*device, kernels::BatchShape{1, max_rows}));
   std::vector<device::DeviceBuffer> cache_buffers;
-  std::vector<gk::KvCacheBlock> cache(static_cast<size_t>(n_layer));
+  std::vector<kernels::KvCacheBlock> cache(static_cast<size_t>(n_layer));
   for (int64_t i = 0; i < n_layer; ++i) {
     STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer keys, device->allocate(kv_block_bytes));
     STRATA_ASSIGN_OR_RETURN(device::DeviceBuffer values, device->allocate(kv_block_bytes));
@@ -654,7 +653,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
   const int32_t* row_ids = row_id_values.data();
   auto* x_a = reinterpret_cast<float*>(x_a_buffer.data());
   auto* x_b = reinterpret_cast<float*>(x_b_buffer.data());
-  const gk::Workspace workspace{reinterpret_cast<float*>(workspace_buffer.data()), workspace_bytes};
+  const kernels::Workspace workspace{reinterpret_cast<float*>(workspace_buffer.data()), workspace_bytes};
   auto* logits = reinterpret_cast<float*>(logits_buffer.data());
   // Sampling reads host memory: a host backend's logits where they lie, a GPU's copied back
   // once per pass (sampled_logits below).
@@ -681,7 +680,7 @@ Result<GenerateSummary> generate_offloaded(const TrainConfig& config, const std:
                           sch::Scheduler::create(plan, *device, arena, backing.get(), scheduler_options));
 
   auto* widen_scratch = reinterpret_cast<float*>(widen_buffer.data());
-  const gk::Workspace bf16_scratch{widen_scratch, widen_bytes};
+  const kernels::Workspace bf16_scratch{widen_scratch, widen_bytes};
   const size_t head_step = plan.step_count() - 1;
   const size_t first_block_step = embed_by_rows ? 0 : 1;
   // The embedding by rows: the new tokens' rows gathered from the store, to the device, then

@@ -10,7 +10,7 @@
 
 namespace strata::kernels {
 
-Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device, const gpt2::BatchShape& max_shape) {
+Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device, const BatchShape& max_shape) {
   switch (device.kind()) {
     case device::Kind::cpu:
     case device::Kind::emulated:  // a discrete device whose kernels are the CPU's (device.h)
@@ -36,7 +36,7 @@ Status check_targets(const int32_t* targets, int64_t rows, int64_t vocab_size) {
   return Status();
 }
 
-Status check_packing(const int32_t* positions, const int32_t* segments, const gpt2::BatchShape& shape) {
+Status check_packing(const int32_t* positions, const int32_t* segments, const BatchShape& shape) {
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (int64_t t = 0; t < shape.seq_len; ++t) {
       const int64_t r = b * shape.seq_len + t;
@@ -53,6 +53,12 @@ Status check_packing(const int32_t* positions, const int32_t* segments, const gp
     }
   }
   return Status();
+}
+
+int64_t count_trained_targets(const int32_t* targets, int64_t rows) {
+  int64_t count = 0;
+  for (int64_t row = 0; row < rows; ++row) count += targets[row] >= 0 ? 1 : 0;
+  return count;
 }
 
 namespace {
@@ -84,7 +90,7 @@ size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64
   return cpu_ops::attention_scratch_bytes(shape, n_head, head_dim);
 }
 
-uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape) {
+uint64_t fixed_device_bytes(device::Kind kind, const BatchShape& max_shape) {
 #if STRATA_HAVE_CUDA
   if (!runs_cpu_kernels(kind)) return cuda_fixed_device_bytes(max_shape);
 #endif

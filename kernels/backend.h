@@ -1,6 +1,6 @@
 // strata/kernels/backend.h — the compute-backend seam: every op the trainer, `strata plan`'s
 // compute timing and the op-parity tests run, behind one interface with a CPU and a CUDA
-// implementation. Nothing above this header calls kernels/gpt2 or kernels/optim directly.
+// implementation. Nothing above this header calls kernels/cpu, kernels/cuda or kernels/optim directly.
 //
 // Contract
 // - What a backend is: the ops of one device (`device::Device`) running on that device's
@@ -47,8 +47,8 @@
 //   bit for bit.
 // - Models: no op is model-shaped; a model definition (models/) composes the operations for
 //   training and decoding alike, so callers above it never name a model.
-// - Numerics: the CPU backend's operations are the loops of kernels/gpt2 and kernels/llama
-//   (cpu_ops.h), so a definition composed of them gives those kernels' bits
+// - Numerics: the CPU backend's operations are the loops of the per-model reference kernels
+//   (cpu_ops.h; tests/reference), so a definition composed of them gives those kernels' bits
 //   (tests/backend/test_compose_*.cpp); its optimizer and casts are kernels/optim (adamw.h,
 //   adamw8bit.h, cast.h) and its dequantisation kernels/quant (quant.h), bit-identical to
 //   calling them directly (tests/backend/test_backend_cpu.cpp, tests/quant). The CUDA backend
@@ -69,8 +69,6 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
 #include "kernels/lora/lora.h"
 #include "kernels/ops.h"
 #include "kernels/optim/elementwise.h"
@@ -82,16 +80,16 @@ namespace strata::kernels {
 // One step's batch for the embedding, attention, RoPE and cross-entropy ops: host memory, untouched until
 // `end_step` returns. `rows` is the number of tokens (the shape's B·T).
 // - Loss masks live in `targets`: a negative target is a token the loss does not see (zero loss,
-//   exactly zero gradient; gpt2.h, "Loss masks").
+//   exactly zero gradient; ops.h, "Loss masks").
 // - `loss_normalizer_tokens` is N, what the head divides the loss sum and the gradient by; 0
 //   means this batch's own count of trained targets. Gradient accumulation passes the whole
 //   update's count to each of its micro-batches, so their gradients add up to the full batch's
 //   and their `StepScalars::loss` values add up to the mean over every trained token.
 // Packed rows (several examples in one seq_len row; docs/backend.md "Packed rows"), each
-// [rows] int32 or null — gpt2::PackedRows' semantics:
+// [rows] int32 or null — ops.h PackedRows' semantics:
 // - `positions`: each token's position within its example, in [0, seq_len). The embedding op
-//   with use_step_positions looks learned positions (GPT-2's wpe) up at it; `rope` with
-//   use_step_positions rotates q and k by it (Llama). Null: t, the index in the row.
+//   with use_step_positions looks learned positions (a wpe table) up at it; `rope` with
+//   use_step_positions rotates q and k by it. Null: t, the index in the row.
 // - `segments`: each token's example id, non-decreasing along a row (an example is one
 //   contiguous run; equal ids = same example). Every attention op with use_step_segments (forward
 //   and backward) lets token t see token u only when u ≤ t and both share the id. Null: one
@@ -236,11 +234,11 @@ class ComputeBackend {
 // sized for batches up to `max_shape`. It creates its compute stream on the device and, on
 // CUDA, takes `fixed_device_bytes` from the device's budget. The device must outlive it.
 [[nodiscard]] Result<std::unique_ptr<ComputeBackend>> make_backend(device::Device& device,
-                                                                   const gpt2::BatchShape& max_shape);
+                                                                   const BatchShape& max_shape);
 
 // Sizes without a backend, for planning before any device exists: the bytes make_backend takes
 // from the device besides the callers' buffers.
-uint64_t fixed_device_bytes(device::Kind kind, const gpt2::BatchShape& max_shape);
+uint64_t fixed_device_bytes(device::Kind kind, const BatchShape& max_shape);
 // ComputeBackend::attention_scratch_bytes, attention_decode_scratch_bytes and
 // matmul_bf16_scratch_bytes on a device kind, before any backend exists.
 size_t attention_scratch_bytes(device::Kind kind, const BatchShape& shape, int64_t n_head, int64_t head_dim);
@@ -256,7 +254,7 @@ size_t matmul_bf16_scratch_bytes(device::Kind kind, int64_t max_in, int64_t max_
 // position outside [0, shape.seq_len) (it would read past wpe's / RoPE's table) or a segment id
 // smaller than the one before it in its row is an `invalid_argument` naming the value, its batch
 // row and column. Null arrays pass. Host memory, so no device round trip.
-[[nodiscard]] Status check_packing(const int32_t* positions, const int32_t* segments, const gpt2::BatchShape& shape);
+[[nodiscard]] Status check_packing(const int32_t* positions, const int32_t* segments, const BatchShape& shape);
 // The longest slice of a bf16 weight CUDA's matmul_bf16 widens at a time (cuda_decode_ops.h):
 // its scratch is bounded by this many rows, not by the vocabulary.
 inline constexpr int64_t kDecodeHeadPieceRows = 4096;

@@ -16,7 +16,7 @@
 // OpenBLAS picks its kernels for the CPU once, when the library loads (before main), and reads
 // OPENBLAS_CORETYPE only then. Debian 12's 0.3.21 does not know recent Xeons (cpuid family 6
 // model 207, a cloud VM's) and falls back to its SSE3 "Prescott" kernels: measured there, a
-// 4-layer 384-wide GPT-2 trains at 805 tok/s on Prescott and 1831 with OPENBLAS_CORETYPE=SkylakeX.
+// 4-layer 384-wide demo model trains at 805 tok/s on Prescott and 1831 with OPENBLAS_CORETYPE=SkylakeX.
 // blas_core_advice() says which core the CPU should have had; the CLI re-executes itself once
 // with the variable set (apps/cli/main.cpp). Only the CLI runs GEMMs (libstrata's store,
 // scheduler and optimizer do not), so nothing else needs it.

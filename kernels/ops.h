@@ -39,6 +39,41 @@ struct Workspace {
   size_t size_bytes = 0;
 };
 
+// Packed rows (fine-tuning packs several short examples into one seq_len row), per token of the
+// [B, T] batch, in the memory of the backend that reads them. Both null is an unpacked batch,
+// and every op gives exactly the bits it gives without them.
+// - positions: the token's position within its example, in [0, seq_len). A learned-position
+//   embedding looks its row up at it, RoPE rotates q and k by it; null: position = t, the index
+//   in the row.
+// - segments: the token's example id. Ids never decrease along a row, so an example is one
+//   contiguous run; a new id starts a new example. Attention is block-diagonal: query t sees key
+//   u only when u <= t and segments[u] == segments[t]. Null: one example per row (plain causal).
+// The two are independent (either may be null); the backend checks them (check_packing,
+// backend.h) before any kernel indexes by them; the kernels only assert.
+struct PackedRows {
+  const int32_t* positions = nullptr;
+  const int32_t* segments = nullptr;
+};
+
+// One block's KV cache for decoding: the keys and values of every position so far, each
+// [max_positions, kv width] row-major (k/v head g in columns g·head_dim..), owned by the caller.
+// Positions are absolute: row t holds position t's k / v (after RoPE where the model rotates).
+struct KvCacheBlock {
+  float* keys = nullptr;
+  float* values = nullptr;
+  int64_t max_positions = 0;
+};
+
+// Loss masks: a row whose target is negative (-1, or any negative: PyTorch's ignore_index with
+// every negative ignored) is not trained — it adds exactly 0 to the loss and its logits'
+// gradient row is exactly 0. The loss and the gradients are divided by N = the caller's
+// `loss_normalizer_tokens`, or, when that is 0, by this batch's count of trained rows
+// (targets >= 0): torch's cross_entropy(ignore_index, reduction='sum') / N. A caller that splits
+// one batch into micro-batches passes the whole batch's count as N, so the micro-batches' losses
+// and gradients add up to the whole batch's. N = 0 with no trained row gives loss 0 and no
+// gradient (never 0/0). This counts the trained rows of `rows` targets.
+int64_t count_trained_targets(const int32_t* targets, int64_t rows);
+
 // Hands out 64-byte aligned slices of a workspace (only offsets when base is null), so a
 // model's sizing function and the code that carves its workspace share one layout description.
 class WorkspaceCarver {
@@ -82,7 +117,7 @@ struct Gemm {
   int64_t ldc = 0;
 };
 
-// y[r, :] = bias (+ residual[r, :]) — where a Conv1D-style product then adds (GPT-2's linear:
+// y[r, :] = bias (+ residual[r, :]) — where a Conv1D-style product then adds (a Conv1D linear:
 // the bias first, then beta-1 GEMM); bias null: y = residual (nn.Linear's residual start).
 // y may alias residual.
 struct RowsInit {
@@ -111,7 +146,7 @@ struct ColumnSums {
 
 // --- normalisation (statistics in double) ---
 // LayerNorm: y = (x − mean)·rstd·w + b, biased variance. RMSNorm: y = (w + weight_offset)·x·rstd,
-// rstd = 1/sqrt(mean(x²) + eps) (weight_offset 1: Gemma's x·(1 + w); 0: Llama's, the same bits
+// rstd = 1/sqrt(mean(x²) + eps) (weight_offset 1: x·(1 + w); 0: plain w, the same bits
 // as no offset). x rows are x_stride floats apart (a head picks each sequence's last row); y,
 // mean and rstd are dense. mean is LayerNorm's only; bias too (RMSNorm: null).
 enum class NormKind { layer, rms };
@@ -234,7 +269,7 @@ struct GeluBackward {
   const float* pre = nullptr;
   int64_t n = 0;
 };
-// Gated MLP: act = f(gate)·up, f = SiLU (SwiGLU: Llama) or tanh-GELU (GeGLU: Gemma). The
+// Gated MLP: act = f(gate)·up, f = SiLU (SwiGLU) or tanh-GELU (GeGLU). The
 // backward turns gate and up into their own gradients in place from d_act.
 enum class GateKind { silu, gelu_tanh };
 struct Gated {
@@ -255,7 +290,7 @@ struct GatedBackward {
 // --- embedding (the step's tokens) ---
 // x[r, :] = scale·table[token_r, :] (+ positions[pos_r, :], pos_r the row's position, or the
 // step's packed one when use_step_positions; scale must then be 1). scale 1 multiplies nothing;
-// Gemma's √C is rounded to fp32 first, as Hugging Face's normalizer in the hidden dtype.
+// a √C scale is rounded to fp32 first, as Hugging Face's normalizer in the hidden dtype.
 // Decoding passes its own tokens: `tokens` (HOST memory, shape.rows() of them; the backend copies
 // them where it must) instead of the step's, and `first_position` (the cache's length): row r's
 // learned position is first_position + r % seq_len.

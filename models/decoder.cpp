@@ -1,5 +1,5 @@
 // models/decoder.cpp — the Llama family composed from the backend's operations (decoder.h).
-// Each function is kernels/llama/llama.cpp's entry point rewritten op by op: the same products
+// Each function is tests/reference/llama_reference.cpp's entry point rewritten op by op: the same products
 // with the same operands, the same buffers overwritten at the same moments, the same order — the
 // CPU backend's ops being those kernels' loops, that is what makes the bits equal.
 #include "models/decoder.h"
@@ -14,8 +14,8 @@ namespace {
 
 namespace kn = kernels;
 namespace ops = kernels::ops;
-namespace lk = kernels::llama;
-namespace target = kernels::lora::llama_target;
+namespace lk = models::llama;
+namespace target = models::llama::lora_target;
 
 using Carver = kernels::WorkspaceCarver;
 
@@ -116,7 +116,7 @@ void check_shape(const lk::Config& config, const kn::BatchShape& shape) {
   (void)shape;
 }
 
-using lk::rope_spec;  // llama.h
+using lk::rope_spec;  // llama_shape.h
 
 // One block's composition: the config, options, shape and layout every op of it shares.
 class Block {
@@ -134,7 +134,7 @@ class Block {
     check_workspace(workspace, ws_.size_bytes);
   }
 
-  // llama.cpp's block_forward_into; x_out null (the backward's recompute) stops before down_proj.
+  // llama_reference.cpp's block_forward_into; x_out null (the backward's recompute) stops before down_proj.
   Status forward(const lk::BlockWeights& w, const float* x_in, float* x_out) {
     const int64_t n = shape_.rows();
     const int64_t c = config_.n_embd;
@@ -170,7 +170,7 @@ class Block {
     return b_.lora_forward(adapters_, target::down_proj, ws_.act, n, inter, c, x_out);
   }
 
-  // llama.cpp's block_backward after its optional recompute.
+  // llama_reference.cpp's block_backward after its optional recompute.
   Status backward(const lk::BlockWeights& w, const float* x_in, const float* d_out, float* d_in,
                   const lk::BlockGrads& g) {
     const int64_t n = shape_.rows();
@@ -391,7 +391,7 @@ Status block_backward(kn::ComputeBackend& backend, const lk::Config& config, con
   return block.backward(weights, x_in, d_out, d_in, grads);
 }
 
-// llama.cpp's head_run: each chunk normed, projected, its loss added (and, training, its
+// llama_reference.cpp's head_run: each chunk normed, projected, its loss added (and, training, its
 // logits turned into their gradient), then back through the projection and the norm.
 Status head_forward_backward(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
                              const kn::BatchShape& shape, const lk::HeadWeights& w, const float* x_final,
@@ -446,12 +446,12 @@ Status head_forward_backward(kn::ComputeBackend& backend, const lk::Config& conf
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decoding with a KV cache: llama.cpp's block_decode_with / head_decode, op by op.
+// Decoding with a KV cache: llama_reference.cpp's block_decode_with / head_decode, op by op.
 // ---------------------------------------------------------------------------------------------
 
 namespace {
 
-// A decode call's buffers for `rows` new rows (R): llama.cpp's decode layout less what decoding
+// A decode call's buffers for `rows` new rows (R): llama_reference.cpp's decode layout less what decoding
 // never touches (the backward's dq/dk/dv, training's attention scratch), which changes no bits.
 struct DecodeLayout {
   float* n1;     // [R, C]
@@ -587,7 +587,7 @@ Status rms_norm(kn::ComputeBackend& backend, const lk::Config& config, const Dec
   return backend.norm_forward(op);
 }
 
-// y = x·Wᵀ (+ residual: y starts as it and the product adds), W [out, in]: llama.cpp's
+// y = x·Wᵀ (+ residual: y starts as it and the product adds), W [out, in]: llama_reference.cpp's
 // decode_linear — fp32 through the GEMM (linear_forward's), bf16 through matmul_bf16.
 Status decode_linear(kn::ComputeBackend& backend, const float* x, const float* weight, const float* residual,
                      int64_t rows, int64_t in, int64_t out, float* y, const kn::Workspace& /*matmul*/) {
@@ -610,11 +610,11 @@ Status decode_linear(kn::ComputeBackend& backend, const float* x, const uint16_t
   return backend.matmul_bf16(op);
 }
 
-// llama.cpp's block_decode_with: the matrices from `mats` (fp32 or bf16), the rest from `small`.
+// llama_reference.cpp's block_decode_with: the matrices from `mats` (fp32 or bf16), the rest from `small`.
 template <typename W>
 Status block_decode_with(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
                          int64_t past, int64_t rows, const lk::BlockTensors<const W>& mats, const SmallTensors& small,
-                         const float* x_in, float* x_out, const kn::gpt2::KvCacheBlock& cache,
+                         const float* x_in, float* x_out, const kn::KvCacheBlock& cache,
                          const kn::Workspace& workspace, const kn::Workspace& matmul) {
   assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
   assert(config.head_dim % 2 == 0);
@@ -715,7 +715,7 @@ Status embedding_decode(kn::ComputeBackend& backend, const lk::Config& config, c
 
 Status block_decode(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options, int64_t past,
                     int64_t rows, const lk::BlockWeights& w, const float* x_in, float* x_out,
-                    const kn::gpt2::KvCacheBlock& cache, const kn::Workspace& workspace) {
+                    const kn::KvCacheBlock& cache, const kn::Workspace& workspace) {
   const SmallTensors small{w.input_layernorm, w.post_attention_layernorm, w.q_proj_bias, w.k_proj_bias,
                            w.v_proj_bias, w.o_proj_bias};
   return block_decode_with(backend, config, options, past, rows, w, small, x_in, x_out, cache, workspace,
@@ -737,7 +737,7 @@ Status head_logits(kn::ComputeBackend& backend, const lk::Config& config, const 
 
 Status block_decode_bf16(kn::ComputeBackend& backend, const lk::Config& config, const DecoderOptions& options,
                          int64_t past, int64_t rows, const lk::BlockWeightsBf16& w, const float* x_in, float* x_out,
-                         const kn::gpt2::KvCacheBlock& cache, const kn::Workspace& workspace,
+                         const kn::KvCacheBlock& cache, const kn::Workspace& workspace,
                          const kn::Workspace& scratch) {
   const Bf16Scratch layout = bf16_scratch(config, matmul_bf16_bytes(backend, config), scratch.data);
   check_workspace(scratch, layout.size_bytes);

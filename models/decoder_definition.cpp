@@ -9,17 +9,17 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
+#include "models/gpt2_shape.h"
+#include "models/llama_shape.h"
 #include "models/decoder.h"
 
 namespace strata::models {
 namespace {
 
-namespace lk = kernels::llama;
+namespace lk = models::llama;
 
 // Units embed (model.embed_tokens), layers.{i}, norm (model.norm, and lm_head when untied), in
-// llama.h's packed canonical layout, so a checkpoint is a name lookup and the decoder binds a
+// llama_shape.h's packed canonical layout, so a checkpoint is a name lookup and the decoder binds a
 // unit as is. Init as Hugging Face's PreTrainedModels of the family: every Linear and the
 // embedding normal(0, init_std = initializer_range), biases 0, RMSNorm weights `norm_init`
 // (Llama 1; Gemma 0, its gain being 1 + w).
@@ -122,7 +122,7 @@ class FamilyDefinition final : public ModelDefinition {
     return decoder::embedding_decode(backend, kc_, options_, rows, tokens, token_table, table_rows, x0);
   }
   Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const float* block,
-                      const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                      const float* x_in, float* x_out, const kernels::KvCacheBlock& cache,
                       const Workspace& workspace) const override {
     return decoder::block_decode(backend, kc_, options_, past, rows, lk::bind_block(kc_, block), x_in, x_out, cache,
                                  workspace);
@@ -137,7 +137,7 @@ class FamilyDefinition final : public ModelDefinition {
     return decoder::decode_bf16_scratch_bytes(kind, kc_);
   }
   Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows, const uint16_t* block,
-                           const float* x_in, float* x_out, const kernels::gpt2::KvCacheBlock& cache,
+                           const float* x_in, float* x_out, const kernels::KvCacheBlock& cache,
                            const Workspace& workspace, const Workspace& scratch) const override {
     return decoder::block_decode_bf16(backend, kc_, options_, past, rows, lk::bind_block(kc_, block), x_in, x_out,
                                       cache, workspace, scratch);

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/gpt2/gpt2.h"
+#include "models/gpt2_shape.h"
 #include "models/model.h"
 
 namespace strata::models {
@@ -28,7 +28,7 @@ std::unique_ptr<const ModelDefinition> make_decoder_definition(const ModelConfig
                                                                float norm_init);
 
 // A parameter's shape as a vector (1-D or 2-D).
-inline std::vector<int64_t> shape_of(const kernels::gpt2::ParamSpec& spec) {
+inline std::vector<int64_t> shape_of(const models::gpt2::ParamSpec& spec) {
   return spec.rank == 1 ? std::vector<int64_t>{spec.shape[0]} : std::vector<int64_t>{spec.shape[0], spec.shape[1]};
 }
 

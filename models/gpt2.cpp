@@ -1,7 +1,7 @@
 // models/gpt2.cpp — the GPT-2 definition (model.h): its units, init, workspace layout and training ops,
-// composed of the backend's operations (kernels/ops.h) in the order kernels/gpt2 ran them, so the
-// CPU gives the same bits; decoding with a KV cache too (fp32 and bf16 weights). The host ops
-// still call the GPT-2 kernels (model.h declares them until they leave every definition).
+// composed of the backend's operations (kernels/ops.h) in the order the reference kernels
+// (tests/reference/gpt2_reference.cpp) run them, so the CPU gives the same bits; decoding with
+// a KV cache too (fp32 and bf16 weights).
 #include "models/definitions.h"
 
 #include <algorithm>
@@ -10,8 +10,7 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/gpt2/gpt2_math.h"  // kLayerNormEps
+#include "models/gpt2_shape.h"
 #include "kernels/lora/lora.h"
 #include "kernels/ops.h"
 #include "models/definitions.h"
@@ -19,11 +18,11 @@
 namespace strata::models {
 namespace {
 
-namespace gk = kernels::gpt2;
+namespace gk = models::gpt2;
 
 // --- GPT-2's training workspace ----------------------------------------------------------------
 // The model's own layout (the ops allocate nothing): one description that the sizing functions
-// and the ops carve alike, so the two can never disagree. It is kernels/gpt2's layout with the
+// and the ops carve alike, so the two can never disagree. It is the reference's layout with the
 // attention's private scratch (there: transposed keys and values and two rows per head) one
 // region of the backend's attention_scratch_bytes, since what attention keeps is the backend's
 // business (CUDA keeps the [B, H, T, T] probabilities there).
@@ -97,7 +96,7 @@ HeadLayout head_layout(const gk::Config& config, float* base) {
 // --- GPT-2's decoding workspace and bf16 scratch --------------------------------------------
 // A decode call's block is the training block's layout for `rows` new rows (shape {1, rows}),
 // its attention region the backend's attention_decode scratch (score rows over the cache) —
-// kernels/gpt2's decode layout, one description for sizing and carving. The head needs only
+// The reference's decode layout, one description for sizing and carving. The head needs only
 // its one row's LayerNorm output and statistics, in the same workspace (ordered by the stream).
 struct HeadDecodeLayout {
   float* ln_out;  // [C]
@@ -213,7 +212,7 @@ Status linear_backward_input(kernels::ComputeBackend& backend, const float* dy, 
 
 // A decode step's Conv1D product, y = x·W + b (+ residual): the rows start as the bias (plus
 // the residual), then the product adds in — fp32 W by the beta-1 GEMM, bf16 W multiplied as
-// stored (matmul_bf16, accumulating), the order kernels/gpt2's decode summed in. No adapters:
+// stored (matmul_bf16, accumulating), the order the reference's decode summed in. No adapters:
 // generation runs merged weights.
 Status decode_linear(kernels::ComputeBackend& backend, const float* x, const float* weight, const float* bias,
                      const float* residual, int64_t rows, int64_t in, int64_t out, float* y,
@@ -243,7 +242,7 @@ Status decode_linear(kernels::ComputeBackend& backend, const float* x, const uin
 class Gpt2 final : public ModelDefinition {
  public:
   explicit Gpt2(const ModelConfig& model) : ModelDefinition(model) {
-    kc_ = gpt2_kernel_config(model);
+    kc_ = gpt2_shape_config(model);
     const double residual_std = model.init_std / std::sqrt(2.0 * model.n_layer);
     auto add = [](Unit& unit, std::string name, const gk::ParamSpec& spec, double std_dev, float value) {
       add_tensor(unit, std::move(name), shape_of(spec), spec.weight_decay, std_dev, value);
@@ -465,7 +464,7 @@ class Gpt2 final : public ModelDefinition {
   Status block_forward_into(kernels::ComputeBackend& backend, const BatchShape& shape, const gk::BlockWeights& w,
                             const float* x_in, float* x_out, const BlockLayout& ws,
                             const kernels::lora::BlockAdapters* adapters) const {
-    namespace target = kernels::lora::gpt2_target;
+    namespace target = models::gpt2::lora_target;
     const int64_t n = shape.rows();
     const int64_t c = kc_.n_embd;
     STRATA_RETURN_IF_ERROR(backend.norm_forward(
@@ -485,8 +484,8 @@ class Gpt2 final : public ModelDefinition {
                           adapters, target::mlp_c_proj);
   }
 
-  // The block for `rows` new positions past..past + rows − 1 (gpt2.h's block_decode): their k
-  // and v join the cache first, then each new row attends over cache rows 0..its position.
+  // The block for `rows` new positions past..past + rows − 1 (gpt2_reference.h's block_decode):
+  // their k and v join the cache first, then each new row attends over cache rows 0..its position.
   // The matrices come from `mats` (fp32 or bf16), the LayerNorm parameters and biases from
   // `vectors` (fp32); `matmul_scratch` serves the bf16 products.
   template <typename W>
@@ -545,7 +544,7 @@ Status Gpt2::block_backward(kernels::ComputeBackend& backend, const BatchShape& 
                             const float* x_in, const float* d_out, float* d_in, float* grads,
                             const Workspace& workspace, bool recompute,
                             const kernels::lora::BlockAdapters* adapters) const {
-  namespace target = kernels::lora::gpt2_target;
+  namespace target = models::gpt2::lora_target;
   const gk::BlockWeights w = gk::bind_block(kc_, block);
   const gk::BlockGrads g = grads == nullptr ? gk::BlockGrads{} : gk::bind_block(kc_, grads);  // null: frozen
   const BlockLayout ws = block_layout_for(backend, shape, workspace);

@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
+#include "models/gpt2_shape.h"
+#include "models/llama_shape.h"
 #include "models/definitions.h"
 
 namespace strata {
@@ -128,8 +128,8 @@ Result<double> read_number(const std::map<std::string, std::string>& metadata, c
 
 }  // namespace
 
-kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model) {
-  kernels::gpt2::Config kc;
+models::gpt2::Config gpt2_shape_config(const ModelConfig& model) {
+  models::gpt2::Config kc;
   kc.n_layer = model.n_layer;
   kc.n_head = model.n_head;
   kc.n_embd = model.n_embd;

@@ -16,7 +16,7 @@
 //   same model, and the first key in which two shapes differ.
 //
 // Ops take a unit's packed fp32 weights and packed fp32 gradients (the same layout); gradients
-// accumulate and activation gradients are overwritten, as kernels/gpt2/gpt2.h says. The head
+// accumulate and activation gradients are overwritten, as kernels/ops.h says. The head
 // reads the final unit and the embedding unit (the tied head's weights) and, tied, adds into
 // the embedding's gradients.
 //
@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "run/train_config.h"
 #include "kernels/backend.h"
+#include "models/gpt2_shape.h"
 
 namespace strata {
 
@@ -90,8 +91,8 @@ std::vector<ElementRange> optim_chunks(const Unit& unit, uint64_t chunk_elements
 
 namespace models {
 
-using kernels::gpt2::BatchShape;
-using kernels::gpt2::Workspace;
+using kernels::BatchShape;
+using kernels::Workspace;
 
 class ModelDefinition {
  public:
@@ -164,7 +165,7 @@ class ModelDefinition {
                                                 const float* positions, float* x0) const = 0;
   [[nodiscard]] virtual Status block_decode(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
                                             const float* block, const float* x_in, float* x_out,
-                                            const kernels::gpt2::KvCacheBlock& cache,
+                                            const kernels::KvCacheBlock& cache,
                                             const Workspace& workspace) const = 0;
   // Logits of `projection_rows` vocabulary rows (`projection`: those rows of the output
   // projection) for the last of `rows` new rows, after the final norm (`final_norm`).
@@ -178,7 +179,7 @@ class ModelDefinition {
   virtual size_t decode_bf16_scratch_bytes(device::Kind kind) const = 0;
   [[nodiscard]] virtual Status block_decode_bf16(kernels::ComputeBackend& backend, int64_t past, int64_t rows,
                                                  const uint16_t* block, const float* x_in, float* x_out,
-                                                 const kernels::gpt2::KvCacheBlock& cache, const Workspace& workspace,
+                                                 const kernels::KvCacheBlock& cache, const Workspace& workspace,
                                                  const Workspace& scratch) const = 0;
   [[nodiscard]] virtual Status head_logits_bf16(kernels::ComputeBackend& backend, int64_t rows,
                                                 const uint16_t* final_norm, const uint16_t* projection,
@@ -209,8 +210,8 @@ std::vector<std::string> default_adapter_targets(const std::string& arch);
 // after a dot).
 bool adapter_targets_linear(const std::vector<std::string>& targets, const BlockLinear& linear);
 
-// The GPT-2 kernels' shape (kernels/gpt2/gpt2.h) of a gpt2 `model`: n_ctx is its seq_len.
-kernels::gpt2::Config gpt2_kernel_config(const ModelConfig& model);
+// GPT-2's shape (models/gpt2_shape.h) of a gpt2 `model`: n_ctx is its seq_len.
+models::gpt2::Config gpt2_shape_config(const ModelConfig& model);
 
 // The definition of `config.arch` (gpt2, llama or gemma; train_config.cpp admits no other).
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config);

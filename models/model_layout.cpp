@@ -83,7 +83,7 @@ uint64_t ModelLayout::parameter_count() const {
 
 kernels::lora::BlockAdapters ModelLayout::bind_adapters(int64_t block_index, const float* weights, float* grads,
                                                         float dropout, uint64_t mask_key,
-                                                        const kernels::gpt2::Workspace& scratch) const {
+                                                        const kernels::Workspace& scratch) const {
   const AdapterConfig& config = definition_->config().adapter;
   kernels::lora::BlockAdapters adapters;
   adapters.spec.rank = config.rank;

@@ -55,7 +55,7 @@ class ModelLayout {
   // scale from the config, `dropout` (the config's in training, 0 in evaluation) keyed by
   // `mask_key`, the op's scratch.
   kernels::lora::BlockAdapters bind_adapters(int64_t block_index, const float* weights, float* grads, float dropout,
-                                             uint64_t mask_key, const kernels::gpt2::Workspace& scratch) const;
+                                             uint64_t mask_key, const kernels::Workspace& scratch) const;
   int64_t n_layer() const { return definition_->n_layer(); }
   size_t embed_unit() const { return definition_->embed_unit(); }
   size_t block_unit(int64_t block_index) const { return definition_->block_unit(block_index); }

@@ -13,7 +13,7 @@
 
 #include "run/budgets.h"
 #include "common/size.h"
-#include "kernels/gpt2/gpt2.h"
+#include "kernels/ops.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
 #include "memory/store.h"
@@ -21,7 +21,6 @@
 
 namespace strata {
 
-namespace gk = kernels::gpt2;
 namespace sch = scheduler;
 using Clock = std::chrono::steady_clock;
 
@@ -168,7 +167,7 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
   ComputeRates rates;
   rates.backend = backend.name();
   const models::ModelDefinition& model = layout.definition();
-  const gk::BatchShape shape{config.batch_size, config.model.seq_len};
+  const kernels::BatchShape shape{config.batch_size, config.model.seq_len};
   const auto rows = static_cast<uint64_t>(shape.rows());
   const auto width = static_cast<uint64_t>(model.n_embd());
   const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
@@ -200,7 +199,7 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_RETURN_IF_ERROR(init_unit(layout.block_unit(0), weights));
     STRATA_RETURN_IF_ERROR(init_values(x_in, rows * width, 1.0f));
     STRATA_RETURN_IF_ERROR(init_values(d_x, rows * width, 1e-3f));
-    const gk::Workspace ws{workspace, workspace_bytes};
+    const kernels::Workspace ws{workspace, workspace_bytes};
     if (config.precision != DType::f32 ||
         (layout.has_adapters() && config.model.adapter.base_dtype == BaseDType::bf16)) {
       // The bf16 copy goes into the gradient buffer's bytes (free until backward).
@@ -226,7 +225,7 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
                               allocate_floats(device, backend, held, sizes.lora_scratch_bytes / 4 + 1));
       STRATA_RETURN_IF_ERROR(init_unit(adapter_unit, adapter_weights));
       adapters = layout.bind_adapters(0, adapter_weights, trained_grads, static_cast<float>(config.model.adapter.dropout),
-                                      1, gk::Workspace{lora_scratch, sizes.lora_scratch_bytes});
+                                      1, kernels::Workspace{lora_scratch, sizes.lora_scratch_bytes});
     }
     if (const kernels::quant::UnitLayout* quantized = layout.quant_layout(layout.block_unit(0))) {
       // The quantised base's widening is its dequantisation (into the weights, from a quantised
@@ -270,7 +269,7 @@ Result<ComputeRates> measure_compute(const TrainConfig& config, const ModelLayou
     STRATA_RETURN_IF_ERROR(init_unit(layout.ln_f_unit(), ln_f));
     STRATA_ASSIGN_OR_RETURN(rates.fwd_embed_s,
                             timed(backend, [&] { return model.embedding_forward(backend, shape, embed, x); }));
-    const gk::Workspace ws{workspace, workspace_bytes};
+    const kernels::Workspace ws{workspace, workspace_bytes};
     // A frozen head (LoRA) gives grad.x alone.
     const bool frozen = layout.has_adapters();
     STRATA_ASSIGN_OR_RETURN(rates.head_s, timed(backend, [&]() -> Status {

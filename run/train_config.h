@@ -81,7 +81,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double norm_eps = 1.0e-5;        // rms_norm_eps (GPT-2's LayerNorm keeps its 1e-5)
   bool tie_word_embeddings = true; // lm_head shares embed_tokens
-  // Attention biases (kernels/llama/llama.h): q/k/v (Qwen 2 / 2.5 always; HF Llama's
+  // Attention biases (models/llama_shape.h): q/k/v (Qwen 2 / 2.5 always; HF Llama's
   // attention_bias), and o_proj's (HF Llama's attention_bias only; never without q/k/v).
   bool qkv_bias = false;
   bool o_proj_bias = false;

@@ -7,7 +7,7 @@
 
 #include "common/size.h"
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
+#include "kernels/ops.h"
 #include "kernels/lora/lora.h"
 #include "device/device.h"
 
@@ -362,7 +362,7 @@ DeviceScratchSizes device_scratch(const TrainConfig& config, const ModelLayout& 
   // Two buffers, each rounded as the device rounds an allocation.
   if (run != nullptr && run->params_gathered)
     sizes.param_gather_bytes = 2 * align_up(gather_buffer_bytes(config, layout), device::kDeviceAlignmentBytes);
-  kernels::gpt2::BatchShape shape{config.batch_size, config.model.seq_len};
+  kernels::BatchShape shape{config.batch_size, config.model.seq_len};
   // The backend's workspace for this device kind (CUDA's grows with T²) and the fixed buffers
   // make_backend takes beside it, each rounded as the device rounds an allocation.
   Result<device::Kind> parsed = device::parse_kind(config.device_kind);

@@ -42,7 +42,7 @@
 #include "train/zero/zero_reslice.h"
 #include "kernels/backend.h"
 #include "kernels/compute_threads.h"
-#include "kernels/gpt2/gpt2.h"
+#include "kernels/ops.h"
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
 #include "device/device.h"
@@ -54,7 +54,6 @@
 namespace strata {
 namespace {
 
-namespace gk = kernels::gpt2;
 namespace sch = scheduler;
 using Clock = std::chrono::steady_clock;
 
@@ -298,7 +297,7 @@ class Run {
   optim::StateLayout state_;                              // the optimizer's chunks (optim/state.h)
   std::vector<std::vector<optim::TensorSpan>> unit_spans_;  // per unit: its tensors, for the update
   std::vector<kernels::AdamWChunk> device_pieces_;          // the device-site update's calls, reused
-  gk::BatchShape shape_;
+  kernels::BatchShape shape_;
   ZeroStep* zero_ = nullptr;  // N > 1 ranks (train/zero/zero.h); null: one rank, as before
   TrainPlan run_;
   // Evaluation: the forward-only plan, the held-out batches, what the training schedulers
@@ -555,7 +554,7 @@ Result<std::optional<kernels::lora::BlockAdapters>> Run::adapters_for(size_t blo
                                        static_cast<uint64_t>(block));
   kernels::lora::BlockAdapters adapters = layout_.bind_adapters(
       block, weights, grads, dropout, mask_key,
-      gk::Workspace{static_cast<float*>(lora_scratch_.data()), lora_scratch_.size_bytes()});
+      kernels::Workspace{static_cast<float*>(lora_scratch_.data()), lora_scratch_.size_bytes()});
   const uint64_t ranks = zero_ != nullptr ? static_cast<uint64_t>(zero_->ranks()) : 1;
   const uint64_t rank = zero_ != nullptr ? static_cast<uint64_t>(zero_->rank()) : 0;
   adapters.spec.mask_first_row = static_cast<int64_t>((uint64_t{micro_batch} * ranks + rank) * shape_.rows());
@@ -571,7 +570,7 @@ Status Run::compute(size_t step_index, const sch::StepBuffers& buffers, uint64_t
   kernels::ComputeBackend& backend = *backend_;
   auto f32 = [&](sch::TensorId id) { return static_cast<float*>(buffers.device_data(id)); };
   auto* scratch = static_cast<float*>(weights_fp32_.data());
-  gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
+  kernels::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
 
   switch (info.kind) {
     case StepKind::fwd_embed: {
@@ -801,7 +800,7 @@ Status Run::run_step(uint64_t step, StepFigures& figures) {
   // examples on ZeRO ranks: the count over every rank's rows (ZeroStep::set_sum_over_ranks).
   int64_t loss_normalizer_tokens =
       micro_batches > 1 || (zero_ != nullptr && batches_->has_boundaries())
-          ? kernels::gpt2::count_trained_targets(targets_.data(), static_cast<int64_t>(targets_.size()))
+          ? kernels::count_trained_targets(targets_.data(), static_cast<int64_t>(targets_.size()))
           : 0;
   if (zero_ != nullptr && batches_->has_boundaries()) {
     STRATA_ASSIGN_OR_RETURN(loss_normalizer_tokens, zero_->global_count(loss_normalizer_tokens));
@@ -1040,7 +1039,7 @@ Result<EvalFigures> Run::eval_passes() {
   for (uint64_t b = 0; b < eval_batches_->eval_batches(); ++b) {
     eval_batches_->fill(b, tokens_.data(), targets_.data(), positions_.empty() ? nullptr : positions_.data(),
                         segments_.empty() ? nullptr : segments_.data());
-    const int64_t trained = kernels::gpt2::count_trained_targets(targets_.data(), static_cast<int64_t>(rows));
+    const int64_t trained = kernels::count_trained_targets(targets_.data(), static_cast<int64_t>(rows));
     kernels::StepBatch batch{tokens_.data(), targets_.data(), shape_.rows()};
     batch.positions = positions_.empty() ? nullptr : positions_.data();
     batch.segments = segments_.empty() ? nullptr : segments_.data();
@@ -1093,7 +1092,7 @@ Status Run::compute_eval(size_t step_index, const sch::StepBuffers& buffers) {
     return eval_run_.params_gathered ? gather_->params(position) : buffers.device_data(eval_run_.units[u].params);
   };
   auto* scratch = static_cast<float*>(weights_fp32_.data());
-  gk::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
+  kernels::Workspace workspace{static_cast<float*>(workspace_.data()), workspace_.size_bytes()};
   switch (info.kind) {
     case StepKind::fwd_embed: {
       STRATA_ASSIGN_OR_RETURN(const float* embed, widen(info.unit, params(info.unit, 0), scratch));

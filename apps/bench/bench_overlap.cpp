@@ -171,7 +171,7 @@ Status run_overlap(const OverlapOptions& o) {
   // NVMe work. The backend runs no model op, so the smallest batch sizes its fixed buffers. In
   // place the device holds nothing (steps compute in the pool; the compute-only layers have a
   // device of their own below), so its region is the reference device's token 1 MiB.
-  const kernels::gpt2::BatchShape no_batch{1, 1};
+  const kernels::BatchShape no_batch{1, 1};
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<device::Device> device,
                           device::make_device(device_kind, in_place ? uint64_t{1} << 20 : pools.device_region_bytes));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<kernels::ComputeBackend> backend, kernels::make_backend(*device, no_batch));

@@ -66,7 +66,7 @@ void add_plan_command(CLI::App& app, CliState& state) {
     Result<std::unique_ptr<device::Device>> device = device::make_device(kind, timing_bytes);
     if (failed(device, state)) return;
     Result<std::unique_ptr<kernels::ComputeBackend>> backend =
-        kernels::make_backend(**device, kernels::gpt2::BatchShape{config->batch_size, config->model.seq_len});
+        kernels::make_backend(**device, kernels::BatchShape{config->batch_size, config->model.seq_len});
     if (failed(backend, state)) return;
     spdlog::info("timing each kernel alone at {} × {} tokens on the {} backend", config->batch_size,
                  config->model.seq_len, (*backend)->name());

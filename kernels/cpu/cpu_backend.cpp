@@ -1,4 +1,4 @@
-// The CPU backend (backend.h): kernels/gpt2 and kernels/optim called on the calling thread, in
+// The CPU backend (backend.h): kernels/cpu's ops and kernels/optim called on the calling thread, in
 // the order the trainer called them before the seam, so the results are the same bits. Each op
 // has run when it returns; on the CPU device the compute stream exists only so that callers can
 // order the scheduler's releases after "the ops so far" the same way on every backend. On a
@@ -23,7 +23,6 @@
 namespace strata::kernels {
 namespace {
 
-namespace gk = gpt2;
 
 class CpuBackend final : public ComputeBackend {
  public:
@@ -42,8 +41,8 @@ class CpuBackend final : public ComputeBackend {
     targets_ = batch.targets;
     loss_normalizer_tokens_ = batch.loss_normalizer_tokens > 0
                                   ? batch.loss_normalizer_tokens
-                                  : gk::count_trained_targets(batch.targets, batch.rows);
-    packed_ = gk::PackedRows{batch.positions, batch.segments};
+                                  : count_trained_targets(batch.targets, batch.rows);
+    packed_ = PackedRows{batch.positions, batch.segments};
     loss_sum_ = 0.0;
     scalars_ = StepScalars{};  // not clip_scale_: interleaved updates use the previous step's
     return Status();
@@ -70,7 +69,7 @@ class CpuBackend final : public ComputeBackend {
     return Status();
   }
   // The step's packing, checked against the op's shape (free when unpacked).
-  Status check_packed(const gk::BatchShape& shape) const {
+  Status check_packed(const BatchShape& shape) const {
     if (packed_.positions == nullptr && packed_.segments == nullptr) return Status();
     return check_packing(packed_.positions, packed_.segments, shape);
   }
@@ -210,7 +209,7 @@ class CpuBackend final : public ComputeBackend {
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   int64_t loss_normalizer_tokens_ = 0;  // N, resolved at begin_step (StepBatch)
-  gk::PackedRows packed_{};  // begin_step's positions and segments (host memory)
+  PackedRows packed_{};  // begin_step's positions and segments (host memory)
   StepScalars scalars_;
   double loss_sum_ = 0.0;  // the cross_entropy ops' running sum this step, in row order
   float clip_scale_ = 1.0f;

@@ -1,5 +1,5 @@
-// kernels/cpu/cpu_math.cpp — the shared CPU building blocks (cpu_math.h). Moved here whole from
-// gpt2.cpp so Llama's kernels run the very same GEMM tiles and attention loops.
+// kernels/cpu/cpu_math.cpp — the shared CPU building blocks (cpu_math.h): one copy, so every
+// op and every reference kernel runs the very same GEMM tiles and attention loops.
 #include "kernels/cpu/cpu_math.h"
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <cblas.h>
 #include <immintrin.h>
 
-#include "kernels/gpt2/gpt2_math.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "kernels/optim/cast.h"
 
 // The bf16 GEMV's loops: compiled for AVX2+FMA whatever the baseline flags, and run only where
@@ -20,8 +20,8 @@
 
 namespace strata::kernels::cpu_math {
 
-using gpt2::axpy;
-using gpt2::softmax_scaled_inplace;
+using cpu_rows::axpy;
+using cpu_rows::softmax_scaled_inplace;
 
 void pin_blas_to_one_thread() {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);

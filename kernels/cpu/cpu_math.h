@@ -1,14 +1,17 @@
-// strata/kernels/cpu/cpu_math.h — the CPU building blocks every model's kernels share: the
-// fixed-tile GEMM, column sums, row loops and one causal attention head. Internal to kernels/
-// (gpt2.cpp and llama.cpp); callers use a model's header (gpt2.h, llama.h).
+// strata/kernels/cpu/cpu_math.h — the CPU building blocks every CPU op shares: the fixed-tile
+// GEMM, column sums, row loops and one causal attention head. Internal to kernels/ (the CPU
+// backend's ops, the LoRA op) and the reference kernels of tests/reference; callers use
+// backend.h.
 //
 // Contract
 // - Determinism: everything here gives the same bits whatever the TBB thread count. The GEMM
 //   runs OpenBLAS single-threaded on fixed 256×512 output tiles (one call over the full K per
-//   element; see gpt2.h for the measurement behind it); column sums run one column block per
-//   task over the rows in order; attention heads reduce inside one task.
-// - pin_blas_to_one_thread() must have run on the calling thread before any of it (every model
-//   entry point calls it first).
+//   element: OpenBLAS 0.3.21's own threading is not thread-count invariant — measured,
+//   thousands of elements of a 256×384×128 product differ between 1 and 2 threads); column
+//   sums run one column block per task over the rows in order; attention heads reduce inside
+//   one task.
+// - pin_blas_to_one_thread() must have run on the calling thread before any of it (every CPU
+//   op's entry calls it first).
 // - Pointers are row-major fp32 host memory owned by the caller (bf16 weights: their 16-bit
 //   patterns as uint16_t); nothing allocates.
 #pragma once
@@ -42,7 +45,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const fl
 
 // --- Products on bf16 weights (generation: decode on the store's bf16 compute copy) ---
 // y[rows, out] = x[rows, in] · W (accumulate: y += …) for W given as bf16 bit patterns, stored
-// [in, out] (GPT-2's Conv1D: y = x·W) or, with `w_out_major`, [out, in] (nn.Linear and a head:
+// [in, out] (a Conv1D: y = x·W) or, with `w_out_major`, [out, in] (nn.Linear and a head:
 // y = x·Wᵀ). The point is the memory traffic: W's bf16 bytes are read once and never written
 // back widened. With AVX2+FMA and rows ≤ kBf16GemvRows (a decoded token) it is a GEMV that widens
 // eight weights at a time in registers; otherwise (a prompt's rows, or no AVX2) each of
@@ -71,7 +74,7 @@ void column_sums_accumulate(const float* in, int64_t rows, int64_t cols, float* 
 
 // One (batch, head) of causal attention: row i of q, k, v at q + i·q_stride (etc.), head_dim
 // floats each. Grouped-query attention points several query heads at one k/v head. `segments`
-// (this batch row's t_len example ids, non-decreasing; gpt2::PackedRows) makes it block-diagonal:
+// (this batch row's t_len example ids, non-decreasing; ops.h PackedRows) makes it block-diagonal:
 // row i attends to keys first..i, first the start of i's run of equal ids. Null: first = 0, the
 // same loops and bits as before packing existed (the test is once per query row, not per key).
 struct AttentionHead {

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_math.h"
-#include "kernels/gpt2/gpt2_math.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "kernels/op_math.h"
 
 namespace strata::kernels::cpu_ops {
@@ -17,6 +17,8 @@ namespace strata::kernels::cpu_ops {
 using cpu_math::for_rows;
 using cpu_math::kColumnBlock;
 using cpu_math::kRowGrain;
+using cpu_rows::LayerNormStats;
+using cpu_rows::layernorm_stats;
 
 namespace {
 
@@ -33,20 +35,6 @@ void for_elements(int64_t n, const Body& body) {
   });
 }
 
-// Mean and 1/sqrt(biased variance + eps) of one row, two passes in double.
-gpt2::LayerNormStats layernorm_stats(const float* x, int64_t n, double eps) {
-  double sum = 0.0;
-  for (int64_t j = 0; j < n; ++j) sum += x[j];
-  const double mean = sum / static_cast<double>(n);
-  double sq = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    const double d = x[j] - mean;
-    sq += d * d;
-  }
-  const double var = sq / static_cast<double>(n);
-  return {static_cast<float>(mean), static_cast<float>(1.0 / std::sqrt(var + eps))};
-}
-
 // The norm's gain of column j: w (the same bits as no offset when it is 0) or offset + w.
 inline float gain(const float* weight, float offset, int64_t j) {
   return offset == 0.0f ? weight[j] : offset + weight[j];
@@ -56,7 +44,7 @@ void layernorm_forward(const ops::NormForward& op) {
   const int64_t c = op.width;
   for_rows(op.rows, kRowGrain, [&](int64_t r) {
     const float* x_row = op.x + r * op.x_stride;
-    const gpt2::LayerNormStats stats = layernorm_stats(x_row, c, op.eps);
+    const LayerNormStats stats = layernorm_stats(x_row, c, op.eps);
     float* y_row = op.y + r * c;
     for (int64_t j = 0; j < c; ++j) y_row[j] = (x_row[j] - stats.mean) * stats.rstd * gain(op.weight, op.weight_offset, j) + op.bias[j];
     op.mean[r] = stats.mean;
@@ -402,8 +390,8 @@ void cross_entropy(const ops::CrossEntropy& op, const int32_t* targets, float in
     float* logits = op.logits + r * op.vocab;
     const int32_t target = targets[op.first_row + r];
     assert(target < op.vocab);
-    op.row_loss[r] = target < 0 ? gpt2::masked_row(logits, op.vocab, op.gradient)
-                                : gpt2::cross_entropy_row(logits, op.vocab, target, op.gradient, inv_normalizer);
+    op.row_loss[r] = target < 0 ? cpu_rows::masked_row(logits, op.vocab, op.gradient)
+                                : cpu_rows::cross_entropy_row(logits, op.vocab, target, op.gradient, inv_normalizer);
   });
   for (int64_t r = 0; r < op.rows; ++r) *loss_sum += op.row_loss[r];
 }
@@ -435,10 +423,10 @@ void attention_decode(const ops::AttentionDecode& op) {
         for (int64_t e = 0; e < d; ++e) dot += q[e] * k[e];
         p[j] = dot;
       }
-      gpt2::softmax_scaled_inplace(p, count, op.scale);
+      cpu_rows::softmax_scaled_inplace(p, count, op.scale);
       float* out = op.out + r * op.out_stride + h * d;
       std::fill(out, out + d, 0.0f);
-      for (int64_t j = 0; j < count; ++j) gpt2::axpy(p[j], op.values + j * op.kv_stride + kv * d, out, d);
+      for (int64_t j = 0; j < count; ++j) cpu_rows::axpy(p[j], op.values + j * op.kv_stride + kv * d, out, d);
     }
   });
 }

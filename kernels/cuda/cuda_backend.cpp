@@ -23,7 +23,6 @@
 namespace strata::kernels {
 namespace {
 
-namespace gk = gpt2;
 
 // The fixed device block make_backend takes, laid out once:
 //   [0, 256)       StepSlots (the scalars of the step)
@@ -42,10 +41,10 @@ static_assert(sizeof(StepSlots) <= kSlotsBytes);
 constexpr uint64_t kSumSquaresOffset = kSlotsBytes;
 constexpr uint64_t kTokensOffset = kSumSquaresOffset + align_up(cuda::kCudaSumSquaresWorkspaceBytes, 256);
 
-uint64_t token_bytes(const gk::BatchShape& shape) {
+uint64_t token_bytes(const BatchShape& shape) {
   return align_up(static_cast<uint64_t>(shape.rows()) * sizeof(int32_t), 256);
 }
-uint64_t row_loss_bytes(const gk::BatchShape& shape) {
+uint64_t row_loss_bytes(const BatchShape& shape) {
   return align_up(static_cast<uint64_t>(shape.rows()) * sizeof(float), 256);
 }
 constexpr int kStepIntArrays = 4;  // tokens, targets, positions, segments
@@ -58,7 +57,7 @@ Status cuda_status(cudaError_t code, const char* op) {
 class CudaBackend final : public ComputeBackend {
  public:
   CudaBackend(device::Device& device, device::Stream stream, cuda::Context context, device::DeviceBuffer fixed,
-              gk::BatchShape max_shape)
+              BatchShape max_shape)
       : device_(device), stream_(std::move(stream)), context_(std::move(context)), fixed_(std::move(fixed)),
         max_shape_(max_shape) {
     auto* base = static_cast<char*>(fixed_.data());
@@ -85,12 +84,12 @@ class CudaBackend final : public ComputeBackend {
     // N is resolved here, on the host copy: the kernels only ever see the device one.
     loss_normalizer_tokens_ = batch.loss_normalizer_tokens > 0
                                   ? batch.loss_normalizer_tokens
-                                  : gk::count_trained_targets(batch.targets, batch.rows);
+                                  : count_trained_targets(batch.targets, batch.rows);
     // Packed rows: the arrays the kernels read go to the device beside the tokens; the host
     // copies stay for check_packing, which the ops run once they know the shape.
     host_positions_ = batch.positions;
     host_segments_ = batch.segments;
-    packed_ = gk::PackedRows{batch.positions == nullptr ? nullptr : positions_,
+    packed_ = PackedRows{batch.positions == nullptr ? nullptr : positions_,
                              batch.segments == nullptr ? nullptr : segments_};
     if (batch.positions != nullptr)
       STRATA_RETURN_IF_ERROR(device_.copy_to_device(stream_, positions_, batch.positions, bytes));
@@ -237,7 +236,7 @@ class CudaBackend final : public ComputeBackend {
  private:
   cudaStream_t stream() const { return context_.stream(); }
   // begin_step's packing, checked on the host against the op's shape (free when unpacked).
-  Status check_packed(const gk::BatchShape& shape) const {
+  Status check_packed(const BatchShape& shape) const {
     if (host_positions_ == nullptr && host_segments_ == nullptr) return Status();
     return check_packing(host_positions_, host_segments_, shape);
   }
@@ -246,7 +245,7 @@ class CudaBackend final : public ComputeBackend {
   device::Stream stream_;
   cuda::Context context_;
   device::DeviceBuffer fixed_;
-  gk::BatchShape max_shape_;
+  BatchShape max_shape_;
   StepSlots* slots_ = nullptr;
   double* sum_squares_scratch_ = nullptr;
   int32_t* tokens_ = nullptr;
@@ -257,7 +256,7 @@ class CudaBackend final : public ComputeBackend {
   int32_t* segments_ = nullptr;
   const int32_t* host_positions_ = nullptr;  // begin_step's, for check_packing
   const int32_t* host_segments_ = nullptr;
-  gk::PackedRows packed_{};  // device pointers, null where the batch has none
+  PackedRows packed_{};  // device pointers, null where the batch has none
   float* row_loss_ = nullptr;  // the cross_entropy op's per-row losses of the step (device)
 };
 
@@ -278,11 +277,11 @@ size_t cuda_matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out) {
   return cuda::matmul_bf16_scratch_bytes(max_in, max_out);
 }
 
-uint64_t cuda_fixed_device_bytes(const gk::BatchShape& max_shape) {
+uint64_t cuda_fixed_device_bytes(const BatchShape& max_shape) {
   return kTokensOffset + kStepIntArrays * token_bytes(max_shape) + row_loss_bytes(max_shape);
 }
 
-Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const gk::BatchShape& max_shape) {
+Result<std::unique_ptr<ComputeBackend>> make_cuda_backend(device::Device& device, const BatchShape& max_shape) {
   STRATA_ASSIGN_OR_RETURN(device::Stream stream, device.create_stream("compute"));
   auto native = static_cast<cudaStream_t>(stream.native_handle());
   STRATA_ASSIGN_OR_RETURN(cuda::Context context, cuda::Context::create(native));

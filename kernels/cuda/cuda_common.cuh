@@ -1,4 +1,4 @@
-// strata/kernels/cuda/cuda_common.cuh — the CUDA building blocks the operations and GPT-2's and
+// strata/kernels/cuda/cuda_common.cuh — the CUDA building blocks the operations and
 // LoRA's share (cuda_ops.cu, cuda_decode_ops.cu, lora_cuda.cu, cublas_context.cu; include from .cu files only):
 // error values, the launch check, fixed-order warp and block reductions, the causal softmax and
 // its backward over [rows, T] scores, the cross-entropy row and the loss mean, row-major cuBLAS
@@ -101,7 +101,7 @@ __global__ void column_sums_kernel(const float* in, int64_t rows, int64_t cols, 
 }
 
 // The first key that query i of score row `row` ([B·H·T] rows, H = heads) may see: 0 unpacked;
-// with packed rows (gpt2::PackedRows' `segments`, [B·T], non-decreasing along a batch row) the
+// with packed rows (ops.h PackedRows' `segments`, [B·T], non-decreasing along a batch row) the
 // start of i's example — the lower bound of its id in the row, a binary search each lane runs.
 __device__ inline int64_t first_key(const int32_t* segments, int64_t row, int64_t t_len, int64_t heads, int64_t i) {
   if (segments == nullptr) return 0;
@@ -164,7 +164,7 @@ __global__ void softmax_backward_kernel(const float* probs, float* d, int64_t t_
 
 // One block per row: loss = logsumexp − logit[target]; with write_grad the row becomes
 // grad_scale·(softmax − onehot). All reads finish (block reductions sync) before any write.
-// A negative target is a masked row (gpt2.h, "Loss masks"): loss 0 and a gradient row of exact
+// A negative target is a masked row (ops.h, "Loss masks"): loss 0 and a gradient row of exact
 // zeros, as the CPU's masked_row. A target at or past vocab never indexes the row: its loss is
 // NaN and its gradient row zero. The backend refuses such targets before launching
 // (kernels::check_targets); this keeps a direct caller from reading past the row all the same.
@@ -252,7 +252,7 @@ Status gemm_batched(const Context& ctx, bool trans_a, bool trans_b, int64_t m, i
   return Status();
 }
 
-// out[j] += Σ_r in[r, j]; nothing when out is null (a frozen bias: gpt2.h, "Gradients").
+// out[j] += Σ_r in[r, j]; nothing when out is null (a frozen bias: ops.h, "Accumulation").
 Status column_sums(const Context& ctx, const float* in, int64_t rows, int64_t cols, float* out) {
   if (out == nullptr) return Status();
   STRATA_CUDA_LAUNCH(column_sums_kernel, blocks_for(cols), kThreads, ctx.stream(), in, rows, cols,

@@ -19,7 +19,7 @@ using gc::check_launch;  // STRATA_CUDA_LAUNCH names it unqualified
 // One block per (new row r = first_row + blockIdx.x / n_head, query head h = blockIdx.x % n_head):
 // p_j = softmax_j(scale·q·k_j) over cache positions 0..past+r, then out = Σ_j p_j v_j in position
 // order; query head h reads k/v head h / group. `scores` [launched rows, n_head, max_positions].
-// The same math as the deleted llama_cuda.cu's decode_attention_kernel (GPT-2's is its group-1 case), with
+// The same math as the per-model decode attention kernel it replaced (multi-head is its group-1 case), with
 // the strides an op gives. Max and sum by fixed block trees, the sum in double: no atomics. A
 // block's result depends on its row alone, so launching the rows in groups changes no bit.
 __global__ void attention_decode_kernel(const float* q, int64_t q_stride, const float* keys, const float* values,

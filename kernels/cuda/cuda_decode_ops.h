@@ -38,8 +38,8 @@ size_t matmul_bf16_scratch_bytes(int64_t max_in, int64_t max_out);
 
 // cudaMemcpy2DAsync device to device (one plain copy when the rows are back to back).
 [[nodiscard]] Status copy_rows(const ops::CopyRows& op, cudaStream_t stream);
-// One thread block per (new row, query head): the per-model decode kernel it replaced (GPT-2's is its MHA
-// case) over op's strides and k/v heads, launched kDecodeScoreRows rows at a time.
+// One thread block per (new row, query head): the per-model decode kernel it replaced (multi-head is its
+// group-1 case) over op's strides and k/v heads, launched kDecodeScoreRows rows at a time.
 [[nodiscard]] Status attention_decode(const ops::AttentionDecode& op, cudaStream_t stream);
 // Widens bounded pieces of W (bf16 bits << 16, exact) into op.scratch and runs the fp32 GEMM on
 // each. Pieces are bands of output columns whenever one fits, so each y element is one sgemm's

@@ -23,8 +23,8 @@ using kernels::cuda::kWarpsPerBlock;
 
 // How attention batches its heads into strided-batched products per batch row. Multi-head
 // (one query head per k/v head): one product over every head, k/v heads head_dim apart — the
-// call GPT-2's CUDA attention made. Grouped-query: one product per k/v head over its group of
-// query heads with the k/v operand's batch stride 0 (HF's repeat_kv without the copy) — Llama's.
+// call the per-model CUDA attention made. Grouped-query: one product per k/v head over its group of
+// query heads with the k/v operand's batch stride 0 (HF's repeat_kv without the copy).
 struct HeadBatches {
   int64_t launches;        // products per batch row
   int64_t heads;           // query heads per product

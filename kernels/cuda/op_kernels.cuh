@@ -14,7 +14,7 @@
 //   then the warp butterfly; per-column loops walk the rows in order).
 // - The generalisations the operations brought keep the old bits: a norm's weight_offset of 0
 //   multiplies by w itself, an embedding scale of 1 multiplies by nothing, and RoPE's angle is
-//   op_math.h's for the RopeSpec that llama_math.h's rope_spec makes of a Llama config.
+//   op_math.h's for the RopeSpec a model's shape makes of its config (models/).
 #pragma once
 
 #include <cmath>
@@ -32,7 +32,7 @@ using kernels::cuda::kWarpsPerBlock;
 using kernels::cuda::warp_sum;
 
 // A norm's gain of column j: w itself when offset is 0 (the bits of no offset), else offset + w
-// (Gemma's 1 + w). Gradients of w are unchanged by it: d(offset + w)/dw = 1.
+// (a 1 + w gain). Gradients of w are unchanged by it: d(offset + w)/dw = 1.
 __device__ inline float norm_gain(const float* w, float offset, int64_t j) {
   return offset == 0.0f ? w[j] : offset + w[j];
 }
@@ -223,7 +223,7 @@ __global__ void swiglu_backward_kernel(const float* d_act, float* gate, float* u
   up[i] = da * x * s;
 }
 
-// GeGLU (Gemma): act = gelu_tanh(gate)·up.
+// GeGLU: act = gelu_tanh(gate)·up.
 __global__ void geglu_forward_kernel(const float* gate, const float* up, float* act, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) act[i] = op_math::gelu_tanh(gate[i]) * up[i];

@@ -6,7 +6,6 @@
 #include <cassert>
 
 #include "kernels/cpu/cpu_math.h"
-#include "kernels/gpt2/gpt2_math.h"
 
 namespace strata::kernels::lora {
 
@@ -16,7 +15,7 @@ bool keep(uint64_t mask_key, int target, int64_t row, int64_t col, float dropout
 
 // One description of the scratch for the sizing function and every backend's op.
 ScratchLayout scratch_layout(int64_t rows, int64_t max_in, int64_t rank, float dropout, float* base) {
-  gpt2::WorkspaceCarver carve(base);
+  WorkspaceCarver carve(base);
   ScratchLayout layout{};
   layout.u = carve.take(rows * rank);
   for (float*& slot : layout.du) slot = carve.take(rows * rank);

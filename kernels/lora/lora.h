@@ -1,9 +1,10 @@
 // strata/kernels/lora/lora.h — the LoRA op: a low-rank adapter added to one linear of a frozen
-// (or trained) base, forward and backward, on the CPU; the block kernels (gpt2.h, llama.h) call
-// it for each targeted linear, and the CUDA twins run the same math with cuBLAS (lora_cuda.h).
+// (or trained) base, forward and backward, on the CPU; the CPU backend's lora ops (backend.h)
+// run it for each targeted linear a model composes, and the CUDA twins run the same math with
+// cuBLAS (lora_cuda.h).
 //
 // Contract
-// - Math: PEFT's LoRA on a linear y = x·Wᵀ (+ b) — or GPT-2's Conv1D y = x·W (+ b), which is the
+// - Math: PEFT's LoRA on a linear y = x·Wᵀ (+ b) — or a Conv1D y = x·W (+ b), which is the
 //   same map with W stored transposed:
 //       y += scale · (drop(x) · Aᵀ) · Bᵀ
 //   A [rank, in] and B [out, rank], fp32 row-major: PEFT's lora_A.weight / lora_B.weight as they
@@ -17,7 +18,7 @@
 //   so a forward, the backward's recompute of it, the CPU and CUDA all draw the same mask, and a
 //   test can rebuild it in Python; `row` is Spec::mask_first_row + the call's row. The caller
 //   picks mask_key per (step, block) and mask_first_row as the call's place in the update's batch.
-// - Gradients: d_A and d_B are ACCUMULATED (+=), as every weight gradient (gpt2.h); the input
+// - Gradients: d_A and d_B are ACCUMULATED (+=), as every weight gradient (ops.h); the input
 //   gradient is added into dx (the base linear's own dx is the caller's, written first or after:
 //   see backward_params / backward_input). With u = drop(x)·Aᵀ:
 //       d_B += scale · dyᵀ · u;  du = scale · dy · B;  d_A += duᵀ · drop(x);
@@ -31,7 +32,7 @@
 //   block's widest input and its rank) holds u, the du of up to kDuSlots targets at once and,
 //   with dropout, the dropped input. The op reads x, A and B and writes only y / dx, the
 //   gradients and scratch; x and y (dx) must not overlap.
-// - Threads: as gpt2.h (the calling thread fans out to TBB); calls sharing a scratch must not
+// - Threads: as every CPU op (backend.h: the calling thread fans out to TBB); calls sharing a scratch must not
 //   run concurrently.
 #pragma once
 
@@ -41,7 +42,7 @@
 #include <cstdint>
 
 #include "common/mix.h"
-#include "kernels/gpt2/gpt2.h"
+#include "kernels/ops.h"  // Workspace
 
 #ifdef __CUDACC__
 #define STRATA_LORA_HOST_DEVICE __host__ __device__
@@ -51,7 +52,7 @@
 
 namespace strata::kernels::lora {
 
-using gpt2::Workspace;
+using kernels::Workspace;
 
 // One adapter configuration for every target of a model (PEFT's r, lora_alpha → scale, lora_dropout).
 struct Spec {
@@ -77,10 +78,9 @@ struct AdapterGrads {
 
 inline constexpr int kMaxTargets = 8;
 
-// A block's adapters, indexed by the model's linear index:
-//   Llama: 0 q_proj, 1 k_proj, 2 v_proj, 3 o_proj, 4 gate_proj, 5 up_proj, 6 down_proj
-//   GPT-2: 0 attn.c_attn, 1 attn.c_proj, 2 mlp.c_fc, 3 mlp.c_proj
-// Memory of the backend the block op runs on (host on the CPU backend, device on CUDA).
+// A block's adapters, indexed by the model's linear index (each model's shape in models/ names
+// its targets' indices: its lora_target namespace). Memory of the backend the block op runs on
+// (host on the CPU backend, device on CUDA).
 struct BlockAdapters {
   Spec spec;
   uint64_t mask_key = 0;  // dropout key of this (step, block): a forward and the backward's
@@ -89,16 +89,6 @@ struct BlockAdapters {
   std::array<AdapterGrads, kMaxTargets> grads{};  // backward only
   Workspace scratch;  // the backend's memory, >= scratch_size_bytes(...) for the block
 };
-
-// Linear indices (BlockAdapters::adapters) of each model's targets.
-namespace llama_target {
-inline constexpr int q_proj = 0, k_proj = 1, v_proj = 2, o_proj = 3, gate_proj = 4, up_proj = 5, down_proj = 6;
-inline constexpr int count = 7;
-}  // namespace llama_target
-namespace gpt2_target {
-inline constexpr int c_attn = 0, attn_c_proj = 1, c_fc = 2, mlp_c_proj = 3;
-inline constexpr int count = 4;
-}  // namespace gpt2_target
 
 // --- The dropout mask (shared, bit for bit, by the CPU and CUDA) ---
 // SplitMix64 (common/mix.h, host and device) keys every draw.
@@ -121,8 +111,8 @@ STRATA_LORA_HOST_DEVICE inline bool keep_element(uint64_t row_hash_value, int64_
 bool keep(uint64_t mask_key, int target, int64_t row, int64_t col, float dropout);
 
 // --- Scratch ---
-// du of this many targets can be alive at once: Llama's q, k and v share one input, whose
-// buffer the base backward overwrites with dx, so all three adapters' d_A / d_B are formed
+// du of this many targets can be alive at once: a block's q, k and v projections may share one
+// input, whose buffer the base backward overwrites with dx, so all three adapters' d_A / d_B are formed
 // before any of their dx (backward_params, then backward_input per target).
 inline constexpr int kDuSlots = 3;
 // Bytes of scratch for `rows` rows, the widest input / output of the block's targets and `rank`
@@ -138,7 +128,7 @@ struct ScratchLayout {
 };
 ScratchLayout scratch_layout(int64_t rows, int64_t max_in, int64_t rank, float dropout, float* base);
 
-// --- The CPU op (both models' CPU kernels call it for each targeted linear) ---
+// --- The CPU op (the CPU backend's lora ops call it for each targeted linear) ---
 // y[rows, out] += scale · drop(x) · Aᵀ · Bᵀ. Nothing when adapter.a is null.
 void forward(const Spec& spec, uint64_t mask_key, int target, const float* x, int64_t rows, int64_t in, int64_t out,
              Adapter adapter, float* y /* accumulated into */, const Workspace& scratch);
@@ -156,15 +146,15 @@ void backward_params(const Spec& spec, uint64_t mask_key, int target, const floa
 void backward_input(const Spec& spec, uint64_t mask_key, int target, int64_t rows, int64_t in, Adapter adapter,
                     float* dx, const Workspace& scratch, int slot);
 
-// The adapter of `target` in `adapters` (null `adapters`: none), for the kernels' call sites.
+// The adapter of `target` in `adapters` (null `adapters`: none), for the call sites below.
 inline bool targeted(const BlockAdapters* adapters, int target) {
   return adapters != nullptr && adapters->adapters[static_cast<size_t>(target)].a != nullptr;
 }
 
-// The block kernels' call sites (both models' CPU blocks): the op of `target` with the block's
-// spec, key and scratch — nothing when `adapters` is null or does not target it. The backward
-// in its two halves around the base's dx product, which overwrites x's buffer in the kernels;
-// targets that share an input (Llama's q, k, v; gate, up) keep their du in slots 0, 1, 2.
+// A block's call sites (the CPU backend's lora ops, backend.h): the op of `target` with the
+// block's spec, key and scratch — nothing when `adapters` is null or does not target it. The
+// backward in its two halves around the base's dx product, which may overwrite x's buffer;
+// targets that share an input (q, k, v; gate, up) keep their du in slots 0, 1, 2.
 void adapter_forward(const BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in, int64_t out,
                      float* y);
 void adapter_backward_params(const BlockAdapters* adapters, int target, const float* x, int64_t rows, int64_t in,

@@ -129,7 +129,7 @@ Result<ModelConfig> parse_gpt2(const Keys& keys, const std::string& path) {
   HF_READ(m.norm_eps, keys.number("layer_norm_epsilon", 1e-5, 0.0, 1.0));
   if (m.n_embd % m.n_head != 0)
     return keys.error("n_embd", fmt::format("{} is not divisible by n_head = {}", m.n_embd, m.n_head));
-  // strata's GPT-2 kernels compute HF's gelu_new and LayerNorm eps 1e-5 (kernels/gpt2/gpt2.h).
+  // strata's GPT-2 kernels compute HF's gelu_new and LayerNorm eps 1e-5 (models/gpt2_shape.h).
   std::string activation;
   HF_READ(activation, keys.string("activation_function", std::string("gelu_new")));
   if (activation != "gelu_new")

@@ -14,13 +14,13 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
+#include "models/gpt2_shape.h"
+#include "models/llama_shape.h"
 #include "device/device.h"
 
 namespace strata::testing {
 
-namespace gk = kernels::gpt2;
+namespace gk = models::gpt2;
 
 // A small GPT-2 shape: every code path of the kernels (several heads, several rows per batch,
 // a head that works in more than one chunk is not needed at this size) at a size that runs in
@@ -95,7 +95,7 @@ inline Scenario make_scenario() {
 }
 
 // Loss masks for the head scenarios "<head>_masked", "<head>_masked_normalizer" and
-// "<head>_all_masked" (gpt2.h, "Loss masks"): every third row -1 and row 5 -7 (any negative
+// "<head>_all_masked" (kernels/ops.h, "Loss masks"): every third row -1 and row 5 -7 (any negative
 // is a mask), or every row -1. Returns the scenario's N (StepBatch::loss_normalizer_tokens):
 // 40 for "_masked_normalizer" (as one micro-batch of an accumulated update), else 0.
 inline int64_t apply_masks(const std::string& name, std::vector<int32_t>& targets) {
@@ -284,8 +284,8 @@ inline OpOutputs run_scenario(BackendEnv& env, const std::string& name) {
 
 // --- Llama's shape (model_scenarios.h's Llama model and decode scenarios) ---
 // 4 query heads over 2 k/v heads, head_dim 8 (≠ n_embd / n_head), llama3 rope scaling, untied.
-inline kernels::llama::Config small_llama_config() {
-  kernels::llama::Config c;
+inline models::llama::Config small_llama_config() {
+  models::llama::Config c;
   c.n_layer = 1;
   c.n_head = 4;
   c.n_kv_head = 2;

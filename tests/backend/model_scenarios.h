@@ -16,7 +16,7 @@
 
 namespace strata::testing {
 
-// small_config()'s model: models::gpt2_kernel_config of it is small_config().
+// small_config()'s model: models::gpt2_shape_config of it is small_config().
 inline ModelConfig small_model() {
   ModelConfig m;
   m.arch = "gpt2";
@@ -31,7 +31,7 @@ inline ModelConfig small_model() {
 
 // small_llama_config()'s model, with q/k/v and o_proj biases when `biased`.
 inline ModelConfig small_llama_model(bool biased) {
-  const kernels::llama::Config c = small_llama_config();
+  const models::llama::Config c = small_llama_config();
   ModelConfig m;
   m.arch = "llama";
   m.n_layer = static_cast<uint32_t>(c.n_layer);
@@ -176,7 +176,7 @@ inline const char* const kLlamaScenarios[] = {"llama_embedding",
                                               "llama_head_all_masked"};
 
 inline OpOutputs run_llama_scenario(BackendEnv& env, const std::string& name) {
-  namespace lk = kernels::llama;
+  namespace lk = models::llama;
   const bool biased = name.rfind("llama_bias_", 0) == 0;
   const std::string op = biased ? "llama_" + name.substr(11) : unpacked_scenario(name);
   lk::Config c = small_llama_config();
@@ -346,7 +346,7 @@ inline const char* const kDecodeScenarios[] = {"gpt2_decode", "gpt2_decode_bf16"
                                                "llama_decode_bf16"};
 
 inline OpOutputs run_decode_scenario(BackendEnv& env, const std::string& name) {
-  namespace lk = kernels::llama;
+  namespace lk = models::llama;
   constexpr int64_t kPrompt = 5;
   constexpr int64_t kWindow = 12;
   const bool bf16 = name.ends_with("_bf16");

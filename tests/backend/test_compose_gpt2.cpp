@@ -1,6 +1,6 @@
 // tests/backend/test_compose_gpt2.cpp — proves that GPT-2's definition composed of the backend's
 // operations (models/gpt2.cpp over kernels/ops.h) gives exactly the bytes of the GPT-2 kernels
-// called directly (kernels/gpt2): the same inputs through both, every output compared with
+// called directly (tests/reference/gpt2_reference.h): the same inputs through both, every output compared with
 // memcmp. Each case runs on the cpu device (host memory) and on the emulated one (device memory
 // the test reaches only by copies, the backend waiting on its stream before each op), so it
 // also proves the emulated device gives the cpu's bits. Cases: the embedding, plain and packed;
@@ -18,13 +18,16 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
+#include "tests/reference/gpt2_reference.h"
 #include "kernels/lora/lora.h"
 #include "models/model.h"
 #include "tests/backend/backend_harness.h"
 
 namespace strata::testing {
 namespace {
+
+// The reference kernels, with the shape's names (gpt2_reference.h).
+namespace gref = reference::gpt2;
 
 namespace lora = kernels::lora;
 
@@ -40,7 +43,7 @@ ModelConfig model_config() {
   model.seq_len = 100;
   return model;
 }
-const gk::BatchShape kShape{3, 100};
+const gref::BatchShape kShape{3, 100};
 constexpr int64_t kRank = 4;
 constexpr uint64_t kMaskKey = 0x5eed;
 
@@ -53,7 +56,7 @@ struct Aligned {
   ~Aligned() { std::free(data); }
   Aligned(const Aligned&) = delete;
   Aligned& operator=(const Aligned&) = delete;
-  gk::Workspace workspace() const { return {data, size_bytes}; }
+  gref::Workspace workspace() const { return {data, size_bytes}; }
   size_t size_bytes;
   float* data;
 };
@@ -102,12 +105,12 @@ Packing packing() {
 // The inputs every case draws from (fixed seeds), and the step's batch.
 struct Inputs {
   ModelConfig model = model_config();
-  gk::Config kc = models::gpt2_kernel_config(model);
+  gref::Config kc = models::gpt2_shape_config(model);
   size_t rows = static_cast<size_t>(kShape.rows());
   size_t act = rows * static_cast<size_t>(kc.n_embd);
   size_t wte_n = static_cast<size_t>(kc.vocab_size * kc.n_embd);
   size_t wpe_n = static_cast<size_t>(kc.n_ctx * kc.n_embd);
-  size_t block_n = static_cast<size_t>(gk::block_param_count(kc));
+  size_t block_n = static_cast<size_t>(gref::block_param_count(kc));
   std::vector<int32_t> tokens = random_tokens(rows, static_cast<int32_t>(kc.vocab_size), 101);
   std::vector<int32_t> targets = random_tokens(rows, static_cast<int32_t>(kc.vocab_size), 102);
   Packing packed = packing();
@@ -123,8 +126,8 @@ struct Inputs {
     }
     return b;
   }
-  gk::PackedRows packed_rows() const {
-    return use_packing ? gk::PackedRows{packed.positions.data(), packed.segments.data()} : gk::PackedRows{};
+  gref::PackedRows packed_rows() const {
+    return use_packing ? gref::PackedRows{packed.positions.data(), packed.segments.data()} : gref::PackedRows{};
   }
 };
 
@@ -141,7 +144,7 @@ class ComposeGpt2 : public ::testing::TestWithParam<device::Kind> {
   kernels::ComputeBackend& backend() { return env_->backend(); }
   void begin_step() { ASSERT_TRUE(backend().begin_step(in_.batch()).ok()); }
   // The definition's workspace on this backend, in the device's memory.
-  gk::Workspace workspace() { return env_->workspace_for(definition_->workspace_size_bytes(backend(), kShape)); }
+  gref::Workspace workspace() { return env_->workspace_for(definition_->workspace_size_bytes(backend(), kShape)); }
 
   Inputs in_;
   std::unique_ptr<BackendEnv> env_;
@@ -156,8 +159,8 @@ void embedding_case(BackendEnv& env, const models::ModelDefinition& def, Inputs&
   const auto d_wte0 = random_floats(in.wte_n, 0.1f, 4), d_wpe0 = random_floats(in.wpe_n, 0.1f, 5);  // accumulated into
 
   std::vector<float> x0(in.act), d_wte = d_wte0, d_wpe = d_wpe0;
-  gk::embedding_forward(in.kc, kShape, in.tokens.data(), wte.data(), wpe.data(), x0.data(), in.packed_rows());
-  gk::embedding_backward(in.kc, kShape, in.tokens.data(), d_x0.data(), d_wte.data(), d_wpe.data(), in.packed_rows());
+  gref::embedding_forward(in.kc, kShape, in.tokens.data(), wte.data(), wpe.data(), x0.data(), in.packed_rows());
+  gref::embedding_backward(in.kc, kShape, in.tokens.data(), d_x0.data(), d_wte.data(), d_wpe.data(), in.packed_rows());
 
   kernels::ComputeBackend& b = env.backend();
   ASSERT_TRUE(b.begin_step(in.batch()).ok());
@@ -227,7 +230,7 @@ BlockOutputs run_block_case(BackendEnv& env, const models::ModelDefinition& def,
   BlockOutputs out;
 
   if (!composed) {  // the kernels, on host vectors
-    Aligned ws(gk::workspace_size_bytes(in.kc, kShape)), scratch(scratch_bytes);
+    Aligned ws(gref::workspace_size_bytes(in.kc, kShape)), scratch(scratch_bytes);
     adapters.scratch = scratch.workspace();
     out.d_a = d_a0;
     out.d_b = d_b0;
@@ -236,16 +239,16 @@ BlockOutputs run_block_case(BackendEnv& env, const models::ModelDefinition& def,
       adapters.grads[i] = {out.d_a[i].data(), out.d_b[i].data()};
     }
     const lora::BlockAdapters* ad = k.lora ? &adapters : nullptr;
-    const gk::BlockWeights w = gk::bind_block(in.kc, weights.data());
+    const gref::BlockWeights w = gref::bind_block(in.kc, weights.data());
     out.x_out.assign(in.act, 0.0f);
     out.grads = grads0;
-    const gk::BlockGrads g = k.frozen ? gk::BlockGrads{} : gk::bind_block(in.kc, out.grads.data());
-    gk::block_forward(in.kc, kShape, w, x_in.data(), out.x_out.data(), ws.workspace(), in.packed_rows(), ad);
+    const gref::BlockGrads g = k.frozen ? gref::BlockGrads{} : gref::bind_block(in.kc, out.grads.data());
+    gref::block_forward(in.kc, kShape, w, x_in.data(), out.x_out.data(), ws.workspace(), in.packed_rows(), ad);
     // With recompute the backward must not need what the forward left: clear it.
     if (k.recompute) std::memset(ws.data, 0, ws.size_bytes);
     std::vector<float> d_out_host = d_out, d_in_host(in.act, 0.0f);
     float* d_in_ptr = k.alias ? d_out_host.data() : d_in_host.data();
-    gk::block_backward(in.kc, kShape, w, x_in.data(), d_out_host.data(), d_in_ptr, g, ws.workspace(), k.recompute,
+    gref::block_backward(in.kc, kShape, w, x_in.data(), d_out_host.data(), d_in_ptr, g, ws.workspace(), k.recompute,
                        in.packed_rows(), ad);
     out.d_in = k.alias ? d_out_host : d_in_host;
     return out;
@@ -259,7 +262,7 @@ BlockOutputs run_block_case(BackendEnv& env, const models::ModelDefinition& def,
   float* d_out_dev = env.upload(d_out);
   float* d_in_dev = k.alias ? d_out_dev : env.zeros<float>(in.act);
   float* grads = k.frozen ? nullptr : env.upload(grads0);
-  const gk::Workspace ws = env.workspace_for(def.workspace_size_bytes(b, kShape));
+  const gref::Workspace ws = env.workspace_for(def.workspace_size_bytes(b, kShape));
   adapters.scratch = env.workspace_for(scratch_bytes);
   std::vector<float*> d_a_dev, d_b_dev;
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -349,15 +352,15 @@ class ComposeGpt2Head : public ComposeGpt2 {
     const bool wte_trained = k.grad == HeadGrad::full || k.grad == HeadGrad::frozen_ln_f;
 
     // The kernels.
-    Aligned ws(gk::workspace_size_bytes(in_.kc, kShape));
+    Aligned ws(gref::workspace_size_bytes(in_.kc, kShape));
     std::vector<float> d_x(in_.act, 0.0f), ln_f_grads = ln_f_grads0, wte_grads = wte_grads0;
-    const gk::HeadWeights weights{ln_f.data(), ln_f.data() + c, wte.data()};
-    const gk::HeadGrads grads{ln_f_trained ? ln_f_grads.data() : nullptr,
+    const gref::HeadWeights weights{ln_f.data(), ln_f.data() + c, wte.data()};
+    const gref::HeadGrads grads{ln_f_trained ? ln_f_grads.data() : nullptr,
                               ln_f_trained ? ln_f_grads.data() + c : nullptr,
                               wte_trained ? wte_grads.data() : nullptr};
-    const float loss = gradient ? gk::head_forward_backward(in_.kc, kShape, weights, x.data(), in_.targets.data(),
+    const float loss = gradient ? gref::head_forward_backward(in_.kc, kShape, weights, x.data(), in_.targets.data(),
                                                             d_x.data(), grads, ws.workspace(), in_.normalizer)
-                                : gk::head_loss(in_.kc, kShape, weights, x.data(), in_.targets.data(), ws.workspace(),
+                                : gref::head_loss(in_.kc, kShape, weights, x.data(), in_.targets.data(), ws.workspace(),
                                                 in_.normalizer);
 
     // The definition on the backend.

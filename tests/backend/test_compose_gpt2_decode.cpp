@@ -1,7 +1,7 @@
 // tests/backend/test_compose_gpt2_decode.cpp — proves that GPT-2's decoding composed of the
 // backend's operations (models/gpt2.cpp: embedding_decode, block_decode, head_logits and the bf16
 // block and head) gives exactly the bytes of the GPT-2 decode kernels called directly
-// (kernels/gpt2: embedding_decode, block_decode, head_decode, fp32 and bf16). Generation's
+// (tests/reference/gpt2_reference.h: embedding_decode, block_decode, head_decode, fp32 and bf16). Generation's
 // sequence — a 7-token prompt (past 0), then single tokens at past 7, 8 and 9 — runs through two
 // blocks with a cache each, on both paths from the same inputs; every pass's block outputs and
 // logits, and both caches whole (the rows never written included), are compared with memcmp.
@@ -17,12 +17,15 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
+#include "tests/reference/gpt2_reference.h"
 #include "models/model.h"
 #include "tests/backend/backend_harness.h"
 
 namespace strata::testing {
 namespace {
+
+// The reference kernels, with the shape's names (gpt2_reference.h).
+namespace gref = reference::gpt2;
 
 // Heads of 8, a vocabulary and widths no tile divides evenly, a window (max_positions) shorter
 // than n_ctx so the cache's stride and the learned positions' range are not the same number.
@@ -50,7 +53,7 @@ struct Aligned {
   ~Aligned() { std::free(data); }
   Aligned(const Aligned&) = delete;
   Aligned& operator=(const Aligned&) = delete;
-  gk::Workspace workspace() const { return {data, size_bytes}; }
+  gref::Workspace workspace() const { return {data, size_bytes}; }
   size_t size_bytes;
   float* data;
 };
@@ -75,7 +78,7 @@ void expect_ok(const Status& status) { EXPECT_TRUE(status.ok()) << status.to_str
 // gains near 1), ln_f; and the bf16 bit patterns of the weights (their upper halves).
 struct Inputs {
   ModelConfig model = model_config();
-  gk::Config kc = models::gpt2_kernel_config(model);
+  gref::Config kc = models::gpt2_shape_config(model);
   int64_t c = kc.n_embd;
   std::vector<int32_t> tokens = random_tokens(static_cast<size_t>(kPrompt + 3), static_cast<int32_t>(kc.vocab_size), 61);
   std::vector<float> wte = random_floats(static_cast<size_t>(kc.vocab_size * c), 0.5f, 62);
@@ -112,7 +115,7 @@ void expect_same(const DecodeOutputs& composed, const DecodeOutputs& direct) {
 
 // The GPT-2 decode kernels called directly, on host vectors.
 DecodeOutputs run_kernels(const Inputs& in, bool bf16) {
-  const gk::Config& kc = in.kc;
+  const gref::Config& kc = in.kc;
   const int64_t c = in.c;
   const size_t cache_n = static_cast<size_t>(kWindow * c);
   std::vector<std::vector<float>> keys(in.blocks.size(), std::vector<float>(cache_n)),
@@ -120,26 +123,26 @@ DecodeOutputs run_kernels(const Inputs& in, bool bf16) {
   std::vector<std::vector<uint16_t>> block_bits;
   for (const auto& block : in.blocks) block_bits.push_back(upper_halves(block));
   const std::vector<uint16_t> ln_f_bits = upper_halves(in.ln_f), wte_bits = upper_halves(in.wte);
-  Aligned ws(gk::decode_workspace_size_bytes(kc, kPrompt, kWindow)), scratch(gk::decode_bf16_scratch_bytes(kc));
+  Aligned ws(gref::decode_workspace_size_bytes(kc, kPrompt, kWindow)), scratch(gref::decode_bf16_scratch_bytes(kc));
   std::vector<float> x_a(static_cast<size_t>(kPrompt * c)), x_b(x_a.size()), logits(static_cast<size_t>(kc.vocab_size));
   DecodeOutputs out;
   for (const auto& [past, rows] : kPasses) {
-    gk::embedding_decode(kc, past, rows, in.tokens.data() + past, in.wte.data(), in.wpe.data(), x_a.data());
+    gref::embedding_decode(kc, past, rows, in.tokens.data() + past, in.wte.data(), in.wpe.data(), x_a.data());
     for (size_t l = 0; l < in.blocks.size(); ++l) {
-      const gk::KvCacheBlock cache{keys[l].data(), values[l].data(), kWindow};
+      const gref::KvCacheBlock cache{keys[l].data(), values[l].data(), kWindow};
       if (bf16)
-        gk::block_decode(kc, past, rows, gk::bind_block(kc, static_cast<const uint16_t*>(block_bits[l].data())),
+        gref::block_decode(kc, past, rows, gref::bind_block(kc, static_cast<const uint16_t*>(block_bits[l].data())),
                          x_a.data(), x_b.data(), cache, ws.workspace(), scratch.workspace());
       else
-        gk::block_decode(kc, past, rows, gk::bind_block(kc, static_cast<const float*>(in.blocks[l].data())),
+        gref::block_decode(kc, past, rows, gref::bind_block(kc, static_cast<const float*>(in.blocks[l].data())),
                          x_a.data(), x_b.data(), cache, ws.workspace());
       std::swap(x_a, x_b);
     }
     if (bf16)
-      gk::head_decode(kc, rows, gk::HeadWeightsBf16{ln_f_bits.data(), ln_f_bits.data() + c, wte_bits.data()},
+      gref::head_decode(kc, rows, gref::HeadWeightsBf16{ln_f_bits.data(), ln_f_bits.data() + c, wte_bits.data()},
                       x_a.data(), logits.data(), ws.workspace(), scratch.workspace());
     else
-      gk::head_decode(kc, rows, gk::HeadWeights{in.ln_f.data(), in.ln_f.data() + c, in.wte.data()}, x_a.data(),
+      gref::head_decode(kc, rows, gref::HeadWeights{in.ln_f.data(), in.ln_f.data() + c, in.wte.data()}, x_a.data(),
                       logits.data(), ws.workspace());
     const std::string at = "@past " + std::to_string(past);
     out.tensors.push_back({"x_final " + at, std::vector<float>(x_a.begin(), x_a.begin() + rows * c)});
@@ -167,17 +170,17 @@ DecodeOutputs run_definition(BackendEnv& env, device::Kind kind, const models::M
   const uint16_t* wte_bits = env.upload(upper_halves(in.wte));
   std::vector<const float*> blocks;
   std::vector<const uint16_t*> block_bits;
-  std::vector<gk::KvCacheBlock> caches;
+  std::vector<gref::KvCacheBlock> caches;
   for (const auto& block : in.blocks) {
     blocks.push_back(env.upload(block));
     block_bits.push_back(env.upload(upper_halves(block)));
-    caches.push_back(gk::KvCacheBlock{env.zeros<float>(cache_n), env.zeros<float>(cache_n), kWindow});
+    caches.push_back(gref::KvCacheBlock{env.zeros<float>(cache_n), env.zeros<float>(cache_n), kWindow});
   }
   float* x_a = env.zeros<float>(static_cast<size_t>(kPrompt * c));
   float* x_b = env.zeros<float>(static_cast<size_t>(kPrompt * c));
   float* logits = env.zeros<float>(static_cast<size_t>(vocab));
-  const gk::Workspace ws = env.workspace_for(def.decode_workspace_size_bytes(kind, kPrompt, kWindow));
-  const gk::Workspace scratch = env.workspace_for(def.decode_bf16_scratch_bytes(kind));
+  const gref::Workspace ws = env.workspace_for(def.decode_workspace_size_bytes(kind, kPrompt, kWindow));
+  const gref::Workspace scratch = env.workspace_for(def.decode_bf16_scratch_bytes(kind));
   DecodeOutputs out;
   for (const auto& [past, rows] : kPasses) {
     expect_ok(def.embedding_decode(b, past, rows, in.tokens.data() + past, embed, vocab, embed + vocab * c, x_a));
@@ -242,7 +245,7 @@ TEST_P(ComposeGpt2Decode, EmbeddingOverPieces) {
   }
   position_piece.assign(in_.wpe.begin() + past * c, in_.wpe.begin() + (past + rows) * c);
   std::vector<float> direct(static_cast<size_t>(rows * c));
-  gk::embedding_decode(in_.kc, past, rows, in_.tokens.data() + past, in_.wte.data(), in_.wpe.data(), direct.data());
+  gref::embedding_decode(in_.kc, past, rows, in_.tokens.data() + past, in_.wte.data(), in_.wpe.data(), direct.data());
 
   kernels::ComputeBackend& b = env_->backend();
   const float* tokens_dev = env_->upload(token_piece);

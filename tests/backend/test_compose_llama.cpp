@@ -1,14 +1,15 @@
-// tests/backend/test_compose_llama.cpp — proves the Llama definition composed of backend
-// operations (models/llama.cpp through models/decoder.h) is the old Llama CPU kernels to the
-// bit: each case runs one step — embedding forward, a block's forward and backward, the
-// embedding's backward, the head — through make_model_definition's ops on the CPU backend (on
-// the cpu device, and on the emulated one, whose memory the test reaches only by copies), and the
-// same step through kernels/llama called directly on host vectors with the same inputs, then
-// memcmp's every output, gradient and the step's loss. The cases cover what the kernels branch
-// on: GQA, attention biases, llama3 RoPE scaling, packed rows, LoRA with dropout on all seven
-// targets, frozen bases, recompute or not, tied and untied heads over two head chunks with loss
-// masks and a normalizer, and evaluation (the loss alone). The decode ops likewise (a prompt then
-// single tokens over a KV cache, fp32 and bf16 weights) against llama.cpp's decode entry points.
+// tests/backend/test_compose_llama.cpp — proves the Llama definition composed of backend operations
+// (models/llama.cpp through models/decoder.h) is the old Llama CPU kernels to the bit: each case
+// runs one step — embedding forward, a block's forward and backward, the embedding's backward, the
+// head — through make_model_definition's ops on the CPU backend (on the cpu device, and on the
+// emulated one, whose memory the test reaches only by copies), and the same step through the
+// reference kernels (tests/reference/llama_reference.h) called directly on host vectors with the
+// same inputs, then memcmp's every output, gradient and the step's loss. The cases cover what the
+// kernels branch on: GQA, attention biases, llama3 RoPE scaling, packed rows, LoRA with dropout on
+// all seven targets, frozen bases, recompute or not, tied and untied heads over two head chunks
+// with loss masks and a normalizer, and evaluation (the loss alone). The decode ops likewise (a
+// prompt then single tokens over a KV cache, fp32 and bf16 weights) against llama_reference.cpp's
+// decode entry points.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -18,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/llama/llama.h"
+#include "tests/reference/llama_reference.h"
 #include "kernels/lora/lora.h"
 #include "models/decoder.h"
 #include "models/model.h"
@@ -27,7 +28,7 @@
 namespace strata::testing {
 namespace {
 
-namespace lk = kernels::llama;
+namespace lk = reference::llama;
 namespace lora = kernels::lora;
 
 struct Case {
@@ -116,7 +117,7 @@ lk::Config kernel_config(const ModelConfig& m) {
   return c;
 }
 
-// One LoRA target's shape (lora::llama_target order).
+// One LoRA target's shape (models::llama::lora_target order).
 struct TargetShape {
   int64_t in, out;
 };
@@ -210,14 +211,15 @@ struct AlignedFloats {
   float* data;
 };
 
-// The step through kernels/llama called directly (the old path: what CpuBackend's llama_ ops ran).
+// The step through the reference kernels (tests/reference/llama_reference.h) called directly (the
+// old path: what CpuBackend's llama_ ops ran).
 Outputs run_kernels(const Case& k, const lk::Config& c, Inputs in) {
   const kernels::BatchShape s = in.shape;
   const size_t ws_bytes = lk::workspace_size_bytes(c, s);
   AlignedFloats ws_storage(ws_bytes);
   const kernels::Workspace ws{ws_storage.data, ws_bytes};
-  const kernels::gpt2::PackedRows packed =
-      k.packed ? kernels::gpt2::PackedRows{in.positions.data(), in.segments.data()} : kernels::gpt2::PackedRows{};
+  const kernels::PackedRows packed =
+      k.packed ? kernels::PackedRows{in.positions.data(), in.segments.data()} : kernels::PackedRows{};
   const size_t lora_bytes = lora_scratch_bytes(c, s);
   AlignedFloats lora_storage(lora_bytes);
   lora::BlockAdapters adapters;
@@ -427,7 +429,7 @@ TEST(ComposeLlamaOptions, EachOptionChangesTheResult) {
 }
 
 // --- decoding with a KV cache -------------------------------------------------------------
-// The definition's decode ops (decoder.h's decode composition) against llama.cpp's
+// The definition's decode ops (decoder.h's decode composition) against llama_reference.cpp's
 // embedding_decode / block_decode / head_decode called directly: a prompt of kPromptRows rows at
 // past 0, then kSingleSteps single tokens at past kPromptRows, kPromptRows + 1, …, each through
 // the embedding, the block and the head; every step's x0, block output and logits and the whole
@@ -513,7 +515,7 @@ Outputs decode_kernels(const DecodeCase& k, const lk::Config& c, DecodeInputs in
   const kernels::Workspace scratch{scratch_storage.data, scratch_bytes};
   const lk::BlockWeights w = lk::bind_block(c, static_cast<const float*>(in.block.data()));
   const lk::BlockWeightsBf16 w16 = lk::bind_block(c, static_cast<const uint16_t*>(in.block_bf16.data()));
-  const kernels::gpt2::KvCacheBlock cache{in.keys.data(), in.values.data(), kMaxPositions};
+  const kernels::KvCacheBlock cache{in.keys.data(), in.values.data(), kMaxPositions};
   lk::Config piece = c;
   piece.vocab_size = kProjectionRows;
   for (const auto& [past, rows] : decode_calls()) {
@@ -558,7 +560,7 @@ Outputs decode_definition(const DecodeCase& k, const ModelConfig& model, const l
   uint16_t* projection16 = env->upload(in.projection_bf16);
   float* keys = env->upload(in.keys);
   float* values = env->upload(in.values);
-  const kernels::gpt2::KvCacheBlock cache{keys, values, kMaxPositions};
+  const kernels::KvCacheBlock cache{keys, values, kMaxPositions};
   const auto logits_n = static_cast<size_t>(k.bf16 ? c.vocab_size : kProjectionRows);
   for (const auto& [past, rows] : decode_calls()) {
     const auto act = static_cast<size_t>(rows * c.n_embd);

@@ -30,8 +30,8 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
+#include "tests/reference/gpt2_reference.h"
+#include "tests/reference/llama_reference.h"
 #include "device/device.h"
 #include "models/model.h"
 #include "tests/support/reference_files.h"
@@ -40,8 +40,8 @@
 namespace strata::testing {
 namespace {
 
-namespace gk = kernels::gpt2;
-namespace lk = kernels::llama;
+namespace gk = reference::gpt2;
+namespace lk = reference::llama;
 
 constexpr double kTorchTolerance = 1e-5;
 // Packed against alone: the same fp32 kernels on other row counts (other GEMM tile shapes) and

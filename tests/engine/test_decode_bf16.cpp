@@ -25,8 +25,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_math.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
+#include "tests/reference/gpt2_reference.h"
+#include "tests/reference/llama_reference.h"
 #include "kernels/optim/cast.h"
 #include "device/device.h"
 #include "models/model.h"
@@ -34,8 +34,8 @@
 namespace strata {
 namespace {
 
-namespace gk = kernels::gpt2;
-namespace lk = kernels::llama;
+namespace gk = reference::gpt2;
+namespace lk = reference::llama;
 
 struct Aligned {
   explicit Aligned(size_t bytes)
@@ -184,7 +184,7 @@ TEST(DecodeBf16, Gpt2MatchesWidenedFp32) {
   model.n_embd = 80;
   model.vocab_size = 97;
   model.seq_len = 20;
-  const gk::Config kc = models::gpt2_kernel_config(model);
+  const gk::Config kc = models::gpt2_shape_config(model);
   const auto specs = gk::block_param_specs(kc);
   std::vector<int64_t> sizes;
   std::vector<bool> gains;

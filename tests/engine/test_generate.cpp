@@ -20,13 +20,13 @@
 #include "models/model.h"
 #include "models/model_layout.h"
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
+#include "tests/reference/gpt2_reference.h"
 #include "device/device.h"
 
 namespace strata {
 namespace {
 
-namespace gk = kernels::gpt2;
+namespace gk = reference::gpt2;
 
 struct Aligned {
   explicit Aligned(size_t bytes) : size_bytes((bytes + 63) / 64 * 64), data(static_cast<float*>(std::aligned_alloc(64, size_bytes))) {}
@@ -44,7 +44,7 @@ TEST(Decode, KvCacheLogitsMatchTheFullSequenceForward) {
   model.seq_len = 24;
   model.init_std = 0.2;
   const ModelLayout layout(model);
-  const gk::Config kc = models::gpt2_kernel_config(model);
+  const gk::Config kc = models::gpt2_shape_config(model);
   std::vector<std::vector<float>> weights(layout.units().size());
   for (size_t u = 0; u < weights.size(); ++u) {
     weights[u].resize(layout.units()[u].element_count);

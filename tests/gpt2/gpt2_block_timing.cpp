@@ -20,11 +20,11 @@
 
 #include <cblas.h>
 
-#include "kernels/gpt2/gpt2.h"
+#include "tests/reference/gpt2_reference.h"
 #include "kernels/lora/lora.h"
 #include "tests/gpt2/gpt2_test_model.h"
 
-namespace g2 = strata::kernels::gpt2;
+namespace g2 = strata::reference::gpt2;
 using strata::testing::AlignedFloats;
 
 namespace {

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpt2/gpt2.h"
+#include "tests/reference/gpt2_reference.h"
 
 namespace strata::testing {
 
-namespace g2 = strata::kernels::gpt2;
+namespace g2 = strata::reference::gpt2;
 
 // 64-byte aligned float buffer (the workspace contract asks for it).
 class AlignedFloats {
@@ -57,7 +57,7 @@ enum class BackwardMode {
   saved_per_block,      // a workspace per block kept from the forward pass (no recompute)
 };
 
-// Loss masks on a TinyGpt2's targets (gpt2.h, "Loss masks"): none; a "prompt" — the first
+// Loss masks on a TinyGpt2's targets (kernels/ops.h, "Loss masks"): none; a "prompt" — the first
 // third of each sequence masked with -1, and every seventh row with another negative (-5), as
 // fine-tuning data masks a prompt and the odd padding token; or every row masked.
 enum class Masks { none, prompt, all };

@@ -19,7 +19,7 @@ namespace {
 using strata::testing::AlignedFloats;
 using strata::testing::BackwardMode;
 using strata::testing::TinyGpt2;
-namespace g2 = strata::kernels::gpt2;
+namespace g2 = strata::reference::gpt2;
 
 bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -187,7 +187,7 @@ TEST(Gpt2Head, MaskedTargetsTrainNothingAndDivideByN) {
 
   TinyGpt2 masked(cfg, shape, 9);
   masked.set_masks(strata::testing::Masks::prompt, 0);
-  const int64_t count = g2::count_trained_targets(masked.targets().data(), shape.rows());
+  const int64_t count = strata::kernels::count_trained_targets(masked.targets().data(), shape.rows());
   ASSERT_GT(count, 0);
   ASSERT_LT(count, shape.rows());
   std::vector<float> grads_count, grads_double;

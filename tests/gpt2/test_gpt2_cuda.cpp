@@ -24,7 +24,7 @@ namespace {
 
 using strata::testing::BackwardMode;
 using strata::testing::TinyGpt2;
-namespace g2 = strata::kernels::gpt2;
+namespace g2 = strata::reference::gpt2;
 
 constexpr double kMaxRelativeError = 1e-5;
 
@@ -62,7 +62,7 @@ struct GpuResult {
   std::vector<float> last_logits;
 };
 
-// The GPT-2 definition of `cfg` (models::gpt2_kernel_config of it is cfg).
+// The GPT-2 definition of `cfg` (models::gpt2_shape_config of it is cfg).
 std::unique_ptr<const strata::models::ModelDefinition> gpt2_definition(const g2::Config& cfg) {
   strata::ModelConfig m;
   m.arch = "gpt2";
@@ -82,7 +82,7 @@ void run_on_gpu(const TinyGpt2& model, GpuResult& out) {
   const g2::BatchShape& shape = model.shape();
   const size_t act = static_cast<size_t>(shape.rows() * cfg.n_embd);
   const auto def = gpt2_definition(cfg);
-  ASSERT_EQ(strata::models::gpt2_kernel_config(def->config()).vocab_size, cfg.vocab_size);
+  ASSERT_EQ(strata::models::gpt2_shape_config(def->config()).vocab_size, cfg.vocab_size);
   auto device = strata::device::make_device(strata::device::Kind::cuda, uint64_t{1} << 30);
   ASSERT_TRUE(device.ok()) << device.error().to_string();
   auto made = strata::kernels::make_backend(**device, shape);

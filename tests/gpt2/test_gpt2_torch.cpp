@@ -27,7 +27,7 @@ using strata::testing::relative_error;
 using strata::testing::write_raw;
 using strata::testing::TempDir;
 using strata::testing::TinyGpt2;
-namespace g2 = strata::kernels::gpt2;
+namespace g2 = strata::reference::gpt2;
 
 constexpr double kMaxRelativeError = 1e-5;
 
@@ -36,7 +36,7 @@ struct Case {
   g2::Config config;
   g2::BatchShape shape;
   strata::testing::Masks masks = strata::testing::Masks::none;
-  int64_t loss_normalizer_tokens = 0;  // N (gpt2.h, "Loss masks"); 0 = the trained count
+  int64_t loss_normalizer_tokens = 0;  // N (kernels/ops.h, "Loss masks"); 0 = the trained count
 };
 
 const Case kCases[] = {

@@ -22,13 +22,13 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/llama/llama.h"
+#include "tests/reference/llama_reference.h"
 #include "tests/support/reference_files.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
 
-namespace lk = strata::kernels::llama;
+namespace lk = strata::reference::llama;
 using strata::testing::read_f64;
 using strata::testing::relative_error;
 using strata::testing::TempDir;
@@ -41,7 +41,7 @@ struct Case {
   lk::BatchShape shape;
   int64_t greedy = 0;  // > 0: the reference also writes this many greedy tokens after the first sequence
   bool masked = false;  // loss masks: the first third of each sequence -1, every 7th row -5
-  int64_t loss_normalizer_tokens = 0;  // N (gpt2.h, "Loss masks"); 0 = the trained count
+  int64_t loss_normalizer_tokens = 0;  // N (kernels/ops.h, "Loss masks"); 0 = the trained count
 };
 
 lk::Config make_config(int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t embd, int64_t inter,
@@ -291,7 +291,7 @@ struct Aligned {
   float* data;
 };
 
-// Generation's decode with a KV cache (llama.h: embedding_decode, block_decode, head_decode):
+// Generation's decode with a KV cache (llama_reference.h: embedding_decode, block_decode, head_decode):
 // a 5-token prompt in one call then greedy tokens one at a time to the end of the window, and
 // the same sequence again one token at a time from position 0; the logits at every position
 // must equal the full-sequence forward's over that prefix (≤ 1e-5), and the greedy tokens a

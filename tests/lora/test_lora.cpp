@@ -32,8 +32,8 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
-#include "kernels/gpt2/gpt2.h"
-#include "kernels/llama/llama.h"
+#include "tests/reference/gpt2_reference.h"
+#include "tests/reference/llama_reference.h"
 #include "kernels/lora/lora.h"
 #include "models/model.h"
 #include "tests/backend/backend_harness.h"
@@ -42,8 +42,8 @@
 
 namespace {
 
-namespace gk = strata::kernels::gpt2;
-namespace lk = strata::kernels::llama;
+namespace gk = strata::reference::gpt2;
+namespace lk = strata::reference::llama;
 namespace lora = strata::kernels::lora;
 using strata::testing::read_f64;
 using strata::testing::relative_error;

@@ -1,7 +1,8 @@
-// kernels/gpt2/gpt2.cpp — the CPU GPT-2: cblas_sgemm for the products, TBB for the rest.
+// tests/reference/gpt2_reference.cpp — the reference CPU GPT-2: cblas_sgemm for the products,
+// TBB for the rest.
 // Every parallel loop writes disjoint outputs and every reduction runs sequentially inside one
 // task, which is what makes the results independent of how TBB schedules the tasks.
-#include "kernels/gpt2/gpt2.h"
+#include "tests/reference/gpt2_reference.h"
 
 #include <cassert>
 #include <cmath>
@@ -12,96 +13,25 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include "kernels/cpu/cpu_math.h"
-#include "kernels/gpt2/gpt2_math.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "kernels/lora/lora.h"
+#include "kernels/op_math.h"
+#include "tests/reference/decode_layout.h"
 
-namespace strata::kernels::gpt2 {
+namespace strata::reference::gpt2 {
 
-// ---------------------------------------------------------------------------------------------
-// Parameter layout
-// ---------------------------------------------------------------------------------------------
-
-std::array<ParamSpec, kBlockParamCount> block_param_specs(const Config& config) {
-  const int64_t c = config.n_embd;
-  return {{
-      {"ln_1.weight", {c, 0}, 1, false},
-      {"ln_1.bias", {c, 0}, 1, false},
-      {"attn.c_attn.weight", {c, 3 * c}, 2, true},
-      {"attn.c_attn.bias", {3 * c, 0}, 1, false},
-      {"attn.c_proj.weight", {c, c}, 2, true},
-      {"attn.c_proj.bias", {c, 0}, 1, false},
-      {"ln_2.weight", {c, 0}, 1, false},
-      {"ln_2.bias", {c, 0}, 1, false},
-      {"mlp.c_fc.weight", {c, 4 * c}, 2, true},
-      {"mlp.c_fc.bias", {4 * c, 0}, 1, false},
-      {"mlp.c_proj.weight", {4 * c, c}, 2, true},
-      {"mlp.c_proj.bias", {c, 0}, 1, false},
-  }};
-}
-
-std::array<ParamSpec, kOuterParamCount> outer_param_specs(const Config& config) {
-  const int64_t c = config.n_embd;
-  return {{
-      {"wte.weight", {config.vocab_size, c}, 2, true},
-      {"wpe.weight", {config.n_ctx, c}, 2, true},
-      {"ln_f.weight", {c, 0}, 1, false},
-      {"ln_f.bias", {c, 0}, 1, false},
-  }};
-}
-
-std::string block_param_name(int64_t layer, std::string_view name_suffix) {
-  std::string name = "h." + std::to_string(layer) + ".";
-  name.append(name_suffix);
-  return name;
-}
-
-int64_t block_param_count(const Config& config) {
-  int64_t total = 0;
-  for (const ParamSpec& spec : block_param_specs(config)) total += spec.numel();
-  return total;
-}
-
-int64_t model_param_count(const Config& config) {
-  int64_t total = config.n_layer * block_param_count(config);
-  for (const ParamSpec& spec : outer_param_specs(config)) total += spec.numel();
-  return total;
-}
-
-template <typename T>
-T*& BlockTensors<T>::at(int index) {
-  switch (index) {
-    case 0: return ln_1_weight;
-    case 1: return ln_1_bias;
-    case 2: return attn_c_attn_weight;
-    case 3: return attn_c_attn_bias;
-    case 4: return attn_c_proj_weight;
-    case 5: return attn_c_proj_bias;
-    case 6: return ln_2_weight;
-    case 7: return ln_2_bias;
-    case 8: return mlp_c_fc_weight;
-    case 9: return mlp_c_fc_bias;
-    case 10: return mlp_c_proj_weight;
-    default: assert(index == 11); return mlp_c_proj_bias;
-  }
-}
-
-template <typename T>
-BlockTensors<T> bind_block(const Config& config, T* base) {
-  BlockTensors<T> tensors;
-  const auto specs = block_param_specs(config);
-  for (int i = 0; i < kBlockParamCount; ++i) {
-    tensors.at(i) = base;
-    base += specs[i].numel();
-  }
-  return tensors;
-}
-
-template struct BlockTensors<const float>;
-template struct BlockTensors<float>;
-template struct BlockTensors<const uint16_t>;
-template BlockTensors<const float> bind_block(const Config&, const float*);
-template BlockTensors<float> bind_block(const Config&, float*);
-template BlockTensors<const uint16_t> bind_block(const Config&, const uint16_t*);
+namespace cpu_math = kernels::cpu_math;
+using kernels::WorkspaceCarver;
+using kernels::cpu_rows::axpy;
+using kernels::cpu_rows::cross_entropy_row;
+using kernels::cpu_rows::LayerNormStats;
+using kernels::cpu_rows::masked_row;
+using kernels::cpu_rows::resolve_loss_normalizer;
+using kernels::cpu_rows::softmax_scaled_inplace;
+using kernels::op_math::gelu_tanh;
+using kernels::op_math::gelu_tanh_derivative;
+using reference::decode_layout_after;
+using reference::head_decode_scratch_bytes;
 
 namespace {
 
@@ -244,7 +174,7 @@ void layernorm_forward(const float* x, int64_t x_stride, const float* weight, co
                        int64_t rows, int64_t c, float* y, float* mean, float* rstd) {
   for_rows(rows, kRowGrain, [&](int64_t r) {
     const float* x_row = x + r * x_stride;
-    const LayerNormStats stats = layernorm_stats(x_row, c);
+    const LayerNormStats stats = kernels::cpu_rows::layernorm_stats(x_row, c, kLayerNormEps);
     float* y_row = y + r * c;
     for (int64_t j = 0; j < c; ++j) {
       y_row[j] = (x_row[j] - stats.mean) * stats.rstd * weight[j] + bias[j];
@@ -377,7 +307,7 @@ void attention_backward(const Config& config, const BatchShape& shape, const Blo
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w,
                         const float* x_in, float* x_out, const BlockLayout& ws, const int32_t* segments,
                         const lora::BlockAdapters* adapters) {
-  namespace target = lora::gpt2_target;
+  namespace target = models::gpt2::lora_target;
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   layernorm_forward(x_in, c, w.ln_1_weight, w.ln_1_bias, n, c, ws.ln1_out, ws.ln1_mean,
@@ -487,7 +417,7 @@ void block_backward(const Config& config, const BatchShape& shape, const BlockWe
                     const float* x_in, const float* d_out, float* d_in, const BlockGrads& g,
                     const Workspace& workspace, bool recompute, const PackedRows& packed,
                     const lora::BlockAdapters* adapters) {
-  namespace target = lora::gpt2_target;
+  namespace target = models::gpt2::lora_target;
   begin_entry_point(config, shape);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
@@ -583,10 +513,6 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
 }
 
 }  // namespace
-
-int64_t count_trained_targets(const int32_t* targets, int64_t rows) {
-  return resolve_loss_normalizer(targets, rows, 0);
-}
 
 float head_forward_backward(const Config& config, const BatchShape& shape,
                             const HeadWeights& weights, const float* x_final,
@@ -784,4 +710,4 @@ void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& w, c
   cpu_math::matmul_bf16(true, 1, c, config.vocab_size, ln_out, w.wte, false, logits, layout.pieces);
 }
 
-}  // namespace strata::kernels::gpt2
+}  // namespace strata::reference::gpt2

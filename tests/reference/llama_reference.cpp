@@ -1,7 +1,8 @@
-// kernels/llama/llama.cpp — the CPU Llama: the shared fixed-tile GEMM and attention head of
-// kernels/cpu/cpu_math.h, with RMSNorm, RoPE and SwiGLU here. Every parallel loop writes
-// disjoint outputs and every reduction runs in one task in a fixed order (llama.h).
-#include "kernels/llama/llama.h"
+// tests/reference/llama_reference.cpp — the reference CPU Llama: the shared fixed-tile GEMM and
+// attention head of kernels/cpu/cpu_math.h, with RMSNorm, RoPE and SwiGLU here. Every parallel
+// loop writes disjoint outputs and every reduction runs in one task in a fixed order
+// (llama_reference.h).
+#include "tests/reference/llama_reference.h"
 
 #include <algorithm>
 #include <cassert>
@@ -10,100 +11,34 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_math.h"
-#include "kernels/gpt2/gpt2_math.h"
-#include "kernels/llama/llama_math.h"
+#include "kernels/cpu/cpu_rows.h"
 #include "kernels/lora/lora.h"
+#include "kernels/op_math.h"
+#include "tests/reference/decode_layout.h"
 
-namespace strata::kernels::llama {
+namespace strata::reference::llama {
+
+namespace cpu_math = kernels::cpu_math;
+namespace cpu_rows = kernels::cpu_rows;
+using kernels::op_math::rope_cos_sin;
+using kernels::op_math::rope_rotate_pair;
+using kernels::op_math::silu_sigmoid;
 
 using cpu_math::column_sums_accumulate;
 using cpu_math::for_rows;
 using cpu_math::kColumnBlock;
 using cpu_math::kRowGrain;
 using cpu_math::sgemm;
-using gpt2::kHeadChunkRows;
-
-namespace {
-
-inline constexpr int kBlockSlotCount = 13;
-
-// Every tensor a block may hold, in canonical order, each with whether this config has it:
-// block_param_specs lists the present ones and bind_block walks the same table, so the two
-// never disagree on the packed layout.
-struct BlockSlot {
-  ParamSpec spec;
-  bool present;
-};
-
-std::array<BlockSlot, kBlockSlotCount> block_slots(const Config& config) {
-  const int64_t c = config.n_embd;
-  const int64_t i = config.intermediate_size;
-  const int64_t qw = config.q_width();
-  const int64_t kvw = config.kv_width();
-  return {{
-      {{"input_layernorm.weight", {c, 0}, 1, false}, true},
-      {{"self_attn.q_proj.weight", {qw, c}, 2, true}, true},
-      {{"self_attn.q_proj.bias", {qw, 0}, 1, false}, config.qkv_bias},
-      {{"self_attn.k_proj.weight", {kvw, c}, 2, true}, true},
-      {{"self_attn.k_proj.bias", {kvw, 0}, 1, false}, config.qkv_bias},
-      {{"self_attn.v_proj.weight", {kvw, c}, 2, true}, true},
-      {{"self_attn.v_proj.bias", {kvw, 0}, 1, false}, config.qkv_bias},
-      {{"self_attn.o_proj.weight", {c, qw}, 2, true}, true},
-      {{"self_attn.o_proj.bias", {c, 0}, 1, false}, config.o_bias},
-      {{"post_attention_layernorm.weight", {c, 0}, 1, false}, true},
-      {{"mlp.gate_proj.weight", {i, c}, 2, true}, true},
-      {{"mlp.up_proj.weight", {i, c}, 2, true}, true},
-      {{"mlp.down_proj.weight", {c, i}, 2, true}, true},
-  }};
-}
-
-}  // namespace
-
-std::vector<ParamSpec> block_param_specs(const Config& config) {
-  std::vector<ParamSpec> specs;
-  for (const BlockSlot& slot : block_slots(config))
-    if (slot.present) specs.push_back(slot.spec);
-  return specs;
-}
-
-std::string block_param_name(int64_t layer, std::string_view name_suffix) {
-  std::string name = "model.layers." + std::to_string(layer) + ".";
-  name.append(name_suffix);
-  return name;
-}
-
-int64_t block_param_count(const Config& config) {
-  int64_t total = 0;
-  for (const ParamSpec& spec : block_param_specs(config)) total += spec.numel();
-  return total;
-}
-
-template <typename T>
-BlockTensors<T> bind_block(const Config& config, T* base) {
-  BlockTensors<T> t;
-  T** members[kBlockSlotCount] = {&t.input_layernorm, &t.q_proj,      &t.q_proj_bias, &t.k_proj, &t.k_proj_bias,
-                                  &t.v_proj,          &t.v_proj_bias, &t.o_proj,      &t.o_proj_bias,
-                                  &t.post_attention_layernorm,        &t.gate_proj,   &t.up_proj, &t.down_proj};
-  const auto slots = block_slots(config);
-  for (int i = 0; i < kBlockSlotCount; ++i) {
-    if (!slots[i].present) continue;  // stays nullptr
-    *members[i] = base;
-    base += slots[i].spec.numel();
-  }
-  return t;
-}
-
-template BlockTensors<const float> bind_block(const Config&, const float*);
-template BlockTensors<float> bind_block(const Config&, float*);
-template BlockTensors<const uint16_t> bind_block(const Config&, const uint16_t*);
+using kernels::kHeadChunkRows;
 
 void rope_inverse_frequencies(const Config& config, double* inv_freq) {
-  for (int64_t i = 0; i < config.head_dim / 2; ++i) inv_freq[i] = rope_inverse_frequency(config, i);
+  const kernels::ops::RopeSpec spec = rope_spec(config);
+  for (int64_t i = 0; i < config.head_dim / 2; ++i) inv_freq[i] = kernels::op_math::rope_inverse_frequency(spec, i);
 }
 
 namespace {
 
-using Carver = gpt2::WorkspaceCarver;
+using Carver = kernels::WorkspaceCarver;
 
 // What block_forward leaves behind and block_backward reads (N = B·T rows).
 struct BlockLayout {
@@ -273,7 +208,7 @@ void rmsnorm_backward(const float* dy, const float* x, const float* rstd, const 
   });
 }
 
-// cos/sin [T, D/2] of the angles at positions first..first+T−1 (llama_math.h's rope_cos_sin).
+// cos/sin [T, D/2] of the angles at positions first..first+T−1 (op_math.h's rope_cos_sin).
 void rope_tables(const Config& config, int64_t first_position, int64_t t_len, float* cos_table, float* sin_table) {
   const int64_t half = config.head_dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
@@ -305,7 +240,7 @@ void rope_apply(const Config& config, const BatchShape& shape, float* x, int64_t
 void block_forward_into(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
                         float* x_out, const BlockLayout& ws, const PackedRows& packed,
                         const lora::BlockAdapters* adapters) {
-  namespace target = lora::llama_target;
+  namespace target = models::llama::lora_target;
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t inter = config.intermediate_size;
@@ -412,7 +347,7 @@ void block_forward(const Config& config, const BatchShape& shape, const BlockWei
 void block_backward(const Config& config, const BatchShape& shape, const BlockWeights& w, const float* x_in,
                     const float* d_out, float* d_in, const BlockGrads& g, const Workspace& workspace, bool recompute,
                     const PackedRows& packed, const lora::BlockAdapters* adapters) {
-  namespace target = lora::llama_target;
+  namespace target = models::llama::lora_target;
   begin_entry_point(config, shape);
   const BlockLayout ws = block_layout(config, shape, workspace.data);
   check_workspace(workspace, ws.size_bytes);
@@ -529,7 +464,7 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
   const int64_t n = shape.rows();
   const int64_t c = config.n_embd;
   const int64_t vocab = config.vocab_size;
-  const int64_t normalizer = gpt2::resolve_loss_normalizer(targets, n, loss_normalizer_tokens);
+  const int64_t normalizer = cpu_rows::resolve_loss_normalizer(targets, n, loss_normalizer_tokens);
   const float inv_rows = normalizer > 0 ? 1.0f / static_cast<float>(normalizer) : 0.0f;
   double loss_sum = 0.0;
   for (int64_t r0 = 0; r0 < n; r0 += kHeadChunkRows) {
@@ -541,8 +476,8 @@ float head_run(const Config& config, const BatchShape& shape, const HeadWeights&
       const int32_t target = targets[r0 + r];
       assert(target < vocab);
       float* logits = ws.logits + r * vocab;
-      ws.row_loss[r] = target < 0 ? gpt2::masked_row(logits, vocab, grads != nullptr)
-                                  : gpt2::cross_entropy_row(logits, vocab, target, grads != nullptr, inv_rows);
+      ws.row_loss[r] = target < 0 ? cpu_rows::masked_row(logits, vocab, grads != nullptr)
+                                  : cpu_rows::cross_entropy_row(logits, vocab, target, grads != nullptr, inv_rows);
     });
     for (int64_t r = 0; r < rows; ++r) loss_sum += ws.row_loss[r];
     if (grads == nullptr) continue;
@@ -592,10 +527,11 @@ void head_forward(const Config& config, const BatchShape& shape, const HeadWeigh
 namespace {
 
 auto decode_layout(const Config& config, int64_t rows, int64_t max_positions, float* base) {
-  return gpt2::decode_layout_after(block_layout(config, BatchShape{1, rows}, base), config.n_head * max_positions, base);
+  return reference::decode_layout_after(block_layout(config, BatchShape{1, rows}, base), config.n_head * max_positions,
+                                        base);
 }
 
-size_t head_decode_size_bytes(const Config& config) { return gpt2::head_decode_scratch_bytes(config.n_embd, 1); }
+size_t head_decode_size_bytes(const Config& config) { return reference::head_decode_scratch_bytes(config.n_embd, 1); }
 
 }  // namespace
 
@@ -674,10 +610,10 @@ void block_decode_with(const Config& config, int64_t past, int64_t rows, const B
         for (int64_t e = 0; e < d; ++e) dot += q[e] * k[e];
         p[j] = dot;
       }
-      gpt2::softmax_scaled_inplace(p, count, scale);
+      cpu_rows::softmax_scaled_inplace(p, count, scale);
       float* out = ws.att + r * qw + h * d;
       std::fill(out, out + d, 0.0f);
-      for (int64_t j = 0; j < count; ++j) gpt2::axpy(p[j], cache.values + j * kvw + kv * d, out, d);
+      for (int64_t j = 0; j < count; ++j) cpu_rows::axpy(p[j], cache.values + j * kvw + kv * d, out, d);
     }
   });
   decode_linear(ws.att, mats.o_proj, x_in, rows, qw, c, ws.h, pieces);
@@ -779,4 +715,4 @@ void head_decode(const Config& config, int64_t rows, const HeadWeightsBf16& w, c
   cpu_math::matmul_bf16(true, 1, c, config.vocab_size, normed, w.lm_head, false, logits, layout.pieces);
 }
 
-}  // namespace strata::kernels::llama
+}  // namespace strata::reference::llama

@@ -1,49 +1,16 @@
-// strata/kernels/gpt2/gpt2_math.h — GPT-2's element-wise math, written once.
-// The scalar functions at the top compile for host and device (nvcc), so the CPU kernels and
-// the CUDA kernels evaluate GELU the same way. The row helpers below them are CPU-only.
-// Internal to kernels/gpt2; callers use gpt2.h.
+// strata/kernels/cpu/cpu_rows.h — the CPU's per-row helpers, written once: the loops of the CPU
+// backend's ops (cpu_ops.cpp, cpu_math.cpp), the LoRA op, and the reference kernels the
+// composed models are held to (tests/reference) all call these, so they round alike.
+// CPU-only; internal to kernels/ and its reference tests (callers use backend.h).
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/op_math.h"  // STRATA_HOST_DEVICE and the scalar math, shared with every op
+#include "kernels/ops.h"  // count_trained_targets
 
-namespace strata::kernels::gpt2 {
-
-inline constexpr float kLayerNormEps = 1e-5f;
-using op_math::gelu_tanh;
-using op_math::gelu_tanh_derivative;
-using op_math::gelu_tanh_of;
-
-using kernels::WorkspaceCarver;  // ops.h's
-
-// The decode workspace of every model's decode ops, CPU and CUDA (gpt2.h / llama.h,
-// "Decoding"): the model's block layout for the new rows (its attention scratch unused), then
-// `score_floats` of attention scores (a row of max_positions per head; per new row on CUDA).
-template <class BlockLayout>
-struct DecodeLayout {
-  BlockLayout block;
-  float* scores;
-  size_t size_bytes;
-};
-template <class BlockLayout>
-DecodeLayout<BlockLayout> decode_layout_after(const BlockLayout& block, int64_t score_floats, float* base) {
-  WorkspaceCarver carve(base == nullptr ? nullptr : base + block.size_bytes / sizeof(float));
-  float* scores = carve.take(score_floats);
-  return DecodeLayout<BlockLayout>{block, scores, block.size_bytes + carve.used_bytes()};
-}
-// A head decode's scratch: one normed row and `statistics` one-float slices (mean, rstd); the
-// logits go to the caller's buffer, so a 50k vocabulary needs no chunk × vocab scratch.
-inline size_t head_decode_scratch_bytes(int64_t n_embd, int statistics) {
-  WorkspaceCarver carve(nullptr);
-  carve.take(n_embd);
-  for (int i = 0; i < statistics; ++i) carve.take(1);
-  return carve.used_bytes();
-}
-
-#ifndef __CUDACC__
+namespace strata::kernels::cpu_rows {
 
 // y[0..n) += a·x[0..n). Written with 8-float vectors so GCC emits SIMD at -O2 (its cheap cost
 // model will not vectorize the plain loop); each y element is still one multiply and one add,
@@ -69,7 +36,7 @@ struct LayerNormStats {
 };
 
 // Mean and 1/sqrt(biased variance + eps) of one row, two passes in double.
-inline LayerNormStats layernorm_stats(const float* x, int64_t n) {
+inline LayerNormStats layernorm_stats(const float* x, int64_t n, double eps) {
   double sum = 0.0;
   for (int64_t j = 0; j < n; ++j) sum += x[j];
   const double mean = sum / static_cast<double>(n);
@@ -79,7 +46,7 @@ inline LayerNormStats layernorm_stats(const float* x, int64_t n) {
     sq += d * d;
   }
   const double var = sq / static_cast<double>(n);
-  return {static_cast<float>(mean), static_cast<float>(1.0 / std::sqrt(var + kLayerNormEps))};
+  return {static_cast<float>(mean), static_cast<float>(1.0 / std::sqrt(var + eps))};
 }
 
 // p[0..n) = softmax(scale·p[0..n)), in place; the sum in double, in index order.
@@ -120,7 +87,7 @@ inline float cross_entropy_row(float* logits, int64_t n, int32_t target, bool wr
   return static_cast<float>(lse - target_logit);
 }
 
-// A masked row (negative target, gpt2.h "Loss masks"): no loss, and with write_grad a gradient
+// A masked row (negative target, ops.h count_trained_targets' "Loss masks"): no loss, and with write_grad a gradient
 // row of exact zeros, so the head's GEMMs carry nothing of it into any parameter.
 inline float masked_row(float* logits, int64_t n, bool write_grad) {
   if (write_grad)
@@ -128,14 +95,10 @@ inline float masked_row(float* logits, int64_t n, bool write_grad) {
   return 0.0f;
 }
 
-// N of gpt2.h's "Loss masks": the caller's, or this batch's count of trained rows.
+// N of ops.h's "Loss masks": the caller's, or this batch's count of trained rows.
 inline int64_t resolve_loss_normalizer(const int32_t* targets, int64_t rows, int64_t loss_normalizer_tokens) {
   if (loss_normalizer_tokens > 0) return loss_normalizer_tokens;
-  int64_t count = 0;
-  for (int64_t row = 0; row < rows; ++row) count += targets[row] >= 0 ? 1 : 0;
-  return count;
+  return count_trained_targets(targets, rows);
 }
 
-#endif  // !__CUDACC__
-
-}  // namespace strata::kernels::gpt2
+}  // namespace strata::kernels::cpu_rows
