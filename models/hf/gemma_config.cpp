@@ -12,20 +12,7 @@ namespace strata::hf {
 Result<ModelConfig> read_gemma_config(const ConfigKeys& keys, std::string_view /*model_type*/) {
   ModelConfig m;
   m.arch = "gemma";
-  HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
-  HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
-  HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
-  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
-  HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
-  HF_READ(m.head_dim, keys.integer("head_dim", 256, 2, 4096));
-  HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
-  HF_READ(m.norm_eps, keys.number("rms_norm_eps", 1e-6, 0.0, 1.0));
-  HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", true));
-  uint32_t context = 0;
-  HF_READ(context, keys.integer("max_position_embeddings", 8192, 1, UINT32_MAX));
-  m.seq_len = std::min<uint32_t>(context, kMaxContext);
-  HF_READ(m.rope_theta, keys.number("rope_theta", 10000.0, 1.0, 1.0e12));
-  STRATA_RETURN_IF_ERROR(read_rope_keys(keys, m));
+  STRATA_RETURN_IF_ERROR(read_decoder_shape_keys(keys, DecoderDefaults{256, 1e-6, true, 8192}, m));
   if (!m.rope_scaling.type.empty())
     return keys.error(keys.find("rope_scaling") != nullptr ? "rope_scaling" : "rope_parameters",
                       fmt::format("is {}; strata's Gemma rotates without scaling", m.rope_scaling.type));

@@ -62,6 +62,16 @@ class ConfigKeys {
   } while (0)
 
 // --- The decoder family's keys, shared by its architectures' mappings (llama_config.cpp) ---
+// What a config class assumes for an absent key (LlamaConfig's, GemmaConfig's, …).
+struct DecoderDefaults {
+  uint32_t head_dim = 0;  // 0: hidden_size / heads
+  double norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  uint32_t context = 2048;  // max_position_embeddings
+};
+// The shape keys (num_hidden_layers … rope_theta, and the rope blocks through read_rope_keys)
+// into `m`, bounded as a YAML model section is; seq_len the context capped at kMaxContext.
+[[nodiscard]] Status read_decoder_shape_keys(const ConfigKeys& keys, const DecoderDefaults& defaults, ModelConfig& m);
 // rope_parameters (with rope_theta) and rope_scaling: a rope type default or llama3 into `m`;
 // any other is refused naming the key.
 [[nodiscard]] Status read_rope_keys(const ConfigKeys& keys, ModelConfig& m);

@@ -61,26 +61,32 @@ void write_decoder_shape_keys(const ModelConfig& m, nlohmann::ordered_json& json
   json["rope_theta"] = m.rope_theta;
 }
 
+Status read_decoder_shape_keys(const ConfigKeys& keys, const DecoderDefaults& defaults, ModelConfig& m) {
+  HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
+  HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
+  HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
+  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
+  HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
+  // A head_dim the class derives (0) may be absent as 0; one it defaults must be a real width.
+  HF_READ(m.head_dim, keys.integer("head_dim", defaults.head_dim, defaults.head_dim == 0 ? 0 : 2, 4096));
+  HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
+  HF_READ(m.norm_eps, keys.number("rms_norm_eps", defaults.norm_eps, 0.0, 1.0));
+  HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", defaults.tie_word_embeddings));
+  uint32_t context = 0;
+  HF_READ(context, keys.integer("max_position_embeddings", defaults.context, 1, UINT32_MAX));
+  m.seq_len = std::min<uint32_t>(context, kMaxContext);
+  HF_READ(m.rope_theta, keys.number("rope_theta", 10000.0, 1.0, 1.0e12));
+  return read_rope_keys(keys, m);
+}
+
 Result<ModelConfig> read_llama_config(const ConfigKeys& keys, std::string_view model_type) {
   const bool qwen2 = model_type == "qwen2";
   const bool phi3 = model_type == "phi3";
   ModelConfig m;
   m.arch = "llama";
   m.fused_projections = phi3;
-  HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
-  HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
-  HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
-  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
-  HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
-  HF_READ(m.head_dim, keys.integer("head_dim", 0, 0, 4096));
-  HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
-  HF_READ(m.norm_eps, keys.number("rms_norm_eps", phi3 ? 1e-5 : 1e-6, 0.0, 1.0));  // Phi3Config's, LlamaConfig's
-  HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", false));  // LlamaConfig's default
-  uint32_t context = 0;
-  HF_READ(context, keys.integer("max_position_embeddings", 2048, 1, UINT32_MAX));
-  m.seq_len = std::min<uint32_t>(context, kMaxContext);
-  HF_READ(m.rope_theta, keys.number("rope_theta", 10000.0, 1.0, 1.0e12));
-  STRATA_RETURN_IF_ERROR(read_rope_keys(keys, m));
+  // LlamaConfig's defaults (head_dim: hidden_size / heads); Phi3Config's rms_norm_eps is 1e-5.
+  STRATA_RETURN_IF_ERROR(read_decoder_shape_keys(keys, DecoderDefaults{0, phi3 ? 1e-5 : 1e-6, false, 2048}, m));
   std::string act;
   HF_READ(act, keys.string("hidden_act", std::string("silu")));
   if (act != "silu") return keys.error("hidden_act", fmt::format("is '{}'; strata's Llama MLP is SwiGLU (silu)", act));
