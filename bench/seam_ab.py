@@ -12,6 +12,9 @@
 # tokens/s and params/s ratios ≥ 0.97 and the compute-time ratio ≤ 1.03).
 #
 # Usage: bench/seam_ab.py --before OLD/build/strata --after build/strata [--rounds 3] [--json]
+#        [--only tokens|xl|adam ...] [--steps N]
+# --only picks measurements (default: all three); --steps is train_offload.py's per run (default 4:
+# a second of steps, which this box's run-to-run swing drowns; 40 gives ten seconds per run).
 import argparse
 import json
 import os
@@ -26,6 +29,8 @@ parser.add_argument("--after", required=True, help="the strata binary after it")
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--adam-params", type=int, default=50_000_000)
 parser.add_argument("--json", action="store_true", help="also print one JSON object at the end")
+parser.add_argument("--only", nargs="+", choices=["tokens", "xl", "adam"], default=["tokens", "xl", "adam"])
+parser.add_argument("--steps", type=int, default=4, help="train_offload.py's steps per run")
 args = parser.parse_args()
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +44,8 @@ def run(cmd):
 
 
 def train_tokens_per_s(binary):
-    out = run([sys.executable, os.path.join(here, "train_offload.py"), "--strata", binary, "--repeats", "1"])
+    out = run([sys.executable, os.path.join(here, "train_offload.py"), "--strata", binary, "--repeats", "1",
+               "--steps", str(args.steps)])
     found = re.search(r"median tokens/s: resident (\d+), offloaded (\d+)", out)
     if found is None:
         raise SystemExit(f"train_offload.py printed no medians:\n{out}")
@@ -57,28 +63,36 @@ def adam_params_per_s(binary):
     return out["adamw"]["params_per_s"]
 
 
-samples = {side: {"resident": [], "offloaded": [], "xl_compute_s": [], "adam": []} for side in ("before", "after")}
+measured = {"tokens": ("resident", "offloaded"), "xl": ("xl_compute_s",), "adam": ("adam",)}
+keys = [key for name in args.only for key in measured[name]]
+samples = {side: {key: [] for key in keys} for side in ("before", "after")}
 for round_index in range(args.rounds):
     order = ("before", "after") if round_index % 2 == 0 else ("after", "before")
     for side in order:
         binary = getattr(args, side)
-        resident, offloaded = train_tokens_per_s(binary)
-        compute, fwd, bwd, head = xl_compute_s(binary)
-        adam = adam_params_per_s(binary)
         s = samples[side]
-        s["resident"].append(resident)
-        s["offloaded"].append(offloaded)
-        s["xl_compute_s"].append(compute)
-        s["adam"].append(adam)
-        print(f"round {round_index + 1} {side:6}: train resident {resident:7.0f} tok/s, offloaded {offloaded:7.0f} "
-              f"tok/s; XL compute-only {compute:6.1f} s (block fwd {fwd:.3f} s, bwd {bwd:.3f} s, head {head:.2f} s); "
-              f"AdamW {adam / 1e9:.3f} G params/s", flush=True)
+        line = []
+        if "tokens" in args.only:
+            resident, offloaded = train_tokens_per_s(binary)
+            s["resident"].append(resident)
+            s["offloaded"].append(offloaded)
+            line.append(f"train resident {resident:7.0f} tok/s, offloaded {offloaded:7.0f} tok/s")
+        if "xl" in args.only:
+            compute, fwd, bwd, head = xl_compute_s(binary)
+            s["xl_compute_s"].append(compute)
+            line.append(f"XL compute-only {compute:6.1f} s (block fwd {fwd:.3f} s, bwd {bwd:.3f} s, head {head:.2f} s)")
+        if "adam" in args.only:
+            adam = adam_params_per_s(binary)
+            s["adam"].append(adam)
+            line.append(f"AdamW {adam / 1e9:.3f} G params/s")
+        print(f"round {round_index + 1} {side:6}: " + "; ".join(line), flush=True)
 
 medians = {side: {k: statistics.median(v) for k, v in s.items()} for side, s in samples.items()}
 ratios = {k: medians["after"][k] / medians["before"][k] for k in medians["before"]}
+targets = {"resident": "tok/s, ≥ 0.97", "offloaded": "tok/s, ≥ 0.97", "xl_compute_s": "time, ≤ 1.03",
+           "adam": "params/s, ≥ 0.97"}
 print(f"medians before: {medians['before']}")
 print(f"medians after:  {medians['after']}")
-print(f"after / before: train resident {ratios['resident']:.3f}, offloaded {ratios['offloaded']:.3f} (tok/s, ≥ 0.97); "
-      f"XL compute-only {ratios['xl_compute_s']:.3f} (time, ≤ 1.03); AdamW {ratios['adam']:.3f} (params/s, ≥ 0.97)")
+print("after / before: " + "; ".join(f"{k} {ratios[k]:.3f} ({targets[k]})" for k in keys))
 if args.json:
     print(json.dumps({"samples": samples, "medians": medians, "ratios": ratios}))

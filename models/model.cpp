@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "models/architectures.h"
 #include "models/gpt2_shape.h"
 #include "models/llama_shape.h"
 #include "models/definitions.h"
@@ -76,17 +77,6 @@ void ModelDefinition::find_linears(const std::vector<std::string>& suffixes, boo
   }
 }
 
-std::vector<std::string> adapter_target_names(const std::string& arch) {
-  // Llama and Gemma name their linears alike (HF's q_proj … down_proj).
-  if (arch == "gpt2") return {"c_attn", "c_proj", "c_fc", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
-  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-}
-
-std::vector<std::string> default_adapter_targets(const std::string& arch) {
-  if (arch == "gpt2") return {"c_attn"};
-  return {"q_proj", "v_proj"};
-}
-
 bool adapter_targets_linear(const std::vector<std::string>& targets, const BlockLinear& linear) {
   for (const std::string& target : targets)
     if (linear.suffix == target || linear.suffix.ends_with("." + target)) return true;
@@ -139,9 +129,7 @@ models::gpt2::Config gpt2_shape_config(const ModelConfig& model) {
 }
 
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config) {
-  if (config.arch == "llama") return make_llama_definition(config);
-  if (config.arch == "gemma") return make_gemma_definition(config);
-  return make_gpt2_definition(config);
+  return architecture_of(config).make_definition(config);
 }
 
 namespace {
@@ -224,7 +212,7 @@ Result<ModelConfig> model_from_store_metadata(const std::map<std::string, std::s
   STRATA_ASSIGN_OR_RETURN(const uint64_t double_quant, metadata_integer(metadata, "adapter.double_quant", 0, 1, dir));
   a.double_quant = double_quant == 1;
   auto targets = metadata.find("adapter.targets");
-  const std::vector<std::string> names = adapter_target_names(model.arch);
+  const std::vector<std::string>& names = architecture_of(model).adapter_targets;
   a.targets.clear();
   if (targets != metadata.end()) {
     for (size_t begin = 0; begin <= targets->second.size();) {
@@ -258,15 +246,16 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
   ModelConfig model;
   auto arch = metadata.find("model.arch");
   model.arch = arch == metadata.end() ? "gpt2" : arch->second;  // stores from before definitions
-  if (model.arch != "gpt2" && !model.decoder_keys())
-    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.arch' is '{}', not gpt2, llama or "
-                                                      "gemma", dir, model.arch));
+  const Architecture* architecture = find_architecture(model.arch);
+  if (architecture == nullptr)
+    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.arch' is '{}', not {}", dir,
+                                                      model.arch, architecture_list()));
   STRATA_ASSIGN_OR_RETURN(model.n_layer, metadata_integer(metadata, "model.n_layer", 1, 1024, dir));
   STRATA_ASSIGN_OR_RETURN(model.n_head, metadata_integer(metadata, "model.n_head", 1, 1024, dir));
   STRATA_ASSIGN_OR_RETURN(model.n_embd, metadata_integer(metadata, "model.n_embd", 8, 65536, dir));
   STRATA_ASSIGN_OR_RETURN(model.vocab_size, metadata_integer(metadata, "model.vocab_size", 2, 1 << 20, dir));
   STRATA_ASSIGN_OR_RETURN(model.seq_len, metadata_integer(metadata, "model.seq_len", 1, 1 << 16, dir));
-  if (model.arch == "gpt2") {
+  if (!architecture->decoder_keys) {
     if (model.n_embd % model.n_head != 0)
       return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_embd {} is not divisible by "
                                                         "model.n_head {}", dir, model.n_embd, model.n_head));
@@ -297,10 +286,15 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
     STRATA_ASSIGN_OR_RETURN(model.attention_window,
                             metadata_integer(metadata, "model.attention_window", model.seq_len, UINT32_MAX, dir));
   }
-  // What Gemma's definition does not compute (train_config.cpp refuses it in a config too).
-  if (model.arch == "gemma" && (model.qkv_bias || model.fused_projections || model.attention_window > 0))
-    return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata gives a gemma model attention biases, fused "
-                                                      "projections or a window, which Gemma has not", dir));
+  // What the architecture's definition does not compute (train_config.cpp refuses it in a config too).
+  for (auto [set, computed, what] : {std::tuple{model.qkv_bias, architecture->attention_biases, "attention biases"},
+                                     std::tuple{model.fused_projections, architecture->fused_projections,
+                                                "fused projections"},
+                                     std::tuple{model.attention_window > 0, architecture->attention_window,
+                                                "a sliding window"}})
+    if (set && !computed)
+      return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata gives a {} model {}, which {} has not", dir,
+                                                        model.arch, what, architecture->label));
   if (model.n_head % model.n_kv_head != 0 || model.head_dim % 2 != 0)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata model.n_kv_head {} / model.head_dim {} do "
                                                       "not fit model.n_head {}", dir, model.n_kv_head, model.head_dim,
@@ -309,9 +303,9 @@ Result<ModelConfig> shape_from_store_metadata(const std::map<std::string, std::s
   if (scaling == metadata.end() || (scaling->second != "none" && scaling->second != "llama3"))
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.rope_scaling.type' is {}", dir,
                                                       scaling == metadata.end() ? "missing" : "'" + scaling->second + "'"));
-  if (scaling->second == "llama3" && model.arch == "gemma")
+  if (scaling->second == "llama3" && !architecture->rope_scaling)
     return make_error(ErrorKind::corrupt, fmt::format("store {}: metadata 'model.rope_scaling.type' is llama3 for a "
-                                                      "gemma model, which has no rope scaling", dir));
+                                                      "{} model, which has no rope scaling", dir, model.arch));
   if (scaling->second == "llama3") {
     RopeScaling& r = model.rope_scaling;
     r.type = "llama3";

@@ -201,11 +201,7 @@ class ModelDefinition {
   std::vector<BlockLinear> linears_;
 };
 
-// LoRA's target names for `arch` (PEFT's target_modules): every linear's module name and its
-// block suffix ("q_proj"; GPT-2 also "attn.c_proj" beside "c_proj", which names both c_projs).
-std::vector<std::string> adapter_target_names(const std::string& arch);
-// PEFT's defaults when the config names none: Llama and Gemma q_proj, v_proj; GPT-2 c_attn.
-std::vector<std::string> default_adapter_targets(const std::string& arch);
+// LoRA's target names of an architecture, and PEFT's defaults: models/architectures.h.
 // Whether `linear` is adapted under `targets` (PEFT's rule: the name equals the suffix or ends it
 // after a dot).
 bool adapter_targets_linear(const std::vector<std::string>& targets, const BlockLinear& linear);
@@ -213,7 +209,8 @@ bool adapter_targets_linear(const std::vector<std::string>& targets, const Block
 // GPT-2's shape (models/gpt2_shape.h) of a gpt2 `model`: n_ctx is its seq_len.
 models::gpt2::Config gpt2_shape_config(const ModelConfig& model);
 
-// The definition of `config.arch` (gpt2, llama or gemma; train_config.cpp admits no other).
+// The definition of `config.arch` (its row in models/architectures.h, which every reader of a
+// config, store or folder has checked).
 std::unique_ptr<const ModelDefinition> make_model_definition(const ModelConfig& config);
 
 // The shape keys of `model` a store records ("model.arch", "model.n_layer", …; the Llama keys

@@ -17,6 +17,7 @@
 #include "kernels/optim/adamw.h"
 #include "kernels/optim/cast.h"
 #include "memory/store.h"
+#include "models/architectures.h"
 #include "scheduler/replay.h"
 
 namespace strata {
@@ -434,7 +435,7 @@ std::string format_plan(const TrainConfig& config, const ModelLayout& layout, co
   // the plan (so the prediction) holds all K forward/backward passes.
   const uint32_t micro_batches = config.gradient_accumulation_steps;
   append_line(out, "{}: {}, {} layers × {} wide, {}, vocab {}: {} parameters; {} tokens per step ({}{} × {})",
-       config.source_path, m.arch == "llama" ? "Llama" : m.arch == "gemma" ? "Gemma" : "GPT-2", m.n_layer, m.n_embd, heads, m.vocab_size,
+       config.source_path, models::architecture_of(m).label, m.n_layer, m.n_embd, heads, m.vocab_size,
        parameters >= 1e9 ? fmt::format("{:.2f} B", parameters * 1e-9) : fmt::format("{:.1f} M", parameters * 1e-6),
        uint64_t{config.batch_size} * config.model.seq_len * micro_batches,
        micro_batches > 1 ? fmt::format("{} micro-batches × ", micro_batches) : std::string(), config.batch_size,

@@ -11,11 +11,17 @@
 #include "common/listen_address.h"
 #include "common/size.h"
 #include "device/device.h"
+#include "models/architectures.h"
 #include "models/hf/hf.h"
 #include "models/model.h"
 #include "run/budgets.h"
 
 namespace strata {
+
+bool ModelConfig::decoder_keys() const {
+  const models::Architecture* architecture = models::find_architecture(arch);
+  return architecture != nullptr && architecture->decoder_keys;
+}
 
 static Result<Tier> parse_tier(ConfigNode& node, std::string_view key, Tier fallback) {
   STRATA_ASSIGN_OR_RETURN(std::string name, node.choice(key, {"device", "host", "nvme"}, tier_name(fallback)));
@@ -77,7 +83,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     };
     const ModelConfig f = *folder;
     if (model.has("arch")) {
-      STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama", "gemma"}, std::nullopt));
+      STRATA_READ(m.arch, model.choice("arch", models::architecture_names(), std::nullopt));
       if (m.arch != f.arch)
         return model.error_at("arch", fmt::format("is {} but {} says {}", m.arch, folder_config, f.arch));
     }
@@ -117,7 +123,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     m.init = init;
     // seq_len: the window; at most the folder's context for GPT-2 (its learned positions).
     STRATA_READ(m.seq_len, model.integer("seq_len", f.seq_len, 1, 1 << 16));
-    if (m.arch == "gpt2" && m.seq_len > f.seq_len)
+    if (models::architecture_of(m).learned_positions && m.seq_len > f.seq_len)
       return model.error_at("seq_len", fmt::format("is {} but {} has {} positions (n_positions)", m.seq_len,
                                                    folder_config, f.seq_len));
     if (f.attention_window > 0 && m.seq_len > f.attention_window)
@@ -127,7 +133,8 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
     STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
   } else {
-    STRATA_READ(m.arch, model.choice("arch", {"gpt2", "llama", "gemma"}, std::string("gpt2")));
+    STRATA_READ(m.arch, model.choice("arch", models::architecture_names(), std::string("gpt2")));
+    const models::Architecture& arch = models::architecture_of(m);
     STRATA_READ(m.n_layer, model.integer("n_layer", std::nullopt, 1, 1024));
     STRATA_READ(m.n_head, model.integer("n_head", std::nullopt, 1, 1024));
     STRATA_READ(m.n_embd, model.integer("n_embd", std::nullopt, 8, 65536));
@@ -136,19 +143,20 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     STRATA_READ(m.seed, model.integer("seed", 1, 0, INT64_MAX));
     STRATA_READ(m.init_std, model.number("init_std", 0.02, 0.0, 1.0));
     if (m.decoder_keys()) {
-      const bool gemma = m.arch == "gemma";
       STRATA_READ(m.n_kv_head, model.integer("n_kv_head", 0, 0, 1024));
       STRATA_READ(m.head_dim, model.integer("head_dim", 0, 0, 4096));
       STRATA_READ(m.intermediate_size, model.integer("intermediate_size", std::nullopt, 1, 1 << 20));
       STRATA_READ(m.rope_theta, model.number("rope_theta", 10000.0, 1.0, 1.0e12));
-      // GemmaConfig's rms_norm_eps is 1e-6; Llama's YAML default stays 1e-5.
-      STRATA_READ(m.norm_eps, model.number("norm_eps", gemma ? 1.0e-6 : 1.0e-5, 0.0, 1.0));
+      // The HF config class's rms_norm_eps default (Gemma's 1e-6; Llama's YAML default stays 1e-5).
+      STRATA_READ(m.norm_eps, model.number("norm_eps", arch.default_norm_eps, 0.0, 1.0));
       STRATA_READ(m.tie_word_embeddings, model.boolean("tie_word_embeddings", true));
-      // Gemma 1 has no attention biases and no rope scaling: the keys would be read and not
-      // computed, so they are refused by name.
-      for (const char* key : {"qkv_bias", "o_proj_bias", "rope_scaling"})
-        if (gemma && model.has(key))
-          return model.error_at(key, "is not a Gemma key (Gemma has no attention biases and no rope scaling)");
+      // A key the architecture's definition does not compute (Gemma 1's attention biases and
+      // rope scaling) would be read and ignored, so it is refused by name.
+      for (auto [key, computed, what] : {std::tuple{"qkv_bias", arch.attention_biases, "attention biases"},
+                                         std::tuple{"o_proj_bias", arch.attention_biases, "attention biases"},
+                                         std::tuple{"rope_scaling", arch.rope_scaling, "rope scaling"}})
+        if (!computed && model.has(key))
+          return model.error_at(key, fmt::format("is not a {} key ({} has no {})", arch.label, arch.label, what));
       STRATA_READ(m.qkv_bias, model.boolean("qkv_bias", false));
       STRATA_READ(m.o_proj_bias, model.boolean("o_proj_bias", false));
       if (m.o_proj_bias && !m.qkv_bias)
@@ -171,7 +179,7 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     }
   }
   STRATA_RETURN_IF_ERROR(model.finish());
-  if (m.arch == "gpt2" && m.n_embd % m.n_head != 0)
+  if (!m.decoder_keys() && m.n_embd % m.n_head != 0)
     return model.error_at("n_embd", fmt::format("{} is not divisible by model.n_head = {}", m.n_embd, m.n_head));
   if (m.decoder_keys()) {
     if (m.n_kv_head != 0 && m.n_head % m.n_kv_head != 0)
@@ -328,8 +336,9 @@ Result<TrainConfig> parse_train_config(ConfigNode root) {
     STRATA_READ(a.alpha, adapter.number("alpha", 8.0, 1.0e-6, 1.0e6));
     STRATA_READ(a.dropout, adapter.number("dropout", 0.0, 0.0, 0.99));
     STRATA_READ(a.rslora, adapter.boolean("rslora", false));
-    const std::vector<std::string> all = models::adapter_target_names(config.model.arch);
-    STRATA_READ(a.targets, adapter.string_list("targets", models::default_adapter_targets(config.model.arch)));
+    const models::Architecture& arch = models::architecture_of(config.model);
+    const std::vector<std::string>& all = arch.adapter_targets;
+    STRATA_READ(a.targets, adapter.string_list("targets", arch.default_adapter_targets));
     if (a.targets.empty()) return adapter.error_at("targets", "is empty: name at least one linear to adapt");
     for (const std::string& target : a.targets)
       if (std::find(all.begin(), all.end(), target) == all.end())

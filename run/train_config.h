@@ -63,7 +63,7 @@ struct AdapterConfig {
 // without biases, fused projections, a window or rope scaling). Names follow the YAML keys; the
 // Hugging Face config.json names are in docs/models.md.
 struct ModelConfig {
-  std::string arch = "gpt2";  // gpt2 | llama | gemma
+  std::string arch = "gpt2";  // a row of models/architectures.h: gpt2 | llama | gemma
   uint32_t n_layer = 6;
   uint32_t n_head = 6;
   uint32_t n_embd = 384;
@@ -96,7 +96,8 @@ struct ModelConfig {
 
   // Whether the architecture is a RoPE decoder with the keys below the line (llama, gemma): the
   // one test every reader and writer of those keys makes.
-  bool decoder_keys() const { return arch == "llama" || arch == "gemma"; }
+  // (The architecture's row says: models/architectures.h.)
+  bool decoder_keys() const;
   uint32_t kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   uint32_t head_size() const { return head_dim == 0 ? n_embd / n_head : head_dim; }
 };

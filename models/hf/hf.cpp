@@ -15,6 +15,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "models/architectures.h"
+#include "models/hf/hf_config.h"
 #include "models/model_layout.h"
 #include "kernels/optim/cast.h"
 
@@ -23,6 +25,61 @@ namespace strata::hf {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
+Error refuse(const std::string& path, const std::string& what) {
+  return make_error(ErrorKind::invalid_argument, fmt::format("{}: {}", path, what));
+}
+
+const nlohmann::json* ConfigKeys::find(const char* key) const {
+  auto it = object_.find(key);
+  return it == object_.end() || it->is_null() ? nullptr : &*it;
+}
+
+Error ConfigKeys::error(const char* key, const std::string& why) const {
+  return refuse(path_, fmt::format("key '{}{}' {}", prefix_, key, why));
+}
+
+Result<uint32_t> ConfigKeys::integer(const char* key, std::optional<uint32_t> fallback, uint64_t min,
+                                     uint64_t max) const {
+  const nlohmann::json* value = find(key);
+  if (value == nullptr) {
+    if (fallback) return *fallback;
+    return error(key, "is missing");
+  }
+  if (!value->is_number_unsigned()) return error(key, "is not a non-negative integer");
+  const uint64_t number = value->get<uint64_t>();
+  if (number < min || number > max) return error(key, fmt::format("is {}, outside [{}, {}]", number, min, max));
+  return static_cast<uint32_t>(number);
+}
+
+Result<double> ConfigKeys::number(const char* key, std::optional<double> fallback, double min, double max) const {
+  const nlohmann::json* value = find(key);
+  if (value == nullptr) {
+    if (fallback) return *fallback;
+    return error(key, "is missing");
+  }
+  if (!value->is_number()) return error(key, "is not a number");
+  const double number = value->get<double>();
+  if (!(number >= min && number <= max)) return error(key, fmt::format("is {}, outside [{}, {}]", number, min, max));
+  return number;
+}
+
+Result<bool> ConfigKeys::boolean(const char* key, bool fallback) const {
+  const nlohmann::json* value = find(key);
+  if (value == nullptr) return fallback;
+  if (!value->is_boolean()) return error(key, "is not true or false");
+  return value->get<bool>();
+}
+
+Result<std::string> ConfigKeys::string(const char* key, std::optional<std::string> fallback) const {
+  const nlohmann::json* value = find(key);
+  if (value == nullptr) {
+    if (fallback) return *fallback;
+    return error(key, "is missing");
+  }
+  if (!value->is_string()) return error(key, "is not a string");
+  return value->get<std::string>();
+}
+
 namespace {
 
 constexpr const char* kConfigName = "config.json";
@@ -30,10 +87,6 @@ constexpr const char* kSingleFileName = "model.safetensors";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 // config.json and the index are a few kB; a bigger one is not a model folder's.
 constexpr uint64_t kMaxJsonBytes = 64ull << 20;
-
-Error refuse(const std::string& path, const std::string& what) {
-  return make_error(ErrorKind::invalid_argument, fmt::format("{}: {}", path, what));
-}
 
 Result<std::string> read_text_file_bounded(const std::string& path) {
   std::error_code error;
@@ -46,278 +99,6 @@ Result<std::string> read_text_file_bounded(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(size_bytes));
   if (in.gcount() != static_cast<std::streamsize>(size_bytes)) return make_errno_error(EIO, "read", path);
   return text;
-}
-
-// Typed, bounded reads of config.json keys: a key of the wrong JSON type or out of range is a
-// refusal naming the file and the key, never an exception.
-class Keys {
- public:
-  Keys(const Json& object, std::string path, std::string prefix = "")
-      : object_(object), path_(std::move(path)), prefix_(std::move(prefix)) {}
-
-  const Json* find(const char* key) const {
-    auto it = object_.find(key);
-    return it == object_.end() || it->is_null() ? nullptr : &*it;
-  }
-  Error error(const char* key, const std::string& why) const {
-    return refuse(path_, fmt::format("key '{}{}' {}", prefix_, key, why));
-  }
-  Result<uint32_t> integer(const char* key, std::optional<uint32_t> fallback, uint64_t min, uint64_t max) const {
-    const Json* value = find(key);
-    if (value == nullptr) {
-      if (fallback) return *fallback;
-      return error(key, "is missing");
-    }
-    if (!value->is_number_unsigned()) return error(key, "is not a non-negative integer");
-    const uint64_t number = value->get<uint64_t>();
-    if (number < min || number > max) return error(key, fmt::format("is {}, outside [{}, {}]", number, min, max));
-    return static_cast<uint32_t>(number);
-  }
-  Result<double> number(const char* key, std::optional<double> fallback, double min, double max) const {
-    const Json* value = find(key);
-    if (value == nullptr) {
-      if (fallback) return *fallback;
-      return error(key, "is missing");
-    }
-    if (!value->is_number()) return error(key, "is not a number");
-    const double number = value->get<double>();
-    if (!(number >= min && number <= max)) return error(key, fmt::format("is {}, outside [{}, {}]", number, min, max));
-    return number;
-  }
-  Result<bool> boolean(const char* key, bool fallback) const {
-    const Json* value = find(key);
-    if (value == nullptr) return fallback;
-    if (!value->is_boolean()) return error(key, "is not true or false");
-    return value->get<bool>();
-  }
-  Result<std::string> string(const char* key, std::optional<std::string> fallback) const {
-    const Json* value = find(key);
-    if (value == nullptr) {
-      if (fallback) return *fallback;
-      return error(key, "is missing");
-    }
-    if (!value->is_string()) return error(key, "is not a string");
-    return value->get<std::string>();
-  }
-
- private:
-  const Json& object_;
-  std::string path_;
-  std::string prefix_;
-};
-
-#define HF_READ(field, expr)                         \
-  do {                                               \
-    auto hf_read_ = (expr);                          \
-    if (!hf_read_.ok()) return hf_read_.error();     \
-    field = static_cast<decltype(field)>(*hf_read_); \
-  } while (0)
-
-// The bounds a YAML model section has (run/train_config.cpp), so a folder never gives a
-// shape a config could not.
-constexpr uint64_t kMaxLayers = 1024, kMaxHeads = 1024, kMaxEmbd = 65536, kMaxVocab = 1 << 20, kMaxContext = 1 << 16;
-
-Result<ModelConfig> parse_gpt2(const Keys& keys, const std::string& path) {
-  ModelConfig m;
-  m.arch = "gpt2";
-  HF_READ(m.n_layer, keys.integer("n_layer", std::nullopt, 1, kMaxLayers));
-  HF_READ(m.n_head, keys.integer("n_head", std::nullopt, 1, kMaxHeads));
-  HF_READ(m.n_embd, keys.integer("n_embd", std::nullopt, 8, kMaxEmbd));
-  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
-  HF_READ(m.seq_len, keys.integer("n_positions", std::nullopt, 1, UINT32_MAX));
-  m.seq_len = std::min<uint32_t>(m.seq_len, kMaxContext);
-  HF_READ(m.norm_eps, keys.number("layer_norm_epsilon", 1e-5, 0.0, 1.0));
-  if (m.n_embd % m.n_head != 0)
-    return keys.error("n_embd", fmt::format("{} is not divisible by n_head = {}", m.n_embd, m.n_head));
-  // strata's GPT-2 kernels compute HF's gelu_new and LayerNorm eps 1e-5 (models/gpt2_shape.h).
-  std::string activation;
-  HF_READ(activation, keys.string("activation_function", std::string("gelu_new")));
-  if (activation != "gelu_new")
-    return keys.error("activation_function", fmt::format("is '{}'; strata's GPT-2 computes gelu_new only", activation));
-  if (std::abs(m.norm_eps - 1e-5) > 1e-12)
-    return keys.error("layer_norm_epsilon", fmt::format("is {}; strata's GPT-2 LayerNorm uses 1e-05", m.norm_eps));
-  m.norm_eps = 1e-5;
-  bool scale_by_layer = false, reorder = false;
-  HF_READ(scale_by_layer, keys.boolean("scale_attn_by_inverse_layer_idx", false));
-  HF_READ(reorder, keys.boolean("reorder_and_upcast_attn", false));
-  if (scale_by_layer) return keys.error("scale_attn_by_inverse_layer_idx", "is true; strata's GPT-2 does not scale by layer");
-  bool scale_weights = true;
-  HF_READ(scale_weights, keys.boolean("scale_attn_weights", true));
-  if (!scale_weights) return keys.error("scale_attn_weights", "is false; strata's GPT-2 scales scores by 1/sqrt(head_dim)");
-  bool tied = true;
-  HF_READ(tied, keys.boolean("tie_word_embeddings", true));
-  if (!tied) return keys.error("tie_word_embeddings", "is false; strata's GPT-2 head is tied to wte");
-  (void)path;
-  return m;
-}
-
-// Reads the llama3 scaling parameters from `scaling` (rope_scaling, or rope_parameters).
-Status parse_llama3_scaling(const Keys& scaling, RopeScaling& r) {
-  r.type = "llama3";
-  HF_READ(r.factor, scaling.number("factor", std::nullopt, 1.0, 1.0e6));
-  HF_READ(r.low_freq_factor, scaling.number("low_freq_factor", 1.0, 1.0e-6, 1.0e6));
-  HF_READ(r.high_freq_factor, scaling.number("high_freq_factor", 4.0, 1.0e-6, 1.0e6));
-  HF_READ(r.original_max_position_embeddings, scaling.integer("original_max_position_embeddings", 8192, 1, 1 << 24));
-  if (r.high_freq_factor <= r.low_freq_factor)
-    return scaling.error("high_freq_factor", fmt::format("{} must exceed low_freq_factor = {}", r.high_freq_factor,
-                                                         r.low_freq_factor));
-  return Status();
-}
-
-// rope_scaling / rope_parameters: {rope_type|type: default|llama3, ...}. Anything else is a
-// rotary embedding strata's Llama does not compute.
-Status parse_rope_block(const Json& block, const std::string& path, const char* key, ModelConfig& m,
-                        bool holds_theta) {
-  if (!block.is_object()) return refuse(path, fmt::format("key '{}' is not an object", key));
-  Keys keys(block, path, std::string(key) + ".");
-  const char* type_key = keys.find("rope_type") != nullptr ? "rope_type" : "type";
-  std::string type;
-  HF_READ(type, keys.string(type_key, std::string("default")));
-  if (holds_theta) HF_READ(m.rope_theta, keys.number("rope_theta", m.rope_theta, 1.0, 1.0e12));
-  if (type == "default") return Status();
-  if (type != "llama3")
-    return keys.error(type_key, fmt::format("is '{}'; strata computes rotary embeddings as default or llama3 only", type));
-  return parse_llama3_scaling(keys, m.rope_scaling);
-}
-
-Result<ModelConfig> parse_llama(const Json& json, const Keys& keys, const std::string& path,
-                                const std::string& model_type) {
-  const bool qwen2 = model_type == "qwen2";
-  const bool phi3 = model_type == "phi3";
-  ModelConfig m;
-  m.arch = "llama";
-  m.fused_projections = phi3;
-  HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
-  HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
-  HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
-  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
-  HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
-  HF_READ(m.head_dim, keys.integer("head_dim", 0, 0, 4096));
-  HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
-  HF_READ(m.norm_eps, keys.number("rms_norm_eps", phi3 ? 1e-5 : 1e-6, 0.0, 1.0));  // Phi3Config's, LlamaConfig's
-  HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", false));  // LlamaConfig's default
-  uint32_t context = 0;
-  HF_READ(context, keys.integer("max_position_embeddings", 2048, 1, UINT32_MAX));
-  m.seq_len = std::min<uint32_t>(context, kMaxContext);
-  HF_READ(m.rope_theta, keys.number("rope_theta", 10000.0, 1.0, 1.0e12));
-  if (const Json* parameters = keys.find("rope_parameters"))
-    STRATA_RETURN_IF_ERROR(parse_rope_block(*parameters, path, "rope_parameters", m, true));
-  if (const Json* scaling = keys.find("rope_scaling"))
-    STRATA_RETURN_IF_ERROR(parse_rope_block(*scaling, path, "rope_scaling", m, false));
-  std::string act;
-  HF_READ(act, keys.string("hidden_act", std::string("silu")));
-  if (act != "silu") return keys.error("hidden_act", fmt::format("is '{}'; strata's Llama MLP is SwiGLU (silu)", act));
-  if (phi3) {
-    // Phi3Attention's qkv_proj and o_proj, and Phi3MLP's gate_up_proj, carry no biases; it reads
-    // no attention_bias key. Its rotary embedding may cover part of each head only.
-    double rotary_fraction = 1.0;
-    HF_READ(rotary_fraction, keys.number("partial_rotary_factor", 1.0, 0.0, 1.0));
-    if (rotary_fraction != 1.0)
-      return keys.error("partial_rotary_factor", fmt::format("is {}; strata rotates every dimension of a head",
-                                                             rotary_fraction));
-    if (!m.rope_scaling.type.empty())  // Phi3Config knows longrope only, refused above
-      return keys.error("rope_scaling", fmt::format("is {}; Phi-3 takes no such scaling", m.rope_scaling.type));
-  } else if (qwen2) {
-    // Qwen2Attention: q/k/v always carry biases, o_proj never; it reads neither attention_bias
-    // nor mlp_bias (Qwen2MLP has no biases), so neither key means anything here.
-    m.qkv_bias = true;
-    m.o_proj_bias = false;
-  } else {
-    // LlamaAttention: attention_bias puts a bias on all four projections (Mistral has no such
-    // key: never). Llama's MLP bias is not computed.
-    bool bias = false;
-    HF_READ(bias, keys.boolean("attention_bias", false));
-    m.qkv_bias = m.o_proj_bias = bias;
-    HF_READ(bias, keys.boolean("mlp_bias", false));
-    if (bias) return keys.error("mlp_bias", "is true; strata's Llama MLP has no biases");
-  }
-  // Mistral, Phi-3 and Qwen name a window; a null one (or use_sliding_window: false) is full
-  // attention. Qwen2Config's use_sliding_window defaults to false (its checkpoints carry
-  // sliding_window and max_window_layers with the window off); Mistral and Phi-3 have no switch,
-  // their window is on when set and covers every layer. A window of W tokens (each token sees
-  // itself and the W − 1 before it, transformers' sliding mask) is full causal attention while a
-  // sequence holds at most W tokens: the model's context is capped there, and a run asking for
-  // more is refused (train_config.cpp) — never a silent change of the attention.
-  bool use_window = !qwen2;
-  HF_READ(use_window, keys.boolean("use_sliding_window", !qwen2));
-  if (use_window && keys.find("sliding_window") != nullptr) {
-    // Qwen 2 windows only the layers from max_window_layers on (not one rule for all), and
-    // LlamaConfig has no window at all: either is refused, as before, rather than guessed.
-    if (model_type != "mistral" && !phi3)
-      return keys.error("sliding_window", "is set; strata's attention is full causal attention (no sliding window)");
-    HF_READ(m.attention_window, keys.integer("sliding_window", std::nullopt, 1, UINT32_MAX));
-    m.seq_len = std::min(m.seq_len, m.attention_window);
-  }
-  // Newer transformers spell the window per layer; any layer that is not full attention is one.
-  if (const Json* layer_types = keys.find("layer_types")) {
-    if (!layer_types->is_array()) return keys.error("layer_types", "is not a list");
-    for (const Json& type : *layer_types)
-      if (!type.is_string() || type.get<std::string>() != "full_attention")
-        return keys.error("layer_types", fmt::format("holds {}; strata's attention is full causal attention (no "
-                                                     "sliding window)", type.dump()));
-  }
-  if (m.n_head % m.n_kv_head != 0)
-    return keys.error("num_key_value_heads", fmt::format("{} does not divide num_attention_heads = {}", m.n_kv_head, m.n_head));
-  if (m.head_dim == 0 && m.n_embd % m.n_head != 0)
-    return keys.error("hidden_size", fmt::format("{} is not divisible by num_attention_heads = {} (and no head_dim)",
-                                                 m.n_embd, m.n_head));
-  if (m.head_size() % 2 != 0)
-    return keys.error("head_dim", fmt::format("{} is odd; rotary embeddings rotate pairs", m.head_size()));
-  (void)json;
-  return m;
-}
-
-// GemmaForCausalLM (Gemma 1): Llama's keys with GemmaConfig's defaults — head_dim 256 (not
-// hidden_size / heads), rms_norm_eps 1e-6, tied, a context of 8192 — and Gemma's math, which the
-// definition (models/gemma.cpp) computes: RMSNorm x·(1 + w), GeGLU, embeddings times √hidden.
-// What it does not compute is refused naming the key.
-Result<ModelConfig> parse_gemma(const Keys& keys, const std::string& path) {
-  ModelConfig m;
-  m.arch = "gemma";
-  HF_READ(m.n_layer, keys.integer("num_hidden_layers", std::nullopt, 1, kMaxLayers));
-  HF_READ(m.n_head, keys.integer("num_attention_heads", std::nullopt, 1, kMaxHeads));
-  HF_READ(m.n_embd, keys.integer("hidden_size", std::nullopt, 8, kMaxEmbd));
-  HF_READ(m.vocab_size, keys.integer("vocab_size", std::nullopt, 2, kMaxVocab));
-  HF_READ(m.n_kv_head, keys.integer("num_key_value_heads", m.n_head, 1, kMaxHeads));
-  HF_READ(m.head_dim, keys.integer("head_dim", 256, 2, 4096));
-  HF_READ(m.intermediate_size, keys.integer("intermediate_size", std::nullopt, 1, 1 << 20));
-  HF_READ(m.norm_eps, keys.number("rms_norm_eps", 1e-6, 0.0, 1.0));
-  HF_READ(m.tie_word_embeddings, keys.boolean("tie_word_embeddings", true));
-  uint32_t context = 0;
-  HF_READ(context, keys.integer("max_position_embeddings", 8192, 1, UINT32_MAX));
-  m.seq_len = std::min<uint32_t>(context, kMaxContext);
-  HF_READ(m.rope_theta, keys.number("rope_theta", 10000.0, 1.0, 1.0e12));
-  if (const Json* parameters = keys.find("rope_parameters"))
-    STRATA_RETURN_IF_ERROR(parse_rope_block(*parameters, path, "rope_parameters", m, true));
-  if (const Json* scaling = keys.find("rope_scaling"))
-    STRATA_RETURN_IF_ERROR(parse_rope_block(*scaling, path, "rope_scaling", m, false));
-  if (!m.rope_scaling.type.empty())
-    return keys.error(keys.find("rope_scaling") != nullptr ? "rope_scaling" : "rope_parameters",
-                      fmt::format("is {}; strata's Gemma rotates without scaling", m.rope_scaling.type));
-  // The MLP's activation: transformers up to 4.47 read hidden_activation (None: the tanh GELU,
-  // whatever hidden_act said — Gemma 1.0's configs say "gelu" and were trained with the tanh
-  // form); later versions read hidden_act. strata computes the tanh form, so it takes the key
-  // that names the activation — hidden_activation when present, else hidden_act — and refuses
-  // any other activation rather than guess which transformers the folder was made for.
-  const char* act_key = keys.find("hidden_activation") != nullptr ? "hidden_activation" : "hidden_act";
-  std::string act;
-  HF_READ(act, keys.string(act_key, std::string("gelu_pytorch_tanh")));
-  if (act != "gelu_pytorch_tanh" && act != "gelu_new")
-    return keys.error(act_key, fmt::format("is '{}'; strata's Gemma MLP is GeGLU with the tanh GELU "
-                                           "(gelu_pytorch_tanh){}", act,
-                                           act == "gelu" ? " — set hidden_activation: gelu_pytorch_tanh if the "
-                                                           "checkpoint was trained with it, as Gemma 1 was"
-                                                         : ""));
-  bool flag = false;
-  HF_READ(flag, keys.boolean("attention_bias", false));
-  if (flag) return keys.error("attention_bias", "is true; strata's Gemma has no attention biases");
-  HF_READ(flag, keys.boolean("use_bidirectional_attention", false));
-  if (flag) return keys.error("use_bidirectional_attention", "is true; strata's attention is causal");
-  if (m.n_head % m.n_kv_head != 0)
-    return keys.error("num_key_value_heads", fmt::format("{} does not divide num_attention_heads = {}", m.n_kv_head, m.n_head));
-  if (m.head_dim % 2 != 0)
-    return keys.error("head_dim", fmt::format("{} is odd; rotary embeddings rotate pairs", m.head_dim));
-  return m;
 }
 
 // A weight_map file name must stay in the folder by its spelling: one path component.
@@ -390,15 +171,18 @@ Result<ModelConfig> parse_config_json(std::string_view text, const std::string& 
   const Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return refuse(path, "is not valid JSON");
   if (!json.is_object()) return refuse(path, "is not a JSON object");
-  const Keys keys(json, path);
+  const ConfigKeys keys(json, path);
   std::string model_type;
   HF_READ(model_type, keys.string("model_type", std::nullopt));
-  if (model_type == "gpt2") return parse_gpt2(keys, path);
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "phi3")
-    return parse_llama(json, keys, path, model_type);
-  if (model_type == "gemma") return parse_gemma(keys, path);
-  return keys.error("model_type", fmt::format("is '{}'; strata reads gpt2, llama, mistral, qwen2, phi3 and gemma",
-                                              model_type));
+  std::vector<std::string_view> known;
+  for (const models::Architecture& arch : models::architectures()) {
+    for (std::string_view type : arch.hf_model_types)
+      if (type == model_type) return arch.read_hf_config(keys, model_type);
+    known.insert(known.end(), arch.hf_model_types.begin(), arch.hf_model_types.end());
+  }
+  const std::string_view last = known.back();
+  known.pop_back();
+  return keys.error("model_type", fmt::format("is '{}'; strata reads {} and {}", model_type, fmt::join(known, ", "), last));
 }
 
 Result<ModelConfig> read_config(const std::string& folder) {
@@ -410,84 +194,9 @@ Result<ModelConfig> read_config(const std::string& folder) {
   return parse_config_json(text, path);
 }
 
-namespace {
-// The shape keys every decoder config of the Llama family names alike (LlamaConfig's, Gemma's).
-void decoder_shape_keys(const ModelConfig& m, nlohmann::ordered_json& json) {
-  json["hidden_size"] = m.n_embd;
-  json["num_hidden_layers"] = m.n_layer;
-  json["num_attention_heads"] = m.n_head;
-  json["num_key_value_heads"] = m.kv_heads();
-  json["head_dim"] = m.head_size();
-  json["intermediate_size"] = m.intermediate_size;
-  json["vocab_size"] = m.vocab_size;
-  json["max_position_embeddings"] = m.seq_len;
-  json["rms_norm_eps"] = m.norm_eps;
-  json["rope_theta"] = m.rope_theta;
-}
-}  // namespace
-
 std::string config_json(const ModelConfig& m) {
   nlohmann::ordered_json json;
-  // q/k/v biases alone are Qwen 2's attention (Qwen2ForCausalLM); with o_proj's too, Llama's
-  // attention_bias. Either way the folder loads in transformers as the model strata trained.
-  // Phi-3's fused projections are Phi3ForCausalLM's; a window without biases is Mistral's
-  // (LlamaConfig has no window, and dropping it would change the model past W tokens).
-  const bool qwen2 = m.arch == "llama" && m.qkv_bias && !m.o_proj_bias;
-  const bool phi3 = m.arch == "llama" && m.fused_projections;
-  const bool mistral = m.arch == "llama" && !phi3 && !m.qkv_bias && m.attention_window > 0;
-  if (m.arch == "gemma") {
-    // GemmaForCausalLM: both activation keys name the tanh GELU, so transformers computes it
-    // whichever of them its version reads (parse_gemma).
-    json["architectures"] = {"GemmaForCausalLM"};
-    json["model_type"] = "gemma";
-    decoder_shape_keys(m, json);
-    json["rope_scaling"] = nullptr;
-    json["hidden_act"] = "gelu_pytorch_tanh";
-    json["hidden_activation"] = "gelu_pytorch_tanh";
-    json["attention_bias"] = false;
-    json["tie_word_embeddings"] = m.tie_word_embeddings;
-  } else if (m.arch == "llama") {
-    json["architectures"] = {phi3      ? "Phi3ForCausalLM"
-                             : qwen2   ? "Qwen2ForCausalLM"
-                             : mistral ? "MistralForCausalLM"
-                                       : "LlamaForCausalLM"};
-    json["model_type"] = phi3 ? "phi3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
-    decoder_shape_keys(m, json);
-    if (m.rope_scaling.type == "llama3")
-      json["rope_scaling"] = {{"rope_type", "llama3"},
-                              {"factor", m.rope_scaling.factor},
-                              {"low_freq_factor", m.rope_scaling.low_freq_factor},
-                              {"high_freq_factor", m.rope_scaling.high_freq_factor},
-                              {"original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings}};
-    else
-      json["rope_scaling"] = nullptr;
-    json["hidden_act"] = "silu";
-    if (qwen2) {
-      json["use_sliding_window"] = false;
-      json["sliding_window"] = nullptr;
-      json["max_window_layers"] = m.n_layer;
-    } else if (phi3 || mistral) {
-      if (m.attention_window > 0) json["sliding_window"] = m.attention_window;
-      else json["sliding_window"] = nullptr;
-    } else {
-      json["attention_bias"] = m.o_proj_bias;
-      json["mlp_bias"] = false;
-    }
-    json["tie_word_embeddings"] = m.tie_word_embeddings;
-  } else {
-    json["architectures"] = {"GPT2LMHeadModel"};
-    json["model_type"] = "gpt2";
-    json["n_layer"] = m.n_layer;
-    json["n_head"] = m.n_head;
-    json["n_embd"] = m.n_embd;
-    json["vocab_size"] = m.vocab_size;
-    json["n_positions"] = m.seq_len;
-    json["n_ctx"] = m.seq_len;
-    json["n_inner"] = nullptr;
-    json["activation_function"] = "gelu_new";
-    json["layer_norm_epsilon"] = 1e-5;
-    json["tie_word_embeddings"] = true;
-  }
+  models::architecture_of(m).write_hf_config(m, json);
   json["torch_dtype"] = "float32";
   return json.dump(2) + "\n";
 }

@@ -11,6 +11,8 @@
 //   `attention_bias: true` with biases on q/k/v and o_proj (as LlamaAttention). model_type
 //   gemma is the Gemma definition (GemmaConfig's defaults: head_dim 256; the tanh GELU named by
 //   hidden_activation or hidden_act; no biases, no rope scaling).
+//   Which architecture a model_type is, and its keys both ways, are models/architectures.h's row
+//   and its mapping file (models/hf/hf_config.h: gpt2_config.cpp, llama_config.cpp, …).
 // - the index: a file name that leaves the folder (absolute, `..`, a separator, a symlink
 //   whose target lies outside the folder), a tensor that its shard does not hold.
 // - a tensor: missing, of another shape than the config implies, of a dtype other than
@@ -32,9 +34,8 @@
 // the final path is refused, never overwritten.
 //
 // The tensor list: `model_tensors(model)` is the (name, shape) list a model needs, in Hugging
-// Face's order. For GPT-2 it comes from the layout (models/model_layout.h); for Llama it is
-// written here from the shape until the Llama model definition carries it — reading and
-// writing work from the list alone, so a definition that produces the same list plugs in.
+// Face's order: its definition's (models/model_layout.h), the base's tensors alone. Reading and
+// writing work from the list alone.
 //
 // Threads: none of its own; one Checkpoint or FolderWriter per thread.
 #pragma once

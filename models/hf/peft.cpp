@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "models/architectures.h"
 #include "kernels/optim/cast.h"
 #include "models/hf/hf.h"
 #include "models/model_layout.h"
@@ -54,7 +55,7 @@ bool is_empty_value(const Json& value) {
 }  // namespace
 
 std::string peft_tensor_name(const ModelConfig& model, const std::string& name) {
-  return std::string("base_model.model.") + (model.arch == "gpt2" ? "transformer." : "") + name;
+  return fmt::format("base_model.model.{}{}", models::architecture_of(model).peft_prefix, name);
 }
 
 Status check_peft_expressible(const ModelConfig& model, const std::string& what) {
@@ -80,7 +81,7 @@ std::string adapter_config_json(const ModelConfig& model, const std::string& bas
   json["auto_mapping"] = nullptr;
   json["base_model_name_or_path"] = base_model.empty() ? Json(nullptr) : Json(base_model);
   json["bias"] = "none";
-  json["fan_in_fan_out"] = model.arch == "gpt2";  // GPT-2's Conv1D stores its weight [in, out]
+  json["fan_in_fan_out"] = models::architecture_of(model).conv1d;  // a Conv1D stores its weight [in, out]
   json["inference_mode"] = true;
   json["init_lora_weights"] = true;
   json["layer_replication"] = nullptr;
@@ -145,7 +146,7 @@ Status check_adapter_config(std::string_view text, const std::string& path, cons
   if (bias != nullptr && !(bias->is_string() && bias->get<std::string>() == "none"))
     return refuse(path, fmt::format("key 'bias' is {}: strata's adapters train no biases (\"none\")", bias->dump()));
   const Json* fan = find("fan_in_fan_out");
-  const bool conv1d = model.arch == "gpt2";
+  const bool conv1d = models::architecture_of(model).conv1d;
   if (fan != nullptr && !(fan->is_boolean() && fan->get<bool>() == conv1d))
     return refuse(path, fmt::format("key 'fan_in_fan_out' is {}; a {} base's is {}", fan->dump(), model.arch, conv1d));
   const Json* r = find("r");
@@ -171,7 +172,7 @@ Status check_adapter_config(std::string_view text, const std::string& path, cons
     return refuse(path, fmt::format("key 'target_modules' is {}: strata reads a list of module names (not a regex)",
                                     targets ? targets->dump() : "missing"));
   std::vector<std::string> names;
-  const std::vector<std::string> known = models::adapter_target_names(model.arch);
+  const std::vector<std::string>& known = models::architecture_of(model).adapter_targets;
   for (const Json& name : *targets) {
     if (!name.is_string() || std::find(known.begin(), known.end(), name.get<std::string>()) == known.end())
       return refuse(path, fmt::format("key 'target_modules' names {}, not a linear of a {} block ({})", name.dump(),
