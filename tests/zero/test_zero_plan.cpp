@@ -181,10 +181,12 @@ TEST(ZeroStage3Plan, EvalPlanGathersTheTrainingShares) {
       const StepInfo& next = eval.steps[s + 1];
       std::vector<size_t> units = {next.unit};
       if (next.kind == StepKind::head) units.push_back(layout.embed_unit());
-      for (size_t unit : units)
-        if (eval.units[unit].params != kNoTensor)
+      for (size_t unit : units) {
+        if (eval.units[unit].params != kNoTensor) {
           EXPECT_TRUE(step_reads(eval, s, eval.units[unit].params))
               << eval.plan.steps()[s].name << " does not read the share of " << layout.units()[unit].name;
+        }
+      }
     }
   }
   // Without owners (one process, stages 1–2): whole units, nothing gathered.
