@@ -1,12 +1,15 @@
 // strata/api/optim_api.cpp — layer 4 of the C API: CPU AdamW over caller buffers, and an AdamW
 // that owns the moments of registered parameters in host memory or in a store.
 //
-// NVMe state is streamed in chunks of at most `chunk_elements`: with 32-bit state each
-// parameter's exp_avg and exp_avg_sq are store tensors "<name>/exp_avg/<chunk>" and
-// "<name>/exp_avg_sq/<chunk>"; with 8-bit state each chunk is one store tensor
-// "<name>/adamw8bit/<chunk>" holding the chunk's state as optim::StateLayout lays it out (the
-// bytes after the master weights: absmax, codes, padding — or fp32 m and v for a parameter
-// under min_8bit_size), its chunks cut where the layout allows (snap_cut: block boundaries).
+// The state is optim::StateLayout's (the optimizer seam), for 32-bit and 8-bit alike: the bytes
+// after the master weights (the caller's params are the master) — [m | v] for adamw; absmax,
+// codes and padding, or fp32 m and v for a parameter under min_8bit_size, for adamw8bit. Every
+// step, state_dict read and write goes through the layout; this file only names the store
+// tensors and streams them. NVMe state is streamed in chunks of at most `chunk_elements`, cut
+// where the layout allows (snap_cut: 8-bit block boundaries): with 8-bit state each chunk is one
+// store tensor "<name>/adamw8bit/<chunk>"; with 32-bit state the chunk's two halves keep
+// PyTorch's names, "<name>/exp_avg/<chunk>" and "<name>/exp_avg_sq/<chunk>" (as stores written
+// before the seam hold them, so they resume unchanged).
 // A step reads chunk i+1 while chunk i is computed, and chunk i's write-back runs while
 // chunk i+1 is computed (two buffer slots), so host memory holds four chunks whatever the
 // model size. Step counters travel in the commit's metadata ("adamw.step.<name>"), and so does
@@ -52,8 +55,7 @@ struct Param {
   std::string name;
   size_t count = 0;
   int64_t step = 0;
-  std::vector<float> exp_avg, exp_avg_sq;  // host offload, 32-bit state
-  std::vector<std::byte> state;            // host offload, 8-bit state: the layout's state of one chunk
+  std::vector<std::byte> state;  // host offload: the layout's state of the whole parameter as one chunk
   // The parameter as the layout sees it: one tensor, decayed (the C API applies the caller's
   // weight_decay to every parameter; a caller that wants none passes 0).
   optim::TensorSpan span{};
@@ -84,13 +86,12 @@ struct strata_adamw {
   std::unique_ptr<strata_store> store;  // nvme only
   std::vector<Param> params;
   std::map<std::string, uint32_t> by_name;
-  // adamw (state_bits 32) or adamw8bit with the config's rules: the one authority on what an
-  // 8-bit state is (optim/state.h).
+  // adamw (state_bits 32) or adamw8bit with the config's rules: the one authority on what the
+  // state is (optim/state.h).
   optim::StateLayout layout;
-  // Two slots, nvme only, allocated at create: 32-bit, (exp_avg, exp_avg_sq) chunks; 8-bit,
-  // slot_m holds a chunk's state (slot_v unused).
-  std::unique_ptr<AlignedFloats> slot_m[2], slot_v[2];
-  std::vector<k::AdamWChunk> pieces;  // a chunk's kernel calls (8-bit), reused
+  // Two slots, nvme only, allocated at create: each holds one chunk's state.
+  std::unique_ptr<AlignedFloats> slot[2];
+  std::vector<k::AdamWChunk> pieces;  // a chunk's kernel calls, reused
 
   bool eight_bit() const { return layout.kind() == optim::Kind::adamw8bit; }
   std::string chunk_name(const Param& p, const char* which, size_t chunk) const {
@@ -106,40 +107,58 @@ struct strata_adamw {
 
 namespace {
 
-// The store requests of one chunk in flight: 32-bit state moves two tensors, 8-bit one. Only
-// requests that were started are counted (a failed start leaves nothing to wait for).
+// The store tensors a chunk's state is kept as: a byte range of the layout's state each. 8-bit
+// state is one blob; 32-bit state is [m | v], its halves under PyTorch's names.
+struct StatePart {
+  const char* which;
+  uint64_t offset_bytes;
+  uint64_t size_bytes;
+};
+struct StateParts {
+  StatePart part[2];
+  int count;
+};
+StateParts state_parts(const strata_adamw* opt, const Param& p, size_t chunk) {
+  if (opt->eight_bit()) return {{{"adamw8bit", 0, opt->state_bytes(p, chunk)}, {}}, 1};
+  const uint64_t half = opt->state_bytes(p, chunk) / 2;
+  return {{{"exp_avg", 0, half}, {"exp_avg_sq", half, half}}, 2};
+}
+
+std::byte* slot_bytes(strata_adamw* opt, int slot) { return reinterpret_cast<std::byte*>(opt->slot[slot]->data); }
+
+// The store requests of one chunk in flight (one per state part). Only requests that were
+// started are counted (a failed start leaves nothing to wait for).
 struct Tickets {
   uint64_t id[2] = {};
   int count = 0;
 };
 
-// Starts the write of chunk `chunk` of `p` from slot `slot`.
-strata_status put_chunk(strata_adamw* opt, const Param& p, size_t chunk, int slot, Tickets& tickets) {
-  auto put = [&](const char* which, const void* data, uint64_t bytes) {
-    int64_t shape[1] = {static_cast<int64_t>(bytes / 4)};
-    strata_status s = strata_store_put_async(opt->store.get(), opt->chunk_name(p, which, chunk).c_str(), STRATA_F32,
-                                             shape, 1, data, bytes, &tickets.id[tickets.count]);
-    if (s == STRATA_OK) ++tickets.count;
-    return s;
-  };
-  if (opt->eight_bit()) return put("adamw8bit", opt->slot_m[slot]->data, opt->state_bytes(p, chunk));
-  const uint64_t bytes = opt->chunk_size(p, chunk) * 4;
-  strata_status s = put("exp_avg", opt->slot_m[slot]->data, bytes);
-  return s != STRATA_OK ? s : put("exp_avg_sq", opt->slot_v[slot]->data, bytes);
+// Starts the write of chunk `chunk` of `p`'s state from `state`.
+strata_status put_chunk(strata_adamw* opt, const Param& p, size_t chunk, const std::byte* state, Tickets& tickets) {
+  const StateParts parts = state_parts(opt, p, chunk);
+  for (int i = 0; i < parts.count; ++i) {
+    const StatePart& part = parts.part[i];
+    int64_t shape[1] = {static_cast<int64_t>(part.size_bytes / 4)};
+    strata_status s =
+        strata_store_put_async(opt->store.get(), opt->chunk_name(p, part.which, chunk).c_str(), STRATA_F32, shape, 1,
+                               state + part.offset_bytes, part.size_bytes, &tickets.id[tickets.count]);
+    if (s != STRATA_OK) return s;
+    ++tickets.count;
+  }
+  return STRATA_OK;
 }
 
-// Starts the read of chunk `chunk` of `p` into slot `slot`.
-strata_status get_chunk(strata_adamw* opt, const Param& p, size_t chunk, int slot, Tickets& tickets) {
-  auto get = [&](const char* which, void* data, uint64_t bytes) {
-    strata_status s = strata_store_get_async(opt->store.get(), opt->chunk_name(p, which, chunk).c_str(), data, bytes,
-                                             &tickets.id[tickets.count]);
-    if (s == STRATA_OK) ++tickets.count;
-    return s;
-  };
-  if (opt->eight_bit()) return get("adamw8bit", opt->slot_m[slot]->data, opt->state_bytes(p, chunk));
-  const uint64_t bytes = opt->chunk_size(p, chunk) * 4;
-  strata_status s = get("exp_avg", opt->slot_m[slot]->data, bytes);
-  return s != STRATA_OK ? s : get("exp_avg_sq", opt->slot_v[slot]->data, bytes);
+// Starts the read of chunk `chunk` of `p`'s state into `state`.
+strata_status get_chunk(strata_adamw* opt, const Param& p, size_t chunk, std::byte* state, Tickets& tickets) {
+  const StateParts parts = state_parts(opt, p, chunk);
+  for (int i = 0; i < parts.count; ++i) {
+    const StatePart& part = parts.part[i];
+    strata_status s = strata_store_get_async(opt->store.get(), opt->chunk_name(p, part.which, chunk).c_str(),
+                                             state + part.offset_bytes, part.size_bytes, &tickets.id[tickets.count]);
+    if (s != STRATA_OK) return s;
+    ++tickets.count;
+  }
+  return STRATA_OK;
 }
 
 // Waits for every request of `tickets`; the first failure.
@@ -153,9 +172,9 @@ strata_status wait_all(strata_adamw* opt, Tickets& tickets) {
   return first;
 }
 
-// One 8-bit step of the chunk of `p` whose state is at `state` and whose elements are
+// One step of the chunk of `p` whose state is at `state` and whose elements are
 // [begin, begin + count): the layout cuts it into kernel calls, run here on the CPU.
-void step_eight_bit(strata_adamw* opt, const Param& p, const strata_adamw_hparams& h, uint64_t begin,
+void step_chunk(strata_adamw* opt, const Param& p, const strata_adamw_hparams& h, uint64_t begin,
                     uint64_t count, float* params, const float* grads, std::byte* state) {
   opt->layout.update_pieces(to_config(h), static_cast<uint64_t>(p.step), {&p.span, 1}, begin, count,
                             params + begin, state, grads + begin, nullptr, opt->pieces);
@@ -314,22 +333,18 @@ strata_status strata_adamw_create(const strata_adamw_config* config, strata_adam
                                     opt->store_dir, stored->describe(), opt->layout.describe()));
         }
       }
-      size_t slot_words = c.chunk_elements;
+      // A chunk's state is largest when it is all 8-bit or all fp32 (the layout's bytes grow
+      // with the element count either way): size the slots for the larger of the two that the
+      // layout can hold (adamw: always fp32).
+      const optim::TensorSpan whole{0, c.chunk_elements, true, false};
+      uint64_t slot_bytes = optim::StateLayout(optim::Kind::adamw).state_bytes({&whole, 1}, 0, c.chunk_elements);
       if (opt->eight_bit()) {
-        // A chunk's state is largest when it is all 8-bit or all fp32 (the layout's bytes grow
-        // with the element count either way): size the slots for the larger.
         optim::EightBitRules all_eight = opt->layout.rules();
         all_eight.min_8bit_elements = 0;
-        const optim::TensorSpan whole{0, c.chunk_elements, true, false};
-        const uint64_t bytes =
-            std::max(optim::StateLayout(optim::Kind::adamw8bit, all_eight).state_bytes({&whole, 1}, 0, c.chunk_elements),
-                     optim::StateLayout(optim::Kind::adamw).state_bytes({&whole, 1}, 0, c.chunk_elements));
-        slot_words = bytes / sizeof(float);
+        slot_bytes = std::max(slot_bytes, optim::StateLayout(optim::Kind::adamw8bit, all_eight)
+                                              .state_bytes({&whole, 1}, 0, c.chunk_elements));
       }
-      for (int i = 0; i < 2; ++i) {
-        opt->slot_m[i] = std::make_unique<AlignedFloats>(slot_words);
-        if (!opt->eight_bit()) opt->slot_v[i] = std::make_unique<AlignedFloats>(c.chunk_elements);
-      }
+      for (int i = 0; i < 2; ++i) opt->slot[i] = std::make_unique<AlignedFloats>(slot_bytes / sizeof(float));
     } else {
       c.store_dir = nullptr;
     }
@@ -359,13 +374,8 @@ strata_status strata_adamw_add_param(strata_adamw* opt, const char* name, size_t
     p.count = count;
     p.span = optim::TensorSpan{0, count, true, false};
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-      if (opt->eight_bit()) {
-        p.state.resize(opt->layout.state_bytes({&p.span, 1}, 0, count));
-        opt->layout.initialize_state({&p.span, 1}, 0, count, p.state.data());
-      } else {
-        p.exp_avg.assign(count, 0.0f);
-        p.exp_avg_sq.assign(count, 0.0f);
-      }
+      p.state.resize(opt->layout.state_bytes({&p.span, 1}, 0, count));
+      opt->layout.initialize_state({&p.span, 1}, 0, count, p.state.data());
     } else {
       // Chunks of chunk_elements, each cut where the layout allows (inside an 8-bit
       // parameter: a block boundary, at most a block short).
@@ -380,10 +390,9 @@ strata_status strata_adamw_add_param(strata_adamw* opt, const char* name, size_t
       auto it = metadata.find("adamw.step." + p.name);
       if (it != metadata.end()) p.step = std::stoll(it->second);
       if (p.step > 0 && count > 0) {
-        const char* which = opt->eight_bit() ? "adamw8bit" : "exp_avg";
-        const uint64_t first_bytes = opt->eight_bit() ? opt->state_bytes(p, 0) : opt->chunk_size(p, 0) * 4;
-        auto record = opt->store->store().find(opt->chunk_name(p, which, 0));
-        if (!record || record->size_bytes != first_bytes)
+        const StatePart first = state_parts(opt, p, 0).part[0];
+        auto record = opt->store->store().find(opt->chunk_name(p, first.which, 0));
+        if (!record || record->size_bytes != first.size_bytes)
           return fail(STRATA_ERR_CORRUPT, "parameter " + p.name + ": the store " + opt->store_dir +
                                               " holds no state of " + std::to_string(count) +
                                               " elements for it (or other chunk_elements)");
@@ -407,12 +416,8 @@ strata_status strata_adamw_step(strata_adamw* opt, uint32_t param, const strata_
     if (!read_hparams(hparams, h))
       return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_step: hparams struct_size not set");
     Param& p = opt->params[param];
-    auto scalars = k::adamw_step_scalars(to_config(h), p.step + 1, h.grad_scale);
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-      if (opt->eight_bit())
-        step_eight_bit(opt, p, h, 0, p.count, params, grads, p.state.data());
-      else
-        k::adamw_step(scalars, {params, p.count}, {grads, p.count}, p.exp_avg, p.exp_avg_sq);
+      step_chunk(opt, p, h, 0, p.count, params, grads, p.state.data());
       ++p.step;
       return STRATA_OK;
     }
@@ -424,16 +429,11 @@ strata_status strata_adamw_step(strata_adamw* opt, uint32_t param, const strata_
       int slot = static_cast<int>(c % 2);
       if (auto s = wait_all(opt, write_t[slot]); s != STRATA_OK) return s;
       if (fresh) {
-        if (opt->eight_bit()) {
-          opt->layout.initialize_state({&p.span, 1}, opt->chunk_begin(p, c), opt->chunk_size(p, c),
-                                       reinterpret_cast<std::byte*>(opt->slot_m[slot]->data));
-        } else {
-          std::memset(opt->slot_m[slot]->data, 0, opt->chunk_size(p, c) * 4);
-          std::memset(opt->slot_v[slot]->data, 0, opt->chunk_size(p, c) * 4);
-        }
+        opt->layout.initialize_state({&p.span, 1}, opt->chunk_begin(p, c), opt->chunk_size(p, c),
+                                     slot_bytes(opt, slot));
         return STRATA_OK;
       }
-      return get_chunk(opt, p, c, slot, read_t[slot]);
+      return get_chunk(opt, p, c, slot_bytes(opt, slot), read_t[slot]);
     };
     strata_status status = chunks > 0 ? start_read(0) : STRATA_OK;
     for (size_t c = 0; c < chunks && status == STRATA_OK; ++c) {
@@ -442,14 +442,8 @@ strata_status strata_adamw_step(strata_adamw* opt, uint32_t param, const strata_
       if (status != STRATA_OK) break;
       if (c + 1 < chunks) status = start_read(c + 1);
       if (status != STRATA_OK) break;
-      const uint64_t n = opt->chunk_size(p, c), base = opt->chunk_begin(p, c);
-      if (opt->eight_bit()) {
-        step_eight_bit(opt, p, h, base, n, params, grads, reinterpret_cast<std::byte*>(opt->slot_m[slot]->data));
-      } else {
-        k::adamw_step(scalars, {params + base, n}, {grads + base, n}, {opt->slot_m[slot]->data, n},
-                      {opt->slot_v[slot]->data, n});
-      }
-      status = put_chunk(opt, p, c, slot, write_t[slot]);
+      step_chunk(opt, p, h, opt->chunk_begin(p, c), opt->chunk_size(p, c), params, grads, slot_bytes(opt, slot));
+      status = put_chunk(opt, p, c, slot_bytes(opt, slot), write_t[slot]);
     }
     // Whatever happened, nothing may stay in flight on the slots.
     for (int slot = 0; slot < 2; ++slot) {
@@ -471,51 +465,28 @@ strata_status strata_adamw_get_state(strata_adamw* opt, uint32_t param, int64_t*
     const Param& p = opt->params[param];
     if (out_step) *out_step = p.step;
     if (exp_avg == nullptr && exp_avg_sq == nullptr) return STRATA_OK;
-    if (opt->eight_bit()) {
-      // Dequantised, both moments at once: a NULL one is read into scratch (a state_dict
-      // path, not a step, so it may allocate).
-      std::vector<float> scratch(exp_avg == nullptr || exp_avg_sq == nullptr ? p.count : 0);
-      float* m = exp_avg != nullptr ? exp_avg : scratch.data();
-      float* v = exp_avg_sq != nullptr ? exp_avg_sq : scratch.data();
-      if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-        opt->layout.read_moments({&p.span, 1}, 0, p.count, p.state.data(), m, v);
-        return STRATA_OK;
-      }
-      for (size_t c = 0; c < opt->chunk_count(p); ++c) {
-        const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
-        auto* state = reinterpret_cast<std::byte*>(opt->slot_m[0]->data);
-        if (p.step == 0) {
-          opt->layout.initialize_state({&p.span, 1}, base, n, state);
-        } else {
-          auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "adamw8bit", c).c_str(), state,
-                                    opt->state_bytes(p, c));
-          if (s != STRATA_OK) return s;
-        }
-        opt->layout.read_moments({&p.span, 1}, base, n, state, m + base, v + base);
-      }
-      return STRATA_OK;
-    }
+    // Both moments at once, through the layout (8-bit ones dequantised): a NULL one is read
+    // into scratch (a state_dict path, not a step, so it may allocate).
+    std::vector<float> scratch(exp_avg == nullptr || exp_avg_sq == nullptr ? p.count : 0);
+    float* m = exp_avg != nullptr ? exp_avg : scratch.data();
+    float* v = exp_avg_sq != nullptr ? exp_avg_sq : scratch.data();
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-      if (exp_avg) std::memcpy(exp_avg, p.exp_avg.data(), p.count * 4);
-      if (exp_avg_sq) std::memcpy(exp_avg_sq, p.exp_avg_sq.data(), p.count * 4);
+      opt->layout.read_moments({&p.span, 1}, 0, p.count, p.state.data(), m, v);
       return STRATA_OK;
     }
     for (size_t c = 0; c < opt->chunk_count(p); ++c) {
       const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
+      std::byte* state = slot_bytes(opt, 0);
       if (p.step == 0) {
-        if (exp_avg) std::memset(exp_avg + base, 0, n * 4);
-        if (exp_avg_sq) std::memset(exp_avg_sq + base, 0, n * 4);
-        continue;
-      }
-      if (exp_avg) {
-        auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "exp_avg", c).c_str(), exp_avg + base, n * 4);
+        opt->layout.initialize_state({&p.span, 1}, base, n, state);
+      } else {
+        Tickets tickets;
+        strata_status s = get_chunk(opt, p, c, state, tickets);
+        const strata_status w = wait_all(opt, tickets);
+        if (s == STRATA_OK) s = w;
         if (s != STRATA_OK) return s;
       }
-      if (exp_avg_sq) {
-        auto s = strata_store_get(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", c).c_str(), exp_avg_sq + base,
-                                  n * 4);
-        if (s != STRATA_OK) return s;
-      }
+      opt->layout.read_moments({&p.span, 1}, base, n, state, m + base, v + base);
     }
     return STRATA_OK;
   });
@@ -530,43 +501,23 @@ strata_status strata_adamw_set_state(strata_adamw* opt, uint32_t param, int64_t 
       return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_set_state: unknown parameter " + std::to_string(param));
     if (step < 0) return fail(STRATA_ERR_INVALID_ARGUMENT, "strata_adamw_set_state: negative step");
     Param& p = opt->params[param];
-    if (opt->eight_bit()) {
-      if (opt->layout.eight_bit(p.span)) {
-        if (auto s = check_finite(p, exp_avg, "exp_avg"); s != STRATA_OK) return s;
-        if (auto s = check_finite(p, exp_avg_sq, "exp_avg_sq"); s != STRATA_OK) return s;
-      }
-      if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-        opt->layout.write_moments({&p.span, 1}, 0, p.count, exp_avg, exp_avg_sq, p.state.data());
-        p.step = step;
-        return STRATA_OK;
-      }
-      for (size_t c = 0; c < opt->chunk_count(p); ++c) {
-        const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
-        auto* state = reinterpret_cast<std::byte*>(opt->slot_m[0]->data);
-        opt->layout.write_moments({&p.span, 1}, base, n, exp_avg + base, exp_avg_sq + base, state);
-        const uint64_t bytes = opt->state_bytes(p, c);
-        int64_t shape[1] = {static_cast<int64_t>(bytes / 4)};
-        auto s = strata_store_put(opt->store.get(), opt->chunk_name(p, "adamw8bit", c).c_str(), STRATA_F32, shape, 1,
-                                  state, bytes);
-        if (s != STRATA_OK) return s;
-      }
-      p.step = step;
-      return STRATA_OK;
+    if (opt->layout.eight_bit(p.span)) {
+      if (auto s = check_finite(p, exp_avg, "exp_avg"); s != STRATA_OK) return s;
+      if (auto s = check_finite(p, exp_avg_sq, "exp_avg_sq"); s != STRATA_OK) return s;
     }
     if (opt->config.offload == STRATA_OFFLOAD_HOST) {
-      std::memcpy(p.exp_avg.data(), exp_avg, p.count * 4);
-      std::memcpy(p.exp_avg_sq.data(), exp_avg_sq, p.count * 4);
+      opt->layout.write_moments({&p.span, 1}, 0, p.count, exp_avg, exp_avg_sq, p.state.data());
       p.step = step;
       return STRATA_OK;
     }
     for (size_t c = 0; c < opt->chunk_count(p); ++c) {
       const uint64_t base = opt->chunk_begin(p, c), n = opt->chunk_size(p, c);
-      int64_t shape[1] = {static_cast<int64_t>(n)};
-      auto s = strata_store_put(opt->store.get(), opt->chunk_name(p, "exp_avg", c).c_str(), STRATA_F32,
-                                shape, 1, exp_avg + base, n * 4);
-      if (s == STRATA_OK)
-        s = strata_store_put(opt->store.get(), opt->chunk_name(p, "exp_avg_sq", c).c_str(), STRATA_F32,
-                             shape, 1, exp_avg_sq + base, n * 4);
+      std::byte* state = slot_bytes(opt, 0);
+      opt->layout.write_moments({&p.span, 1}, base, n, exp_avg + base, exp_avg_sq + base, state);
+      Tickets tickets;
+      strata_status s = put_chunk(opt, p, c, state, tickets);
+      const strata_status w = wait_all(opt, tickets);
+      if (s == STRATA_OK) s = w;
       if (s != STRATA_OK) return s;
     }
     p.step = step;

@@ -348,6 +348,15 @@ TEST(CApi, AdamWOwnedStateMatchesBuffersAndResumes) {
   EXPECT_EQ(step, 3);
   EXPECT_EQ(std::memcmp(sm.data(), m.data(), n * 4), 0);
   EXPECT_EQ(std::memcmp(sv.data(), v.data(), n * 4), 0);
+  // The store format of 32-bit state: each chunk's moments under PyTorch's names, as stores
+  // written before the optimizer seam hold them (the layout's [m | v] halves, unchanged).
+  {
+    std::vector<float> chunk(3000);
+    ASSERT_STRATA_OK(strata_store_get(strata_adamw_store(on), "w/exp_avg_sq/1", chunk.data(), chunk.size() * 4));
+    EXPECT_EQ(std::memcmp(chunk.data(), v.data() + 3000, chunk.size() * 4), 0);
+    ASSERT_STRATA_OK(strata_store_get(strata_adamw_store(on), "w/exp_avg/3", chunk.data(), (n - 9000) * 4));
+    EXPECT_EQ(std::memcmp(chunk.data(), m.data() + 9000, (n - 9000) * 4), 0);
+  }
   ASSERT_STRATA_OK(strata_adamw_commit(on));
   EXPECT_EQ(strata_adamw_commit(oh), STRATA_ERR_UNSUPPORTED);
   strata_adamw_destroy(on);
