@@ -39,21 +39,13 @@ std::array<ParamSpec, kOuterParamCount> outer_param_specs(const Config& config) 
 }
 
 std::string block_param_name(int64_t layer, std::string_view name_suffix) {
-  std::string name = "h." + std::to_string(layer) + ".";
-  name.append(name_suffix);
-  return name;
+  return layer_param_name("h.", layer, name_suffix);
 }
 
-int64_t block_param_count(const Config& config) {
-  int64_t total = 0;
-  for (const ParamSpec& spec : block_param_specs(config)) total += spec.numel();
-  return total;
-}
+int64_t block_param_count(const Config& config) { return total_numel(block_param_specs(config)); }
 
 int64_t model_param_count(const Config& config) {
-  int64_t total = config.n_layer * block_param_count(config);
-  for (const ParamSpec& spec : outer_param_specs(config)) total += spec.numel();
-  return total;
+  return config.n_layer * block_param_count(config) + total_numel(outer_param_specs(config));
 }
 
 template <typename T>

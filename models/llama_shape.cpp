@@ -50,16 +50,10 @@ std::vector<ParamSpec> block_param_specs(const Config& config) {
 }
 
 std::string block_param_name(int64_t layer, std::string_view name_suffix) {
-  std::string name = "model.layers." + std::to_string(layer) + ".";
-  name.append(name_suffix);
-  return name;
+  return layer_param_name("model.layers.", layer, name_suffix);
 }
 
-int64_t block_param_count(const Config& config) {
-  int64_t total = 0;
-  for (const ParamSpec& spec : block_param_specs(config)) total += spec.numel();
-  return total;
-}
+int64_t block_param_count(const Config& config) { return total_numel(block_param_specs(config)); }
 
 template <typename T>
 BlockTensors<T> bind_block(const Config& config, T* base) {

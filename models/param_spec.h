@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace strata::models {
@@ -16,5 +17,23 @@ struct ParamSpec {
   bool weight_decay;                // AdamW decay: 2-D tensors yes, biases and norm gains no
   int64_t numel() const { return rank == 1 ? shape[0] : shape[0] * shape[1]; }
 };
+
+// Elements of `specs` together (a block's, or the tensors outside the blocks).
+template <class Specs>
+int64_t total_numel(const Specs& specs) {
+  int64_t total = 0;
+  for (const ParamSpec& spec : specs) total += spec.numel();
+  return total;
+}
+
+// A block tensor's full name: `prefix`, the layer, a dot, the suffix ("h." → "h.3.ln_1.weight";
+// "model.layers." → "model.layers.3.input_layernorm.weight").
+inline std::string layer_param_name(std::string_view prefix, int64_t layer, std::string_view name_suffix) {
+  std::string name(prefix);
+  name += std::to_string(layer);
+  name += '.';
+  name.append(name_suffix);
+  return name;
+}
 
 }  // namespace strata::models
