@@ -451,50 +451,12 @@ Status head_forward_backward(kn::ComputeBackend& backend, const lk::Config& conf
 
 namespace {
 
-// A decode call's buffers for `rows` new rows (R): llama_reference.cpp's decode layout less what decoding
-// never touches (the backward's dq/dk/dv, training's attention scratch), which changes no bits.
-struct DecodeLayout {
-  float* n1;     // [R, C]
-  float* rstd1;  // [R]
-  float* q;      // [R, H·D] after RoPE
-  float* k;      // [R, KV·D] after RoPE, then copied into the cache
-  float* v;      // [R, KV·D]
-  float* att;    // [R, H·D]
-  float* h;      // [R, C]
-  float* n2;     // [R, C]
-  float* rstd2;  // [R]
-  float* gate;   // [R, I]
-  float* up;     // [R, I]
-  float* act;    // [R, I]
-  float* cos;    // [R, D/2]: positions past..past + R − 1
-  float* sin;
-  kn::Workspace attention;  // the backend's attention_decode_scratch_bytes
-  size_t size_bytes;
-};
-
-DecodeLayout decode_layout(const lk::Config& config, int64_t rows, size_t attention_bytes, float* base) {
-  const int64_t c = config.n_embd;
-  const int64_t inter = config.intermediate_size;
-  Carver carve(base);
-  DecodeLayout l{};
-  l.n1 = carve.take(rows * c);
-  l.rstd1 = carve.take(rows);
-  l.q = carve.take(rows * config.q_width());
-  l.k = carve.take(rows * config.kv_width());
-  l.v = carve.take(rows * config.kv_width());
-  l.att = carve.take(rows * config.q_width());
-  l.h = carve.take(rows * c);
-  l.n2 = carve.take(rows * c);
-  l.rstd2 = carve.take(rows);
-  l.gate = carve.take(rows * inter);
-  l.up = carve.take(rows * inter);
-  l.act = carve.take(rows * inter);
-  l.cos = carve.take(ops::rope_table_floats(rows, config.head_dim));
-  l.sin = carve.take(ops::rope_table_floats(rows, config.head_dim));
-  const auto attention_floats = static_cast<int64_t>((attention_bytes + sizeof(float) - 1) / sizeof(float));
-  l.attention = kn::Workspace{carve.take(attention_floats), attention_bytes};
-  l.size_bytes = carve.used_bytes();
-  return l;
+// A decode call's buffers for `rows` new rows: the training block's layout for shape {1, rows}
+// (as GPT-2's decoding does; cos and sin then hold positions past..past + rows − 1), its
+// attention region the backend's attention_decode scratch. The backward's dq/dk/dv stay unused,
+// which changes no bits.
+BlockLayout decode_layout(const lk::Config& config, int64_t rows, size_t attention_bytes, float* base) {
+  return block_layout(config, kn::BatchShape{1, rows}, attention_bytes, base);
 }
 
 // The head's: the last row normed, and its rstd.
@@ -619,7 +581,7 @@ Status block_decode_with(kn::ComputeBackend& backend, const lk::Config& config, 
   assert(config.n_head > 0 && config.n_kv_head > 0 && config.n_head % config.n_kv_head == 0);
   assert(config.head_dim % 2 == 0);
   assert(past >= 0 && rows > 0 && past + rows <= cache.max_positions && x_out != x_in);
-  const DecodeLayout ws = decode_layout(
+  const BlockLayout ws = decode_layout(
       config, rows, backend.attention_decode_scratch_bytes(rows, config.n_head, cache.max_positions), workspace.data);
   check_workspace(workspace, ws.size_bytes);
   const int64_t c = config.n_embd;

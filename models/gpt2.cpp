@@ -95,9 +95,9 @@ HeadLayout head_layout(const gk::Config& config, float* base) {
 
 // --- GPT-2's decoding workspace and bf16 scratch --------------------------------------------
 // A decode call's block is the training block's layout for `rows` new rows (shape {1, rows}),
-// its attention region the backend's attention_decode scratch (score rows over the cache) —
-// The reference's decode layout, one description for sizing and carving. The head needs only
-// its one row's LayerNorm output and statistics, in the same workspace (ordered by the stream).
+// its attention region the backend's attention_decode scratch (score rows over the cache): one
+// description for sizing and carving. The head needs only its one row's LayerNorm output and
+// statistics, in the same workspace (ordered by the stream).
 struct HeadDecodeLayout {
   float* ln_out;  // [C]
   float* mean;    // [1]
