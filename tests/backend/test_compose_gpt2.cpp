@@ -22,6 +22,7 @@
 #include "kernels/lora/lora.h"
 #include "models/model.h"
 #include "tests/backend/backend_harness.h"
+#include "tests/backend/compose_support.h"
 
 namespace strata::testing {
 namespace {
@@ -47,33 +48,6 @@ const gref::BatchShape kShape{3, 100};
 constexpr int64_t kRank = 4;
 constexpr uint64_t kMaskKey = 0x5eed;
 
-// Host memory the kernels accept (64-byte aligned), zeroed.
-struct Aligned {
-  explicit Aligned(size_t bytes)
-      : size_bytes((bytes + 63) / 64 * 64), data(static_cast<float*>(std::aligned_alloc(64, size_bytes))) {
-    std::memset(data, 0, size_bytes);
-  }
-  ~Aligned() { std::free(data); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  gref::Workspace workspace() const { return {data, size_bytes}; }
-  size_t size_bytes;
-  float* data;
-};
-
-// The first differing element and how many differ, so a failure says where.
-void expect_same_bits(const std::string& what, const std::vector<float>& composed, const std::vector<float>& direct) {
-  ASSERT_EQ(composed.size(), direct.size()) << what;
-  if (std::memcmp(composed.data(), direct.data(), composed.size() * sizeof(float)) == 0) return;
-  size_t first = composed.size(), count = 0;
-  for (size_t i = 0; i < composed.size(); ++i)
-    if (std::memcmp(&composed[i], &direct[i], sizeof(float)) != 0) {
-      first = std::min(first, i);
-      ++count;
-    }
-  ADD_FAILURE() << what << ": " << count << " of " << composed.size() << " elements differ, the first at " << first
-                << " (composed " << composed[first] << ", kernels " << direct[first] << ")";
-}
 
 std::vector<float> concat(const std::vector<float>& a, const std::vector<float>& b) {
   std::vector<float> joined = a;
@@ -130,8 +104,6 @@ struct Inputs {
     return use_packing ? gref::PackedRows{packed.positions.data(), packed.segments.data()} : gref::PackedRows{};
   }
 };
-
-void expect_ok(const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); }
 
 class ComposeGpt2 : public ::testing::TestWithParam<device::Kind> {
  protected:

@@ -20,6 +20,7 @@
 #include "tests/reference/gpt2_reference.h"
 #include "models/model.h"
 #include "tests/backend/backend_harness.h"
+#include "tests/backend/compose_support.h"
 
 namespace strata::testing {
 namespace {
@@ -44,35 +45,6 @@ constexpr int64_t kPrompt = 7;
 // (past, rows) of each pass: the prompt, then one sampled token at a time.
 const std::vector<std::pair<int64_t, int64_t>> kPasses = {{0, kPrompt}, {7, 1}, {8, 1}, {9, 1}};
 
-// Host memory the kernels accept (64-byte aligned), zeroed.
-struct Aligned {
-  explicit Aligned(size_t bytes)
-      : size_bytes((bytes + 63) / 64 * 64), data(static_cast<float*>(std::aligned_alloc(64, size_bytes))) {
-    std::memset(data, 0, size_bytes);
-  }
-  ~Aligned() { std::free(data); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  gref::Workspace workspace() const { return {data, size_bytes}; }
-  size_t size_bytes;
-  float* data;
-};
-
-// The first differing element and how many differ, so a failure says where.
-void expect_same_bits(const std::string& what, const std::vector<float>& composed, const std::vector<float>& direct) {
-  ASSERT_EQ(composed.size(), direct.size()) << what;
-  if (std::memcmp(composed.data(), direct.data(), composed.size() * sizeof(float)) == 0) return;
-  size_t first = composed.size(), count = 0;
-  for (size_t i = 0; i < composed.size(); ++i)
-    if (std::memcmp(&composed[i], &direct[i], sizeof(float)) != 0) {
-      first = std::min(first, i);
-      ++count;
-    }
-  ADD_FAILURE() << what << ": " << count << " of " << composed.size() << " elements differ, the first at " << first
-                << " (composed " << composed[first] << ", kernels " << direct[first] << ")";
-}
-
-void expect_ok(const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); }
 
 // The inputs both paths read (fixed seeds): tokens, wte and wpe, each block's unit (LayerNorm
 // gains near 1), ln_f; and the bf16 bit patterns of the weights (their upper halves).
